@@ -1,0 +1,25 @@
+"""`basic`: record only. Every interaction and report is kept; nothing is trained.
+
+The default recipe of a deployment: it accepts any well-formed report (the gateway already checked the score is
+finite and the references are known receipts of the scenario) and never produces a candidate.
+"""
+
+from dataclasses import dataclass, field
+
+from reef_lab.errors import BadRequest
+
+
+@dataclass
+class BasicConfig:
+    require_score: bool = field(default=False, metadata={"help": "refuse reports without a score"})
+
+
+class BasicRecipe:
+    name = "basic"
+
+    def __init__(self, **config):
+        self.config = BasicConfig(**config)
+
+    def validate_report(self, report: dict) -> None:
+        if self.config.require_score and report.get("score") is None:
+            raise BadRequest("this scenario's recipe requires a 'score' in every report")

@@ -1,0 +1,94 @@
+"""Deployment configuration: one dataclass, read from the command line and from a YAML file.
+
+Each field's help text is the `--help` of `scripts/serve.py`; a YAML file given with `-c` uses the same names
+(dashes or underscores), and the command line wins over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class ServeConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8900, metadata={"help": "port to listen on"})
+    data_dir: str = field(default="./.reef_lab", metadata={
+        "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
+    recipe: str = field(default="basic", metadata={
+        "help": "recipe of new scenarios: a folder name in recipes/ (basic, ...) or a module:Class path"})
+    upstream_url: str | None = field(default=None, metadata={
+        "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
+                "the embedded model; its key comes from REEF_UPSTREAM_API_KEY"})
+    upstream_model: str | None = field(default=None, metadata={
+        "help": "model name sent upstream (replaces the client's 'model'); default: the client's"})
+    upstream_timeout: float = field(default=120.0, metadata={
+        "help": "seconds to wait for the upstream provider before answering 504"})
+    model_path: str | None = field(default=None, metadata={
+        "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
+                "default SmolLM2-135M-Instruct"})
+    max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
+    threads: int = field(default=64, metadata={
+        "help": "request threads of the WSGI server (each open stream holds one)"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.upstream_model and not self.upstream_url:
+            raise ValueError("upstream_model needs upstream_url: name the provider to send the model name to")
+        if self.upstream_url and self.model_path:
+            raise ValueError("give either upstream_url (proxy a provider) or model_path (serve a local model)")
+        if self.upstream_url and not self.upstream_url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
+        if self.max_batch < 1 or self.threads < 1:
+            raise ValueError("max_batch and threads must be at least 1")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError("log_level must be debug, info, warning or error")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _type_of(f) -> type:
+    t = f.type if isinstance(f.type, str) else f.type.__name__
+    return {"int": int, "float": float}.get(t.split(" ")[0], str)
+
+
+def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
+    """ServeConfig from `-c file.yaml` plus flags; flags win."""
+    p = argparse.ArgumentParser(prog="scripts/serve.py", description=(
+        "Run the reef_lab gateway: the providers' APIs (OpenAI chat/responses, Anthropic messages) in front of "
+        "the embedded model or an upstream provider; every interaction recorded, reports taken at /reef/report. "
+        "Auth: set REEF_TOKEN (comma-separated for several tokens); unset means no auth (loopback use)."))
+    p.add_argument("-c", "--config", help="YAML file with any of the options below (command line wins)")
+    for f in fields(ServeConfig):
+        default = f.default if f.default is not MISSING else None
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_type_of(f), default=None,
+                       help=f"{f.metadata['help']} (default: {default})")
+    args = p.parse_args(argv)
+    values: dict = {}
+    if args.config:
+        data = yaml.safe_load(Path(args.config).read_text()) or {}
+        if not isinstance(data, dict):
+            p.error(f"{args.config} must hold a mapping of option names to values")
+        names = {f.name for f in fields(ServeConfig)}
+        for k, v in data.items():
+            key = k.replace("-", "_")
+            if key not in names:
+                p.error(f"{args.config}: unknown option {k!r}; known: {sorted(names)}")
+            values[key] = v
+    values.update({k: v for k, v in vars(args).items() if k != "config" and v is not None})
+    try:
+        return ServeConfig(**values)
+    except (ValueError, TypeError) as e:
+        p.error(str(e))
+
+
+def tokens_from_env() -> list[str]:
+    return [t.strip() for t in os.environ.get("REEF_TOKEN", "").split(",") if t.strip()]

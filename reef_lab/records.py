@@ -1,0 +1,126 @@
+"""Records: the append-only facts reef_lab keeps about every interaction.
+
+A record is one inference (request, response, tokens and logprobs, the release that served it), one report
+(score, feedback, the receipts it references) or one training event. Records never change once written; a
+receipt (`x-reef-agent-record-id`) is a record id. This module holds the record type, its id scheme, its
+content hash (for idempotent client-chosen ids) and its Parquet schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+import polars as pl
+
+SCHEMA_VERSION = 1
+KINDS = ("inference", "report", "train")
+DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_record_id(now: float | None = None) -> str:
+    """A time-sortable id (ULID layout: 48-bit ms timestamp + 80 random bits, Crockford base32)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    n = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[n & 31])
+        n >>= 5
+    return "rec_" + "".join(reversed(chars))
+
+
+@dataclass
+class Record:
+    """One append-only fact. JSON-valued fields (request, response, feedback, metadata, tags, timing) are kept
+    as Python values here and as JSON text in Parquet."""
+
+    id: str
+    scenario: str
+    kind: str
+    dialect: str = ""
+    created_at: float = 0.0
+    request: Any = None
+    response: Any = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    release_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    references: list[str] = field(default_factory=list)
+    score: float | None = None
+    feedback: Any = None
+    metadata: Any = None
+    status: str = "ok"
+    error: str | None = None
+    content_hash: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.created_at:
+            self.created_at = time.time()
+        if not self.content_hash:
+            self.content_hash = content_hash(self)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Record":
+        return cls(**{k: d[k] for k in _FIELDS if k in d})
+
+
+_FIELDS = tuple(Record.__dataclass_fields__)
+_HASHED = ("scenario", "kind", "dialect", "request", "response", "token_ids", "logprobs", "tags", "references",
+           "score", "feedback", "metadata")
+
+
+def content_hash(r: Record) -> str:
+    """Hash of what a client supplied: a repeated client-chosen id with the same hash is the same record."""
+    payload = orjson.dumps({k: getattr(r, k) for k in _HASHED}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+_JSON_COLUMNS = ("request", "response", "tags", "timing", "feedback", "metadata")
+
+PARQUET_SCHEMA = {
+    "id": pl.String, "scenario": pl.String, "kind": pl.String, "dialect": pl.String,
+    "created_at": pl.Float64, "request": pl.String, "response": pl.String,
+    "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
+    "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
+    "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
+    "content_hash": pl.String, "schema_version": pl.Int32,
+}
+
+
+def records_to_frame(records: list[dict]) -> pl.DataFrame:
+    """Record dicts to the Parquet layout: JSON-valued fields become JSON text."""
+    cols: dict[str, list] = {k: [] for k in PARQUET_SCHEMA}
+    for r in records:
+        for k in PARQUET_SCHEMA:
+            v = r.get(k)
+            if k in _JSON_COLUMNS:
+                v = None if v is None else orjson.dumps(v).decode()
+            cols[k].append(v)
+    return pl.DataFrame(cols, schema=PARQUET_SCHEMA)
+
+
+def frame_row_to_dict(row: dict) -> dict:
+    """One row of the Parquet layout back to a record dict (JSON text parsed)."""
+    out = dict(row)
+    for k in _JSON_COLUMNS:
+        v = out.get(k)
+        out[k] = None if v is None else orjson.loads(v)
+    if out.get("tags") is None:
+        out["tags"] = {}
+    if out.get("timing") is None:
+        out["timing"] = {}
+    if out.get("references") is None:
+        out["references"] = []
+    return out

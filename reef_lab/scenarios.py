@@ -1,0 +1,97 @@
+"""Scenarios: named streams of traffic, each with its own recipe.
+
+A scenario is created on first use (the `x-reef-scenario` header names it) with the deployment's recipe, or
+explicitly with `POST /reef/scenarios`. The registry is one JSON file, replaced atomically on every change.
+Deleting a scenario hides its records (they stay on disk: records are append-only); a scenario created again
+under the same name starts empty.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from reef_lab.errors import BadRequest, Conflict, NotFound
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass
+class Scenario:
+    name: str
+    recipe: str
+    created_at: float = field(default_factory=time.time)
+    config: dict = field(default_factory=dict)
+
+
+def check_name(name: str | None) -> str:
+    if not name:
+        raise BadRequest("the x-reef-scenario header is required: name the scenario this traffic belongs to")
+    if not NAME_RE.match(name):
+        raise BadRequest(f"scenario name {name!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return name
+
+
+class ScenarioRegistry:
+    def __init__(self, data_dir: str | Path, default_recipe: str):
+        self.path = Path(data_dir) / "scenarios.json"
+        self.default_recipe = default_recipe
+        self._lock = threading.Lock()
+        self._items: dict[str, Scenario] = {}
+        if self.path.exists():
+            for d in orjson.loads(self.path.read_bytes()):
+                self._items[d["name"]] = Scenario(**d)
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps([asdict(s) for s in self._items.values()], option=orjson.OPT_INDENT_2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def get(self, name: str) -> Scenario:
+        s = self._items.get(name)
+        if s is None:
+            raise NotFound(f"scenario {name!r} does not exist")
+        return s
+
+    def ensure(self, name: str) -> Scenario:
+        """The scenario, created with the deployment's recipe if it is new."""
+        s = self._items.get(name)
+        if s is not None:
+            return s
+        with self._lock:
+            if name not in self._items:
+                check_name(name)
+                self._items[name] = Scenario(name, self.default_recipe)
+                self._save()
+            return self._items[name]
+
+    def create(self, name: str, recipe: str | None = None, config: dict | None = None) -> Scenario:
+        check_name(name)
+        with self._lock:
+            if name in self._items:
+                raise Conflict(f"scenario {name!r} already exists")
+            s = Scenario(name, recipe or self.default_recipe, config=config or {})
+            self._items[name] = s
+            self._save()
+            return s
+
+    def delete(self, name: str) -> Scenario:
+        with self._lock:
+            s = self._items.pop(name, None)
+            if s is None:
+                raise NotFound(f"scenario {name!r} does not exist")
+            self._save()
+            return s
+
+    def list(self) -> list[Scenario]:
+        return list(self._items.values())

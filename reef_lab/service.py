@@ -1,0 +1,24 @@
+"""Build a running gateway from a ServeConfig: the engine it names, the store in its data dir."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from reef_lab.config import ServeConfig
+from reef_lab.gateway import Gateway
+
+log = logging.getLogger("reef_lab.service")
+
+
+def build_engine(cfg: ServeConfig):
+    if cfg.upstream_url:
+        from reef_lab.engines.upstream import UpstreamEngine
+        return UpstreamEngine(cfg.upstream_url, cfg.upstream_model, timeout=cfg.upstream_timeout)
+    from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir
+    return EmbeddedEngine.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)
+
+
+def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
+    Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+    return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe)

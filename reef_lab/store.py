@@ -1,0 +1,414 @@
+"""The record store: durable before the receipt leaves, Parquet for everything after.
+
+Writes go to an append-only log (`records/log-NNNNNN.bin`, frames of `<len u32><crc32 u32><orjson>`) with group
+commit: concurrent appenders queue their frames, the first one in becomes the leader, writes everybody's frames
+with one `write` and one `fsync`, and wakes the rest. `append` returns only once its records are on disk, so a
+receipt is never handed out for a record that `kill -9` (or a power cut) could lose.
+
+When a log grows past `roll_records`/`roll_bytes` it is closed and a background thread rolls it into a Parquet
+segment (`records/seg-NNNNNN.parquet`, written via polars, fsynced, renamed into place), then deletes the log.
+Opening a store recovers from any crash point: a torn log tail is cut at the last good frame, a log whose segment
+exists is deleted, a closed log without one is rolled. `scan_records(data_dir)` gives a polars LazyFrame over
+segments plus logs and is safe to call from another process while a server writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.records import PARQUET_SCHEMA, Record, frame_row_to_dict, records_to_frame
+
+log = logging.getLogger("reef_lab.store")
+
+_HEADER = struct.Struct("<II")
+_FILE_RE = re.compile(r"^(log|seg)-(\d{6,})\.(bin|parquet)$")
+
+
+def encode_frame(records: list[dict]) -> bytes:
+    """One frame for one write: several records share a frame (and its CRC), so they land all or nothing."""
+    payload = orjson.dumps(records[0] if len(records) == 1 else records)
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def read_log(path: Path) -> tuple[list[dict], int]:
+    """All intact records of a log and the byte offset where intact data ends (a torn tail starts there)."""
+    data = path.read_bytes()
+    out, pos, n = [], 0, len(data)
+    while pos + _HEADER.size <= n:
+        length, crc = _HEADER.unpack_from(data, pos)
+        end = pos + _HEADER.size + length
+        if end > n:
+            break
+        payload = data[pos + _HEADER.size:end]
+        if zlib.crc32(payload) != crc:
+            break
+        obj = orjson.loads(payload)
+        out.extend(obj) if isinstance(obj, list) else out.append(obj)
+        pos = end
+    return out, pos
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _list_files(folder: Path) -> tuple[dict[int, Path], dict[int, Path]]:
+    logs, segs = {}, {}
+    for p in folder.iterdir() if folder.exists() else []:
+        m = _FILE_RE.match(p.name)
+        if m:
+            (logs if m.group(1) == "log" else segs)[int(m.group(2))] = p
+    return logs, segs
+
+
+def scan_records(data_dir: str | Path) -> pl.LazyFrame:
+    """A LazyFrame over every record in a data dir (Parquet segments and not-yet-rolled logs).
+
+    Safe while a server writes: logs are read before segments are listed, and a log whose segment exists is
+    skipped, so a roll that happens in between neither hides nor doubles a record.
+    """
+    folder = Path(data_dir) / "records"
+    logs, _ = _list_files(folder)
+    log_frames = {}
+    for no, path in sorted(logs.items()):
+        try:
+            log_frames[no] = read_log(path)[0]
+        except FileNotFoundError:  # rolled away meanwhile: its segment is listed below
+            continue
+    _, segs = _list_files(folder)
+    parts = [pl.scan_parquet(str(segs[no])) for no in sorted(segs)]
+    tail = [r for no, recs in sorted(log_frames.items()) if no not in segs for r in recs]
+    if tail:
+        parts.append(records_to_frame(tail).lazy())
+    if not parts:
+        return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+@dataclass
+class _Chunk:
+    """The records of one log file that are not yet in a Parquet segment."""
+
+    no: int
+    records: list[dict]
+    frame: pl.DataFrame | None = None
+    framed: int = 0  # how many of `records` `frame` covers
+
+    def as_frame(self) -> pl.DataFrame:
+        if self.framed < len(self.records):
+            new = records_to_frame(self.records[self.framed:])
+            self.frame = new if self.frame is None else pl.concat([self.frame, new])
+            self.framed = len(self.records)
+        return self.frame if self.frame is not None else pl.DataFrame(schema=PARQUET_SCHEMA)
+
+
+@dataclass
+class IndexEntry:
+    scenario: str
+    kind: str
+    content_hash: str
+    created_at: float
+    chunk: int  # log/segment number that holds the record
+
+
+class RecordStore:
+    """Append-only, group-committed, crash-safe record storage for one data dir."""
+
+    def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
+        self.folder = Path(data_dir) / "records"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.roll_records, self.roll_bytes = roll_records, roll_bytes
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._index: dict[str, IndexEntry] = {}
+        self._tail: dict[int, _Chunk] = {}
+        self._tail_by_id: dict[str, dict] = {}
+        self._segments: dict[int, Path] = {}
+        self._buf: list[bytes] = []
+        self._buf_records: list[dict] = []
+        self._enqueued = self._durable = 0
+        self._failed: list[tuple[int, int, str]] = []
+        self._flushing = False
+        self._broken: str | None = None
+        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "rolls": 0, "roll_errors": 0}
+        self._recover()
+        self._roll_queue: list[_Chunk] = []
+        self._roll_wake = threading.Condition(self._lock)
+        self._closed = False
+        self._roller = threading.Thread(target=self._roll_loop, name="reef-roller", daemon=True)
+        self._roller.start()
+
+    # ---- recovery -------------------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        logs, segs = _list_files(self.folder)
+        for p in self.folder.glob("*.tmp"):
+            p.unlink()
+        for no in [no for no in logs if no in segs]:  # rolled before the crash; the log's deletion was lost
+            logs.pop(no).unlink()
+        self._segments = dict(sorted(segs.items()))
+        for no, path in sorted(logs.items()):
+            records, good = read_log(path)
+            if good < path.stat().st_size:
+                log.warning("record log %s: cutting a torn tail of %d bytes", path.name, path.stat().st_size - good)
+                with open(path, "r+b") as f:
+                    f.truncate(good)
+                    os.fsync(f.fileno())
+            self._tail[no] = _Chunk(no, records)
+        if self._segments:
+            cols = ["id", "scenario", "kind", "content_hash", "created_at"]
+            for no, path in self._segments.items():
+                df = pl.read_parquet(path, columns=cols)
+                for rid, sc, kind, h, ts in df.iter_rows():
+                    self._index[rid] = IndexEntry(sc, kind, h, ts, no)
+        for no, chunk in self._tail.items():
+            for r in chunk.records:
+                self._index[r["id"]] = IndexEntry(r["scenario"], r["kind"], r["content_hash"], r["created_at"], no)
+                self._tail_by_id[r["id"]] = r
+        # Every log but the newest is closed: roll them now so only one log is ever open.
+        nos = sorted(self._tail)
+        for no in nos[:-1]:
+            self._write_segment(self._tail[no])
+            self._publish_segment(self._tail[no])
+        last = nos[-1] if nos else max(self._segments, default=0) + 1
+        if last in self._segments:
+            last += 1
+        self._tail.setdefault(last, _Chunk(last, []))
+        self._open_log(last)
+
+    def _open_log(self, no: int) -> None:
+        path = self.folder / f"log-{no:06d}.bin"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._log_no, self._log_size = no, os.fstat(self._fd).st_size
+        _fsync_dir(self.folder)
+
+    # ---- writing --------------------------------------------------------------------------------------------
+    def append(self, records: list[Record]) -> list[bool]:
+        """Write records durably; returns per record True (written) or False (same id and content existed).
+
+        Raises Conflict (nothing written) when an id exists with other content, StoreUnavailable on I/O failure.
+        """
+        dicts = [r.to_dict() for r in records]
+        with self._lock:
+            if self._broken:
+                raise StoreUnavailable(self._broken)
+            fresh, seen = [], set()
+            for d in dicts:
+                e = self._index.get(d["id"])
+                if e is None and d["id"] in seen:
+                    raise Conflict(f"record id {d['id']!r} appears twice in one write")
+                if e is not None and e.content_hash != d["content_hash"]:
+                    raise Conflict(f"record id {d['id']!r} already exists with different content")
+                fresh.append(e is None)
+                seen.add(d["id"])
+            new = [d for d, is_new in zip(dicts, fresh) if is_new]
+            if not new:
+                return fresh
+            for d in new:  # reserve ids now so a concurrent duplicate sees them
+                self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], d["created_at"], -1)
+        frame = encode_frame(new)
+        with self._lock:
+            self._buf.append(frame)
+            self._buf_records.extend(new)
+            self._enqueued += 1
+            mine = self._enqueued
+            while self._durable < mine:
+                if self._flushing:
+                    self._cond.wait()
+                else:
+                    self._lead_commit()
+            for lo, hi, err in self._failed:
+                if lo <= mine <= hi:
+                    raise StoreUnavailable(err)
+        return fresh
+
+    def _lead_commit(self) -> None:
+        """Called with the lock held: write and fsync every queued frame, then wake the waiters."""
+        self._flushing = True
+        buf, recs, upto, lo = self._buf, self._buf_records, self._enqueued, self._durable + 1
+        self._buf, self._buf_records = [], []
+        self._lock.release()
+        err = None
+        try:
+            data = b"".join(buf)
+            start = self._log_size
+            try:
+                written = 0
+                while written < len(data):
+                    written += os.write(self._fd, data[written:])
+                os.fsync(self._fd)
+            except OSError as e:
+                err = f"record store write failed: {e}"
+                log.error("%s; cutting the log back to %d bytes", err, start)
+                try:
+                    os.ftruncate(self._fd, start)
+                    os.fsync(self._fd)
+                except OSError as e2:
+                    self._broken = f"record store is unavailable after a failed write ({e}; {e2}); restart the server"
+        finally:
+            self._lock.acquire()
+        if err is None:
+            self._log_size += len(data)
+            chunk = self._tail[self._log_no]
+            for d in recs:
+                self._index[d["id"]].chunk = self._log_no
+                self._tail_by_id[d["id"]] = d
+            chunk.records.extend(recs)
+            self.stats["commits"] += 1
+            self.stats["records_written"] += len(recs)
+            self.stats["max_group"] = max(self.stats["max_group"], len(recs))
+            if len(chunk.records) >= self.roll_records or self._log_size >= self.roll_bytes:
+                self._rotate()
+        else:
+            for d in recs:
+                self._index.pop(d["id"], None)
+            self._failed = self._failed[-16:] + [(lo, upto, err)]
+        self._durable = upto
+        self._flushing = False
+        self._cond.notify_all()
+
+    def _rotate(self) -> None:
+        """Lock held: close the current log, hand its chunk to the roller, open the next log."""
+        chunk = self._tail[self._log_no]
+        os.close(self._fd)
+        nxt = self._log_no + 1
+        self._tail[nxt] = _Chunk(nxt, [])
+        self._open_log(nxt)
+        self._roll_queue.append(chunk)
+        self._roll_wake.notify()
+
+    # ---- rolling into Parquet -------------------------------------------------------------------------------
+    def _write_segment(self, chunk: _Chunk) -> Path:
+        path = self.folder / f"seg-{chunk.no:06d}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        records_to_frame(chunk.records).write_parquet(tmp, compression="zstd", statistics=True)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.folder)
+        return path
+
+    def _publish_segment(self, chunk: _Chunk) -> None:
+        """Lock held (or single-threaded at start): serve the chunk from its segment, drop its log."""
+        self._segments[chunk.no] = self.folder / f"seg-{chunk.no:06d}.parquet"
+        self._tail.pop(chunk.no, None)
+        for r in chunk.records:
+            self._tail_by_id.pop(r["id"], None)
+        (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
+        self.stats["rolls"] += 1
+
+    def _roll_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._roll_queue and not self._closed:
+                    self._roll_wake.wait()
+                if not self._roll_queue and self._closed:
+                    return
+                chunk = self._roll_queue[0]
+            try:
+                self._write_segment(chunk)
+            except Exception:  # the log stays on disk and is rolled again at the next start
+                log.exception("rolling log %06d into Parquet failed; will retry", chunk.no)
+                self.stats["roll_errors"] += 1
+                time.sleep(5)
+                continue
+            with self._lock:
+                self._roll_queue.pop(0)
+                self._publish_segment(chunk)
+
+    # ---- reading --------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def entry(self, record_id: str) -> IndexEntry | None:
+        e = self._index.get(record_id)
+        return None if e is None or e.chunk < 0 else e
+
+    def get(self, record_id: str) -> dict | None:
+        with self._lock:
+            e = self._index.get(record_id)
+            if e is None or e.chunk < 0:
+                return None
+            r = self._tail_by_id.get(record_id)
+            if r is not None:
+                return r
+            seg = self._segments.get(e.chunk)
+        df = pl.scan_parquet(str(seg)).filter(pl.col("id") == record_id).collect()
+        return frame_row_to_dict(df.row(0, named=True)) if len(df) else None
+
+    def get_many(self, record_ids: list[str]) -> list[dict]:
+        """Records by id, in the order given (unknown ids are skipped); one Parquet scan per segment touched."""
+        found: dict[str, dict] = {}
+        by_segment: dict[Path, list[str]] = {}
+        with self._lock:
+            for rid in record_ids:
+                e = self._index.get(rid)
+                if e is None or e.chunk < 0:
+                    continue
+                if rid in self._tail_by_id:
+                    found[rid] = self._tail_by_id[rid]
+                elif e.chunk in self._segments:
+                    by_segment.setdefault(self._segments[e.chunk], []).append(rid)
+        for seg, ids in by_segment.items():
+            for row in pl.scan_parquet(str(seg)).filter(pl.col("id").is_in(ids)).collect().iter_rows(named=True):
+                found[row["id"]] = frame_row_to_dict(row)
+        return [found[rid] for rid in record_ids if rid in found]
+
+    def scan(self) -> pl.LazyFrame:
+        """A consistent LazyFrame over all records (segments plus the in-memory tail of unrolled logs)."""
+        with self._lock:
+            parts = [pl.scan_parquet(str(p)) for _, p in sorted(self._segments.items())]
+            parts += [c.as_frame().lazy() for _, c in sorted(self._tail.items()) if c.records]
+        if not parts:
+            return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
+        return pl.concat(parts, how="vertical_relaxed")
+
+    def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
+        """Ids in write order (ids are time-sortable), filtered by scenario, kind and creation time."""
+        with self._lock:
+            items = list(self._index.items())
+        return sorted(rid for rid, e in items if e.chunk >= 0 and (scenario is None or e.scenario == scenario)
+                      and (kind is None or e.kind == kind) and e.created_at >= since)
+
+    def forget(self, scenario: str) -> int:
+        """Drop a deleted scenario's records from the index (they stay on disk, append-only)."""
+        with self._lock:
+            gone = [rid for rid, e in self._index.items() if e.scenario == scenario]
+            for rid in gone:
+                del self._index[rid]
+        return len(gone)
+
+    def info(self) -> dict:
+        with self._lock:
+            return {"records": len(self._index), "segments": len(self._segments),
+                    "log_records": sum(len(c.records) for c in self._tail.values()), "log_bytes": self._log_size,
+                    "broken": self._broken, **self.stats}
+
+    def close(self) -> None:
+        """Roll the open log into Parquet and stop the roller (a crash instead of close loses nothing either)."""
+        with self._lock:
+            if self._closed:
+                return
+            while self._flushing:
+                self._cond.wait()
+            if self._tail.get(self._log_no) and self._tail[self._log_no].records:
+                self._rotate()
+            self._closed = True
+            self._roll_wake.notify()
+        self._roller.join(timeout=60)
+        os.close(self._fd)

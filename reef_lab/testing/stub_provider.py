@@ -1,0 +1,140 @@
+"""A stub model provider on loopback, speaking the OpenAI and Anthropic wire formats as documented.
+
+It answers `echo: <last user text>` so tests can check what reached it, and misbehaves on request: a last user
+message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a late answer. It is a plain
+WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
+`python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import threading
+import time
+
+import orjson
+
+_SLEEP = re.compile(rb"!sleep=([0-9.]+)")
+
+
+def _last_user_text(body: dict) -> str:
+    msgs = body.get("messages")
+    if msgs is None:
+        inp = body.get("input")
+        return inp if isinstance(inp, str) else str(inp[-1].get("content")) if inp else ""
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
+    return ""
+
+
+def _sse(obj, event=None) -> bytes:
+    return (f"event: {event}\n".encode() if event else b"") + b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chat(body, text):
+    if not body.get("stream"):
+        return {"id": "chatcmpl-stub", "object": "chat.completion", "created": 1, "model": body.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop", "logprobs": None}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    base = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 1, "model": body.get("model")}
+    out = [_sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
+    for w in text.split(" "):
+        out.append(_sse({**base, "choices": [{"index": 0, "delta": {"content": w + " "}}]}))
+    out.append(_sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    return out + [b"data: [DONE]\n\n"]
+
+
+def _messages(body, text):
+    msg = {"id": "msg_stub", "type": "message", "role": "assistant", "model": body.get("model"),
+           "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+           "usage": {"input_tokens": 5, "output_tokens": 3}}
+    if not body.get("stream"):
+        return msg
+    out = [_sse({"type": "message_start", "message": {**msg, "content": [], "stop_reason": None}}, "message_start"),
+           _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start")]
+    for w in text.split(" "):
+        out.append(_sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                                                                              "text": w + " "}},
+                        "content_block_delta"))
+    out += [_sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                  "usage": {"output_tokens": 3}}, "message_delta"),
+            _sse({"type": "message_stop"}, "message_stop")]
+    return out
+
+
+def _responses(body, text):
+    item = {"type": "message", "id": "msg_stub", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    resp = {"id": "resp_stub", "object": "response", "created_at": 1, "model": body.get("model"),
+            "status": "completed", "output": [item], "error": None, "incomplete_details": None,
+            "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+    if not body.get("stream"):
+        return resp
+    seq = iter(range(1000))
+    pending = {**resp, "status": "in_progress", "output": []}
+    return [_sse({"type": "response.created", "sequence_number": next(seq), "response": pending}, "response.created"),
+            _sse({"type": "response.output_text.delta", "sequence_number": next(seq), "item_id": "msg_stub",
+                  "output_index": 0, "content_index": 0, "delta": text, "logprobs": []}, "response.output_text.delta"),
+            _sse({"type": "response.completed", "sequence_number": next(seq), "response": resp},
+                 "response.completed")]
+
+
+ROUTES = {"/v1/chat/completions": _chat, "/v1/messages": _messages, "/v1/responses": _responses}
+
+
+def app(environ, start_response):
+    path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD")
+    if method == "GET" and path == "/v1/models":
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b'{"object":"list","data":[{"id":"stub-model","object":"model","created":1,"owned_by":"stub"}]}']
+    if path == "/v1/messages/count_tokens":
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b'{"input_tokens":5}']
+    handler = ROUTES.get(path)
+    if handler is None or method != "POST":
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"error":{"message":"no such route","type":"not_found"}}']
+    raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0) or -1)
+    body = orjson.loads(raw)
+    m = _SLEEP.search(raw)
+    if m:
+        time.sleep(float(m.group(1)))
+    if b"!500" in raw:
+        start_response("500 Internal Server Error", [("Content-Type", "application/json")])
+        return [b'{"error":{"message":"stub exploded","type":"server_error"}}']
+    if b"!400" in raw:
+        start_response("400 Bad Request", [("Content-Type", "application/json")])
+        return [b'{"error":{"message":"stub refuses this request","type":"invalid_request_error"}}']
+    out = handler(body, "echo: " + _last_user_text(body))
+    if isinstance(out, list):
+        start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
+        return out
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [orjson.dumps(out)]
+
+
+def serve_in_thread(port: int = 0):
+    """Start the stub on 127.0.0.1 in a daemon thread (for tests); returns (server, base_url)."""
+    from werkzeug.serving import make_server
+    srv = make_server("127.0.0.1", port, app, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_port}"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, default=9000)
+    ap.add_argument("--threads", type=int, default=16)
+    a = ap.parse_args()
+    from granian import Granian
+    from granian.constants import Interfaces
+    Granian("reef_lab.testing.stub_provider:app", address="127.0.0.1", port=a.port, interface=Interfaces.WSGI,
+            blocking_threads=a.threads, log_level="warning").serve()

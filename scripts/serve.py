@@ -1,0 +1,38 @@
+"""Run the live gateway: `python scripts/serve.py` serves the embedded SmolLM2 on 127.0.0.1:8900.
+
+Flags (or the same names in a YAML file given with -c) choose the address, the data dir, the recipe of new
+scenarios, an upstream provider to proxy instead of the embedded model, or another local model; --help lists
+them. The Flask app runs under granian (a Rust HTTP server with a thread pool for WSGI), in one worker process
+that holds the engine and the record store.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+
+from reef_lab.config import parse_serve_config  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_serve_config(argv)
+    os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from granian import Granian
+    from granian.constants import Interfaces
+
+    print(f"[serve] starting reef_lab on http://{cfg.host}:{cfg.port} (data dir {cfg.data_dir}); "
+          "the model loads before the first request is answered", file=sys.stderr, flush=True)
+    Granian("server.wsgi:app", address=cfg.host, port=cfg.port, interface=Interfaces.WSGI, workers=1,
+            blocking_threads=cfg.threads, backlog=2048, log_level=cfg.log_level, working_dir=ROOT,
+            respawn_failed_workers=False).serve()
+
+
+if __name__ == "__main__":
+    main()

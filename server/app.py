@@ -1,0 +1,79 @@
+"""The Flask app: HTTP in, gateway calls, HTTP out. Nothing else lives here.
+
+`create_app(gateway, tokens)` builds the app around a ready `reef_lab.gateway.Gateway`; `scripts/serve.py` runs
+it under granian. Routes: the providers' own APIs under /v1 (server/inference.py) and reef_lab's resources under
+/reef (server/reef.py). Every route but /healthz needs a token when tokens are configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+import orjson
+from flask import Flask, Response, g, request
+
+from reef_lab.errors import ReefError, Unauthorized
+from reef_lab.gateway import Gateway
+from server.inference import bp as inference_bp
+from server.reef import bp as reef_bp
+
+log = logging.getLogger("reef_lab.server")
+
+
+def error_body(path: str, err: ReefError) -> bytes:
+    """The error in the wire format of the API the client called."""
+    if path.startswith("/v1/messages"):
+        return orjson.dumps({"type": "error", "error": {"type": err.type, "message": err.message}})
+    return orjson.dumps({"error": {"message": err.message, "type": err.type, "param": None, "code": None}})
+
+
+def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
+    app = Flask("reef_lab")
+    app.config["GATEWAY"] = gateway
+    tokens_b = [t.encode() for t in (tokens or []) if t]
+
+    @app.before_request
+    def authenticate():
+        g.gateway = gateway
+        if not tokens_b or request.path == "/healthz":
+            return None
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        ok = False
+        for t in tokens_b:  # compare against every token, each in constant time
+            ok |= hmac.compare_digest(given.encode(), t)
+        if not ok:
+            raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <REEF_TOKEN>' "
+                               "(or 'x-api-key' for Anthropic clients)")
+        return None
+
+    @app.errorhandler(ReefError)
+    def reef_error(err: ReefError):
+        return Response(error_body(request.path, err), status=err.status, mimetype="application/json")
+
+    @app.errorhandler(404)
+    def not_found(_):
+        err = ReefError(f"no route for {request.method} {request.path}", status=404)
+        err.type = "not_found_error"
+        return Response(error_body(request.path, err), status=404, mimetype="application/json")
+
+    @app.errorhandler(405)
+    def not_allowed(_):
+        err = ReefError(f"method {request.method} is not allowed on {request.path}", status=405)
+        err.type = "invalid_request_error"
+        return Response(error_body(request.path, err), status=405, mimetype="application/json")
+
+    @app.errorhandler(Exception)
+    def internal(e: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        err = ReefError(f"internal error: {type(e).__name__}: {e}")
+        return Response(error_body(request.path, err), status=500, mimetype="application/json")
+
+    @app.get("/healthz")
+    def healthz():
+        return Response(b'{"ok":true}', mimetype="application/json")
+
+    app.register_blueprint(inference_bp)
+    app.register_blueprint(reef_bp)
+    return app

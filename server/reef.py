@@ -1,0 +1,76 @@
+"""reef_lab's own resources: reports, scenarios, records, status."""
+
+from __future__ import annotations
+
+from flask import Blueprint, g, request
+
+from reef_lab.errors import BadRequest
+from server.common import json_body, json_response, scenario, tags
+
+bp = Blueprint("reef", __name__, url_prefix="/reef")
+
+
+@bp.post("/report")
+def report():
+    created, rid = g.gateway.report(scenario(), json_body(), tags())
+    return json_response({"id": rid, "created": created}, 201 if created else 200,
+                         {"x-reef-agent-record-id": rid})
+
+
+@bp.get("/scenarios")
+def list_scenarios():
+    return json_response({"scenarios": [g.gateway.scenario_info(s.name) for s in g.gateway.scenarios.list()]})
+
+
+@bp.post("/scenarios")
+def create_scenario():
+    body = json_body()
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
+    if body.get("recipe") is not None:
+        from reef_lab.recipe import load_recipe
+        load_recipe(body["recipe"], body.get("config"))
+    s = g.gateway.scenarios.create(body["name"], body.get("recipe"), body.get("config"))
+    return json_response(g.gateway.scenario_info(s.name), 201)
+
+
+@bp.get("/scenarios/<name>")
+def get_scenario(name: str):
+    return json_response(g.gateway.scenario_info(name))
+
+
+@bp.delete("/scenarios/<name>")
+def delete_scenario(name: str):
+    return json_response(g.gateway.delete_scenario(name))
+
+
+def _int_arg(key: str, default: int) -> int:
+    v = request.args.get(key)
+    if v is None:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise BadRequest(f"query parameter '{key}' must be an integer, got {v!r}") from None
+
+
+@bp.get("/scenarios/<name>/records")
+def list_records(name: str):
+    return json_response(g.gateway.list_records(name, request.args.get("kind"), _int_arg("limit", 50),
+                                                request.args.get("after")))
+
+
+@bp.get("/scenarios/<name>/records/<record_id>")
+def get_record(name: str, record_id: str):
+    return json_response(g.gateway.get_record(name, record_id))
+
+
+@bp.post("/records/batch")
+def import_records():
+    status, body = g.gateway.import_records(json_body(), scenario())
+    return json_response(body, status)
+
+
+@bp.get("/status")
+def status():
+    return json_response(g.gateway.status())
