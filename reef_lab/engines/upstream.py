@@ -68,6 +68,8 @@ class UpstreamEngine:
         try:
             return self.pool.request(method, url, body=data, headers=headers, timeout=self.timeout,
                                      preload_content=not stream, redirect=False)
+        except urllib3.exceptions.NewConnectionError as e:  # a subclass of ConnectTimeoutError in urllib3 2
+            raise UpstreamError(f"the upstream provider at {self.base_url} is unreachable: {e}") from e
         except urllib3.exceptions.TimeoutError as e:
             raise UpstreamError(f"the upstream provider at {self.base_url} did not answer within "
                                 f"{self.timeout.read_timeout}s ({type(e).__name__})", status=504) from e

@@ -80,11 +80,18 @@ def _responses(body, text):
         return resp
     seq = iter(range(1000))
     pending = {**resp, "status": "in_progress", "output": []}
-    return [_sse({"type": "response.created", "sequence_number": next(seq), "response": pending}, "response.created"),
-            _sse({"type": "response.output_text.delta", "sequence_number": next(seq), "item_id": "msg_stub",
-                  "output_index": 0, "content_index": 0, "delta": text, "logprobs": []}, "response.output_text.delta"),
-            _sse({"type": "response.completed", "sequence_number": next(seq), "response": resp},
-                 "response.completed")]
+    part = {"type": "output_text", "text": "", "annotations": []}
+    ids = {"item_id": "msg_stub", "output_index": 0, "content_index": 0}
+    events = [("response.created", {"response": pending}),
+              ("response.output_item.added", {"output_index": 0, "item": {**item, "status": "in_progress",
+                                                                          "content": []}}),
+              ("response.content_part.added", {**ids, "part": part}),
+              ("response.output_text.delta", {**ids, "delta": text, "logprobs": []}),
+              ("response.output_text.done", {**ids, "text": text, "logprobs": []}),
+              ("response.content_part.done", {**ids, "part": {**part, "text": text}}),
+              ("response.output_item.done", {"output_index": 0, "item": item}),
+              ("response.completed", {"response": resp})]
+    return [_sse({"type": k, "sequence_number": next(seq), **v}, k) for k, v in events]
 
 
 ROUTES = {"/v1/chat/completions": _chat, "/v1/messages": _messages, "/v1/responses": _responses}
