@@ -251,7 +251,7 @@ class RecordStore:
                 written = 0
                 while written < len(data):
                     written += os.write(self._fd, data[written:])
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)  # data and file size: all an append needs to survive
             except OSError as e:
                 err = f"record store write failed: {e}"
                 log.error("%s; cutting the log back to %d bytes", err, start)

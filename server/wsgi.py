@@ -30,6 +30,7 @@ def _die_with_parent() -> None:
 
 
 def build():
+    sys.setswitchinterval(float(os.environ.get("REEF_SWITCH", "0.005")))
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()

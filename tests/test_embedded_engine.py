@@ -5,8 +5,10 @@ The slow test converts and loads the real SmolLM2 (about a minute): `pytest -m s
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
 import threading
 from concurrent.futures import CancelledError
 from pathlib import Path
@@ -14,10 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from reef_lab.engines import embedded
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import (
+    CACHE_METADATA_FILE,
     DEFAULT_MODEL_NAME,
     EmbeddedEngine,
+    _gguf_fingerprint,
     _TextTracker,
     default_cache_dir,
     default_gguf_path,
@@ -86,12 +91,29 @@ def test_batched_greedy_equals_alone(engine):
     requests = [chat(i, max_tokens=24, temperature=0) for i in range(6)]
     alone = [run_alone(engine, r) for r in requests]
     together = run_together(engine, requests)
-    for a, b in zip(alone, together):
+    for a, b in zip(alone, together, strict=True):
         assert b.token_ids == a.token_ids
         assert b.text == a.text
         assert b.release_id == "r0"
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     assert len({tuple(a.token_ids) for a in alone}) > 1, "the tiny model should answer prompts differently"
+
+
+def test_many_threads_submitting_at_once(engine):
+    requests = [chat(i, max_tokens=6, temperature=0) for i in range(12)]
+    alone = [run_alone(engine, r) for r in requests[:3]]
+    results = [None] * len(requests)
+
+    def submit_and_wait(i):
+        results[i] = engine.submit(requests[i]).result(timeout=60)
+
+    threads = [threading.Thread(target=submit_and_wait, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r is not None and len(r.token_ids) == 6 for r in results)
+    assert [r.token_ids for r in results[:3]] == [a.token_ids for a in alone]
 
 
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine):
@@ -112,7 +134,7 @@ def test_logprobs_match_a_full_forward_pass(engine, tiny_model, temperature):
         assert len(generation.logprobs) == len(generation.token_ids) > 0
         assert all(math.isfinite(lp) and lp <= 0 for lp in generation.logprobs)
         expected = teacher_forced_logprobs(tiny_model, generation, temperature or 1.0)
-        assert max(abs(x - y) for x, y in zip(generation.logprobs, expected)) < 1e-4
+        assert max(abs(x - y) for x, y in zip(generation.logprobs, expected, strict=True)) < 1e-4
 
 
 def test_prompt_token_ids_are_the_templated_prompt(engine, tokenizer):
@@ -255,7 +277,8 @@ def test_text_tracker_never_emits_broken_utf8_or_stop_text(tokenizer):
     text = "Hello wor###ld \U0001f980 caf\u00e9"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert len(ids) > len(text.split()), "the emoji should span several byte-level tokens"
-    for stop, expected in ([], text), (["###"], "Hello wor"), (["wor###"], "Hello "), (["\U0001f980"], "Hello wor###ld "):
+    cases = [([], text), (["###"], "Hello wor"), (["wor###"], "Hello "), (["\U0001f980"], "Hello wor###ld ")]
+    for stop, expected in cases:
         tracker = _TextTracker(tokenizer, stop)
         deltas = [tracker.add(i) for i in ids if tracker.stop_at is None]
         if tracker.stop_at is None:
@@ -280,7 +303,8 @@ def test_real_smollm2_converts_and_answers(tmp_path):
     try:
         assert (tmp_path / DEFAULT_MODEL_NAME / "model.safetensors").is_file()
         assert [p.name for p in Path(tmp_path).iterdir()] == [DEFAULT_MODEL_NAME]
-        request = ChatRequest([{"role": "user", "content": "What is 2+2?"}], SamplingParams(max_tokens=32, temperature=0))
+        question = [{"role": "user", "content": "What is 2+2?"}]
+        request = ChatRequest(question, SamplingParams(max_tokens=32, temperature=0))
         generation = engine.submit(request).result(timeout=120)
         assert "4" in generation.text
         assert generation.finish_reason == "stop" and generation.token_ids[-1] == 2
@@ -288,3 +312,25 @@ def test_real_smollm2_converts_and_answers(tmp_path):
         engine.close()
     _, _, name = load_model(None, tmp_path)  # from the cache now
     assert name == DEFAULT_MODEL_NAME
+
+
+def test_gguf_cache_is_reused_and_dead_temp_folders_are_cleaned(tmp_path, monkeypatch):
+    gguf = tmp_path / "fake.Q4.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    target = tmp_path / "cache" / "fake.Q4"
+    target.mkdir(parents=True)
+    (target / CACHE_METADATA_FILE).write_text(json.dumps(_gguf_fingerprint(gguf)))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = target.parent / f".fake.Q4.tmp-{dead.pid}-0123abcd"
+    leftover.mkdir()
+    mine = target.parent / f".fake.Q4.tmp-{os.getpid()}-0123abcd"
+    mine.mkdir()
+    converted = []
+    monkeypatch.setattr(embedded, "_convert_gguf", lambda *args: converted.append(args))
+    assert embedded._converted_gguf(gguf, target) == target and not converted
+    gguf.write_bytes(b"GGUF" + bytes(61))  # another file under the same name: converted again
+    embedded._converted_gguf(gguf, target)
+    assert len(converted) == 1
+    embedded._remove_dead_temp_folders(target)
+    assert not leftover.exists() and mine.exists()

@@ -17,6 +17,12 @@ row's computation equal to running it alone (up to float rounding).
     for delta in stream: print(delta, end="")
     generation = stream.result()
 
+Token accounting: `token_ids`/`logprobs` hold every sampled token that produced returned text. An EOS token is kept
+there (training needs the model to learn to stop) but never appears in `text`. When a stop string ends the text, the
+tokens lying wholly inside it, including the one that completed it, are dropped; a token that straddles the boundary
+(part returned text, part stop string) is kept, so `decode(token_ids)` starts with `text` and covers nothing past it
+but that token's tail.
+
 Weight swaps (a later `swap_weights`) belong at a step boundary: every model step runs under `_step_lock`, and a
 row records the release it was admitted under. A swap must therefore take the lock while no row is active (pause
 admission, let the batch drain, swap, resume), so that each Generation's tokens all come from one release.
@@ -25,21 +31,23 @@ admission, let the batch drain, swap, resume), so that each Generation's tokens 
 from __future__ import annotations
 
 import bisect
+import copy
 import importlib.util
 import inspect
 import json
 import logging
 import os
 import queue
+import re
 import shutil
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -107,21 +115,24 @@ def _load_folder(folder: Path, dtype: torch.dtype):
 
 
 def _gguf_fingerprint(gguf: Path) -> dict:
-    stat = gguf.stat()
-    return {"source": str(gguf.resolve()), "size": stat.st_size, "name": gguf.name}
+    return {"source": str(gguf.resolve()), "size": gguf.stat().st_size, "name": gguf.name}
+
+
+def _cache_matches(target: Path, fingerprint: dict) -> bool:
+    meta_file = target / CACHE_METADATA_FILE
+    if not meta_file.is_file():
+        return False
+    cached = json.loads(meta_file.read_text())
+    return cached.get("size") == fingerprint["size"] and cached.get("name") == fingerprint["name"]
 
 
 def _converted_gguf(gguf: Path, target: Path) -> Path:
     """Return `target`, converting `gguf` into it first unless a conversion of the same file is already there."""
     fingerprint = _gguf_fingerprint(gguf)
-    meta_file = target / CACHE_METADATA_FILE
-    if meta_file.is_file():
-        cached = json.loads(meta_file.read_text())
-        if cached.get("size") == fingerprint["size"] and cached.get("name") == fingerprint["name"]:
-            return target
-        log.warning("cache %s was converted from another file (%s); converting %s again", target, cached, gguf)
-    elif target.exists():
-        log.warning("cache %s has no %s (not written by reef_lab); converting again", target, CACHE_METADATA_FILE)
+    if _cache_matches(target, fingerprint):
+        return target
+    if target.exists():
+        log.warning("cache %s is not a reef_lab conversion of %s; converting again", target, gguf)
     _convert_gguf(gguf, target, fingerprint)
     return target
 
@@ -131,8 +142,9 @@ def _convert_gguf(gguf: Path, target: Path, fingerprint: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_temp_folders(target)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    log.info("dequantising %s into %s (about 20 s on 2 CPU cores, once)", gguf, target)
+    log.info("dequantising %s into %s (about 20-40 s on 2 CPU cores, once)", gguf, target)
     started = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -145,7 +157,10 @@ def _convert_gguf(gguf: Path, target: Path, fingerprint: dict) -> None:
         model.generation_config.save_pretrained(tmp)
         meta = {**fingerprint, "dtype": "float32", "converted_at": time.time()}
         (tmp / CACHE_METADATA_FILE).write_text(json.dumps(meta, indent=2))
-        _replace_folder(tmp, target)
+        if _cache_matches(target, fingerprint):
+            log.info("another process finished converting %s first; using its copy", gguf.name)
+        else:
+            _replace_folder(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -159,6 +174,22 @@ def _replace_folder(tmp: Path, target: Path) -> None:
         os.rename(target, stale)
         shutil.rmtree(stale)
     os.rename(tmp, target)
+
+
+def _remove_dead_temp_folders(target: Path) -> None:
+    """Delete temp folders that conversions killed midway left behind (their process no longer exists)."""
+    for folder in target.parent.glob(f".{target.name}.tmp-*"):
+        match = re.fullmatch(r".*\.tmp-(\d+)-[0-9a-f]{8}", folder.name)
+        if not match:
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.info("removing %s, left by a conversion that did not finish", folder)
+            shutil.rmtree(folder)
+        except PermissionError:
+            continue  # the process exists (another user's): leave its folder alone
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,6 +305,7 @@ class EmbeddedStream:
         while True:
             item = self._deltas.get()
             if item is _END:
+                self._deltas.put(_END)  # a second iteration ends at once instead of waiting forever
                 if self._error is not None and not isinstance(self._error, CancelledError):
                     raise self._error
                 return
@@ -296,18 +328,24 @@ class EmbeddedStream:
     def done(self) -> bool:
         return self._done.is_set()
 
-    # Called by the scheduler thread only.
+    # Called by the scheduler thread only. The first of _finish/_fail wins; later calls return False.
     def _push(self, delta: str) -> None:
         if delta:
             self._deltas.put(delta)
 
-    def _finish(self, generation: Generation) -> None:
+    def _finish(self, generation: Generation) -> bool:
+        if self._done.is_set():
+            return False
         self._generation = generation
         self._close()
+        return True
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException) -> bool:
+        if self._done.is_set():
+            return False
         self._error = error
         self._close()
+        return True
 
     def _close(self) -> None:
         self._done.set()
@@ -359,7 +397,7 @@ class _Batch:
 
     def merge(self, other: _Batch) -> None:
         length = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
             mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
             mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
         self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
@@ -428,7 +466,7 @@ class EmbeddedEngine:
                  device: str | torch.device | None = None):
         from transformers import DynamicCache
 
-        _check_full_attention(model.config)
+        _check_mergeable_cache(DynamicCache, model.config)
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model_name = model_name
@@ -436,6 +474,10 @@ class EmbeddedEngine:
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._model = model.to(self._device).eval()
         self._tokenizer = tokenizer
+        # Fast tokenizers are one shared Rust object whose calls can refuse to run concurrently ("Already
+        # borrowed"): callers encode one at a time under a lock, and the scheduler decodes with its own copy.
+        self._encode_lock = threading.Lock()
+        self._decode_tokenizer = copy.deepcopy(tokenizer)
         self._release_id = release_id
         self._cache_class = DynamicCache
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -455,9 +497,10 @@ class EmbeddedEngine:
                  self._param_count, max_batch, release_id)
 
     @classmethod
-    def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None, **kw) -> EmbeddedEngine:
+    def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None,
+                  dtype: torch.dtype = torch.float32, **kw) -> EmbeddedEngine:
         """Load a model with `load_model` (None: the embedded SmolLM2) and start an engine on it."""
-        model, tokenizer, name = load_model(model_path, Path(cache_dir) if cache_dir else default_cache_dir())
+        model, tokenizer, name = load_model(model_path, Path(cache_dir) if cache_dir else default_cache_dir(), dtype)
         return cls(model, tokenizer, name, **kw)
 
     # -- the Engine protocol ------------------------------------------------------------------------------------
@@ -479,8 +522,9 @@ class EmbeddedEngine:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The chat-templated prompt, ending with the assistant turn's opening."""
-        encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=True)
+        with self._encode_lock:
+            encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=True)
         return list(encoded["input_ids"])
 
     def submit(self, request: ChatRequest) -> EmbeddedStream:
@@ -543,7 +587,6 @@ class EmbeddedEngine:
         except BaseException as exc:  # a scheduler bug: callers get it instead of waiting forever
             log.exception("the embedded engine's scheduler stopped")
             stopped = exc
-            raise
         finally:
             with self._cv:
                 self._closed = True
@@ -596,7 +639,8 @@ class EmbeddedEngine:
         max_tokens = params.max_tokens
         if self._max_positions:
             max_tokens = min(max_tokens, self._max_positions - len(stream.prompt_ids))
-        return _Row(stream, params, max_tokens, self._release_id, generator, _TextTracker(self._tokenizer, params.stop))
+        text = _TextTracker(self._decode_tokenizer, params.stop)
+        return _Row(stream, params, max_tokens, self._release_id, generator, text)
 
     def _prefill(self, rows: list[_Row]) -> _Batch | None:
         lengths = [len(row.stream.prompt_ids) for row in rows]
@@ -695,9 +739,7 @@ class EmbeddedEngine:
         return batch
 
     def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
-        self._stats["failed"] += len(streams)
-        for stream in streams:
-            stream._fail(exc)
+        self._stats["failed"] += sum(stream._fail(exc) for stream in streams)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -712,11 +754,11 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def _check_full_attention(config) -> None:
-    """Merging KV caches by left padding is exact only when every layer attends over the full past."""
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or getattr(config, "sliding_window", None):
+def _check_mergeable_cache(cache_class, config) -> None:
+    """Merging KV caches by left padding needs plain full-attention layers (no sliding window, no linear state)."""
+    kinds = {type(layer).__name__ for layer in cache_class(config=config).layers}
+    if kinds - {"DynamicLayer"}:
         raise NotImplementedError(
-            f"the embedded engine batches full-attention models only; this one has layers {sorted(layer_types)} "
-            f"and sliding_window={getattr(config, 'sliding_window', None)}: serve it with vLLM or SGLang instead"
+            f"the embedded engine batches full-attention models only; this model's cache has {sorted(kinds)}: "
+            "serve it with vLLM or SGLang instead"
         )
