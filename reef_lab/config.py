@@ -33,7 +33,7 @@ class ServeConfig:
         "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
                 "default SmolLM2-135M-Instruct"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
-    threads: int = field(default=64, metadata={
+    threads: int = field(default=32, metadata={
         "help": "request threads of the WSGI server (each open stream holds one)"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 

@@ -1,0 +1,45 @@
+"""serve.py's configuration: flags, YAML, precedence, and refusals that name the fix."""
+
+import pytest
+
+from reef_lab.config import ServeConfig, parse_serve_config
+
+
+def test_defaults_are_the_embedded_server():
+    c = parse_serve_config([])
+    assert (c.host, c.port, c.data_dir, c.recipe, c.upstream_url) == ("127.0.0.1", 8900, "./.reef_lab", "basic", None)
+
+
+def test_yaml_then_flags_win(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("port: 9001\nupstream-url: http://127.0.0.1:7000\nupstream_model: gpt-x\nrecipe: basic\n")
+    c = parse_serve_config(["-c", str(f), "--port", "9002"])
+    assert c.port == 9002 and c.upstream_url == "http://127.0.0.1:7000" and c.upstream_model == "gpt-x"
+
+
+def test_unknown_yaml_key_is_refused(tmp_path, capsys):
+    f = tmp_path / "c.yaml"
+    f.write_text("prot: 1\n")
+    with pytest.raises(SystemExit):
+        parse_serve_config(["-c", str(f)])
+    assert "unknown option 'prot'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"upstream_model": "m"}, "needs upstream_url"),
+    ({"upstream_url": "http://x", "model_path": "/m"}, "either upstream_url"),
+    ({"upstream_url": "ftp://x"}, "must start with http"),
+    ({"port": 0}, "port must be"),
+])
+def test_bad_combinations_name_the_rule(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        ServeConfig(**kw)
+
+
+def test_help_explains_each_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_serve_config(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--data-dir", "--recipe", "--upstream-url", "--upstream-model", "--model-path"):
+        assert flag in out
+    assert "REEF_UPSTREAM_API_KEY" in out
