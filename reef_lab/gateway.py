@@ -22,7 +22,7 @@ import orjson
 from reef_lab import dialects
 from reef_lab.errors import BadRequest, NotFound, ReefError, UpstreamError
 from reef_lab.recipe import Recipe, load_recipe
-from reef_lab.records import KINDS, Record, new_record_id
+from reef_lab.records import KINDS, Record, content_hash, new_record_id
 from reef_lab.scenarios import ScenarioRegistry, check_name
 from reef_lab.store import RecordStore
 
@@ -235,6 +235,8 @@ class Gateway:
         rec = Record(id=self._client_id(body.get("id")), scenario=name, kind="report", references=refs,
                      score=None if score is None else float(score), feedback=feedback, metadata=metadata,
                      tags=tags or {})
+        if "id" in body:
+            rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
         return created, rec.id
 
@@ -324,13 +326,15 @@ class Gateway:
                                        or not math.isfinite(created_at) or created_at <= 0):
             raise BadRequest("'created_at' must be a positive unix time in seconds")
         refs = self._check_references(name, item.get("references"), extra=pending)
-        return Record(id=self._client_id(item.get("id")), scenario=name, kind=kind, dialect=item.get("dialect", ""),
+        rec = Record(id=self._client_id(item.get("id")), scenario=name, kind=kind, dialect=item.get("dialect", ""),
                       created_at=float(created_at or 0), request=item.get("request"), response=item.get("response"),
                       prompt_token_ids=item.get("prompt_token_ids"), token_ids=item.get("token_ids"),
                       logprobs=None if lp is None else [float(x) for x in lp], release_id=item.get("release_id"),
                       tags=tags, timing=item.get("timing") or {}, references=refs,
                       score=None if score is None else float(score), feedback=item.get("feedback"),
                       metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"))
+        rec.content_hash = content_hash(rec)
+        return rec
 
     def list_records(self, scenario: str, kind: str | None = None, limit: int = 50,
                      after: str | None = None) -> dict:

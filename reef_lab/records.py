@@ -8,6 +8,7 @@ content hash (for idempotent client-chosen ids) and its Parquet schema.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import time
@@ -21,18 +22,14 @@ SCHEMA_VERSION = 1
 KINDS = ("inference", "report", "train")
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 
-_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", b"0123456789abcdefghjkmnpqrstvwxyz")
 
 
 def new_record_id(now: float | None = None) -> str:
-    """A time-sortable id (ULID layout: 48-bit ms timestamp + 80 random bits, Crockford base32)."""
+    """A time-sortable id (ULID layout: 48-bit ms timestamp + 80 random bits, Crockford base32, lower case)."""
     ms = int((time.time() if now is None else now) * 1000)
-    n = (ms << 80) | int.from_bytes(os.urandom(10), "big")
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[n & 31])
-        n >>= 5
-    return "rec_" + "".join(reversed(chars))
+    raw = ms.to_bytes(6, "big") + os.urandom(10)
+    return "rec_" + base64.b32encode(raw)[:26].translate(_TO_CROCKFORD).decode()
 
 
 @dataclass
@@ -59,14 +56,12 @@ class Record:
     metadata: Any = None
     status: str = "ok"
     error: str | None = None
-    content_hash: str = ""
+    content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         if not self.created_at:
             self.created_at = time.time()
-        if not self.content_hash:
-            self.content_hash = content_hash(self)
 
     def to_dict(self) -> dict:
         """A shallow dict (dataclasses.asdict deep-copies every nested value, ~20x slower on the hot path)."""

@@ -7,12 +7,14 @@ import polars as pl
 import pytest
 
 from reef_lab.errors import Conflict
-from reef_lab.records import Record
+from reef_lab.records import Record, content_hash
 from reef_lab.store import RecordStore, read_log, scan_records
 
 
 def rec(i, scenario="s", **kw):
-    return Record(id=f"r{i:05d}", scenario=scenario, kind="inference", request={"i": i}, response={"o": i}, **kw)
+    r = Record(id=f"r{i:05d}", scenario=scenario, kind="inference", request={"i": i}, response={"o": i}, **kw)
+    r.content_hash = content_hash(r)  # client-chosen ids carry the hash that makes repeats idempotent
+    return r
 
 
 def test_append_get_and_reopen(tmp_path):
@@ -34,7 +36,9 @@ def test_same_id_same_content_is_idempotent_other_content_conflicts(tmp_path):
     assert st.append([rec(1)]) == [True]
     assert st.append([rec(1)]) == [False]
     with pytest.raises(Conflict, match="different content"):
-        st.append([Record(id="r00001", scenario="s", kind="inference", request={"i": 2})])
+        other = Record(id="r00001", scenario="s", kind="inference", request={"i": 2})
+        other.content_hash = content_hash(other)
+        st.append([other])
     with pytest.raises(Conflict, match="twice"):
         st.append([rec(7), rec(7)])
     assert len(st) == 1

@@ -1,0 +1,274 @@
+"""Gateway overhead benchmark: reef_lab relaying to a stub provider vs calling the stub directly, same run.
+
+    .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
+
+Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
+`scripts/serve.py --upstream-url <stub>` with a fresh data dir, then measures with 16 concurrent clients:
+
+1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
+   direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
+   the record included);
+2. throughput: `wrk -c16` saturating the stub directly, then through reef_lab (chat completions);
+3. reports: `wrk -c16` posting reports that each reference two real receipts; afterwards the store must hold
+   exactly as many reports as wrk counted 2xx answers.
+
+Needs `wrk` (Debian: `apt-get install wrk`) for 2 and 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_ready(port: int, path: str = "/v1/models", timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", path)
+            if c.getresponse().status < 500:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answered on port {port}")
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+# ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
+def _paced_clients(port: int, clients: int, rate: float, seconds: float, q) -> None:
+    body = json.dumps(CHAT).encode()
+    headers = {"Content-Type": "application/json", "x-reef-scenario": "bench-latency"}
+    interval = clients / rate
+    lat, errors, lock = [], [0], threading.Lock()
+
+    def run(i: int) -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        mine, nxt = [], time.perf_counter() + random.Random(i).uniform(0, interval)
+        end = time.perf_counter() + seconds
+        while True:
+            now = time.perf_counter()
+            if nxt > now:
+                time.sleep(nxt - now)
+            if time.perf_counter() > end:
+                break
+            t0 = time.perf_counter()
+            c.request("POST", "/v1/chat/completions", body, headers)
+            r = c.getresponse()
+            r.read()
+            if r.status == 200:
+                mine.append(time.perf_counter() - t0)
+            else:
+                errors[0] += 1
+            nxt += interval
+        with lock:
+            lat.extend(mine)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    q.put((lat, errors[0]))
+
+
+def paced(port: int, clients: int, rate: float, seconds: float) -> tuple[list[float], int]:
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=_paced_clients, args=(port, clients, rate, seconds, q))
+    p.start()
+    out = q.get()
+    p.join()
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
+
+
+# ---- wrk -------------------------------------------------------------------------------------------------------
+WRK_CHAT = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-reef-scenario"] = "bench-throughput"
+""" % json.dumps(CHAT)
+
+WRK_REPORT = """
+local ids = {}
+for line in io.lines("%s") do ids[#ids + 1] = line end
+math.randomseed(os.time())
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-reef-scenario"] = "bench-reports"
+request = function()
+  local a = math.random(#ids)
+  local b = a %% #ids + 1
+  local body = '{"score": ' .. (math.random(0, 100) / 100) .. ', "feedback": "ok", "references": ["' ..
+               ids[a] .. '", "' .. ids[b] .. '"]}'
+  return wrk.format(nil, nil, nil, body)
+end
+"""
+
+
+def wrk(url: str, script: str, seconds: int, conns: int = 16) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    out = subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+                         capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errs = re.search(r"Socket errors: (.*)", out)
+    return {"rps": rps, "requests": total, "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": errs.group(1) if errs else None}
+
+
+def make_receipts(port: int, n: int) -> list[str]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    out = []
+    for _ in range(n):
+        c.request("POST", "/v1/chat/completions", json.dumps(CHAT),
+                  {"Content-Type": "application/json", "x-reef-scenario": "bench-reports"})
+        r = c.getresponse()
+        r.read()
+        out.append(r.getheader("x-reef-agent-record-id"))
+    return out
+
+
+def status(port: int) -> dict:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/reef/scenarios/bench-reports")
+    return json.loads(c.getresponse().read())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=10, help="length of each measured phase")
+    ap.add_argument("--rate", type=float, default=400, help="total paced request rate of the latency phase")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds of the latency phase")
+    ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
+
+    stub_port, reef_port = free_port(), free_port()
+    data_dir = tempfile.mkdtemp(prefix="reef-bench-")
+    stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)])
+    reef = start([sys.executable, "scripts/serve.py", "--port", str(reef_port), "--data-dir", data_dir,
+                  "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning"])
+    try:
+        wait_ready(stub_port)
+        wait_ready(reef_port)
+        print("[bench] warming up", flush=True)
+        paced(stub_port, 16, args.rate, 2)
+        paced(reef_port, 16, args.rate, 2)
+        lat = {"direct": [], "reef_lab": []}
+        errors = {"direct": 0, "reef_lab": 0}
+        for r in range(args.rounds):
+            for name, port in (("direct", stub_port), ("reef_lab", reef_port)):
+                print(f"[bench] latency round {r + 1}/{args.rounds}: {name}", flush=True)
+                xs, err = paced(port, 16, args.rate, args.seconds)
+                lat[name] += xs
+                errors[name] += err
+        latency = {name: {f"p{p}": round(pct(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
+                                                                               "errors": errors[name]}
+                   for name, xs in lat.items()}
+        added = {k: round(latency["reef_lab"][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
+
+        print("[bench] throughput: direct", flush=True)
+        direct = wrk(f"http://127.0.0.1:{stub_port}/v1/chat/completions", WRK_CHAT, args.seconds)
+        print("[bench] throughput: reef_lab", flush=True)
+        proxied = wrk(f"http://127.0.0.1:{reef_port}/v1/chat/completions", WRK_CHAT, args.seconds)
+
+        print("[bench] reports: making 2000 receipts", flush=True)
+        ids = make_receipts(reef_port, 2000)
+        ids_file = Path(data_dir) / "receipts.txt"
+        ids_file.write_text("\n".join(ids) + "\n")
+        before = status(reef_port)["records"]["report"]
+        print("[bench] reports: wrk", flush=True)
+        reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
+        stored = status(reef_port)["records"]["report"] - before
+    finally:
+        for p in (reef, stub):
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=30)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    result = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
+        "latency_ms": latency, "added_latency_ms": added,
+        "throughput": {"direct": direct, "reef_lab": proxied, "ratio": round(proxied["rps"] / direct["rps"], 4)},
+        "reports": {**reports, "stored": stored},
+        "command": "python scripts/bench_gateway.py " + " ".join(sys.argv[1:]),
+    }
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.out + ".md").write_text(render(result))
+    print(render(result))
+
+
+def render(r: dict) -> str:
+    lat, t, rep = r["latency_ms"], r["throughput"], r["reports"]
+    return f"""# Gateway overhead: reef_lab relaying to a stub provider vs the stub directly
+
+Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machine']['python']}).
+Stub: `reef_lab.testing.stub_provider` (plain WSGI under granian) on loopback; reef_lab: `scripts/serve.py
+--upstream-url <stub>` with a fresh data dir, every record fsynced before its receipt. 16 concurrent clients.
+
+## Latency at a paced {r['paced_rate_per_s']:.0f} requests/s ({lat['direct']['n']} direct, {lat['reef_lab']['n']} proxied requests)
+
+| ms | p50 | p90 | p99 |
+|---|---|---|---|
+| direct to stub | {lat['direct']['p50']:.3f} | {lat['direct']['p90']:.3f} | {lat['direct']['p99']:.3f} |
+| through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} |
+| **added by reef_lab** | **{r['added_latency_ms']['p50']:.3f}** | {r['added_latency_ms']['p90']:.3f} | {r['added_latency_ms']['p99']:.3f} |
+
+## Throughput, 16 connections saturating (wrk, {r['seconds_per_phase']} s each)
+
+| | requests/s | non-2xx |
+|---|---|---|
+| direct to stub | {t['direct']['rps']:.0f} | {t['direct']['non_2xx']} |
+| through reef_lab | {t['reef_lab']['rps']:.0f} | {t['reef_lab']['non_2xx']} |
+| **ratio** | **{t['ratio']:.3f}** | |
+
+## Reports with two references each (wrk, 16 connections)
+
+{rep['rps']:.0f} reports/s; {rep['requests']} sent, {rep['non_2xx']} non-2xx, {rep['stored']} report records in the store
+afterwards.
+
+Reef 0.1.3 on this machine, for comparison (from the issue): adds 4.4 ms p50, keeps 6% of direct throughput,
+takes 254 reports/s.
+"""
+
+
+if __name__ == "__main__":
+    main()
