@@ -84,7 +84,10 @@ class Gateway:
         req = dialects.PARSERS[dialect](body)
         model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
         rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
-        handle = self.engine.submit(req)
+        try:
+            handle = self.engine.submit(req)
+        except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
+            raise BadRequest(str(e)) from None
 
         def finish():
             try:

@@ -7,10 +7,10 @@ sampling distribution, and every Generation names the release whose weights prod
 needs.
 
 Concurrent requests share one background scheduler thread that does iteration-level (continuous) batching: a request
-that arrives while a batch is decoding is prefilled on its own, its KV cache rows are left-padded and merged into
-the running batch's cache, and it decodes alongside the others from the next step on; finished or cancelled rows
-leave the batch at the step where they end. Per-row position ids and an attention mask over the padding keep every
-row's computation equal to running it alone (up to float rounding).
+that arrives while a batch is decoding is prefilled (with the other newcomers, left-padded), its KV cache rows are
+merged into the running batch's cache, and it decodes alongside the others from the next step on; finished or
+cancelled rows leave the batch at the step where they end. Per-row position ids and an attention mask over the
+padding keep every row's computation equal to running it alone (up to float rounding).
 
     engine = EmbeddedEngine.from_path()              # SmolLM2, converted into default_cache_dir() on first use
     stream = engine.submit(ChatRequest([{"role": "user", "content": "What is 2+2?"}]))

@@ -15,6 +15,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
 
+import httptools
 import orjson
 
 from reef_lab.errors import UpstreamError
@@ -29,11 +30,74 @@ class UpstreamReply:
     content_type: str
 
 
-class _Pool:
-    """Keep-alive HTTP/1.1 connections to one origin, reused last-in first-out by any thread.
+class _Conn:
+    """One keep-alive HTTP/1.1 connection; responses are parsed by httptools (llhttp, C) as bytes arrive."""
 
-    Plain http.client: a proxy hop costs a third of what urllib3's layers cost, and the gateway's added latency
-    is the product. A reused connection that the provider closed meanwhile is retried once on a fresh one.
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.fresh = True
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self.head_done = True
+
+    def on_body(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def send(self, head: bytes, body: bytes | None) -> None:
+        self.status, self.headers, self.chunks = 0, {}, []
+        self.head_done = self.done = False
+        self.keep_alive = True
+        self.parser = httptools.HttpResponseParser(self)
+        self.sock.sendall(head + body if body else head)
+
+    def _feed(self) -> bool:
+        data = self.sock.recv(65536)
+        if not data:
+            if self.head_done and not self.keep_alive:  # body delimited by the connection's close
+                self.done = True
+                return False
+            raise http.client.RemoteDisconnected("the provider closed the connection before answering")
+        self.parser.feed_data(data)
+        return True
+
+    def read_head(self) -> None:
+        while not self.head_done:
+            self._feed()
+
+    def read_body(self) -> bytes:
+        while not self.done:
+            self._feed()
+        return b"".join(self.chunks)
+
+    def iter_body(self) -> Iterator[bytes]:
+        while True:
+            if self.chunks:
+                out, self.chunks = b"".join(self.chunks), []
+                yield out
+            if self.done or not self._feed():
+                if self.chunks:
+                    yield b"".join(self.chunks)
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Pool:
+    """Keep-alive connections to one origin, reused last-in first-out by any thread.
+
+    A raw socket plus the httptools parser: a proxy hop costs a fraction of what http.client's or urllib3's
+    Python-level header parsing costs, and the gateway's added latency is the product. A reused connection that
+    the provider closed meanwhile is retried once on a fresh one.
     """
 
     def __init__(self, base_url: str, connect_timeout: float, read_timeout: float, size: int):
@@ -41,40 +105,46 @@ class _Pool:
         self.https, self.host = u.scheme == "https", u.hostname or "localhost"
         self.port = u.port or (443 if self.https else 80)
         self.prefix = u.path.rstrip("/")
+        default_port = self.port == (443 if self.https else 80)
+        self.host_header = self.host if default_port else f"{self.host}:{self.port}"
         self.connect_timeout, self.read_timeout, self.size = connect_timeout, read_timeout, size
         self._ssl = ssl.create_default_context() if self.https else None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Conn] = []
 
-    def _new(self) -> http.client.HTTPConnection:
-        if self.https:
-            c = http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout, context=self._ssl)
-        else:
-            c = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
-        c.connect()
-        c.sock.settimeout(self.read_timeout)
-        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return c
+    def _new(self) -> _Conn:
+        sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            sock = self._ssl.wrap_socket(sock, server_hostname=self.host)
+        sock.settimeout(self.read_timeout)
+        return _Conn(sock)
 
-    def request(self, method: str, path: str, body: bytes | None, headers: dict):
+    def request(self, method: str, path: str, body: bytes | None, headers: dict) -> _Conn:
+        """Send a request and read the status line and headers; the body is read from the returned conn."""
+        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}",
+                 f"Content-Length: {len(body) if body else 0}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         for attempt in (0, 1):
             try:
                 conn, reused = self._idle.pop(), True
             except IndexError:
                 conn, reused = self._new(), False
             try:
-                conn.request(method, self.prefix + path, body=body, headers=headers)
-                return conn, conn.getresponse()
+                conn.send(head, body)
+                conn.read_head()
+                return conn
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 conn.close()
                 if not reused or attempt:
                     raise
         raise AssertionError("unreachable")
 
-    def release(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-        if resp.will_close or len(self._idle) >= self.size:
-            conn.close()
-        else:
+    def release(self, conn: _Conn) -> None:
+        if conn.keep_alive and conn.done and len(self._idle) < self.size:
             self._idle.append(conn)
+        else:
+            conn.close()
 
     def clear(self) -> None:
         while self._idle:
@@ -118,40 +188,40 @@ class UpstreamEngine:
             body = {**body, "model": self.model}
         return orjson.dumps(body)
 
-    def _request(self, method: str, path: str, data: bytes | None, headers: dict):
+    def _request(self, method: str, path: str, data: bytes | None, headers: dict) -> _Conn:
         try:
             return self.pool.request(method, path, data, headers)
         except TimeoutError as e:
             raise UpstreamError(f"the upstream provider at {self.base_url} did not answer within "
                                 f"{self.read_timeout}s", status=504) from e
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, httptools.HttpParserError) as e:
             raise UpstreamError(f"the upstream provider at {self.base_url} is unreachable: "
                                 f"{type(e).__name__}: {e}") from e
 
-    def _read(self, conn, resp) -> bytes:
+    def _read(self, conn: _Conn) -> bytes:
         try:
-            data = resp.read()
+            data = conn.read_body()
         except TimeoutError as e:
             conn.close()
             raise UpstreamError(f"the upstream provider at {self.base_url} stalled mid-answer past "
                                 f"{self.read_timeout}s", status=504) from e
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, httptools.HttpParserError) as e:
             conn.close()
             raise UpstreamError(f"the upstream answer from {self.base_url} broke off: {e}") from e
-        self.pool.release(conn, resp)
+        self.pool.release(conn)
         return data
 
     def forward(self, path: str, body: dict, client_headers: dict[str, str]) -> UpstreamReply:
-        conn, r = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
-        data = self._read(conn, r)
-        self._check_5xx(r.status, data)
-        return UpstreamReply(r.status, data, r.getheader("Content-Type", "application/json"))
+        conn = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
+        data = self._read(conn)
+        self._check_5xx(conn.status, data)
+        return UpstreamReply(conn.status, data, conn.headers.get("content-type", "application/json"))
 
     def get(self, path: str) -> UpstreamReply:
-        conn, r = self._request("GET", path, None, self._headers(path, {}))
-        data = self._read(conn, r)
-        self._check_5xx(r.status, data)
-        return UpstreamReply(r.status, data, r.getheader("Content-Type", "application/json"))
+        conn = self._request("GET", path, None, self._headers(path, {}))
+        data = self._read(conn)
+        self._check_5xx(conn.status, data)
+        return UpstreamReply(conn.status, data, conn.headers.get("content-type", "application/json"))
 
     def _check_5xx(self, status: int, data: bytes) -> None:
         if status >= 500:
@@ -161,37 +231,32 @@ class UpstreamEngine:
     def open_stream(self, path: str, body: dict, client_headers: dict[str, str]):
         """Start a streaming request. Returns (status, events) where events yields raw SSE events (bytes,
         each ending in a blank line) as they arrive; a non-2xx answer comes back as (status, [body])."""
-        conn, r = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
-        if r.status >= 300:
-            data = self._read(conn, r)
-            self._check_5xx(r.status, data)
-            return r.status, iter([data])
-        return r.status, self._events(conn, r)
+        conn = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
+        if conn.status >= 300:
+            data = self._read(conn)
+            self._check_5xx(conn.status, data)
+            return conn.status, iter([data])
+        return conn.status, self._events(conn)
 
-    def _events(self, conn, r) -> Iterator[bytes]:
-        lines: list[bytes] = []
-        done = False
+    def _events(self, conn: _Conn) -> Iterator[bytes]:
+        buf, done = b"", False
         try:
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.rstrip(b"\r\n")
-                if line:
-                    lines.append(line)
-                elif lines:
-                    yield b"\n".join(lines) + b"\n\n"
-                    lines = []
-            if lines:
-                yield b"\n".join(lines) + b"\n\n"
+            for chunk in conn.iter_body():
+                buf += chunk.replace(b"\r\n", b"\n")
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    if event.strip():
+                        yield event + b"\n\n"
+            if buf.strip():
+                yield buf + b"\n\n"
             done = True
         except TimeoutError as e:
             raise UpstreamError(f"the upstream stream from {self.base_url} stalled past {self.read_timeout}s",
                                 status=504) from e
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, httptools.HttpParserError) as e:
             raise UpstreamError(f"the upstream stream from {self.base_url} broke off: {e}") from e
         finally:
-            self.pool.release(conn, r) if done else conn.close()
+            self.pool.release(conn) if done else conn.close()
 
     def info(self) -> dict:
         return {"kind": "upstream", "base_url": self.base_url, "model": self.model, "release_id": "upstream",

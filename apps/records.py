@@ -1,0 +1,479 @@
+"""Browse a reef_lab data dir: scenarios, records and reports.
+
+    marimo edit apps/records.py        # notebook, editable
+    marimo run apps/records.py         # as an app
+    REEF_LAB_DATA_DIR=/path/to/data marimo export html apps/records.py -o out.html   # headless
+
+Read-only and safe while a server writes to the data dir: everything comes from `reef_lab.store.scan_records`
+(one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
+registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
+"include hidden records" to see everything on disk.
+"""
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="full", app_title="reef_lab records")
+
+with app.setup:
+    import html
+    import os
+    import time
+    from datetime import date, datetime, timedelta, timezone
+    from pathlib import Path
+
+    import marimo as mo
+    import orjson
+    import polars as pl
+
+    from reef_lab.records import KINDS, PARQUET_SCHEMA, frame_row_to_dict
+    from reef_lab.store import scan_records
+
+    SNIPPET = 80
+    ALL = "(all)"
+    # Columns the tables and filters need; request/response/feedback JSON are fetched only for shown rows.
+    LIGHT = ["id", "scenario", "kind", "dialect", "created_at", "time", "status", "error", "release_id", "score",
+             "references", "n_tokens", "mean_logprob", "latency_ms", "visible"]
+
+
+@app.function
+def text_of(content) -> str:
+    """Message content (a string or a list of parts) as plain text; non-text parts as [type]."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for p in content:
+            if isinstance(p, str):
+                out.append(p)
+            elif isinstance(p, dict):
+                if isinstance(p.get("text"), str):
+                    out.append(p["text"])
+                elif p.get("type") == "tool_use":
+                    out.append(f"[tool_use {p.get('name')}]")
+                else:
+                    out.append(f"[{p.get('type', 'part')}]")
+        return " ".join(out)
+    return "" if content is None else str(content)
+
+
+@app.function
+def loads_json(text):
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+@app.function
+def last_user_message(request_json: str | None) -> str:
+    """The text of the last user message of a chat / responses / messages request."""
+    req = loads_json(request_json)
+    if not isinstance(req, dict):
+        return ""
+    msgs = req.get("messages")
+    if not isinstance(msgs, list):
+        inp = req.get("input")
+        if isinstance(inp, str):
+            return inp
+        msgs = inp if isinstance(inp, list) else []
+    for m in reversed(msgs):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return text_of(m.get("content"))
+    return ""
+
+
+@app.function
+def answer_text(response_json: str | None) -> str:
+    """The assistant's answer in a chat / responses / messages response (tool calls as [tool_call name])."""
+    resp = loads_json(response_json)
+    if not isinstance(resp, dict):
+        return "" if resp is None else str(resp)
+    parts = []
+    if isinstance(resp.get("choices"), list):
+        msg = (resp["choices"][0] or {}).get("message") or {} if resp["choices"] else {}
+        parts.append(text_of(msg.get("content")))
+        parts += [f"[tool_call {(tc.get('function') or {}).get('name')}]" for tc in msg.get("tool_calls") or []]
+    elif isinstance(resp.get("output"), list):
+        for item in resp["output"]:
+            if isinstance(item, dict) and item.get("type") == "message":
+                parts.append(text_of(item.get("content")))
+            elif isinstance(item, dict):
+                parts.append(f"[{item.get('type')} {item.get('name') or ''}]".replace(" ]", "]"))
+    elif isinstance(resp.get("content"), list):
+        parts.append(text_of(resp["content"]))
+    elif "raw" in resp:
+        parts.append(str(resp["raw"]))
+    elif resp.get("error"):
+        parts.append(f"[error] {resp['error']}")
+    return " ".join(p for p in parts if p)
+
+
+@app.function
+def snippet(text: str | None, n: int = SNIPPET) -> str:
+    s = " ".join((text or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+@app.function
+def pretty(value) -> mo.Html:
+    """A JSON value (or JSON text) as an indented, escaped <pre> block."""
+    if isinstance(value, str):
+        value = loads_json(value)
+    if value is None:
+        return mo.md("_none_")
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() if not isinstance(value, str) else value
+    return mo.Html(f"<pre style='white-space: pre-wrap; max-height: 28em; overflow: auto; font-size: 0.85em'>"
+                   f"{html.escape(text)}</pre>")
+
+
+@app.function
+def utc(ts) -> str:
+    return "" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.cell
+def _():
+    mo.md("""
+    # reef_lab records
+
+    Scenarios, inferences and reports of one data dir. Times are UTC.
+    """)
+    return
+
+
+@app.cell
+def _():
+    data_dir_input = mo.ui.text(value=os.environ.get("REEF_LAB_DATA_DIR") or "./.reef_lab", label="Data dir",
+                                full_width=True)
+    refresh = mo.ui.button(label="↻ Refresh", value=0, on_click=lambda n: (n or 0) + 1)
+    mo.hstack([data_dir_input, refresh], widths=[10, 1], align="end")
+    return data_dir_input, refresh
+
+
+@app.cell
+def _(data_dir_input, refresh):
+    refresh.value  # a click re-reads the data dir
+    data_dir = Path(data_dir_input.value.strip() or ".").expanduser()
+    load_error = None
+    registry = None  # the scenarios.json entries; None when there is no scenarios.json
+    _reg_schema = {"scenario": pl.String, "recipe": pl.String, "scenario_created_at": pl.Float64}
+    _derived = dict(
+        time=pl.from_epoch((pl.col("created_at") * 1e6).cast(pl.Int64), time_unit="us")
+        .dt.strftime("%Y-%m-%d %H:%M:%S"),
+        n_tokens=pl.coalesce(pl.col("token_ids").list.len().cast(pl.Int64),
+                             pl.col("response").str.json_path_match("$.usage.completion_tokens").cast(pl.Int64, strict=False),
+                             pl.col("response").str.json_path_match("$.usage.output_tokens").cast(pl.Int64, strict=False)),
+        mean_logprob=pl.col("logprobs").list.mean(),
+        latency_ms=pl.col("timing").str.json_path_match("$.total_ms").cast(pl.Float64, strict=False).round(1),
+    )
+    try:
+        if (data_dir / "scenarios.json").is_file():
+            registry = orjson.loads((data_dir / "scenarios.json").read_bytes())
+        _reg = pl.DataFrame([(s["name"], s.get("recipe"), s.get("created_at")) for s in registry or []],
+                            schema=_reg_schema, orient="row")
+        _lf = scan_records(data_dir)
+    except Exception as _e:  # unreadable dir or registry: show it, do not raise
+        load_error = f"{type(_e).__name__}: {_e}"
+        registry, _reg = None, pl.DataFrame(schema=_reg_schema)
+        _lf = pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
+    if registry is None:
+        _visible = pl.lit(True)
+    else:  # what the API shows: registered scenarios, records since the scenario was (re)created
+        _visible = pl.col("scenario_created_at").is_not_null() & (
+            pl.col("created_at") >= pl.col("scenario_created_at") - 1e-6)
+    records_lf = (_lf.join(_reg.lazy().select("scenario", "scenario_created_at"), on="scenario", how="left")
+                  .with_columns(**_derived).with_columns(visible=_visible.fill_null(False)))
+    try:
+        records = records_lf.select(LIGHT).collect()
+    except Exception as _e:
+        load_error = f"{type(_e).__name__}: {_e}"
+        records_lf = (pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
+                      .with_columns(scenario_created_at=pl.lit(None, pl.Float64)).with_columns(**_derived)
+                      .with_columns(visible=pl.lit(True)))
+        records = records_lf.select(LIGHT).collect()
+    scenarios_registered = _reg
+    scenario_names = sorted(set(_reg["scenario"].to_list()) | set(records["scenario"].unique().to_list()))
+    hidden_count = records.height - records["visible"].sum()
+    loaded_at = time.time()
+    return (data_dir, hidden_count, load_error, loaded_at, records, records_lf, registry, scenario_names,
+            scenarios_registered)
+
+
+@app.cell
+def _(data_dir, hidden_count, load_error, loaded_at, records, registry):
+    if load_error:
+        _msg = mo.callout(mo.md(f"**Could not read `{data_dir}`.** {html.escape(load_error)}"), kind="danger")
+    elif not data_dir.exists():
+        _msg = mo.callout(mo.md(
+            f"**No data dir at `{data_dir.resolve()}`.** Enter the `--data-dir` of a reef_lab server above "
+            "(or set `REEF_LAB_DATA_DIR`), then press Refresh."), kind="warn")
+    elif not data_dir.is_dir():
+        _msg = mo.callout(mo.md(f"**`{data_dir.resolve()}` is not a directory.** Enter a reef_lab data dir above."),
+                          kind="warn")
+    elif records.height == 0 and not registry:
+        _msg = mo.callout(mo.md(
+            f"**`{data_dir.resolve()}` has no scenarios or records yet.** Send some traffic through the gateway "
+            "(`x-reef-scenario` header) and press Refresh."), kind="info")
+    else:
+        _hidden = (f" {hidden_count} hidden (deleted scenarios or from before a scenario was re-created)."
+                   if hidden_count else "")
+        _msg = mo.md(f"`{data_dir.resolve()}`: {len(registry or [])} scenarios, {records.height} records."
+                     f"{_hidden} Read at {utc(loaded_at)}.")
+    _msg
+    return
+
+
+@app.cell
+def _():
+    get_scenario, set_scenario = mo.state(ALL)
+    return get_scenario, set_scenario
+
+
+@app.cell
+def _(get_scenario, scenario_names, set_scenario):
+    # Its options follow the data (a refresh may bring new scenarios); the choice survives a refresh via state.
+    _opts = [ALL, *scenario_names]
+    scenario_select = mo.ui.dropdown(_opts, value=get_scenario() if get_scenario() in _opts else ALL,
+                                     on_change=set_scenario, searchable=True, label="Scenario")
+    return (scenario_select,)
+
+
+@app.cell
+def _():
+    kind_select = mo.ui.multiselect(list(KINDS), value=list(KINDS), label="Kind")
+    status_select = mo.ui.dropdown({ALL: None, "ok": "ok", "error (not ok)": "error"}, value=ALL, label="Status")
+    search_input = mo.ui.text(placeholder="text in request / response / feedback JSON", label="Search",
+                              full_width=True)
+    time_mode = mo.ui.dropdown(["all time", "last N records", "last N minutes", "last N hours", "last N days",
+                                "date range"], value="all time", label="When")
+    last_n = mo.ui.number(start=1, stop=10**9, value=100, label="N")
+    _today = datetime.now(timezone.utc).date()
+    date_range = mo.ui.date_range(value=(_today - timedelta(days=7), _today), label="Dates (UTC)")
+    include_hidden = mo.ui.checkbox(label="include hidden records")
+    row_limit = mo.ui.number(start=10, stop=100_000, step=10, value=500, label="Max rows shown")
+    inspect_id = mo.ui.text(placeholder="rec_…  (overrides the table selection while set)",
+                            label="Inspect record id", full_width=True)
+    return (date_range, include_hidden, inspect_id, kind_select, last_n, row_limit, search_input, status_select,
+            time_mode)
+
+
+@app.cell
+def _(date_range, include_hidden, kind_select, last_n, row_limit, scenario_select, search_input, status_select,
+      time_mode):
+    # Every filter as one plain dict: the cells below use only this (and a test can pass its own).
+    flt = {
+        "scenario": None if scenario_select.value == ALL else scenario_select.value,
+        "kinds": list(kind_select.value),
+        "status": status_select.value,
+        "search": search_input.value.strip(),
+        "time_mode": time_mode.value,
+        "n": int(last_n.value or 0),
+        "dates": tuple(date_range.value),
+        "include_hidden": bool(include_hidden.value),
+        "limit": int(row_limit.value or 500),
+    }
+    return (flt,)
+
+
+@app.cell
+def _(flt, records, scenarios_registered):
+    _vis = records if flt["include_hidden"] else records.filter("visible")
+    _stats = _vis.group_by("scenario").agg(
+        inferences=(pl.col("kind") == "inference").sum(),
+        reports=(pl.col("kind") == "report").sum(),
+        errors=(pl.col("status") != "ok").sum(),
+        mean_score=pl.col("score").filter(pl.col("kind") == "report").mean().round(3),
+        last_created_at=pl.col("created_at").max(),
+    )
+    scenario_table = (
+        scenarios_registered.join(_stats, on="scenario", how="full", coalesce=True)
+        .with_columns(pl.col("inferences", "reports", "errors").fill_null(0),
+                      registered=pl.col("scenario").is_in(scenarios_registered["scenario"].implode()))
+        .with_columns(
+            created=pl.col("scenario_created_at").map_elements(utc, return_dtype=pl.String),
+            last_activity=pl.col("last_created_at").map_elements(utc, return_dtype=pl.String))
+        .select("scenario", "recipe", "created", "inferences", "reports", "errors", "mean_score", "last_activity",
+                "registered")
+        .sort("scenario")
+    )
+    mo.vstack([mo.md("## Scenarios"),
+               mo.ui.table(scenario_table, selection=None, show_column_summaries=False, page_size=10)
+               if scenario_table.height else mo.md("_No scenarios._")])
+    return (scenario_table,)
+
+
+@app.cell
+def _(date_range, include_hidden, kind_select, last_n, row_limit, scenario_select, search_input, status_select,
+      time_mode):
+    mo.vstack([
+        mo.md("## Records"),
+        mo.hstack([scenario_select, kind_select, status_select, include_hidden], justify="start", gap=2),
+        mo.hstack([time_mode, last_n, date_range, row_limit], justify="start", gap=2),
+        search_input,
+    ])
+    return
+
+
+@app.cell
+def _(flt, records_lf):
+    _q = records_lf
+    if not flt["include_hidden"]:
+        _q = _q.filter("visible")
+    if flt["scenario"]:
+        _q = _q.filter(pl.col("scenario") == flt["scenario"])
+    _q = _q.filter(pl.col("kind").is_in(flt["kinds"]))
+    if flt["status"] == "ok":
+        _q = _q.filter(pl.col("status") == "ok")
+    elif flt["status"] == "error":
+        _q = _q.filter(pl.col("status") != "ok")
+    if flt["search"]:
+        _needle = flt["search"].lower()
+        _q = _q.filter(pl.any_horizontal(
+            pl.col(c).fill_null("").str.to_lowercase().str.contains(_needle, literal=True)
+            for c in ("request", "response", "feedback")))
+    _mode, _n = flt["time_mode"], max(flt["n"], 0)
+    _secs = {"last N minutes": 60, "last N hours": 3600, "last N days": 86400}.get(_mode)
+    if _secs:
+        _q = _q.filter(pl.col("created_at") >= time.time() - _n * _secs)
+    elif _mode == "date range" and flt["dates"]:
+        _lo, _hi = (datetime.combine(d, datetime.min.time(), timezone.utc).timestamp() for d in flt["dates"])
+        _q = _q.filter((pl.col("created_at") >= _lo) & (pl.col("created_at") < _hi + 86400))
+    _q = _q.select(LIGHT).sort("created_at", "id", descending=True)
+    if _mode == "last N records":
+        _q = _q.head(_n)
+    filtered = _q.collect()
+    return (filtered,)
+
+
+@app.cell
+def _(filtered, flt, records_lf):
+    _page = filtered.head(flt["limit"])
+    _texts = (records_lf.filter(pl.col("id").is_in(_page["id"].implode()))
+              .select("id", "request", "response").collect()
+              .select("id",
+                      user=pl.col("request").map_elements(lambda s: snippet(last_user_message(s)),
+                                                          return_dtype=pl.String).fill_null(""),
+                      answer=pl.col("response").map_elements(lambda s: snippet(answer_text(s)),
+                                                             return_dtype=pl.String).fill_null("")))
+    records_view = (_page.join(_texts, on="id", how="left", maintain_order="left")
+                    .select("id", "time", "scenario", "kind", "dialect", "status", "release_id",
+                            pl.col("score").round(3), pl.col("n_tokens").alias("tokens"), "latency_ms", "user",
+                            pl.when((pl.col("answer") == "") & pl.col("error").is_not_null())
+                            .then(("[error] " + pl.col("error")).str.slice(0, SNIPPET))
+                            .otherwise("answer").alias("answer")))
+    _reports = filtered.filter(pl.col("kind") == "report")
+    _summary = (f"{filtered.height} matching records"
+                + (f" (showing the newest {records_view.height})" if records_view.height < filtered.height else "")
+                + f": {(filtered['kind'] == 'inference').sum()} inferences, {_reports.height} reports"
+                + ("" if _reports["score"].mean() is None else f" (mean score {_reports['score'].mean():.3f})")
+                + f", {(filtered['status'] != 'ok').sum()} not ok.")
+    records_table = mo.ui.table(records_view, selection="single", page_size=15, show_column_summaries=False,
+                                show_data_types=False, freeze_columns_left=["id"], label=_summary)
+    records_table if records_view.height else mo.md(f"_No records match the filters._")
+    return records_table, records_view
+
+
+@app.cell
+def _(inspect_id, records_table):
+    _sel = records_table.value
+    _picked = _sel["id"][0] if isinstance(_sel, pl.DataFrame) and _sel.height else None
+    selected_id = inspect_id.value.strip() or _picked
+    return (selected_id,)
+
+
+@app.cell
+def _(inspect_id, records_lf, selected_id):
+    inspected, referenced_df, referencing_df = None, None, None
+    _out = [mo.md("## Inspect"), inspect_id]
+    _row = (records_lf.filter(pl.col("id") == selected_id).collect() if selected_id
+            else pl.DataFrame(schema=records_lf.collect_schema()))
+    if not selected_id:
+        _out.append(mo.md("_Select a row in the records table (or enter a record id) to inspect it._"))
+    elif _row.height == 0:
+        _out.append(mo.callout(mo.md(f"No record `{html.escape(selected_id)}` in this data dir."), kind="warn"))
+    else:
+        inspected = frame_row_to_dict(_row.row(0, named=True))
+        _r = inspected
+        _lp = "" if _r["mean_logprob"] is None else f", mean logprob {_r['mean_logprob']:.4f}"
+        _ptoks = f", {len(_r['prompt_token_ids'])} prompt tokens" if _r.get("prompt_token_ids") else ""
+        _head = [f"**`{_r['id']}`** · {_r['kind']} · scenario `{_r['scenario']}` · {_r['time']} UTC"
+                 + (f" · {_r['dialect']}" if _r["dialect"] else "")
+                 + (f" · release `{_r['release_id']}`" if _r["release_id"] else ""),
+                 f"status **{_r['status']}**" + (f": {html.escape(_r['error'])}" if _r["error"] else "")
+                 + ("" if _r["n_tokens"] is None else f" · {_r['n_tokens']} tokens{_lp}{_ptoks}")
+                 + ("" if _r["latency_ms"] is None else f" · {_r['latency_ms']} ms")
+                 + ("" if _r["visible"] else " · _hidden from the API_")]
+        _out.append(mo.md("  \n".join(_head)))
+        _panels = {}
+        if _r["kind"] == "report":
+            _out.append(mo.md(f"**score:** {_r['score']}"))
+            _panels["feedback"] = pretty(_r["feedback"])
+            referenced_df = (records_lf.filter(pl.col("id").is_in(list(_r["references"]))).collect()
+                             .select("id", "time", "status", "release_id",
+                                     user=pl.col("request").map_elements(lambda s: snippet(last_user_message(s), 200),
+                                                                         return_dtype=pl.String),
+                                     answer=pl.col("response").map_elements(lambda s: snippet(answer_text(s), 400),
+                                                                            return_dtype=pl.String))
+                             .sort("time"))
+            _missing = set(_r["references"]) - set(referenced_df["id"].to_list())
+            _out.append(mo.vstack([
+                mo.md(f"**references** ({len(_r['references'])})"
+                      + (f" — not found: {', '.join(sorted(_missing))}" if _missing else "")),
+                mo.ui.table(referenced_df, selection=None, show_column_summaries=False, wrapped_columns=["answer"])
+                if referenced_df.height else mo.md("_none_")]))
+        else:
+            referencing_df = (records_lf.filter((pl.col("kind") == "report")
+                                                & pl.col("references").list.contains(_r["id"]))
+                              .select("id", "time", "score",
+                                      feedback=pl.col("feedback").map_elements(lambda s: snippet(s, 200),
+                                                                               return_dtype=pl.String))
+                              .sort("time").collect())
+            _out.append(mo.vstack([
+                mo.md(f"**reports referencing it** ({referencing_df.height})"),
+                mo.ui.table(referencing_df, selection=None, show_column_summaries=False)
+                if referencing_df.height else mo.md("_none_")]))
+        _panels.update({"request": pretty(_r["request"]), "response": pretty(_r["response"]),
+                        "tags": pretty(_r["tags"] or None), "timing": pretty(_r["timing"] or None)})
+        if _r["metadata"] is not None:
+            _panels["metadata"] = pretty(_r["metadata"])
+        _out.append(mo.accordion(_panels, multiple=True))
+    mo.vstack(_out)
+    return inspected, referenced_df, referencing_df
+
+
+@app.cell
+def _(filtered):
+    # Histogram of the filtered reports' scores: one bar per value when there are few, else 10 equal bins.
+    _s = filtered.filter((pl.col("kind") == "report") & pl.col("score").is_not_null())["score"]
+    _schema = {"bin": pl.String, "lo": pl.Float64, "hi": pl.Float64, "count": pl.UInt32}
+    if _s.len() == 0:
+        score_hist = pl.DataFrame(schema=_schema)
+    elif _s.n_unique() <= 12:
+        score_hist = (_s.value_counts().sort("score")
+                      .select(bin=pl.col("score").round(4).cast(pl.String), lo="score", hi="score",
+                              count=pl.col("count").cast(pl.UInt32)))
+    else:
+        _h = _s.hist(bin_count=10)
+        score_hist = _h.select(bin=pl.col("category").cast(pl.String),
+                               lo=pl.col("breakpoint").shift(1, fill_value=_s.min()), hi="breakpoint",
+                               count=pl.col("count").cast(pl.UInt32))
+    if score_hist.height:
+        _max = max(score_hist["count"].max(), 1)
+        _rows = "".join(
+            f"<tr><td style='text-align:right; padding-right:8px; white-space:nowrap'>{html.escape(b)}</td>"
+            f"<td style='width:100%'><div style='background:#4c78a8; height:1em; width:{100 * c / _max:.1f}%'>"
+            f"</div></td><td style='padding-left:8px'>{c}</td></tr>"
+            for b, c in score_hist.select("bin", "count").iter_rows())
+        _chart = mo.Html(f"<table style='width:100%; max-width:48em'>{_rows}</table>")
+    else:
+        _chart = mo.md("_No scored reports match the filters._")
+    mo.vstack([mo.md(f"## Score histogram ({_s.len()} scored reports, mean "
+                     f"{'—' if _s.len() == 0 else format(_s.mean(), '.3f')})"), _chart])
+    return (score_hist,)
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,165 @@
+"""The marimo apps run headless (in-process, `app.run()`) over a small data dir and compute the right tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pytest
+
+from reef_lab.records import Record
+from reef_lab.store import RecordStore
+
+APP_PATH = Path(__file__).resolve().parents[1] / "apps" / "records.py"
+T0 = time.time() - 3600  # records an hour old; scenarios registered before them
+
+
+def load_app():
+    spec = importlib.util.spec_from_file_location("reef_records_app", APP_PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.app
+
+
+def chat(user: str, answer: str | None):
+    req = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": user}]}
+    resp = None if answer is None else {
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    return req, resp
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    d = tmp_path / "data"
+    store = RecordStore(d)
+    recs = []
+
+    def inf(rid, scenario, dt, user, answer, **kw):
+        req, resp = chat(user, answer)
+        recs.append(Record(id=rid, scenario=scenario, kind="inference", dialect="openai.chat", created_at=T0 + dt,
+                           request=req, response=resp, timing={"total_ms": 12.5 + dt}, tags={"user": "u1"}, **kw))
+
+    inf("a1", "alpha", 1, "What is a reef?", "A ridge of coral.", token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3],
+        release_id="rel-1")
+    inf("a2", "alpha", 2, "Tell me about the needle in the haystack " + "x" * 200, "Here it is.",
+        token_ids=[4, 5], logprobs=[-1.0, -2.0], release_id="rel-1")
+    inf("a3", "alpha", 3, "This one fails", None, status="error", error="upstream answered HTTP 500")
+    recs.append(Record(id="a4", scenario="alpha", kind="inference", dialect="anthropic.messages", created_at=T0 + 4,
+                       request={"model": "m", "max_tokens": 10, "messages": [
+                           {"role": "user", "content": [{"type": "text", "text": "Hi from anthropic"}]}]},
+                       response={"type": "message", "role": "assistant",
+                                 "content": [{"type": "text", "text": "Hello back"}],
+                                 "usage": {"input_tokens": 3, "output_tokens": 2}}))
+    inf("b1", "beta", 5, "Beta question", "Beta answer", token_ids=[9], logprobs=[-0.5])
+    inf("g1", "gone", 6, "From a deleted scenario", "ghost")  # not in scenarios.json: hidden by default
+    store.append(recs)
+    store.append([
+        Record(id="r1", scenario="alpha", kind="report", created_at=T0 + 10, score=1.0, references=["a1"]),
+        Record(id="r2", scenario="alpha", kind="report", created_at=T0 + 11, score=0.0, references=["a1", "a2"],
+               feedback="wrong about the reef"),
+        Record(id="r3", scenario="alpha", kind="report", created_at=T0 + 12, score=1.0, references=["a2"],
+               feedback={"comment": "great"}),
+        Record(id="r4", scenario="beta", kind="report", created_at=T0 + 13, score=0.5, references=["b1"]),
+    ])
+    store.close()  # rolls into a Parquet segment; the first log of a second store stays a log (both paths read)
+    store = RecordStore(d)
+    inf("b2", "beta", 20, "Beta again", "Still beta")
+    store.append(recs[-1:])
+    (d / "scenarios.json").write_bytes(orjson.dumps([
+        {"name": "alpha", "recipe": "basic", "created_at": T0 - 100, "config": {}},
+        {"name": "beta", "recipe": "grpo", "created_at": T0 - 50, "config": {}},
+        {"name": "empty", "recipe": "basic", "created_at": T0 - 10, "config": {}},
+    ]))
+    monkeypatch.setenv("REEF_LAB_DATA_DIR", str(d))
+    yield d
+    store.close()
+
+
+def run(app, **defs):
+    outputs, env = app.run(defs=defs or None)
+    return env
+
+
+def test_records_app_tables(data_dir):
+    app = load_app()
+    env = run(app)
+    assert env["load_error"] is None
+    assert env["hidden_count"] == 1
+
+    sc = {r["scenario"]: r for r in env["scenario_table"].iter_rows(named=True)}
+    assert set(sc) == {"alpha", "beta", "empty"}  # "gone" is hidden
+    assert (sc["alpha"]["inferences"], sc["alpha"]["reports"], sc["alpha"]["errors"]) == (4, 3, 1)
+    assert sc["alpha"]["mean_score"] == pytest.approx(2 / 3, abs=1e-3)
+    assert (sc["beta"]["inferences"], sc["beta"]["reports"], sc["beta"]["mean_score"]) == (2, 1, 0.5)
+    assert sc["beta"]["recipe"] == "grpo"
+    assert (sc["empty"]["inferences"], sc["empty"]["reports"], sc["empty"]["mean_score"]) == (0, 0, None)
+
+    # default filters: every visible record, newest first
+    f = env["filtered"]
+    assert f["id"].to_list() == ["b2", "r4", "r3", "r2", "r1", "b1", "a4", "a3", "a2", "a1"]
+    view = {r["id"]: r for r in env["records_view"].iter_rows(named=True)}
+    assert view["a1"]["user"] == "What is a reef?" and view["a1"]["answer"] == "A ridge of coral."
+    assert (view["a1"]["tokens"], view["a1"]["latency_ms"], view["a1"]["release_id"]) == (3, 13.5, "rel-1")
+    assert len(view["a2"]["user"]) == 80 and view["a2"]["user"].endswith("…")
+    assert view["a3"]["status"] == "error" and view["a3"]["answer"] == "[error] upstream answered HTTP 500"
+    assert view["a4"]["user"] == "Hi from anthropic" and view["a4"]["answer"] == "Hello back"
+    assert view["a4"]["tokens"] == 2  # from the response's usage when there are no token ids
+
+    hist = dict(env["score_hist"].select("bin", "count").iter_rows())
+    assert hist == {"0.0": 1, "0.5": 1, "1.0": 2}
+    assert env["inspected"] is None  # nothing selected
+
+    # filters (the cell that reads the widgets is replaced by a plain dict)
+    base = env["flt"]
+
+    def ids(**kw):
+        return set(run(app, flt={**base, **kw})["filtered"]["id"].to_list())
+
+    assert ids(scenario="alpha", kinds=["inference"]) == {"a1", "a2", "a3", "a4"}
+    assert ids(status="error") == {"a3"}
+    assert ids(status="ok", kinds=["report"], scenario="beta") == {"r4"}
+    assert ids(search="NEEDLE") == {"a2"}
+    assert ids(search="wrong about") == {"r2"}  # feedback is searched too
+    assert ids(time_mode="last N records", n=3) == {"b2", "r4", "r3"}
+    assert ids(time_mode="last N minutes", n=5) == set()
+    assert len(ids(time_mode="last N hours", n=2)) == 10
+    assert "g1" in ids(include_hidden=True)
+    e = run(app, flt={**base, "kinds": ["report"], "scenario": "alpha"})
+    assert dict(e["score_hist"].select("bin", "count").iter_rows()) == {"0.0": 1, "1.0": 2}
+
+
+def test_records_app_inspect(data_dir):
+    app = load_app()
+    e = run(app, selected_id="r2")
+    assert e["inspected"]["kind"] == "report" and e["inspected"]["score"] == 0.0
+    assert e["inspected"]["feedback"] == "wrong about the reef"
+    ref = {r["id"]: r for r in e["referenced_df"].iter_rows(named=True)}
+    assert set(ref) == {"a1", "a2"} and ref["a1"]["answer"] == "A ridge of coral."
+
+    e = run(app, selected_id="a1")
+    assert e["inspected"]["request"]["messages"][-1]["content"] == "What is a reef?"
+    assert e["inspected"]["mean_logprob"] == pytest.approx(-0.2)
+    assert set(e["referencing_df"]["id"].to_list()) == {"r1", "r2"}
+
+    e = run(app, selected_id="nope")
+    assert e["inspected"] is None
+
+
+@pytest.mark.parametrize("make", [False, True])
+def test_records_app_empty_or_missing_dir(tmp_path, monkeypatch, make):
+    d = tmp_path / "nothing"
+    if make:
+        d.mkdir()
+    monkeypatch.setenv("REEF_LAB_DATA_DIR", str(d))
+    outputs, env = load_app().run()
+    assert env["load_error"] is None
+    shown = " ".join(getattr(o, "text", "") for o in outputs)
+    assert ("has no scenarios or records yet" if make else "No data dir at") in shown
+    assert "Traceback" not in shown
+    assert env["records"].height == 0 and env["filtered"].height == 0
+    assert env["scenario_table"].height == 0 and env["score_hist"].height == 0
