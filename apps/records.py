@@ -183,7 +183,7 @@ def _(data_dir_input, refresh):
         _visible = pl.lit(True)
     else:  # what the API shows: registered scenarios, records since the scenario was (re)created
         _visible = pl.col("scenario_created_at").is_not_null() & (
-            pl.col("created_at") >= pl.col("scenario_created_at") - 1e-6)
+            pl.col("stored_at").fill_null(pl.col("created_at")) >= pl.col("scenario_created_at") - 1e-6)
     records_lf = (_lf.join(_reg.lazy().select("scenario", "scenario_created_at"), on="scenario", how="left")
                   .with_columns(**_derived).with_columns(visible=_visible.fill_null(False)))
     try:

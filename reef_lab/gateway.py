@@ -253,13 +253,17 @@ class Gateway:
     def _check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
         if refs is None:
             return []
+        born = self.scenarios.ensure(name).created_at - 1e-6
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise BadRequest("'references' must be a list of receipts (x-reef-agent-record-id values)")
         if len(set(refs)) != len(refs):
             dup = next(r for r in refs if refs.count(r) > 1)
             raise BadRequest(f"'references' lists {dup!r} more than once")
         for r in refs:
-            e = self.store.entry(r) or (extra or {}).get(r)
+            e = self.store.entry(r)
+            if e is not None and e.scenario == name and e.stored_at < born:
+                e = None  # a record of a deleted earlier scenario of the same name
+            e = e or (extra or {}).get(r)
             if e is None:
                 raise BadRequest(f"reference {r!r} is not a known receipt")
             if e.scenario != name:

@@ -56,6 +56,7 @@ class Record:
     metadata: Any = None
     status: str = "ok"
     error: str | None = None
+    stored_at: float = 0.0  # server time of the write (created_at may be a client's, for imports)
     content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
 
@@ -91,7 +92,7 @@ PARQUET_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
     "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
     "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
-    "content_hash": pl.String, "schema_version": pl.Int32,
+    "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
 }
 
 

@@ -123,7 +123,7 @@ class IndexEntry:
     scenario: str
     kind: str
     content_hash: str
-    created_at: float
+    stored_at: float  # server write time: decides which incarnation of a scenario a record belongs to
     chunk: int  # log/segment number that holds the record
 
 
@@ -171,14 +171,14 @@ class RecordStore:
                     os.fsync(f.fileno())
             self._tail[no] = _Chunk(no, records)
         if self._segments:
-            cols = ["id", "scenario", "kind", "content_hash", "created_at"]
+            cols = ["id", "scenario", "kind", "content_hash", "stored_at"]
             for no, path in self._segments.items():
                 df = pl.read_parquet(path, columns=cols)
                 for rid, sc, kind, h, ts in df.iter_rows():
                     self._index[rid] = IndexEntry(sc, kind, h, ts, no)
         for no, chunk in self._tail.items():
             for r in chunk.records:
-                self._index[r["id"]] = IndexEntry(r["scenario"], r["kind"], r["content_hash"], r["created_at"], no)
+                self._index[r["id"]] = IndexEntry(r["scenario"], r["kind"], r["content_hash"], r["stored_at"], no)
                 self._tail_by_id[r["id"]] = r
         # Every log but the newest is closed: roll them now so only one log is ever open.
         nos = sorted(self._tail)
@@ -204,6 +204,9 @@ class RecordStore:
         Raises Conflict (nothing written) when an id exists with other content, StoreUnavailable on I/O failure.
         """
         dicts = [r.to_dict() for r in records]
+        now = time.time()
+        for d in dicts:
+            d["stored_at"] = now
         with self._lock:
             if self._broken:
                 raise StoreUnavailable(self._broken)
@@ -220,7 +223,7 @@ class RecordStore:
             if not new:
                 return fresh
             for d in new:  # reserve ids now so a concurrent duplicate sees them
-                self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], d["created_at"], -1)
+                self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         frame = encode_frame(new)
         with self._lock:
             self._buf.append(frame)
@@ -379,11 +382,11 @@ class RecordStore:
         return pl.concat(parts, how="vertical_relaxed")
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
-        """Ids in write order (ids are time-sortable), filtered by scenario, kind and creation time."""
+        """Ids in sorted order (server ids are time-sortable), filtered by scenario, kind and write time."""
         with self._lock:
             items = list(self._index.items())
         return sorted(rid for rid, e in items if e.chunk >= 0 and (scenario is None or e.scenario == scenario)
-                      and (kind is None or e.kind == kind) and e.created_at >= since)
+                      and (kind is None or e.kind == kind) and e.stored_at >= since)
 
     def forget(self, scenario: str) -> int:
         """Drop a deleted scenario's records from the index (they stay on disk, append-only)."""

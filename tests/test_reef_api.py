@@ -140,6 +140,10 @@ def test_batch_import_all_or_nothing(proxy):
     assert proxy.gateway.store.entry("imp-3") is None  # nothing of the failed batch was written
     r = requests.post(u + "/reef/records/batch", json={"records": [{**good[0], "response": {"x": 2}}]})
     assert r.status_code == 409
+    old = requests.post(u + "/reef/records/batch", json={"records": [{"id": "imp-old", "scenario": "fresh",
+                                                                      "created_at": 1_000_000_000.0}]})
+    assert old.status_code == 201  # a record from the past, imported into a new scenario, is listed there
+    assert [r["id"] for r in requests.get(u + "/reef/scenarios/fresh/records").json()["records"]] == ["imp-old"]
     r = requests.post(u + "/reef/records/batch", json={"records": [{"scenario": "imp", "token_ids": [1],
                                                                     "logprobs": []}]})
     assert r.status_code == 400 and "one entry per token" in r.json()["error"]["message"]
