@@ -33,7 +33,7 @@ RELEASE_HEADER = "x-reef-release-id"
 PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
          dialects.ANTHROPIC: "/v1/messages"}
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-REPORT_KEYS = {"id", "score", "feedback", "references", "metadata"}
+REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata"}
 
 
 @dataclass
@@ -219,7 +219,10 @@ class Gateway:
         unknown = set(body) - REPORT_KEYS
         if unknown:
             raise BadRequest(f"unknown report field(s) {sorted(unknown)}; a report has score, feedback, "
-                             "references, metadata (and optionally a client-chosen id)")
+                             "references, metadata (and optionally a client-chosen agent_record_id)")
+        chosen = body.get("agent_record_id", body.get("id"))
+        if "agent_record_id" in body and "id" in body and body["id"] != body["agent_record_id"]:
+            raise BadRequest("give the report's id once: 'agent_record_id' (Reef's name) or 'id', not both")
         score = body.get("score")
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
                                   or not math.isfinite(score)):
@@ -235,10 +238,10 @@ class Gateway:
         refs = self._check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.recipe(name).validate_report(body)
-        rec = Record(id=self._client_id(body.get("id")), scenario=name, kind="report", references=refs,
+        rec = Record(id=self._client_id(chosen), scenario=name, kind="report", references=refs,
                      score=None if score is None else float(score), feedback=feedback, metadata=metadata,
                      tags=tags or {})
-        if "id" in body:
+        if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
         return created, rec.id
@@ -354,20 +357,34 @@ class Gateway:
         start = bisect.bisect_right(ids, after) if after else 0
         page = ids[start:start + limit]
         nxt = page[-1] if start + limit < len(ids) and page else None
-        return {"records": self.store.get_many(page), "next": nxt, "total": len(ids)}
+        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt, "total": len(ids)}
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         self.scenarios.get(scenario)
         e = self.store.entry(record_id)
         if e is None or e.scenario != scenario:
             raise NotFound(f"record {record_id!r} not found in scenario {scenario!r}")
-        return self.store.get(record_id)
+        return wire_record(self.store.get(record_id))
 
     def scenario_info(self, name: str) -> dict:
         s = self.scenarios.get(name)
         counts = {k: len(self.store.ids(name, k, since=s.created_at - 1e-6)) for k in KINDS}
         return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
                 "records": counts}
+
+    def create_scenario(self, body: Any) -> dict:
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
+        config = body.get("config")
+        if config is not None and not isinstance(config, dict):
+            raise BadRequest("'config' must be an object of the recipe's config fields")
+        if body.get("recipe") is not None or config:
+            try:
+                load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
+            except TypeError as e:
+                raise BadRequest(f"the recipe's config does not fit: {e}") from None
+        s = self.scenarios.create(body["name"], body.get("recipe"), config)
+        return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
         s = self.scenarios.delete(name)
@@ -383,6 +400,11 @@ class Gateway:
     def close(self) -> None:
         self.store.close()
         self.engine.close()
+
+
+def wire_record(r: dict) -> dict:
+    """A record as the API returns it: Reef's names (`agent_record_id`, `artifact_ref.release_id`) beside ours."""
+    return {"agent_record_id": r["id"], "artifact_ref": {"release_id": r.get("release_id")}, **r}
 
 
 def _parse_sse(event: bytes) -> tuple[str | None, str]:

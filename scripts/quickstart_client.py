@@ -15,4 +15,4 @@ print(raw.parse().choices[0].message.content, receipt)
 
 r = requests.post("http://127.0.0.1:8900/reef/report", headers={"x-reef-scenario": "quickstart"},
                   json={"score": 1.0, "feedback": "correct", "references": [receipt]})
-print(r.status_code, r.json())   # 201 {'id': 'rec_...', 'created': True}
+print(r.status_code, r.json())   # 200 {'agent_record_id': 'rec_...', 'scenario': 'quickstart', ...}

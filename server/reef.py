@@ -12,9 +12,11 @@ bp = Blueprint("reef", __name__, url_prefix="/reef")
 
 @bp.post("/report")
 def report():
-    created, rid = g.gateway.report(scenario(), json_body(), tags())
-    return json_response({"id": rid, "created": created}, 201 if created else 200,
-                         {"x-reef-agent-record-id": rid})
+    name = scenario()
+    created, rid = g.gateway.report(name, json_body(), tags())
+    # Reef answers 200 with the report's receipt; `created` tells a first write from an idempotent repeat.
+    return json_response({"agent_record_id": rid, "scenario": name, "request_type": "report", "id": rid,
+                          "created": created}, 200, {"x-reef-agent-record-id": rid})
 
 
 @bp.get("/scenarios")
@@ -24,14 +26,7 @@ def list_scenarios():
 
 @bp.post("/scenarios")
 def create_scenario():
-    body = json_body()
-    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-        raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
-    if body.get("recipe") is not None:
-        from reef_lab.recipe import load_recipe
-        load_recipe(body["recipe"], body.get("config"))
-    s = g.gateway.scenarios.create(body["name"], body.get("recipe"), body.get("config"))
-    return json_response(g.gateway.scenario_info(s.name), 201)
+    return json_response(g.gateway.create_scenario(json_body()), 201)
 
 
 @bp.get("/scenarios/<name>")

@@ -74,8 +74,8 @@ def client(port, n, receipts, stop):
                 c.request("POST", "/reef/report", json.dumps({"score": 1.0, "references": mine[-2:]}), h)
                 r = c.getresponse()
                 rep = json.loads(r.read())
-                if r.status == 201:
-                    receipts.append((rep["id"], "report"))
+                if r.status == 200:
+                    receipts.append((rep["agent_record_id"], "report"))
     except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError):
         return  # the server died under us: everything acknowledged so far is in `receipts`
 

@@ -24,8 +24,9 @@ def report(url, body, scenario="demo", raw=None):
 def test_report_with_references_is_stored(proxy):
     a, b = infer(proxy.url), infer(proxy.url)
     r = report(proxy.url, {"score": 0.5, "feedback": {"why": "ok"}, "references": [a, b], "metadata": {"k": 1}})
-    assert r.status_code == 201
-    rec = proxy.gateway.store.get(r.json()["id"])
+    assert r.status_code == 200  # Reef's answer: 200 with the report's own receipt
+    assert r.json()["scenario"] == "demo" and r.json()["request_type"] == "report" and r.json()["created"]
+    rec = proxy.gateway.store.get(r.json()["agent_record_id"])
     assert rec["kind"] == "report" and rec["score"] == 0.5 and rec["references"] == [a, b]
     assert rec["feedback"] == {"why": "ok"} and rec["metadata"] == {"k": 1}
 
@@ -57,7 +58,7 @@ def test_report_reference_rules(proxy):
     assert r.status_code == 400 and "more than once" in r.json()["error"]["message"]
     r = report(proxy.url, {"score": 1, "references": [other]})
     assert r.status_code == 400 and "belongs to scenario 'other'" in r.json()["error"]["message"]
-    rep = report(proxy.url, {"score": 1, "references": [a]}).json()["id"]
+    rep = report(proxy.url, {"score": 1, "references": [a]}).json()["agent_record_id"]
     r = report(proxy.url, {"score": 1, "references": [rep]})
     assert r.status_code == 400 and "is a report record" in r.json()["error"]["message"]
     r = report(proxy.url, {"score": 1}, scenario=None)
@@ -66,10 +67,15 @@ def test_report_reference_rules(proxy):
 
 def test_client_chosen_report_id_is_idempotent(proxy):
     a = infer(proxy.url)
-    assert report(proxy.url, {"id": "my-1", "score": 1, "references": [a]}).status_code == 201
-    assert report(proxy.url, {"id": "my-1", "score": 1, "references": [a]}).status_code == 200
-    r = report(proxy.url, {"id": "my-1", "score": 0, "references": [a]})
+    first = report(proxy.url, {"agent_record_id": "my-1", "score": 1, "references": [a]})
+    assert first.status_code == 200 and first.json()["agent_record_id"] == "my-1" and first.json()["created"]
+    again = report(proxy.url, {"agent_record_id": "my-1", "score": 1, "references": [a]})
+    assert again.status_code == 200 and again.json()["created"] is False
+    r = report(proxy.url, {"agent_record_id": "my-1", "score": 0, "references": [a]})
     assert r.status_code == 409 and "different content" in r.json()["error"]["message"]
+    assert report(proxy.url, {"id": "my-2", "score": 1}).json()["agent_record_id"] == "my-2"
+    r = report(proxy.url, {"agent_record_id": "", "score": 1})
+    assert r.status_code == 400 and "invalid" in r.json()["error"]["message"]
 
 
 def test_scenario_header_required_on_inference(proxy):
@@ -102,6 +108,8 @@ def test_scenarios_crud_and_records_paging(proxy):
     assert requests.post(u + "/reef/scenarios", json={"name": "made"}).status_code == 409
     r = requests.post(u + "/reef/scenarios", json={"name": "x2", "recipe": "nosuch"})
     assert r.status_code == 400 and "cannot be loaded" in r.json()["error"]["message"]
+    r = requests.post(u + "/reef/scenarios", json={"name": "x3", "recipe": "basic", "config": {"nope": 1}})
+    assert r.status_code == 400 and "config does not fit" in r.json()["error"]["message"]
     ids = [infer(u, "made", f"m{i}") for i in range(5)]
     report(u, {"score": 1, "references": ids[:2]}, scenario="made")
     info = requests.get(u + "/reef/scenarios/made").json()
@@ -116,6 +124,7 @@ def test_scenarios_crud_and_records_paging(proxy):
     assert seen == sorted(ids)
     one = requests.get(u + f"/reef/scenarios/made/records/{ids[0]}").json()
     assert one["request"]["messages"][0]["content"] == "m0"
+    assert one["agent_record_id"] == ids[0] and one["artifact_ref"] == {"release_id": "upstream"}
     assert requests.get(u + f"/reef/scenarios/demo/records/{ids[0]}").status_code == 404
     assert requests.get(u + "/reef/scenarios/made/records", params={"limit": "x"}).status_code == 400
     assert requests.delete(u + "/reef/scenarios/made").json()["records_hidden"] == 6
