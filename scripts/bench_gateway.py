@@ -108,6 +108,19 @@ def paced(port: int, clients: int, rate: float, seconds: float) -> tuple[list[fl
     return out
 
 
+def sequential(port: int, n: int = 600) -> list[float]:
+    """One client, one request at a time: the floor of each path's latency."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    body, lat = json.dumps(CHAT), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/chat/completions", body,
+                  {"Content-Type": "application/json", "x-reef-scenario": "bench-sequential"})
+        c.getresponse().read()
+        lat.append(time.perf_counter() - t0)
+    return lat[n // 6:]
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
@@ -170,32 +183,26 @@ def status(port: int) -> dict:
     return json.loads(c.getresponse().read())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=int, default=10, help="length of each measured phase")
-    ap.add_argument("--rate", type=float, default=400, help="total paced request rate of the latency phase")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds of the latency phase")
-    ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
-    args = ap.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
-
+def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
+    """One stub (answering after `delay_ms`) and one reef_lab in front of it; returns (result, raw latencies)."""
     stub_port, reef_port = free_port(), free_port()
     data_dir = tempfile.mkdtemp(prefix="reef-bench-")
-    stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)])
+    stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port),
+                  "--delay-ms", str(delay_ms)])
     reef = start([sys.executable, "scripts/serve.py", "--port", str(reef_port), "--data-dir", data_dir,
                   "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning"])
+    tag = f"provider {delay_ms:g} ms"
     try:
         wait_ready(stub_port)
         wait_ready(reef_port)
-        print("[bench] warming up", flush=True)
+        print(f"[bench] {tag}: warming up", flush=True)
         paced(stub_port, 16, args.rate, 2)
         paced(reef_port, 16, args.rate, 2)
         lat = {"direct": [], "reef_lab": []}
         errors = {"direct": 0, "reef_lab": 0}
         for r in range(args.rounds):
             for name, port in (("direct", stub_port), ("reef_lab", reef_port)):
-                print(f"[bench] latency round {r + 1}/{args.rounds}: {name}", flush=True)
+                print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}", flush=True)
                 xs, err = paced(port, 16, args.rate, args.seconds)
                 lat[name] += xs
                 errors[name] += err
@@ -203,67 +210,134 @@ def main() -> None:
                                                                                "errors": errors[name]}
                    for name, xs in lat.items()}
         added = {k: round(latency["reef_lab"][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
-
-        print("[bench] throughput: direct", flush=True)
+        print(f"[bench] {tag}: one client, sequential", flush=True)
+        one = {name: round(pct(sequential(port), 50), 3) for name, port in (("direct", stub_port),
+                                                                             ("reef_lab", reef_port))}
+        print(f"[bench] {tag}: throughput, direct", flush=True)
         direct = wrk(f"http://127.0.0.1:{stub_port}/v1/chat/completions", WRK_CHAT, args.seconds)
-        print("[bench] throughput: reef_lab", flush=True)
+        print(f"[bench] {tag}: throughput, reef_lab", flush=True)
         proxied = wrk(f"http://127.0.0.1:{reef_port}/v1/chat/completions", WRK_CHAT, args.seconds)
-
-        print("[bench] reports: making 2000 receipts", flush=True)
-        ids = make_receipts(reef_port, 2000)
-        ids_file = Path(data_dir) / "receipts.txt"
-        ids_file.write_text("\n".join(ids) + "\n")
-        before = status(reef_port)["records"]["report"]
-        print("[bench] reports: wrk", flush=True)
-        reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
-        stored = status(reef_port)["records"]["report"] - before
+        result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added,
+                  "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
+                  "throughput": {"direct": direct, "reef_lab": proxied,
+                                 "ratio": round(proxied["rps"] / direct["rps"], 4)}}
+        if with_reports:
+            print("[bench] reports: making 2000 receipts", flush=True)
+            ids = make_receipts(reef_port, 2000)
+            ids_file = Path(data_dir) / "receipts.txt"
+            ids_file.write_text("\n".join(ids) + "\n")
+            before = status(reef_port)["records"]["report"]
+            print("[bench] reports: wrk", flush=True)
+            reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
+            result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
         for p in (reef, stub):
             os.killpg(p.pid, signal.SIGTERM)
             p.wait(timeout=30)
         shutil.rmtree(data_dir, ignore_errors=True)
+    return result, lat
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=10, help="length of each measured phase")
+    ap.add_argument("--rate", type=float, default=400, help="total paced request rate of the latency phase")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds of the latency phase")
+    ap.add_argument("--provider-ms", type=float, default=20.0,
+                    help="delay of the second, provider-like stub (the first answers at once)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
+    zero, zero_lat = measure(0.0, args, with_reports=True)
+    slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
-        "latency_ms": latency, "added_latency_ms": added,
-        "throughput": {"direct": direct, "reef_lab": proxied, "ratio": round(proxied["rps"] / direct["rps"], 4)},
-        "reports": {**reports, "stored": stored},
+        "instant_stub": zero, "provider_stub": slow,
         "command": "python scripts/bench_gateway.py " + " ".join(sys.argv[1:]),
     }
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result))
+    plot(result, zero_lat, slow_lat, args.out + ".png")
     print(render(result))
 
 
-def render(r: dict) -> str:
-    lat, t, rep = r["latency_ms"], r["throughput"], r["reports"]
-    return f"""# Gateway overhead: reef_lab relaying to a stub provider vs the stub directly
+def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, lat, title in ((axes[0], zero_lat, "instant stub"),
+                           (axes[1], slow_lat, f"stub answering in {r['provider_stub']['provider_delay_ms']:g} ms")):
+        for name, xs in lat.items():
+            xs = sorted(x * 1e3 for x in xs)
+            ax.plot(xs, [i / len(xs) for i in range(len(xs))], label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (ms, log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"latency at {r['paced_rate_per_s']:.0f} req/s, 16 clients: {title}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    names = ["instant\ndirect", "instant\nreef_lab", "provider\ndirect", "provider\nreef_lab", "reports\nreef_lab"]
+    vals = [r["instant_stub"]["throughput"]["direct"]["rps"], r["instant_stub"]["throughput"]["reef_lab"]["rps"],
+            r["provider_stub"]["throughput"]["direct"]["rps"], r["provider_stub"]["throughput"]["reef_lab"]["rps"],
+            r["instant_stub"]["reports"]["rps"]]
+    axes[2].bar(names, vals, color=["#888", "#2a7", "#888", "#2a7", "#27a"])
+    axes[2].set_ylabel("requests/s (wrk, 16 connections)")
+    axes[2].set_title("throughput")
+    for i, v in enumerate(vals):
+        axes[2].text(i, v, f"{v:.0f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
-Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machine']['python']}).
-Stub: `reef_lab.testing.stub_provider` (plain WSGI under granian) on loopback; reef_lab: `scripts/serve.py
---upstream-url <stub>` with a fresh data dir, every record fsynced before its receipt. 16 concurrent clients.
 
-## Latency at a paced {r['paced_rate_per_s']:.0f} requests/s ({lat['direct']['n']} direct, {lat['reef_lab']['n']} proxied requests)
+def _section(x: dict, title: str) -> str:
+    lat, t = x["latency_ms"], x["throughput"]
+    return f"""## {title}
+
+Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} proxied requests, \
+{lat['direct']['errors'] + lat['reef_lab']['errors']} errors):
 
 | ms | p50 | p90 | p99 |
 |---|---|---|---|
 | direct to stub | {lat['direct']['p50']:.3f} | {lat['direct']['p90']:.3f} | {lat['direct']['p99']:.3f} |
 | through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} |
-| **added by reef_lab** | **{r['added_latency_ms']['p50']:.3f}** | {r['added_latency_ms']['p90']:.3f} | {r['added_latency_ms']['p99']:.3f} |
+| **added by reef_lab** | **{x['added_latency_ms']['p50']:.3f}** | {x['added_latency_ms']['p90']:.3f} | \
+{x['added_latency_ms']['p99']:.3f} |
 
-## Throughput, 16 connections saturating (wrk, {r['seconds_per_phase']} s each)
+One client, one request at a time (the floor): p50 {x['one_client_p50_ms']['direct']:.3f} ms direct, \
+{x['one_client_p50_ms']['reef_lab']:.3f} ms through reef_lab, **{x['one_client_p50_ms']['added']:.3f} ms added**.
+
+Throughput, 16 connections saturating (wrk):
 
 | | requests/s | non-2xx |
 |---|---|---|
 | direct to stub | {t['direct']['rps']:.0f} | {t['direct']['non_2xx']} |
 | through reef_lab | {t['reef_lab']['rps']:.0f} | {t['reef_lab']['non_2xx']} |
 | **ratio** | **{t['ratio']:.3f}** | |
+"""
 
+
+def render(r: dict) -> str:
+    rep = r["instant_stub"]["reports"]
+    return f"""# Gateway overhead: reef_lab relaying to a stub provider vs the stub directly
+
+Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machine']['python']}); load generator,
+stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
+loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir, every record fsynced before its
+receipt. 16 concurrent clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total,
+{r['seconds_per_phase']} s per round, direct and proxied rounds alternating.
+
+![latency and throughput](gateway-bench.png)
+
+{_section(r['instant_stub'], 'Instant stub (answers in about 0.1 ms: the hardest case for the ratio)')}
+{_section(r['provider_stub'], f"Provider-like stub (answers after {r['provider_stub']['provider_delay_ms']:g} ms)")}
 ## Reports with two references each (wrk, 16 connections)
 
-{rep['rps']:.0f} reports/s; {rep['requests']} sent, {rep['non_2xx']} non-2xx, {rep['stored']} report records in the store
-afterwards.
+**{rep['rps']:.0f} reports/s**; {rep['requests']} answered by the end of the run, {rep['non_2xx']} non-2xx;
+{rep['stored']} report records were in the store afterwards (requests still in flight when wrk stopped are stored
+too, so this can exceed the answered count).
 
 Reef 0.1.3 on this machine, for comparison (from the issue): adds 4.4 ms p50, keeps 6% of direct throughput,
 takes 254 reports/s.

@@ -9,6 +9,7 @@ WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import threading
 import time
@@ -16,6 +17,7 @@ import time
 import orjson
 
 _SLEEP = re.compile(rb"!sleep=([0-9.]+)")
+DELAY_S = float(os.environ.get("REEF_STUB_DELAY_MS", "0")) / 1000  # every answer's delay, like a provider's compute
 
 
 def _last_user_text(body: dict) -> str:
@@ -112,8 +114,8 @@ def app(environ, start_response):
     raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0) or -1)
     body = orjson.loads(raw)
     m = _SLEEP.search(raw)
-    if m:
-        time.sleep(float(m.group(1)))
+    if m or DELAY_S:
+        time.sleep(float(m.group(1)) if m else DELAY_S)
     if b"!500" in raw:
         start_response("500 Internal Server Error", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"stub exploded","type":"server_error"}}']
@@ -139,9 +141,11 @@ def serve_in_thread(port: int = 0):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--port", type=int, default=9000)
-    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="answer every request after this long")
     a = ap.parse_args()
     from granian import Granian
     from granian.constants import Interfaces
+    os.environ["REEF_STUB_DELAY_MS"] = str(a.delay_ms)  # the worker process re-imports this module
     Granian("reef_lab.testing.stub_provider:app", address="127.0.0.1", port=a.port, interface=Interfaces.WSGI,
             blocking_threads=a.threads, log_level="warning").serve()
