@@ -1,31 +1,26 @@
 """The Flask app: HTTP in, gateway calls, HTTP out. Nothing else lives here.
 
 `create_app(gateway, tokens)` builds the app around a ready `reef_lab.gateway.Gateway`; `scripts/serve.py` runs
-it under granian. Routes: the providers' own APIs under /v1 (server/inference.py) and reef_lab's resources under
-/reef (server/reef.py). Every route but /healthz needs a token when tokens are configured.
+it under granian. Routes: the hot ones (inference, reports) in server/hot.py, installed as the app's WSGI
+middleware; the rest of the providers' APIs in server/inference.py and reef_lab's resources in server/reef.py.
+Every route but /healthz needs a token when tokens are configured.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import orjson
 from flask import Flask, Response, g, request
 
-from reef_lab.errors import ReefError, Unauthorized
+from reef_lab.errors import ReefError
 from reef_lab.gateway import Gateway
+from server.common import check_token, error_body
+from server.hot import HotRoutes
 from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
 
 log = logging.getLogger("reef_lab.server")
-
-
-def error_body(path: str, err: ReefError) -> bytes:
-    """The error in the wire format of the API the client called."""
-    if path.startswith("/v1/messages"):
-        return orjson.dumps({"type": "error", "error": {"type": err.type, "message": err.message}})
-    return orjson.dumps({"error": {"message": err.message, "type": err.type, "param": None, "code": None}})
 
 
 def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
@@ -36,17 +31,8 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
     @app.before_request
     def authenticate():
         g.gateway = gateway
-        if not tokens_b or request.path == "/healthz":
-            return None
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        ok = False
-        for t in tokens_b:  # compare against every token, each in constant time
-            ok |= hmac.compare_digest(given.encode(), t)
-        if not ok:
-            raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <REEF_TOKEN>' "
-                               "(or 'x-api-key' for Anthropic clients)")
-        return None
+        if request.path != "/healthz":
+            check_token(tokens_b, request.headers.get("Authorization", ""), request.headers.get("x-api-key", ""))
 
     @app.errorhandler(ReefError)
     def reef_error(err: ReefError):
@@ -76,4 +62,5 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
 
     app.register_blueprint(inference_bp)
     app.register_blueprint(reef_bp)
+    app.wsgi_app = HotRoutes(app.wsgi_app, gateway, tokens_b)
     return app

@@ -1,22 +1,13 @@
-"""reef_lab's own resources: reports, scenarios, records, status."""
+"""reef_lab's own resources: scenarios, records, status (reports are a hot route: server/hot.py)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, g, request
 
 from reef_lab.errors import BadRequest
-from server.common import json_body, json_response, scenario, tags
+from server.common import json_body, json_response, scenario
 
 bp = Blueprint("reef", __name__, url_prefix="/reef")
-
-
-@bp.post("/report")
-def report():
-    name = scenario()
-    created, rid = g.gateway.report(name, json_body(), tags())
-    # Reef answers 200 with the report's receipt; `created` tells a first write from an idempotent repeat.
-    return json_response({"agent_record_id": rid, "scenario": name, "request_type": "report", "id": rid,
-                          "created": created}, 200, {"x-reef-agent-record-id": rid})
 
 
 @bp.get("/scenarios")

@@ -1,0 +1,88 @@
+"""The hot routes (inference and reports) as WSGI middleware in front of the Flask app.
+
+These four routes carry nearly all traffic. Served through Flask's request machinery (contexts, proxies,
+signals, Response objects) they ran at half the rate of the same gateway calls made from plain WSGI on this
+machine (scripts/bench_gateway.py), so they are translated here, directly from the WSGI environ, and installed
+the way Flask documents middleware (`app.wsgi_app = HotRoutes(app.wsgi_app, ...)`). Every other route, and
+every error page, stays with Flask. Auth, error bodies and tag rules are the shared ones in server/common.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from reef_lab import dialects
+from reef_lab.errors import BadRequest, ReefError
+from reef_lab.gateway import Gateway, StreamReply
+from server.common import SSE_HEADERS, check_token, error_body, parse_json
+
+log = logging.getLogger("reef_lab.server")
+
+INFERENCE = {"/v1/chat/completions": dialects.OPENAI_CHAT, "/v1/responses": dialects.OPENAI_RESPONSES,
+             "/v1/messages": dialects.ANTHROPIC}
+REPORT = "/reef/report"
+_TAG = "HTTP_X_REEF_TAG_"
+_FORWARDED = {"HTTP_ANTHROPIC_VERSION": "anthropic-version", "HTTP_ANTHROPIC_BETA": "anthropic-beta"}
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 404: "404 Not Found",
+           409: "409 Conflict", 500: "500 Internal Server Error", 502: "502 Bad Gateway",
+           503: "503 Service Unavailable", 504: "504 Gateway Timeout"}
+
+
+def _status(code: int) -> str:
+    return _STATUS.get(code) or f"{code} Status"
+
+
+def _tags(environ) -> dict[str, str]:
+    # WSGI spells header x-reef-tag-user-id as HTTP_X_REEF_TAG_USER_ID; tags keep the header's dashes.
+    return {k[len(_TAG):].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith(_TAG)}
+
+
+def _read_body(environ) -> bytes:
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        if not length.isdigit():
+            raise BadRequest(f"Content-Length {length!r} is not a number")
+        return environ["wsgi.input"].read(int(length))
+    # No length: a chunked body, readable to its end only where the server says the stream is terminated.
+    return environ["wsgi.input"].read() if environ.get("wsgi.input_terminated") else b""
+
+
+class HotRoutes:
+    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes]):
+        self.flask_wsgi, self.gateway, self.tokens = flask_wsgi, gateway, tokens
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        dialect = INFERENCE.get(path)
+        if environ.get("REQUEST_METHOD") != "POST" or (dialect is None and path != REPORT):
+            return self.flask_wsgi(environ, start_response)
+        try:
+            check_token(self.tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
+            body = parse_json(_read_body(environ))
+            scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)
+            if dialect is None:
+                created, rid = self.gateway.report(scenario, body, tags)
+                out = orjson.dumps({"agent_record_id": rid, "scenario": scenario, "request_type": "report",
+                                    "id": rid, "created": created})
+                return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})
+            forwarded = {name: environ[k] for k, name in _FORWARDED.items() if k in environ}
+            reply = self.gateway.infer(dialect, body, scenario, tags, forwarded)
+        except ReefError as e:
+            return self._send(start_response, e.status, error_body(path, e), "application/json", {})
+        except Exception as e:  # a bug, not the client's fault: logged, answered 500, serving goes on
+            log.exception("unhandled error on POST %s", path)
+            err = ReefError(f"internal error: {type(e).__name__}: {e}")
+            return self._send(start_response, 500, error_body(path, err), "application/json", {})
+        if isinstance(reply, StreamReply):
+            headers = [("Content-Type", "text/event-stream"), *SSE_HEADERS.items(), *reply.headers.items()]
+            start_response("200 OK", headers)
+            return reply.events
+        return self._send(start_response, reply.status, reply.body, reply.content_type, reply.headers)
+
+    @staticmethod
+    def _send(start_response, code: int, body: bytes, content_type: str, headers: dict):
+        start_response(_status(code), [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                                       *headers.items()])
+        return [body]
