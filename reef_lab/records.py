@@ -98,13 +98,12 @@ PARQUET_SCHEMA = {
 
 def records_to_frame(records: list[dict]) -> pl.DataFrame:
     """Record dicts to the Parquet layout: JSON-valued fields become JSON text."""
-    cols: dict[str, list] = {k: [] for k in PARQUET_SCHEMA}
-    for r in records:
-        for k in PARQUET_SCHEMA:
-            v = r.get(k)
-            if k in _JSON_COLUMNS:
-                v = None if v is None else orjson.dumps(v).decode()
-            cols[k].append(v)
+    cols: dict[str, list] = {}
+    for k in PARQUET_SCHEMA:
+        if k in _JSON_COLUMNS:
+            cols[k] = [None if (v := r.get(k)) is None else orjson.dumps(v).decode() for r in records]
+        else:
+            cols[k] = [r.get(k) for r in records]
     return pl.DataFrame(cols, schema=PARQUET_SCHEMA)
 
 

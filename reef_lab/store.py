@@ -118,6 +118,19 @@ class _Chunk:
         return self.frame if self.frame is not None else pl.DataFrame(schema=PARQUET_SCHEMA)
 
 
+class _Batch:
+    """Appends that share one write and one fsync. Its condition shares the store's lock."""
+
+    __slots__ = ("frames", "records", "cond", "durable", "lead", "lead_taken", "error")
+
+    def __init__(self, lock: threading.Lock):
+        self.frames: list[bytes] = []
+        self.records: list[dict] = []
+        self.cond = threading.Condition(lock)
+        self.durable = self.lead = self.lead_taken = False
+        self.error: str | None = None
+
+
 @dataclass
 class IndexEntry:
     scenario: str
@@ -135,15 +148,12 @@ class RecordStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.roll_records, self.roll_bytes = roll_records, roll_bytes
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._index: dict[str, IndexEntry] = {}
         self._tail: dict[int, _Chunk] = {}
         self._tail_by_id: dict[str, dict] = {}
         self._segments: dict[int, Path] = {}
-        self._buf: list[bytes] = []
-        self._buf_records: list[dict] = []
-        self._enqueued = self._durable = 0
-        self._failed: list[tuple[int, int, str]] = []
+        self._open = _Batch(self._lock)
+        self._idle = threading.Condition(self._lock)  # notified when no commit is running
         self._flushing = False
         self._broken: str | None = None
         self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "rolls": 0, "roll_errors": 0}
@@ -226,64 +236,72 @@ class RecordStore:
                 self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         frame = encode_frame(new)
         with self._lock:
-            self._buf.append(frame)
-            self._buf_records.extend(new)
-            self._enqueued += 1
-            mine = self._enqueued
-            while self._durable < mine:
-                if self._flushing:
-                    self._cond.wait()
-                else:
-                    self._lead_commit()
-            for lo, hi, err in self._failed:
-                if lo <= mine <= hi:
-                    raise StoreUnavailable(err)
+            batch = self._open
+            batch.frames.append(frame)
+            batch.records.extend(new)
+            if not self._flushing:
+                self._flushing = True
+                self._open = _Batch(self._lock)
+            else:
+                while not (batch.durable or (batch.lead and not batch.lead_taken)):
+                    batch.cond.wait()
+                if not batch.durable:
+                    batch.lead_taken = True  # promoted: this thread writes the batch it belongs to
+        if not batch.durable:
+            self._commit(batch)
+        if batch.error is not None:
+            raise StoreUnavailable(batch.error)
         return fresh
 
-    def _lead_commit(self) -> None:
-        """Called with the lock held: write and fsync every queued frame, then wake the waiters."""
-        self._flushing = True
-        buf, recs, upto, lo = self._buf, self._buf_records, self._enqueued, self._durable + 1
-        self._buf, self._buf_records = [], []
-        self._lock.release()
-        err = None
+    def _commit(self, batch: "_Batch") -> None:
+        """Write and fsync one batch (lock not held), then wake its waiters and promote the next batch.
+
+        Only one thread commits at a time (`_flushing`); appends that arrive meanwhile gather in the open
+        batch, and one of them is woken to commit it, so each waiter wakes once and one fsync serves them all.
+        """
+        data = b"".join(batch.frames)
+        start, err = self._log_size, None
         try:
-            data = b"".join(buf)
-            start = self._log_size
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            os.fdatasync(self._fd)  # data and file size: all an append needs to survive
+        except OSError as e:
+            err = f"record store write failed: {e}"
+            log.error("%s; cutting the log back to %d bytes", err, start)
             try:
-                written = 0
-                while written < len(data):
-                    written += os.write(self._fd, data[written:])
-                os.fdatasync(self._fd)  # data and file size: all an append needs to survive
-            except OSError as e:
-                err = f"record store write failed: {e}"
-                log.error("%s; cutting the log back to %d bytes", err, start)
-                try:
-                    os.ftruncate(self._fd, start)
-                    os.fsync(self._fd)
-                except OSError as e2:
-                    self._broken = f"record store is unavailable after a failed write ({e}; {e2}); restart the server"
-        finally:
-            self._lock.acquire()
-        if err is None:
-            self._log_size += len(data)
-            chunk = self._tail[self._log_no]
-            for d in recs:
-                self._index[d["id"]].chunk = self._log_no
-                self._tail_by_id[d["id"]] = d
-            chunk.records.extend(recs)
-            self.stats["commits"] += 1
-            self.stats["records_written"] += len(recs)
-            self.stats["max_group"] = max(self.stats["max_group"], len(recs))
-            if len(chunk.records) >= self.roll_records or self._log_size >= self.roll_bytes:
-                self._rotate()
-        else:
-            for d in recs:
-                self._index.pop(d["id"], None)
-            self._failed = self._failed[-16:] + [(lo, upto, err)]
-        self._durable = upto
-        self._flushing = False
-        self._cond.notify_all()
+                os.ftruncate(self._fd, start)
+                os.fsync(self._fd)
+            except OSError as e2:
+                self._broken = f"record store is unavailable after a failed write ({e}; {e2}); restart the server"
+        with self._lock:
+            recs = batch.records
+            if err is None:
+                self._log_size += len(data)
+                chunk = self._tail[self._log_no]
+                for d in recs:
+                    self._index[d["id"]].chunk = self._log_no
+                    self._tail_by_id[d["id"]] = d
+                chunk.records.extend(recs)
+                self.stats["commits"] += 1
+                self.stats["records_written"] += len(recs)
+                self.stats["max_group"] = max(self.stats["max_group"], len(recs))
+                if len(chunk.records) >= self.roll_records or self._log_size >= self.roll_bytes:
+                    self._rotate()
+            else:
+                for d in recs:
+                    self._index.pop(d["id"], None)
+                batch.error = err
+            batch.durable = True
+            batch.cond.notify_all()
+            nxt = self._open
+            if nxt.frames:
+                self._open = _Batch(self._lock)
+                nxt.lead = True
+                nxt.cond.notify()
+            else:
+                self._flushing = False
+                self._idle.notify_all()
 
     def _rotate(self) -> None:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
@@ -408,7 +426,7 @@ class RecordStore:
             if self._closed:
                 return
             while self._flushing:
-                self._cond.wait()
+                self._idle.wait()
             if self._tail.get(self._log_no) and self._tail[self._log_no].records:
                 self._rotate()
             self._closed = True

@@ -16,7 +16,7 @@ from flask import Flask, Response, g, request
 from reef_lab.errors import ReefError
 from reef_lab.gateway import Gateway
 from server.common import check_token, error_body
-from server.hot import HotRoutes
+from server.hot import HotRoutes, whole_bodies
 from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
 
@@ -62,5 +62,5 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
 
     app.register_blueprint(inference_bp)
     app.register_blueprint(reef_bp)
-    app.wsgi_app = HotRoutes(app.wsgi_app, gateway, tokens_b)
+    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tokens_b)
     return app

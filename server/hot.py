@@ -39,6 +39,31 @@ def _tags(environ) -> dict[str, str]:
     return {k[len(_TAG):].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith(_TAG)}
 
 
+def whole_bodies(app):
+    """Hand granian a list for every response that has a Content-Length (all but streams).
+
+    granian sends a list in one call, but pulls any other iterable item by item from its own threads, each pull
+    taking the GIL again; Flask returns such an iterable even for a body it already holds. Streams (no
+    Content-Length) pass through untouched.
+    """
+    def wrapped(environ, start_response):
+        sized = False
+
+        def start(status, headers, exc_info=None):
+            nonlocal sized
+            sized = any(k.lower() == "content-length" for k, _ in headers)
+            return start_response(status, headers, exc_info)
+        rv = app(environ, start)
+        if not sized or isinstance(rv, list):
+            return rv
+        try:
+            return [b"".join(rv)]
+        finally:
+            if hasattr(rv, "close"):
+                rv.close()
+    return wrapped
+
+
 def _read_body(environ) -> bytes:
     length = environ.get("CONTENT_LENGTH")
     if length:

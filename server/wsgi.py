@@ -29,31 +29,6 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
-def whole_bodies(app):
-    """Hand granian a list for every response that has a Content-Length (all but streams).
-
-    granian sends a list in one call, but pulls any other iterable item by item from its own threads, each pull
-    taking the GIL again; Flask returns such an iterable even for a body it already holds. Streams (no
-    Content-Length) pass through untouched.
-    """
-    def wrapped(environ, start_response):
-        sized = False
-
-        def start(status, headers, exc_info=None):
-            nonlocal sized
-            sized = any(k.lower() == "content-length" for k, _ in headers)
-            return start_response(status, headers, exc_info)
-        rv = app(environ, start)
-        if not sized or isinstance(rv, list):
-            return rv
-        try:
-            return [b"".join(rv)]
-        finally:
-            if hasattr(rv, "close"):
-                rv.close()
-    return wrapped
-
-
 def build():
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -67,7 +42,7 @@ def build():
     logging.getLogger("reef_lab.server").info(
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)
-    return whole_bodies(create_app(gateway, tokens))
+    return create_app(gateway, tokens)
 
 
 app = build() if "REEF_LAB_SERVE_CONFIG" in os.environ else None
