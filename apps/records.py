@@ -19,7 +19,7 @@ with app.setup:
     import html
     import os
     import time
-    from datetime import date, datetime, timedelta, timezone
+    from datetime import datetime, timedelta, timezone
     from pathlib import Path
 
     import marimo as mo
@@ -372,7 +372,7 @@ def _(filtered, flt, records_lf):
                 + f", {(filtered['status'] != 'ok').sum()} not ok.")
     records_table = mo.ui.table(records_view, selection="single", page_size=15, show_column_summaries=False,
                                 show_data_types=False, freeze_columns_left=["id"], label=_summary)
-    records_table if records_view.height else mo.md(f"_No records match the filters._")
+    records_table if records_view.height else mo.md("_No records match the filters._")
     return records_table, records_view
 
 

@@ -295,7 +295,7 @@ class Gateway:
             self.scenarios.ensure(rec.scenario)
         created = self.store.append(records)
         return (201 if any(created) else 200), {
-            "records": [{"id": r.id, "created": c} for r, c in zip(records, created)],
+            "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
 
     def _import_one(self, item: Any, default_scenario: str | None, pending: dict) -> Record:

@@ -229,7 +229,7 @@ class RecordStore:
                     raise Conflict(f"record id {d['id']!r} already exists with different content")
                 fresh.append(e is None)
                 seen.add(d["id"])
-            new = [d for d, is_new in zip(dicts, fresh) if is_new]
+            new = [d for d, is_new in zip(dicts, fresh, strict=True) if is_new]
             if not new:
                 return fresh
             for d in new:  # reserve ids now so a concurrent duplicate sees them

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 from flask import Flask, Response, g, request
 
 from reef_lab.errors import ReefError

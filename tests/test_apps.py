@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import orjson
-import polars as pl
 import pytest
 
 from reef_lab.records import Record

@@ -20,16 +20,9 @@ from pathlib import Path
 import pytest
 
 from reef_lab.store import RecordStore, scan_records
+from reef_lab.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_server(data_dir, upstream, port):

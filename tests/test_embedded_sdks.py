@@ -94,19 +94,19 @@ def test_responses_plain_and_stream(server, oai):
 def test_anthropic_messages_plain_stream_and_count(server):
     # anthropic 2.x has no temperature argument (Anthropic dropped it); extra_body sends it for a greedy check.
     ant = anthropic.Anthropic(base_url=server.url, api_key="unused", default_headers=H, max_retries=0)
-    raw = ant.messages.with_raw_response.create(model="m", max_tokens=8, extra_body={"temperature": 0}, system="Be brief.",
-                                                messages=[{"role": "user", "content": "Say hi."}])
+    greedy = {"max_tokens": 8, "extra_body": {"temperature": 0}, "system": "Be brief."}
+    raw = ant.messages.with_raw_response.create(model="m", messages=[{"role": "user", "content": "Say hi."}],
+                                                **greedy)
     msg = raw.parse()
     assert msg.content[0].text and msg.stop_reason in ("end_turn", "max_tokens")
     check_inference_record(server, raw.headers["x-reef-agent-record-id"], "anthropic.messages")
-    events = list(ant.messages.create(model="m", max_tokens=8, extra_body={"temperature": 0}, stream=True, system="Be brief.",
-                                      messages=[{"role": "user", "content": "Say hi."}]))
+    events = list(ant.messages.create(model="m", messages=[{"role": "user", "content": "Say hi."}], stream=True,
+                                      **greedy))
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert text == msg.content[0].text  # greedy: the stream says what the plain call said
     rid = events[-1].reef["agent_record_id"]
     check_inference_record(server, rid, "anthropic.messages")
-    with ant.messages.stream(model="m", max_tokens=8, extra_body={"temperature": 0}, system="Be brief.",
-                             messages=[{"role": "user", "content": "Say hi."}]) as st:
+    with ant.messages.stream(model="m", messages=[{"role": "user", "content": "Say hi."}], **greedy) as st:
         assert st.get_final_message().content[0].text == text
     n = ant.messages.count_tokens(model="m", system="Be brief.",
                                   messages=[{"role": "user", "content": "Say hi."}]).input_tokens
