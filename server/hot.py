@@ -26,6 +26,7 @@ REPORT = "/reef/report"
 _TAG = "HTTP_X_REEF_TAG_"
 _FORWARDED = {"HTTP_ANTHROPIC_VERSION": "anthropic-version", "HTTP_ANTHROPIC_BETA": "anthropic-beta"}
 _STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 404: "404 Not Found",
+           405: "405 Method Not Allowed",
            409: "409 Conflict", 500: "500 Internal Server Error", 502: "502 Bad Gateway",
            503: "503 Service Unavailable", 504: "504 Gateway Timeout"}
 
@@ -81,9 +82,12 @@ class HotRoutes:
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
         dialect = INFERENCE.get(path)
-        if environ.get("REQUEST_METHOD") != "POST" or (dialect is None and path != REPORT):
+        if dialect is None and path != REPORT:
             return self.flask_wsgi(environ, start_response)
         try:
+            if environ.get("REQUEST_METHOD") != "POST":
+                raise ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
+                                status=405)
             check_token(self.tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
             body = parse_json(_read_body(environ))
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)

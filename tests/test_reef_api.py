@@ -164,3 +164,5 @@ def test_status_and_unknown_route(proxy):
     assert s["ok"] and s["store"]["records"] == 1 and s["engine"]["kind"] == "upstream"
     r = requests.get(proxy.url + "/nope")
     assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    r = requests.get(proxy.url + "/v1/chat/completions", headers={"x-reef-scenario": "demo"})
+    assert r.status_code == 405 and "use POST" in r.json()["error"]["message"]
