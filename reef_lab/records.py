@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added stored_at; older segments read with it null (see store.scan_segments)
 KINDS = ("inference", "report", "train")
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 

@@ -77,6 +77,23 @@ def _list_files(folder: Path) -> tuple[dict[int, Path], dict[int, Path]]:
     return logs, segs
 
 
+def scan_segments(paths: list[Path], tail: pl.DataFrame | list[pl.DataFrame] | None = None) -> pl.LazyFrame:
+    """Segments (and in-memory tail frames) as one LazyFrame. Segments written by an older schema version lack
+    newer columns; they read as nulls there, so old data dirs stay readable."""
+    parts = [_conform(pl.scan_parquet(str(p))) for p in paths]
+    tails = [] if tail is None else tail if isinstance(tail, list) else [tail]
+    parts += [t.lazy() for t in tails]
+    if not parts:
+        return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def _conform(lf: pl.LazyFrame) -> pl.LazyFrame:
+    names = set(lf.collect_schema().names())
+    missing = [pl.lit(None, dtype).alias(k) for k, dtype in PARQUET_SCHEMA.items() if k not in names]
+    return (lf.with_columns(missing) if missing else lf).select(list(PARQUET_SCHEMA))
+
+
 def scan_records(data_dir: str | Path) -> pl.LazyFrame:
     """A LazyFrame over every record in a data dir (Parquet segments and not-yet-rolled logs).
 
@@ -92,13 +109,8 @@ def scan_records(data_dir: str | Path) -> pl.LazyFrame:
         except FileNotFoundError:  # rolled away meanwhile: its segment is listed below
             continue
     _, segs = _list_files(folder)
-    parts = [pl.scan_parquet(str(segs[no])) for no in sorted(segs)]
     tail = [r for no, recs in sorted(log_frames.items()) if no not in segs for r in recs]
-    if tail:
-        parts.append(records_to_frame(tail).lazy())
-    if not parts:
-        return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
-    return pl.concat(parts, how="vertical_relaxed")
+    return scan_segments([segs[no] for no in sorted(segs)], records_to_frame(tail) if tail else None)
 
 
 @dataclass
@@ -181,9 +193,10 @@ class RecordStore:
                     os.fsync(f.fileno())
             self._tail[no] = _Chunk(no, records)
         if self._segments:
-            cols = ["id", "scenario", "kind", "content_hash", "stored_at"]
             for no, path in self._segments.items():
-                df = pl.read_parquet(path, columns=cols)
+                has = pl.read_parquet_schema(path)
+                written = "stored_at" if "stored_at" in has else "created_at"  # schema 1 had no stored_at
+                df = pl.read_parquet(path, columns=["id", "scenario", "kind", "content_hash", written])
                 for rid, sc, kind, h, ts in df.iter_rows():
                     self._index[rid] = IndexEntry(sc, kind, h, ts, no)
         for no, chunk in self._tail.items():
@@ -369,7 +382,7 @@ class RecordStore:
             if r is not None:
                 return r
             seg = self._segments.get(e.chunk)
-        df = pl.scan_parquet(str(seg)).filter(pl.col("id") == record_id).collect()
+        df = scan_segments([seg]).filter(pl.col("id") == record_id).collect()
         return frame_row_to_dict(df.row(0, named=True)) if len(df) else None
 
     def get_many(self, record_ids: list[str]) -> list[dict]:
@@ -386,18 +399,16 @@ class RecordStore:
                 elif e.chunk in self._segments:
                     by_segment.setdefault(self._segments[e.chunk], []).append(rid)
         for seg, ids in by_segment.items():
-            for row in pl.scan_parquet(str(seg)).filter(pl.col("id").is_in(ids)).collect().iter_rows(named=True):
+            for row in scan_segments([seg]).filter(pl.col("id").is_in(ids)).collect().iter_rows(named=True):
                 found[row["id"]] = frame_row_to_dict(row)
         return [found[rid] for rid in record_ids if rid in found]
 
     def scan(self) -> pl.LazyFrame:
         """A consistent LazyFrame over all records (segments plus the in-memory tail of unrolled logs)."""
         with self._lock:
-            parts = [pl.scan_parquet(str(p)) for _, p in sorted(self._segments.items())]
-            parts += [c.as_frame().lazy() for _, c in sorted(self._tail.items()) if c.records]
-        if not parts:
-            return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
-        return pl.concat(parts, how="vertical_relaxed")
+            paths = [p for _, p in sorted(self._segments.items())]
+            tails = [c.as_frame() for _, c in sorted(self._tail.items()) if c.records]
+        return scan_segments(paths, tails)
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
         """Ids in sorted order (server ids are time-sortable), filtered by scenario, kind and write time."""

@@ -54,9 +54,10 @@ def wait_ready(port: int, path: str = "/v1/models", timeout: float = 60) -> None
     raise RuntimeError(f"nothing answered on port {port}")
 
 
-def start(cmd: list[str]) -> subprocess.Popen:
+def start(cmd: list[str], log_path: Path | None = None) -> subprocess.Popen:
+    err = open(log_path, "wb") if log_path else subprocess.DEVNULL
     return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
@@ -184,7 +185,8 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
     stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port),
                   "--delay-ms", str(delay_ms)])
     reef = start([sys.executable, "scripts/serve.py", "--port", str(reef_port), "--data-dir", data_dir,
-                  "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning"])
+                  "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning"],
+                 Path(data_dir + "-serve.log"))
     tag = f"provider {delay_ms:g} ms"
     try:
         wait_ready(stub_port)
@@ -228,7 +230,14 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
         for p in (reef, stub):
             os.killpg(p.pid, signal.SIGTERM)
             p.wait(timeout=30)
-        shutil.rmtree(data_dir, ignore_errors=True)
+    from reef_lab.store import scan_records
+    import polars as pl
+    failed = scan_records(data_dir).filter(pl.col("status") != "ok").select("error").collect()["error"].to_list()
+    log_tail = [line for line in Path(data_dir + "-serve.log").read_text(errors="replace").splitlines()
+                if "ERROR" in line or "Traceback" in line][:5]
+    result["failures"] = {"error_records": len(failed), "first_errors": failed[:3], "server_log_errors": log_tail}
+    shutil.rmtree(data_dir, ignore_errors=True)
+    Path(data_dir + "-serve.log").unlink()
     return result, lat
 
 
@@ -310,6 +319,10 @@ Throughput, 16 connections saturating (wrk):
 | direct to stub | {t['direct']['rps']:.0f} | {t['direct']['non_2xx']} |
 | through reef_lab | {t['reef_lab']['rps']:.0f} | {t['reef_lab']['non_2xx']} |
 | **ratio** | **{t['ratio']:.3f}** | |
+
+Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
+{(' (' + '; '.join(x['failures']['first_errors']) + ')') if x['failures']['first_errors'] else ''}; \
+errors in its log: {len(x['failures']['server_log_errors'])}.
 """
 
 

@@ -118,3 +118,20 @@ def test_failed_write_raises_and_loses_nothing_acknowledged(tmp_path):
         st.append([rec(2)])
     assert st.entry("r00002") is None
     assert st.get("r00001") is not None
+
+
+def test_segments_of_an_older_schema_stay_readable(tmp_path):
+    """A schema-1 segment (no stored_at column) opens, scans and serves its records."""
+    from reef_lab.records import PARQUET_SCHEMA, records_to_frame
+    folder = tmp_path / "records"
+    folder.mkdir()
+    old = records_to_frame([rec(1).to_dict()]).drop("stored_at").with_columns(schema_version=pl.lit(1, pl.Int32))
+    old.write_parquet(folder / "seg-000001.parquet")
+    st = RecordStore(tmp_path)
+    assert st.get("r00001")["request"] == {"i": 1}
+    st.append([rec(2)])
+    df = st.scan().collect()
+    assert df.columns == list(PARQUET_SCHEMA) and df.height == 2
+    assert df.filter(pl.col("id") == "r00001")["stored_at"].to_list() == [None]
+    st.close()
+    assert scan_records(tmp_path).select(pl.len()).collect().item() == 2
