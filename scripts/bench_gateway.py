@@ -160,6 +160,11 @@ def wrk(url: str, script: str, seconds: int, conns: int = 16) -> dict:
             "socket_errors": errs.group(1) if errs else None}
 
 
+def _mean_runs(runs: list[dict]) -> dict:
+    return {"rps": sum(r["rps"] for r in runs) / len(runs), "runs_rps": [r["rps"] for r in runs],
+            "requests": sum(r["requests"] for r in runs), "non_2xx": sum(r["non_2xx"] for r in runs)}
+
+
 def make_receipts(port: int, n: int) -> list[str]:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     out = []
@@ -209,10 +214,12 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
         print(f"[bench] {tag}: one client, sequential", flush=True)
         one = {name: round(pct(sequential(port), 50), 3) for name, port in (("direct", stub_port),
                                                                              ("reef_lab", reef_port))}
-        print(f"[bench] {tag}: throughput, direct", flush=True)
-        direct = wrk(f"http://127.0.0.1:{stub_port}/v1/chat/completions", WRK_CHAT, args.seconds)
-        print(f"[bench] {tag}: throughput, reef_lab", flush=True)
-        proxied = wrk(f"http://127.0.0.1:{reef_port}/v1/chat/completions", WRK_CHAT, args.seconds)
+        runs = {"direct": [], "reef_lab": []}
+        for r in range(args.rounds):
+            for name, port in (("direct", stub_port), ("reef_lab", reef_port)):
+                print(f"[bench] {tag}: throughput round {r + 1}/{args.rounds}, {name}", flush=True)
+                runs[name].append(wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_CHAT, args.seconds))
+        direct, proxied = (_mean_runs(runs[k]) for k in ("direct", "reef_lab"))
         result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added,
                   "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
                   "throughput": {"direct": direct, "reef_lab": proxied,
@@ -245,7 +252,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=10, help="length of each measured phase")
     ap.add_argument("--rate", type=float, default=400, help="total paced request rate of the latency phase")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds of the latency phase")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating direct/proxied rounds of the latency and throughput phases")
     ap.add_argument("--provider-ms", type=float, default=20.0,
                     help="delay of the second, provider-like stub (the first answers at once)")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
@@ -312,12 +320,14 @@ Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} pro
 One client, one request at a time (the floor): p50 {x['one_client_p50_ms']['direct']:.3f} ms direct, \
 {x['one_client_p50_ms']['reef_lab']:.3f} ms through reef_lab, **{x['one_client_p50_ms']['added']:.3f} ms added**.
 
-Throughput, 16 connections saturating (wrk):
+Throughput, 16 connections saturating (wrk; mean of alternating rounds, each round's value in brackets):
 
 | | requests/s | non-2xx |
 |---|---|---|
-| direct to stub | {t['direct']['rps']:.0f} | {t['direct']['non_2xx']} |
-| through reef_lab | {t['reef_lab']['rps']:.0f} | {t['reef_lab']['non_2xx']} |
+| direct to stub | {t['direct']['rps']:.0f} ({', '.join(f"{v:.0f}" for v in t['direct']['runs_rps'])}) | \
+{t['direct']['non_2xx']} |
+| through reef_lab | {t['reef_lab']['rps']:.0f} ({', '.join(f"{v:.0f}" for v in t['reef_lab']['runs_rps'])}) | \
+{t['reef_lab']['non_2xx']} |
 | **ratio** | **{t['ratio']:.3f}** | |
 
 Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
@@ -334,7 +344,8 @@ Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machi
 stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir, every record fsynced before its
 receipt. 16 concurrent clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total,
-{r['seconds_per_phase']} s per round, direct and proxied rounds alternating.
+{r['seconds_per_phase']} s per round, direct and proxied rounds alternating (this machine is noisy: compare the
+rows of one run, not numbers across runs).
 
 ![latency and throughput](gateway-bench.png)
 

@@ -125,20 +125,22 @@ class _Pool:
                  f"Content-Length: {len(body) if body else 0}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        for attempt in (0, 1):
-            try:
-                conn, reused = self._idle.pop(), True
-            except IndexError:
-                conn, reused = self._new(), False
+        try:
+            conn, reused = self._idle.pop(), True
+        except IndexError:
+            conn, reused = self._new(), False
+        while True:
             try:
                 conn.send(head, body)
                 conn.read_head()
                 return conn
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 conn.close()
-                if not reused or attempt:
+                if not reused:
                     raise
-        raise AssertionError("unreachable")
+                # The provider closed this idle connection meanwhile (its keep-alive timeout) and answered
+                # nothing: as HTTP clients do, send the request again, once, on a new connection.
+                conn, reused = self._new(), False
 
     def release(self, conn: _Conn) -> None:
         if conn.keep_alive and conn.done and len(self._idle) < self.size:
