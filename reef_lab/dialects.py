@@ -222,10 +222,12 @@ def _responses_object(rid, model, created, status, text, usage, incomplete=False
 
 # ---- streaming a Generation -----------------------------------------------------------------------------------
 def stream(dialect: str, deltas: Iterable[str], finish: Callable[[], tuple[Generation, str]], model: str,
-           rid: str, created: int) -> Iterator[bytes]:
+           rid: str, created: int, prompt_tokens: int = 0) -> Iterator[bytes]:
     """Server-sent events for a generation. `finish()` runs after the last delta: it returns the Generation and
     the receipt of its record (written durably by then), which rides in the final event."""
-    fn = {OPENAI_CHAT: _stream_chat, OPENAI_RESPONSES: _stream_responses, ANTHROPIC: _stream_anthropic}[dialect]
+    if dialect == ANTHROPIC:
+        return _stream_anthropic(deltas, finish, model, rid, created, prompt_tokens)
+    fn = {OPENAI_CHAT: _stream_chat, OPENAI_RESPONSES: _stream_responses}[dialect]
     return fn(deltas, finish, model, rid, created)
 
 
@@ -245,10 +247,10 @@ def _stream_chat(deltas, finish, model, rid, created):
     yield b"data: [DONE]\n\n"
 
 
-def _stream_anthropic(deltas, finish, model, rid, created):
+def _stream_anthropic(deltas, finish, model, rid, created, prompt_tokens):
     yield sse({"type": "message_start", "message": {
         "id": rid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-        "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}}, "message_start")
+        "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}}, "message_start")
     yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
               "content_block_start")
     for d in deltas:

@@ -111,7 +111,9 @@ class Gateway:
         def events():
             done = False
             try:
-                yield from dialects.stream(dialect, handle, lambda: finish()[:2], model, rid, created)
+                prompt_tokens = len(getattr(handle, "prompt_ids", None) or [])
+                yield from dialects.stream(dialect, handle, lambda: finish()[:2], model, rid, created,
+                                           prompt_tokens)
                 done = True
             finally:
                 if not done:

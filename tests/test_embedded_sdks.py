@@ -105,7 +105,8 @@ def test_anthropic_messages_plain_stream_and_count(server):
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
     assert text == msg.content[0].text  # greedy: the stream says what the plain call said
     rid = events[-1].reef["agent_record_id"]
-    check_inference_record(server, rid, "anthropic.messages")
+    r = check_inference_record(server, rid, "anthropic.messages")
+    assert events[0].message.usage.input_tokens == len(r["prompt_token_ids"])
     with ant.messages.stream(model="m", messages=[{"role": "user", "content": "Say hi."}], **greedy) as st:
         assert st.get_final_message().content[0].text == text
     n = ant.messages.count_tokens(model="m", system="Be brief.",
