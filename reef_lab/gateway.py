@@ -8,7 +8,6 @@ before it is stored.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import re
@@ -355,11 +354,8 @@ class Gateway:
             raise BadRequest(f"'kind' must be one of {list(KINDS)}")
         if not 1 <= limit <= 1000:
             raise BadRequest("'limit' must be between 1 and 1000")
-        ids = self.store.ids(scenario, kind, since=s.created_at - 1e-6)
-        start = bisect.bisect_right(ids, after) if after else 0
-        page = ids[start:start + limit]
-        nxt = page[-1] if start + limit < len(ids) and page else None
-        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt, "total": len(ids)}
+        page, nxt = self.store.page(scenario, kind, s.created_at - 1e-6, after, limit)
+        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         self.scenarios.get(scenario)

@@ -14,6 +14,7 @@ segments plus logs and is safe to call from another process while a server write
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -161,6 +162,7 @@ class RecordStore:
         self.roll_records, self.roll_bytes = roll_records, roll_bytes
         self._lock = threading.Lock()
         self._index: dict[str, IndexEntry] = {}
+        self._scenario_ids: dict[str, list[str]] = {}  # durable ids per scenario, sorted
         self._tail: dict[int, _Chunk] = {}
         self._tail_by_id: dict[str, dict] = {}
         self._segments: dict[int, Path] = {}
@@ -203,6 +205,10 @@ class RecordStore:
             for r in chunk.records:
                 self._index[r["id"]] = IndexEntry(r["scenario"], r["kind"], r["content_hash"], r["stored_at"], no)
                 self._tail_by_id[r["id"]] = r
+        for rid, e in self._index.items():
+            self._scenario_ids.setdefault(e.scenario, []).append(rid)
+        for lst in self._scenario_ids.values():
+            lst.sort()
         # Every log but the newest is closed: roll them now so only one log is ever open.
         nos = sorted(self._tail)
         for no in nos[:-1]:
@@ -295,6 +301,11 @@ class RecordStore:
                 for d in recs:
                     self._index[d["id"]].chunk = self._log_no
                     self._tail_by_id[d["id"]] = d
+                    ids = self._scenario_ids.setdefault(d["scenario"], [])
+                    if ids and ids[-1] > d["id"]:
+                        bisect.insort(ids, d["id"])  # a client-chosen id, or ids minted out of order
+                    else:
+                        ids.append(d["id"])
                 chunk.records.extend(recs)
                 self.stats["commits"] += 1
                 self.stats["records_written"] += len(recs)
@@ -411,18 +422,34 @@ class RecordStore:
         return scan_segments(paths, tails)
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
-        """Ids in sorted order (server ids are time-sortable), filtered by scenario, kind and write time."""
+        """Durable ids in sorted order (server ids sort by time), filtered by scenario, kind and write time."""
+        return self.page(scenario, kind, since, None, None)[0]
+
+    def page(self, scenario: str | None, kind: str | None, since: float, after: str | None,
+             limit: int | None) -> tuple[list[str], str | None]:
+        """Up to `limit` ids after `after` and the cursor of the next page (None at the end). Walks one
+        scenario's sorted ids from the cursor, so a page costs about `limit` steps, not the store's size."""
         with self._lock:
-            items = list(self._index.items())
-        return sorted(rid for rid, e in items if e.chunk >= 0 and (scenario is None or e.scenario == scenario)
-                      and (kind is None or e.kind == kind) and e.stored_at >= since)
+            if scenario is None:
+                ids = sorted(rid for rid, e in self._index.items() if e.chunk >= 0)
+            else:
+                ids = self._scenario_ids.get(scenario, [])
+            idx, out = self._index, []
+            for i in range(bisect.bisect_right(ids, after) if after else 0, len(ids)):
+                e = idx[ids[i]]
+                if (kind is None or e.kind == kind) and e.stored_at >= since:
+                    if limit is not None and len(out) == limit:
+                        return out, out[-1]
+                    out.append(ids[i])
+            return out, None
 
     def forget(self, scenario: str) -> int:
         """Drop a deleted scenario's records from the index (they stay on disk, append-only)."""
         with self._lock:
-            gone = [rid for rid, e in self._index.items() if e.scenario == scenario]
+            gone = self._scenario_ids.pop(scenario, [])
+            gone += [rid for rid, e in self._index.items() if e.scenario == scenario and e.chunk < 0]
             for rid in gone:
-                del self._index[rid]
+                self._index.pop(rid, None)
         return len(gone)
 
     def info(self) -> dict:

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 import polars as pl
 import pytest
@@ -135,3 +136,22 @@ def test_segments_of_an_older_schema_stay_readable(tmp_path):
     assert df.filter(pl.col("id") == "r00001")["stored_at"].to_list() == [None]
     st.close()
     assert scan_records(tmp_path).select(pl.len()).collect().item() == 2
+
+
+def test_pages_walk_one_scenario_in_id_order(tmp_path):
+    st = RecordStore(tmp_path)
+    for i in (5, 1, 3, 2, 4):  # client-chosen ids arriving out of order
+        r = Record(id=f"x{i}", scenario="s", kind="report" if i % 2 else "inference", score=1.0)
+        r.content_hash = content_hash(r)
+        st.append([r])
+    st.append([rec(9, scenario="other")])
+    assert st.page("s", None, 0.0, None, 2) == (["x1", "x2"], "x2")
+    assert st.page("s", None, 0.0, "x2", 2) == (["x3", "x4"], "x4")
+    assert st.page("s", None, 0.0, "x4", 2) == (["x5"], None)
+    assert st.page("s", "report", 0.0, None, 10) == (["x1", "x3", "x5"], None)
+    assert st.forget("s") == 5 and st.page("s", None, 0.0, None, 10) == ([], None)
+    st.close()
+    st2 = RecordStore(tmp_path)  # rebuilt from disk: deleted scenarios' records are back, hidden by `since`
+    assert st2.ids("s") == ["x1", "x2", "x3", "x4", "x5"]
+    assert st2.ids("s", since=time.time() + 1) == []
+    st2.close()
