@@ -161,7 +161,7 @@ def test_batch_import_all_or_nothing(proxy):
 def test_status_and_unknown_route(proxy):
     infer(proxy.url)
     s = requests.get(proxy.url + "/reef/status").json()
-    assert s["ok"] and s["store"]["records"] == 1 and s["engine"]["kind"] == "upstream"
+    assert s["ok"] and s["store"]["records"] == 1 and s["engine"]["engine"] == "upstream"
     r = requests.get(proxy.url + "/nope")
     assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
     r = requests.get(proxy.url + "/v1/chat/completions", headers={"x-reef-scenario": "demo"})

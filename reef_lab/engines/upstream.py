@@ -261,7 +261,7 @@ class UpstreamEngine:
             self.pool.release(conn) if done else conn.close()
 
     def info(self) -> dict:
-        return {"kind": "upstream", "base_url": self.base_url, "model": self.model, "release_id": "upstream",
+        return {"engine": "upstream", "base_url": self.base_url, "model": self.model, "release_id": "upstream",
                 "key_set": bool(self.api_key)}
 
     def close(self) -> None:
