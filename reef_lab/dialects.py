@@ -292,6 +292,14 @@ def _stream_responses(deltas, finish, model, rid, created):
     yield ev(kind, response=final, reef={"agent_record_id": receipt, "release_id": gen.release_id})
 
 
+def error_event(dialect: str, message: str, reef: dict | None = None) -> bytes:
+    """A stream's last event when it fails after its 200 went out: the dialect's error event."""
+    err = {"message": message, "type": "server_error"}
+    if dialect == OPENAI_CHAT:
+        return sse({"error": err, **({"reef": reef} if reef else {})})
+    return sse({"type": "error", "error": err, **({"reef": reef} if reef else {})}, "error")
+
+
 # ---- accumulating a relayed stream ----------------------------------------------------------------------------
 class StreamAccumulator:
     """Rebuilds the response object of a relayed stream from its events, for the record."""

@@ -107,13 +107,22 @@ class Gateway:
             gen, receipt, resp = finish()
             return Reply(200, orjson.dumps(resp), headers={RECEIPT_HEADER: receipt, RELEASE_HEADER: gen.release_id})
 
+        def deltas():
+            try:
+                yield from handle
+            except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
+                return
+
         def events():
             done = False
             try:
                 prompt_tokens = len(getattr(handle, "prompt_ids", None) or [])
-                yield from dialects.stream(dialect, handle, lambda: finish()[:2], model, rid, created,
+                yield from dialects.stream(dialect, deltas(), lambda: finish()[:2], model, rid, created,
                                            prompt_tokens)
                 done = True
+            except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
+                done = True
+                yield dialects.error_event(dialect, e.message)
             finally:
                 if not done:
                     handle.cancel()
@@ -175,9 +184,7 @@ class Gateway:
         self.store.append([rec])
         reef = {"agent_record_id": rec.id, "release_id": "upstream"}
         if error:
-            err = {"message": error, "type": "upstream_error"}
-            yield dialects.sse({"type": "error", "error": err, "reef": reef} if dialect != dialects.OPENAI_CHAT
-                               else {"error": err, "reef": reef}, "error" if dialect != dialects.OPENAI_CHAT else None)
+            yield dialects.error_event(dialect, error, reef)
         elif dialect == dialects.OPENAI_CHAT:
             r = acc.response
             yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
