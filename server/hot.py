@@ -10,6 +10,7 @@ every error page, stays with Flask. Auth, error bodies and tag rules are the sha
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 import orjson
 
@@ -25,14 +26,11 @@ INFERENCE = {"/v1/chat/completions": dialects.OPENAI_CHAT, "/v1/responses": dial
 REPORT = "/reef/report"
 _TAG = "HTTP_X_REEF_TAG_"
 _FORWARDED = {"HTTP_ANTHROPIC_VERSION": "anthropic-version", "HTTP_ANTHROPIC_BETA": "anthropic-beta"}
-_STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 404: "404 Not Found",
-           405: "405 Method Not Allowed",
-           409: "409 Conflict", 500: "500 Internal Server Error", 502: "502 Bad Gateway",
-           503: "503 Service Unavailable", 504: "504 Gateway Timeout"}
+_STATUS = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
 
 
 def _status(code: int) -> str:
-    return _STATUS.get(code) or f"{code} Status"
+    return _STATUS.get(code) or f"{code} Unknown"
 
 
 def _tags(environ) -> dict[str, str]:
