@@ -15,6 +15,7 @@ segments plus logs and is safe to call from another process while a server write
 from __future__ import annotations
 
 import bisect
+import io
 import logging
 import os
 import re
@@ -43,9 +44,8 @@ def encode_frame(records: list[dict]) -> bytes:
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def read_log(path: Path) -> tuple[list[dict], int]:
-    """All intact records of a log and the byte offset where intact data ends (a torn tail starts there)."""
-    data = path.read_bytes()
+def _payloads(data: bytes) -> tuple[list[bytes], int]:
+    """The intact frames' payloads of a log and the offset where intact data ends (a torn tail starts there)."""
     out, pos, n = [], 0, len(data)
     while pos + _HEADER.size <= n:
         length, crc = _HEADER.unpack_from(data, pos)
@@ -55,10 +55,42 @@ def read_log(path: Path) -> tuple[list[dict], int]:
         payload = data[pos + _HEADER.size:end]
         if zlib.crc32(payload) != crc:
             break
-        obj = orjson.loads(payload)
-        out.extend(obj) if isinstance(obj, list) else out.append(obj)
+        out.append(payload)
         pos = end
     return out, pos
+
+
+def read_log(path: Path) -> tuple[list[dict], int]:
+    """All intact records of a log and the byte offset where intact data ends."""
+    payloads, good = _payloads(path.read_bytes())
+    out = []
+    for p in payloads:
+        obj = orjson.loads(p)
+        out.extend(obj) if isinstance(obj, list) else out.append(obj)
+    return out, good
+
+
+_NDJSON_SCHEMA = {k: v for k, v in PARQUET_SCHEMA.items() if k != "feedback"}
+
+
+def log_to_frame(path: Path, records: list[dict]) -> pl.DataFrame:
+    """A log file in the Parquet layout, parsed by polars' JSON reader (in Rust, off the GIL): rolling a
+    20,000-record log this way holds the GIL for milliseconds instead of the ~0.2 s that building the frame
+    from Python dicts takes, which serving would feel. `records` are the same records in memory; they supply
+    `feedback`, whose string values the JSON reader cannot tell apart from JSON text."""
+    lines = []
+    for p in _payloads(path.read_bytes())[0]:
+        if p[:1] == b"[":  # a batch written as one frame
+            lines += [orjson.dumps(r) for r in orjson.loads(p)]
+        else:
+            lines.append(p)
+    if len(lines) != len(records):
+        raise RuntimeError(f"log {path.name} holds {len(lines)} records but {len(records)} are in memory")
+    if not lines:
+        return pl.DataFrame(schema=PARQUET_SCHEMA)
+    df = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=_NDJSON_SCHEMA)
+    feedback = [None if (v := r.get("feedback")) is None else orjson.dumps(v).decode() for r in records]
+    return df.with_columns(feedback=pl.Series(feedback, dtype=pl.String)).select(list(PARQUET_SCHEMA))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -341,7 +373,8 @@ class RecordStore:
     def _write_segment(self, chunk: _Chunk) -> Path:
         path = self.folder / f"seg-{chunk.no:06d}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
-        records_to_frame(chunk.records).write_parquet(tmp, compression="zstd", statistics=True)
+        log_to_frame(self.folder / f"log-{chunk.no:06d}.bin", chunk.records).write_parquet(
+            tmp, compression="zstd", statistics=True)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -103,9 +103,9 @@ def test_batch_write_is_one_frame(tmp_path):
     records, good = read_log(log_path)
     assert [r["id"] for r in records] == [f"r{i:05d}" for i in range(4)]
     # Cutting the batch's frame anywhere loses the whole batch, never part of it.
-    data = log_path.read_bytes()
-    log_path.write_bytes(data[:-3])
-    assert read_log(log_path)[0] == []
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(log_path.read_bytes()[:-3])
+    assert read_log(cut)[0] == []
     st.close()
 
 
@@ -154,4 +154,27 @@ def test_pages_walk_one_scenario_in_id_order(tmp_path):
     st2 = RecordStore(tmp_path)  # rebuilt from disk: deleted scenarios' records are back, hidden by `since`
     assert st2.ids("s") == ["x1", "x2", "x3", "x4", "x5"]
     assert st2.ids("s", since=time.time() + 1) == []
+    st2.close()
+
+
+def test_rolled_segment_equals_the_records_written(tmp_path):
+    """The Parquet roll (polars' JSON reader over the log) keeps every value, string feedback included."""
+    from reef_lab.records import frame_row_to_dict
+    st = RecordStore(tmp_path, roll_records=1000)
+    written = [Record(id="f1", scenario="s", kind="report", score=0.5, feedback="plain text", references=[]),
+               Record(id="f2", scenario="s", kind="report", score=None, feedback={"why": ["a", 1]}, metadata={"k": 1}),
+               rec(3, token_ids=[5, 6], logprobs=[-0.25, -1.5], tags={"u": "v"})]
+    for r in written[:2]:
+        r.content_hash = content_hash(r)
+    st.append(written[:2])  # one batch frame
+    st.append(written[2:])
+    def rows(df):
+        return sorted((frame_row_to_dict(r) for r in df.to_dicts()), key=lambda r: r["id"])
+    expected = rows(st.scan().collect())  # before the roll: built from the records in memory
+    st.close()  # rolls the log into a segment
+    assert st.stats["rolls"] == 1 and st.stats["roll_errors"] == 0
+    assert rows(scan_records(tmp_path).collect()) == expected
+    st2 = RecordStore(tmp_path)
+    assert st2.get("f1")["feedback"] == "plain text" and st2.get("f2")["feedback"] == {"why": ["a", 1]}
+    assert st2.get("r00003")["logprobs"] == [-0.25, -1.5] and st2.get("r00003")["tags"] == {"u": "v"}
     st2.close()
