@@ -63,10 +63,6 @@ class Record:
         """A shallow dict (dataclasses.asdict deep-copies every nested value, ~20x slower on the hot path)."""
         return {k: getattr(self, k) for k in _FIELDS}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Record":
-        return cls(**{k: d[k] for k in _FIELDS if k in d})
-
 
 _FIELDS = tuple(Record.__dataclass_fields__)
 _HASHED = ("scenario", "kind", "dialect", "request", "response", "token_ids", "logprobs", "tags", "references",
