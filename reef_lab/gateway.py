@@ -19,8 +19,10 @@ from typing import Any, Iterator
 import orjson
 
 from reef_lab import dialects
-from reef_lab.errors import BadRequest, NotFound, ReefError, UpstreamError
+from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
+from reef_lab.learner import Learner
 from reef_lab.recipe import Recipe, load_recipe
+from reef_lab.releases import BASE, ReleaseStore
 from reef_lab.records import KINDS, Record, content_hash, new_record_id
 from reef_lab.scenarios import ScenarioRegistry, check_name
 from reef_lab.store import RecordStore
@@ -60,7 +62,23 @@ class Gateway:
         self.store = RecordStore(self.data_dir)
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe)
         self._recipes: dict[str, Recipe] = {}
+        self.releases = ReleaseStore(self.data_dir)
+        self._learners: dict[str, Learner] = {}
         self.started_at = time.time()
+        self._restore_releases()
+        for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
+            if getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
+                self.learner(s.name)
+
+    def _restore_releases(self) -> None:
+        """Serve each scenario's serving release again after a restart."""
+        if not hasattr(self.engine, "load_release"):
+            return
+        for name in self.releases.scenarios():
+            rel = self.releases.serving(name)
+            if rel is not None and name in {s.name for s in self.scenarios.list()}:
+                self.engine.load_release(rel["release_id"], rel["folder"])
+                self.engine.route(name, rel["release_id"])
 
     # ---- inference ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
@@ -81,6 +99,7 @@ class Gateway:
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict) -> Reply | StreamReply:
         req = dialects.PARSERS[dialect](body)
+        req.scenario = name
         model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
         rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
         try:
@@ -93,7 +112,7 @@ class Gateway:
                 gen = handle.result()
             except Exception as e:
                 rec = self._inference_record(name, dialect, body, tags, None, t0, status="error",
-                                             error=f"{type(e).__name__}: {e}", release_id=self.engine.release_id)
+                                             error=f"{type(e).__name__}: {e}", release_id=handle.release_id)
                 self.store.append([rec])
                 raise ReefError(f"generation failed: {e} (record {rec.id})") from e
             resp = dialects.render(dialect, gen, model, rid, created)
@@ -126,7 +145,7 @@ class Gateway:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers={RELEASE_HEADER: self.engine.release_id})
+        return StreamReply(events(), headers={RELEASE_HEADER: handle.release_id})
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict) -> Reply | StreamReply:
         path, t0 = PATHS[dialect], time.perf_counter()
@@ -252,7 +271,62 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
+        if created and refs and getattr(self.recipe(name), "trains", False):
+            self.learner(name).on_report(rec.to_dict())
         return created, rec.id
+
+    # ---- learning and releases ------------------------------------------------------------------------------
+    def learner(self, name: str) -> Learner:
+        ln = self._learners.get(name)
+        if ln is None:
+            recipe = self.recipe(name)
+            if not getattr(recipe, "trains", False):
+                raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train")
+            ln = self._learners[name] = Learner(name, recipe, store=self.store, engine=self.engine,
+                                                releases=self.releases, data_dir=self.data_dir)
+        return ln
+
+    def train(self, scenario: str | None) -> dict:
+        name = check_name(scenario)
+        self.scenarios.get(name)
+        return self.learner(name).request_training()
+
+    def list_releases(self, name: str) -> dict:
+        self.scenarios.get(name)
+        idx = self.releases.index(name)
+        serving = self.releases.serving(name)
+        out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
+               "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval")}
+        if name in self._learners:
+            out["learner"] = self._learners[name].status()
+        return out
+
+    def rollback(self, name: str, body: Any) -> dict:
+        self.scenarios.get(name)
+        if not isinstance(body, dict) or not isinstance(body.get("release_id"), str):
+            raise BadRequest("the body must be {\"release_id\": \"vN\" | \"<scenario>:vN\" | \"base\"}")
+        if not hasattr(self.engine, "route"):
+            raise Conflict("this engine serves no releases of its own (upstream provider)")
+        rel = self.releases.release(name, body["release_id"])
+        target = rel["release_id"] if rel else BASE
+        if rel and target not in self.engine.loaded_releases():
+            self.engine.load_release(target, rel["folder"])
+        self.engine.route(name, target)
+        self.releases.set_serving(name, target)
+        if name in self._learners:
+            self._learners[name].reset_trainer()
+        return self.list_releases(name)
+
+    def promote(self, name: str, body: Any) -> dict:
+        self.scenarios.get(name)
+        if not isinstance(body, dict) or not isinstance(body.get("candidate"), str):
+            raise BadRequest("the body must be {\"candidate\": \"cN\"} (a candidate waiting for review)")
+        cand = self.releases.candidate(name, body["candidate"])
+        if cand["status"] != "pending_review":
+            raise Conflict(f"candidate {cand['id']} is {cand['status']}; only candidates pending review can be "
+                           "promoted")
+        rel = self.learner(name).publish(cand["id"])
+        return {"promoted": cand["id"], "release": rel}
 
     def _client_id(self, rid: Any) -> str:
         if rid is None:
@@ -302,6 +376,10 @@ class Gateway:
         for rec in records:
             self.scenarios.ensure(rec.scenario)
         created = self.store.append(records)
+        for rec, c in zip(records, created, strict=True):
+            if c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False):
+                ln = self.learner(rec.scenario)
+                (ln.on_report if rec.kind == "report" else ln.on_demonstration)(rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
@@ -394,15 +472,21 @@ class Gateway:
     def delete_scenario(self, name: str) -> dict:
         s = self.scenarios.delete(name)
         self._recipes.pop(name, None)
+        ln = self._learners.pop(name, None)
+        if ln is not None:
+            ln.close()
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
 
     def status(self) -> dict:
         return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
                 "engine": self.engine.info(), "store": self.store.info(),
-                "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe}
+                "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
+                "learners": {n: ln.status() for n, ln in self._learners.items()}}
 
     def close(self) -> None:
+        for ln in self._learners.values():
+            ln.close()
         self.store.close()
         self.engine.close()
 

@@ -60,3 +60,26 @@ def import_records():
 @bp.get("/status")
 def status():
     return json_response(g.gateway.status())
+
+
+@bp.post("/train")
+def train():
+    """Train one round now (scenarios in mode manual or hybrid): x-reef-scenario header or {"scenario": ...}."""
+    body = json_body() if request.content_length else {}
+    name = scenario() or (body.get("scenario") if isinstance(body, dict) else None)
+    return json_response(g.gateway.train(name), 202)
+
+
+@bp.get("/scenarios/<name>/releases")
+def releases(name: str):
+    return json_response(g.gateway.list_releases(name))
+
+
+@bp.post("/scenarios/<name>/rollback")
+def rollback(name: str):
+    return json_response(g.gateway.rollback(name, json_body()))
+
+
+@bp.post("/scenarios/<name>/promote")
+def promote(name: str):
+    return json_response(g.gateway.promote(name, json_body()), 201)

@@ -6,8 +6,10 @@ import os
 import threading
 
 import pytest
+import torch
 from werkzeug.serving import make_server
 
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir, default_gguf_path
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway import Gateway
 from reef_lab.testing.stub_provider import serve_in_thread
@@ -53,3 +55,38 @@ def serve(tmp_path):
 def proxy(serve, stub_url):
     """A reef_lab server relaying to the stub provider."""
     return serve(UpstreamEngine(stub_url, timeout=2.0))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2's tokenizer: from the converted cache when it is there (fast), else from the GGUF (~7 s)."""
+    from transformers import AutoTokenizer
+
+    cached = default_cache_dir() / DEFAULT_MODEL_NAME
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    gguf = default_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    """A ~6M-parameter Llama; untied embeddings and a wide init make its outputs vary with the prompt."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        tie_word_embeddings=False, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model, tokenizer, tmp_path_factory):
+    """The tiny Llama saved as a Hugging Face folder (what trainers and `EmbeddedEngine.from_path` load)."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -16,6 +16,7 @@ class BasicConfig:
 
 class BasicRecipe:
     name = "basic"
+    trains = False
 
     def __init__(self, **config):
         self.config = BasicConfig(**config)

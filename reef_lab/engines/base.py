@@ -28,6 +28,8 @@ class ChatRequest:
 
     messages: list[dict]
     params: SamplingParams = field(default_factory=SamplingParams)
+    scenario: str | None = None  # the engine serves the release routed to this scenario (base weights if none)
+    release: str | None = None  # or exactly this loaded release (e.g. a candidate under evaluation)
 
 
 @dataclass
@@ -55,7 +57,12 @@ class GenerationStream(Protocol):
 
 
 class Engine(Protocol):
-    """Serving backend. `relays` is False for engines that generate from ChatRequests (embedded, SGLang)."""
+    """Serving backend. `relays` is False for engines that generate from ChatRequests (embedded, SGLang).
+
+    Engines that serve trainable weights also offer `load_release(release_id, folder)` (load a checkpoint beside
+    what is serving; raises and changes nothing if it is broken), `route(scenario, release_id)` (new requests of
+    the scenario get that release; requests already running finish on theirs) and `unload(release_id)`.
+    """
 
     relays: bool
     model_name: str
@@ -64,6 +71,8 @@ class Engine(Protocol):
     def release_id(self) -> str: ...
 
     def submit(self, request: ChatRequest) -> GenerationStream: ...
+
+    def release_for(self, scenario: str | None) -> str: ...
 
     def count_tokens(self, messages: list[dict]) -> int: ...
 

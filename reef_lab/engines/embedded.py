@@ -23,9 +23,13 @@ tokens lying wholly inside it, including the one that completed it, are dropped;
 (part returned text, part stop string) is kept, so `decode(token_ids)` starts with `text` and covers nothing past it
 but that token's tail.
 
-Weight swaps (a later `swap_weights`) belong at a step boundary: every model step runs under `_step_lock`, and a
-row records the release it was admitted under. A swap must therefore take the lock while no row is active (pause
-admission, let the batch drain, swap, resume), so that each Generation's tokens all come from one release.
+Releases (live swap): besides the base weights the engine holds any number of loaded releases, each a full model,
+and a route per scenario. A request is pinned at `submit` to the release its scenario routes to (or to an explicit
+`request.release`); the scheduler keeps one running batch per release and steps each in turn, so a generation's
+tokens all come from one set of weights. `route` switches a scenario's new requests at once while requests already
+running finish on the release they started with; a release no route names any more is freed when its last row
+ends. `load_release` builds the new model beside the serving ones and checks it (every tensor present, same
+shapes, finite) before anything points at it, so a broken checkpoint changes nothing.
 """
 
 from __future__ import annotations
@@ -292,9 +296,10 @@ class EmbeddedStream:
     `concurrent.futures.CancelledError`.
     """
 
-    def __init__(self, request: ChatRequest, prompt_ids: list[int]):
+    def __init__(self, request: ChatRequest, prompt_ids: list[int], release_id: str = "base"):
         self.request = request
         self.prompt_ids = prompt_ids
+        self.release_id = release_id
         self._deltas: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._cancel = threading.Event()
@@ -359,7 +364,7 @@ class _Row:
     stream: EmbeddedStream
     params: SamplingParams
     max_tokens: int
-    release_id: str
+    release_id: str  # the loaded release (model) this row decodes with
     generator: torch.Generator
     text: _TextTracker
     token_ids: list[int] = field(default_factory=list)
@@ -473,6 +478,10 @@ class EmbeddedEngine:
         self.max_batch = max_batch
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._model = model.to(self._device).eval()
+        self.model_dir: Path | None = None  # the HF folder the base weights came from (trainers start there)
+        self._models: dict[str, object] = {release_id: self._model}  # loaded releases
+        self._routes: dict[str, str] = {}  # scenario -> release serving its new requests
+        self._retired: set[str] = set()  # releases to free once no row uses them
         self._tokenizer = tokenizer
         # Fast tokenizers are one shared Rust object whose calls can refuse to run concurrently ("Already
         # borrowed"): callers encode one at a time under a lock, and the scheduler decodes with its own copy.
@@ -487,8 +496,8 @@ class EmbeddedEngine:
         self._param_count = sum(p.numel() for p in model.parameters())
         self._cv = threading.Condition()
         self._pending: deque[EmbeddedStream] = deque()
-        self._batch: _Batch | None = None
-        self._step_lock = threading.Lock()  # held for each model step; a weight swap takes it between steps
+        self._batches: dict[str, _Batch] = {}  # one running batch per release
+        self._step_lock = threading.Lock()  # held for each scheduler round
         self._closed = False
         self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled"], 0)
         self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
@@ -501,13 +510,61 @@ class EmbeddedEngine:
                   dtype: torch.dtype = torch.float32, **kw) -> EmbeddedEngine:
         """Load a model with `load_model` (None: the embedded SmolLM2) and start an engine on it."""
         model, tokenizer, name = load_model(model_path, Path(cache_dir) if cache_dir else default_cache_dir(), dtype)
-        return cls(model, tokenizer, name, **kw)
+        engine = cls(model, tokenizer, name, **kw)
+        engine.model_dir = Path(getattr(model, "name_or_path", "") or "") or None
+        return engine
 
     # -- the Engine protocol ------------------------------------------------------------------------------------
 
     @property
     def release_id(self) -> str:
+        """The base weights' release id (scenarios without a route are served by it)."""
         return self._release_id
+
+    def release_for(self, scenario: str | None) -> str:
+        return self._routes.get(scenario, self._release_id) if scenario else self._release_id
+
+    def load_release(self, release_id: str, folder: str | Path) -> None:
+        """Load the checkpoint in `folder` (safetensors, as `save_pretrained` writes them) as `release_id`, beside
+        the releases already serving. Raises (and changes nothing) when a tensor is missing, misshapen or not
+        finite."""
+        if release_id == self._release_id:
+            raise ValueError(f"release id {release_id!r} names the base weights")
+        model = copy.deepcopy(self._model)
+        load_checkpoint(model, Path(folder))
+        model.to(self._device).eval()
+        with self._cv:
+            self._models[release_id] = model
+            self._retired.discard(release_id)
+        log.info("loaded release %s from %s", release_id, folder)
+
+    def route(self, scenario: str, release_id: str) -> None:
+        """Serve `scenario`'s new requests with `release_id` (a loaded release or the base); running ones finish on
+        the release they started with."""
+        with self._cv:
+            if release_id not in self._models:
+                raise ValueError(f"release {release_id!r} is not loaded: load_release it first")
+            old = self._routes.get(scenario)
+            if release_id == self._release_id:
+                self._routes.pop(scenario, None)
+            else:
+                self._routes[scenario] = release_id
+            if old and old != release_id and old not in self._routes.values():
+                self._retired.add(old)
+            self._cv.notify()
+
+    def unload(self, release_id: str) -> None:
+        """Free a loaded release once no row uses it (refused while a scenario routes to it)."""
+        with self._cv:
+            if release_id in self._routes.values():
+                raise ValueError(f"release {release_id!r} is serving a scenario: route the scenario elsewhere first")
+            if release_id in self._models and release_id != self._release_id:
+                self._retired.add(release_id)
+                self._cv.notify()
+
+    def loaded_releases(self) -> list[str]:
+        with self._cv:
+            return [k for k in self._models if k not in self._retired]
 
     @property
     def model(self):
@@ -527,16 +584,25 @@ class EmbeddedEngine:
                                                           return_dict=True)
         return list(encoded["input_ids"])
 
+    def completion_ids(self, text: str) -> list[int]:
+        """A target answer's token ids as the model would generate them, ending with EOS (for demonstrations)."""
+        with self._encode_lock:
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return list(ids) + ([min(self._eos_ids)] if self._eos_ids else [])
+
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request; bad parameters or messages raise here, in the caller's thread."""
         _check_params(request.params)
         prompt_ids = self.prompt_ids(request.messages)
         if self._max_positions and len(prompt_ids) >= self._max_positions:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model takes at most {self._max_positions}")
-        stream = EmbeddedStream(request, prompt_ids)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the engine is closed")
+            release = request.release or self._routes.get(request.scenario, self._release_id)
+            if release not in self._models or release in self._retired:
+                raise ValueError(f"release {release!r} is not loaded in this engine")
+            stream = EmbeddedStream(request, prompt_ids, release)
             self._pending.append(stream)
             self._cv.notify()
         return stream
@@ -544,18 +610,21 @@ class EmbeddedEngine:
     def info(self) -> dict:
         with self._cv:
             queue_depth = len(self._pending)
-        batch = self._batch
+            releases, routes = [k for k in self._models if k not in self._retired], dict(self._routes)
+        batches = list(self._batches.values())
         return {
             "engine": "embedded",
             "model_name": self.model_name,
             "release_id": self._release_id,
+            "releases_loaded": releases,
+            "routes": routes,
             "device": str(self._device),
             "dtype": str(next(self._model.parameters()).dtype).removeprefix("torch."),
             "params": self._param_count,
             "max_batch": self.max_batch,
             "batching": "continuous",
             "queue_depth": queue_depth,
-            "active_rows": len(batch.rows) if batch else 0,
+            "active_rows": sum(len(b.rows) for b in batches),
             "running": self._thread.is_alive(),
             **{k if k in ("steps", "tokens_generated") else f"requests_{k}": v for k, v in self._stats.items()},
         }
@@ -582,8 +651,10 @@ class EmbeddedEngine:
                 with self._step_lock, torch.inference_mode():
                     if newcomers:
                         self._admit(newcomers)
-                    if self._batch is not None:
-                        self._step()
+                    for release in list(self._batches):
+                        self._step(release)
+                if self._retired:
+                    self._free_retired()
         except BaseException as exc:  # a scheduler bug: callers get it instead of waiting forever
             log.exception("the embedded engine's scheduler stopped")
             stopped = exc
@@ -591,14 +662,15 @@ class EmbeddedEngine:
             with self._cv:
                 self._closed = True
                 pending, self._pending = list(self._pending), deque()
-            rows, self._batch = (self._batch.rows if self._batch else []), None
+            rows = [row for b in self._batches.values() for row in b.rows]
+            self._batches = {}
             for stream in pending + [row.stream for row in rows]:
                 stream._fail(stopped)
 
     def _next_newcomers(self) -> list[EmbeddedStream] | None:
         """Block until there is work; return the requests to admit now (None once closed)."""
         with self._cv:
-            while not self._closed and not self._pending and self._batch is None:
+            while not self._closed and not self._pending and not self._batches:
                 self._cv.wait()
             if self._closed:
                 return None
@@ -606,28 +678,42 @@ class EmbeddedEngine:
                 self._pending.remove(stream)
                 self._stats["cancelled"] += 1
                 stream._fail(CancelledError())
-            room = self.max_batch - (len(self._batch.rows) if self._batch else 0)
+            room = self.max_batch - sum(len(b.rows) for b in self._batches.values())
             return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
 
+    def _free_retired(self) -> None:
+        with self._cv:
+            pinned = {s.release_id for s in self._pending}
+            for release in [r for r in self._retired if r not in self._batches and r not in pinned]:
+                self._retired.discard(release)
+                del self._models[release]
+                log.info("freed release %s", release)
+
     def _admit(self, streams: list[EmbeddedStream]) -> None:
-        """Prefill the newcomers together, sample their first tokens and merge them into the running batch."""
-        try:
-            new = self._prefill([self._new_row(stream) for stream in streams])
-        except Exception as exc:
-            log.exception("prefill failed for %d request(s)", len(streams))
-            self._fail_rows_of(streams, exc)
-            return
-        if new is None:
-            return
-        if self._batch is None:
-            self._batch = new
-            return
-        try:
-            self._batch.merge(new)
-        except Exception as exc:
-            log.exception("merging %d new row(s) into the batch failed", len(new.rows))
-            self._fail_rows_of([row.stream for row in self._batch.rows + new.rows], exc)
-            self._batch = None
+        """Prefill the newcomers of each release together, sample their first tokens and merge them into that
+        release's running batch."""
+        by_release: dict[str, list[EmbeddedStream]] = {}
+        for stream in streams:
+            by_release.setdefault(stream.release_id, []).append(stream)
+        for release, group in by_release.items():
+            try:
+                new = self._prefill(release, [self._new_row(stream) for stream in group])
+            except Exception as exc:
+                log.exception("prefill failed for %d request(s)", len(group))
+                self._fail_rows_of(group, exc)
+                continue
+            if new is None:
+                continue
+            batch = self._batches.get(release)
+            if batch is None:
+                self._batches[release] = new
+                continue
+            try:
+                batch.merge(new)
+            except Exception as exc:
+                log.exception("merging %d new row(s) into the batch failed", len(new.rows))
+                self._fail_rows_of([row.stream for row in batch.rows + new.rows], exc)
+                del self._batches[release]
 
     def _new_row(self, stream: EmbeddedStream) -> _Row:
         params = stream.request.params
@@ -640,9 +726,9 @@ class EmbeddedEngine:
         if self._max_positions:
             max_tokens = min(max_tokens, self._max_positions - len(stream.prompt_ids))
         text = _TextTracker(self._decode_tokenizer, params.stop)
-        return _Row(stream, params, max_tokens, self._release_id, generator, text)
+        return _Row(stream, params, max_tokens, stream.release_id, generator, text)
 
-    def _prefill(self, rows: list[_Row]) -> _Batch | None:
+    def _prefill(self, release: str, rows: list[_Row]) -> _Batch | None:
         lengths = [len(row.stream.prompt_ids) for row in rows]
         width = max(lengths)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
@@ -653,35 +739,43 @@ class EmbeddedEngine:
         ids, mask = ids.to(self._device), mask.to(self._device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = self._cache_class(config=self._model.config)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward(self._models[release], ids, mask, positions, cache)
         batch = _Batch(rows, cache, mask, torch.tensor(lengths, device=self._device),
                        torch.zeros(len(rows), dtype=torch.long, device=self._device))
         return self._advance(batch, logits)
 
-    def _step(self) -> None:
-        """One decode step for every row of the running batch."""
-        batch = self._batch
+    def _set_batch(self, release: str, batch: _Batch | None) -> None:
+        if batch is None:
+            self._batches.pop(release, None)
+        else:
+            self._batches[release] = batch
+
+    def _step(self, release: str) -> None:
+        """One decode step for every row of one release's running batch."""
+        batch = self._batches[release]
         if any(row.stream.cancelled for row in batch.rows):
             for row in batch.rows:
                 if row.stream.cancelled:
                     self._stats["cancelled"] += 1
                     row.stream._fail(CancelledError())
-            self._batch = batch = self._keep(batch, [i for i, r in enumerate(batch.rows) if not r.stream.cancelled])
+            batch = self._keep(batch, [i for i, r in enumerate(batch.rows) if not r.stream.cancelled])
+            self._set_batch(release, batch)
             if batch is None:
                 return
         try:
             mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
-            logits = self._forward(batch.next_tokens[:, None], mask, batch.positions[:, None], batch.cache)
+            logits = self._forward(self._models[release], batch.next_tokens[:, None], mask, batch.positions[:, None],
+                                   batch.cache)
             batch.mask, batch.positions = mask, batch.positions + 1
-            self._batch = self._advance(batch, logits)
+            self._set_batch(release, self._advance(batch, logits))
         except Exception as exc:
             log.exception("decode step failed; failing the %d row(s) of the batch", len(batch.rows))
             self._fail_rows_of([row.stream for row in batch.rows], exc)
-            self._batch = None
+            self._batches.pop(release, None)
 
-    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
-        out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                          logits_to_keep=1, **{self._cache_kwarg: cache})
+    def _forward(self, model, ids, mask, positions, cache) -> torch.Tensor:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=1, **{self._cache_kwarg: cache})
         self._stats["steps"] += 1
         return out.logits[:, -1, :]
 
@@ -740,6 +834,41 @@ class EmbeddedEngine:
 
     def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
         self._stats["failed"] += sum(stream._fail(exc) for stream in streams)
+
+
+def load_checkpoint(model, folder: Path) -> None:
+    """Load the safetensors weights in `folder` into `model` after checking them: every parameter the model has
+    (tied copies aside) is present with its shape, nothing unknown, all values finite. Raises ValueError naming the
+    problem; the model is untouched unless every check passed."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no .safetensors file in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"checkpoint {f} cannot be read: {e}") from e
+    own = model.state_dict()
+    unknown = sorted(set(state) - set(own))
+    if unknown:
+        raise ValueError(f"checkpoint {folder} has tensors this model does not: {unknown[:5]}")
+    tied = {k for k in own if k.endswith("lm_head.weight")} if getattr(model.config, "tie_word_embeddings",
+                                                                         False) else set()
+    missing = sorted(set(own) - set(state) - tied)
+    if missing:
+        raise ValueError(f"checkpoint {folder} lacks tensors: {missing[:5]}")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise ValueError(f"checkpoint {folder}: {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ValueError(f"checkpoint {folder}: {k} holds non-finite values")
+    model.load_state_dict(state, strict=False)
+    if tied:
+        model.tie_weights()
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

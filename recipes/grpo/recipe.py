@@ -1,0 +1,104 @@
+"""`grpo`: the group baseline, for comparison with SAO at equal rollout budget.
+
+G rollouts of the same prompt form a group (the client tags them: `x-reef-tag-group: <prompt id>`); each rollout's
+advantage is its score minus the group mean, over the group's std. The loss is the same DIS loss as SAO's (token
+ratio to the engine's recorded logprob, two-sided mask), with no value model, KL term or entropy bonus. Rollouts
+older than `max_staleness` policy steps are dropped, as in SAO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from reef_lab import rl
+from reef_lab.errors import BadRequest
+from reef_lab.recipe import LearnConfig
+from reef_lab.samples import Sample
+from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+@dataclass
+class GRPOConfig(LearnConfig):
+    group_size: int = field(default=4, metadata={"help": "rollouts per prompt (G)"})
+    batch_size: int = field(default=16, metadata={"help": "rollouts per policy step (a multiple of group_size)"})
+    scale_by_std: bool = field(default=True, metadata={"help": "divide the centred score by the group's std"})
+    dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this"})
+    dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this"})
+    max_staleness: int = field(default=4, metadata={"help": "most policy steps a rollout may lag the trainer"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size < 2 or self.batch_size % self.group_size:
+            raise ValueError("group_size must be >= 2 and batch_size a multiple of it")
+        if not 0 < self.dis_low < 1 < self.dis_high:
+            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
+
+
+def dis_token_loss(low: float, high: float):
+    def loss(logp, batch, chunk):
+        adv = torch.zeros_like(batch["mask"])
+        for i, s in enumerate(chunk):
+            a = s.extra["advantages"]
+            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
+        return rl.dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
+    return loss
+
+
+def dis_metrics(m: dict) -> dict:
+    tokens = m.get("tokens") or 1
+    return {"masked_fraction": 1 - m.get("kept", tokens) / tokens,
+            "masked_low_fraction": m.get("masked_low", 0) / tokens,
+            "masked_high_fraction": m.get("masked_high", 0) / tokens,
+            "ratio_mean": m.get("ratio_sum", tokens) / tokens}
+
+
+class GRPORecipe:
+    name = "grpo"
+    trains = True
+
+    def __init__(self, **config):
+        self.config = GRPOConfig(**config)
+
+    def validate_report(self, report: dict) -> None:
+        if report.get("references") and report.get("score") is None:
+            raise BadRequest("the grpo recipe needs a 'score' on every report that references inferences")
+
+    def accepts(self, sample: Sample) -> bool:
+        return sample.score is not None and sample.logprobs is not None and sample.group is not None
+
+    def _fresh(self, pool, step, release_steps):
+        fresh, stale = [], []
+        for s in pool:
+            ok = rl.within_staleness(release_steps.get(s.release_id, 0), step, self.config.max_staleness)
+            (fresh if ok else stale).append(s)
+        return fresh, stale
+
+    def _groups(self, fresh):
+        groups: dict[str, list[Sample]] = {}
+        for s in fresh:
+            groups.setdefault(s.group, []).append(s)
+        return [g[: self.config.group_size] for g in groups.values() if len(g) >= self.config.group_size]
+
+    def ready(self, pool, trainer_step, release_steps) -> bool:
+        fresh, _ = self._fresh(pool, trainer_step, release_steps)
+        return len(self._groups(fresh)) * self.config.group_size >= self.config.batch_size
+
+    def build_batch(self, pool, trainer_step, release_steps):
+        fresh, stale = self._fresh(pool, trainer_step, release_steps)
+        groups = self._groups(fresh)[: self.config.batch_size // self.config.group_size]
+        batch = [s for g in groups for s in g]
+        advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],
+                                   scale=self.config.scale_by_std)
+        for s, a in zip(batch, advs, strict=True):
+            s.extra["advantages"] = [a] * len(s.completion_ids)
+        return batch, stale
+
+    def make_trainer(self, model_dir, init_folder):
+        return TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
+
+    def train(self, trainer: TorchTrainer, batch: list[Sample]) -> dict:
+        m = trainer.step(batch, dis_token_loss(self.config.dis_low, self.config.dis_high))
+        return {**m, **dis_metrics(m), "policy_step": True,
+                "reward_mean": sum(s.score for s in batch) / len(batch)}

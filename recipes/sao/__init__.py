@@ -1,0 +1,3 @@
+from recipes.sao.recipe import SAOConfig, SAORecipe as Recipe
+
+__all__ = ["Recipe", "SAOConfig"]

@@ -1,0 +1,145 @@
+"""`sao`: Single-rollout Asynchronous Optimization (arXiv 2607.07508).
+
+One rollout per prompt, each scored on its own; a scored rollout joins the pool the moment its report arrives and
+the next policy step takes the oldest `batch_size` rollouts that are at most `max_staleness` policy steps behind
+the trainer (older ones are dropped). With no group to compare against, the baseline is a learned value model:
+the first `critic_warmup_steps` batches train only the critic; after that each batch gets `critic_updates` critic
+steps per policy step. Value targets are GAE returns with lambda = 1 (the Monte-Carlo return of the sparse final
+reward, gamma = 1); the policy's advantages are GAE with the length-adaptive lambda = 1 - 1/(alpha * length),
+alpha = 1.5. The policy loss is DIS: the token ratio pi_theta / pi_rollout, with pi_rollout the engine's recorded
+logprob, and a two-sided mask that drops tokens whose ratio leaves [0.3, 5.0]; no KL term, no entropy bonus.
+Choices the paper leaves open are config fields; their defaults are noted in the help texts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from reef_lab import rl
+from reef_lab.errors import BadRequest
+from reef_lab.recipe import LearnConfig
+from reef_lab.samples import Sample
+from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig, ValueConfig, ValueModel
+from recipes.grpo.recipe import dis_metrics, dis_token_loss
+
+
+@dataclass
+class SAOConfig(LearnConfig):
+    batch_size: int = field(default=16, metadata={"help": "rollouts per policy step"})
+    max_staleness: int = field(default=4, metadata={
+        "help": "most policy steps a rollout may lag the trainer (bounded staleness; not fixed by the paper)"})
+    critic_warmup_steps: int = field(default=4, metadata={
+        "help": "batches that train only the value model before the first policy step (count not fixed by "
+                "the paper)"})
+    critic_updates: int = field(default=2, metadata={"help": "value-model steps per policy step (paper: 2)"})
+    critic_lr: float = field(default=1e-5, metadata={"help": "value model learning rate"})
+    gamma: float = field(default=1.0, metadata={"help": "discount (paper: 1)"})
+    value_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the value targets (paper: 1)"})
+    lambda_alpha: float = field(default=1.5, metadata={
+        "help": "policy GAE lambda = 1 - 1/(alpha * response length) (paper: alpha 1.5)"})
+    dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this (paper)"})
+    dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this (paper)"})
+    normalize_advantages: bool = field(default=False, metadata={
+        "help": "whiten advantages over the batch (off: the value model is the baseline)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1 or self.critic_updates < 1 or self.critic_warmup_steps < 0:
+            raise ValueError("batch_size and critic_updates must be >= 1, critic_warmup_steps >= 0")
+        if not 0 < self.dis_low < 1 < self.dis_high:
+            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
+
+
+class SAOTrainer:
+    """The policy (TorchTrainer) and its value model."""
+
+    def __init__(self, policy: TorchTrainer, critic: ValueModel):
+        self.policy, self.critic = policy, critic
+        self.warmup_done = 0
+
+    @property
+    def steps(self) -> int:
+        return self.policy.steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self.policy.steps = value
+
+    def export(self, folder, metadata):
+        return self.policy.export(folder, metadata)
+
+
+def advantages_and_targets(samples: list[Sample], values: list[list[float]], cfg: SAOConfig):
+    """Per sample: policy advantages (length-adaptive lambda) and value targets (lambda = value_lambda)."""
+    n = max(len(s.completion_ids) for s in samples)
+    mask = torch.zeros(len(samples), n)
+    v = torch.zeros(len(samples), n)
+    for i, (s, vs) in enumerate(zip(samples, values, strict=True)):
+        mask[i, : len(vs)] = 1
+        v[i, : len(vs)] = torch.tensor(vs)
+    rewards = rl.terminal_rewards(torch.tensor([s.score for s in samples]), mask)
+    lengths = mask.sum(dim=1)
+    adv = rl.gae(rewards, v, mask, cfg.gamma, rl.length_adaptive_lambda(lengths, cfg.lambda_alpha))
+    targets = rl.gae(rewards, v, mask, cfg.gamma, cfg.value_lambda) + v
+    if cfg.normalize_advantages:
+        real = adv[mask.bool()]
+        adv = (adv - real.mean()) / (real.std() + 1e-6) * mask
+    return ([adv[i, : len(s.completion_ids)].tolist() for i, s in enumerate(samples)],
+            [targets[i, : len(s.completion_ids)].tolist() for i, s in enumerate(samples)])
+
+
+class SAORecipe:
+    name = "sao"
+    trains = True
+
+    def __init__(self, **config):
+        self.config = SAOConfig(**config)
+
+    def validate_report(self, report: dict) -> None:
+        if report.get("references") and report.get("score") is None:
+            raise BadRequest("the sao recipe needs a 'score' on every report that references inferences")
+
+    def accepts(self, sample: Sample) -> bool:
+        return sample.score is not None and sample.logprobs is not None
+
+    def _fresh(self, pool, step, release_steps):
+        fresh, stale = [], []
+        for s in pool:
+            ok = rl.within_staleness(release_steps.get(s.release_id, 0), step, self.config.max_staleness)
+            (fresh if ok else stale).append(s)
+        return fresh, stale
+
+    def ready(self, pool, trainer_step, release_steps) -> bool:
+        return len(self._fresh(pool, trainer_step, release_steps)[0]) >= self.config.batch_size
+
+    def build_batch(self, pool, trainer_step, release_steps):
+        fresh, stale = self._fresh(pool, trainer_step, release_steps)
+        return fresh[: self.config.batch_size], stale
+
+    def make_trainer(self, model_dir, init_folder):
+        policy = TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
+        critic = ValueModel(model_dir, ValueConfig(lr=self.config.critic_lr,
+                                                   micro_batch_size=policy.config.micro_batch_size),
+                            init_folder, policy.device, policy.pad_id)
+        return SAOTrainer(policy, critic)
+
+    def train(self, trainer: SAOTrainer, batch: list[Sample]) -> dict:
+        cfg = self.config
+        values = trainer.critic.values(batch)
+        adv, targets = advantages_and_targets(batch, values, cfg)
+        reward = sum(s.score for s in batch) / len(batch)
+        if trainer.warmup_done < cfg.critic_warmup_steps:
+            trainer.warmup_done += 1
+            m = trainer.critic.update(batch, targets)
+            return {**m, "policy_step": False, "phase": "critic_warmup", "reward_mean": reward,
+                    "samples": len(batch)}
+        updates = [trainer.critic.update(batch, targets) for _ in range(cfg.critic_updates)]
+        critic_metrics = {**updates[-1], "value_abs_error": updates[0]["value_abs_error"]}  # before this batch
+        for s, a in zip(batch, adv, strict=True):
+            s.extra["advantages"] = a
+        m = trainer.policy.step(batch, dis_token_loss(cfg.dis_low, cfg.dis_high))
+        flat = [a for row in adv for a in row]
+        return {**m, **dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
+                "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

@@ -1,0 +1,3 @@
+from recipes.sft.recipe import SFTConfig, SFTRecipe as Recipe
+
+__all__ = ["Recipe", "SFTConfig"]

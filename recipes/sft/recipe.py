@@ -1,0 +1,63 @@
+"""`sft`: supervised fine-tuning on what went well.
+
+Learns from inference records whose report scored at least `score_threshold`, and from demonstrations imported as
+`train` records (POST /reef/records/batch with kind "train": request {messages}, response {content}). The loss is
+the mean negative log-likelihood of the completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reef_lab.errors import BadRequest
+from reef_lab.recipe import LearnConfig
+from reef_lab.samples import Sample
+from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+@dataclass
+class SFTConfig(LearnConfig):
+    score_threshold: float = field(default=1.0, metadata={"help": "train on inferences scored at least this"})
+    batch_size: int = field(default=8, metadata={"help": "samples per optimizer step"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+
+def nll_loss(logp, batch, chunk):
+    return -(logp * batch["mask"]).sum(), {}
+
+
+class SFTRecipe:
+    name = "sft"
+    trains = True
+
+    def __init__(self, **config):
+        self.config = SFTConfig(**config)
+
+    def validate_report(self, report: dict) -> None:
+        if report.get("references") and report.get("score") is None:
+            raise BadRequest("the sft recipe needs a 'score' on reports that reference inferences")
+
+    def accepts(self, sample: Sample) -> bool:
+        return sample.extra.get("demonstration") or (sample.score is not None
+                                                     and sample.score >= self.config.score_threshold)
+
+    def ready(self, pool, trainer_step, release_steps) -> bool:
+        return len(pool) >= self.config.batch_size
+
+    def build_batch(self, pool, trainer_step, release_steps):
+        return pool[: self.config.batch_size], []
+
+    def make_trainer(self, model_dir, init_folder):
+        return TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
+
+    def train(self, trainer: TorchTrainer, batch: list[Sample]) -> dict:
+        m = trainer.step(batch, nll_loss)
+        return {**m, "policy_step": True, "reward_mean": _mean([s.score for s in batch if s.score is not None])}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None

@@ -1,0 +1,336 @@
+"""The learner: per scenario, turns scored samples into candidates and candidates into releases, while serving goes on.
+
+Reports arrive on request threads and are only queued (`on_report` costs microseconds); the learner's own thread
+turns them into samples (inference record + score), keeps the recipe's pool, and when the recipe is ready (mode
+`auto`/`hybrid`) or asked (`manual`/`hybrid`, POST /reef/train) takes one training step. Every
+`steps_per_candidate` policy steps it exports a candidate, loads it beside the serving weights, scores it on the
+held-out task, and lets the selection policy decide; an accepted candidate becomes release vN+1 and the engine
+routes the scenario's new requests to it (requests already running finish on their release). Anything that fails
+in a round is logged, recorded in the metrics file and leaves the serving release as it was.
+
+State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids, so a restart replays only the
+reports not yet learned from) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
+the apps and trackers read). A restart resumes from the serving release's weights (optimizer state starts fresh).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import orjson
+
+from reef_lab.evaluation import evaluate
+from reef_lab.errors import Conflict
+from reef_lab.recipe import select
+from reef_lab.releases import BASE, ReleaseStore
+from reef_lab.samples import Sample, sample_from_records
+from reef_lab.tasks import Task
+
+log = logging.getLogger("reef_lab.learner")
+
+
+class Learner:
+    def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path):
+        if not hasattr(engine, "load_release") or getattr(engine, "model_dir", None) is None:
+            raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
+                           "(an upstream provider); serve the embedded model or use a harness recipe")
+        self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
+        self.store, self.engine, self.releases = store, engine, releases
+        self.dir = Path(data_dir) / "learn" / scenario
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self._state_path = self.dir / "state.json"
+        state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
+        self._consumed: set[str] = set(state.get("consumed", []))
+        self._cv = threading.Condition()
+        self._inbox: deque = deque()
+        self._pool: list[Sample] = []
+        self._manual = 0
+        self._stop = False
+        self._reset = False
+        self._trainer = None
+        self._since_candidate: list[Sample] = []
+        self._policy_steps_since_candidate = 0
+        self.phase = "idle"
+        self.last_error: str | None = None
+        self.rounds = 0
+        self._eval_items = None
+        self._task = Task(self.config.eval_task) if self.config.eval_task else None
+        self._replay()
+        self._thread = threading.Thread(target=self._run, name=f"reef-learner-{scenario}", daemon=True)
+        self._thread.start()
+
+    # ---- inputs (request threads) ---------------------------------------------------------------------------
+    def on_report(self, report: dict) -> None:
+        with self._cv:
+            self._inbox.append(("report", report))
+            self._cv.notify()
+
+    def on_demonstration(self, record: dict) -> None:
+        with self._cv:
+            self._inbox.append(("demo", record))
+            self._cv.notify()
+
+    def request_training(self) -> dict:
+        if self.config.mode == "auto":
+            raise Conflict(f"scenario {self.scenario!r} trains in mode 'auto' (whenever a batch is ready); "
+                           "set mode 'manual' or 'hybrid' to train on request")
+        with self._cv:
+            self._drain_inbox()
+            if not self._ready():
+                raise Conflict(f"not enough samples to train: the pool holds {len(self._pool)} eligible sample(s); "
+                               f"recipe {self.recipe.name!r} needs a full batch")
+            self._manual += 1
+            self._cv.notify()
+            return {"scenario": self.scenario, "queued": True, "pool": len(self._pool)}
+
+    def reset_trainer(self) -> None:
+        """Start the next round from the serving release's weights (after a rollback)."""
+        with self._cv:
+            self._reset = True
+            self._policy_steps_since_candidate = 0
+
+    def status(self) -> dict:
+        with self._cv:
+            return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
+                    "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
+                    "trainer_step": self._trainer.steps if self._trainer else None,
+                    "consumed": len(self._consumed), "last_error": self.last_error}
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def wait_idle(self, timeout: float = 600.0) -> bool:
+        """Block until nothing is queued and no round is running or ready (tests and experiments)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._cv:
+                self._drain_inbox()
+                if self.phase == "idle" and not self._inbox and not self._manual and not (
+                        self.config.mode != "manual" and self._ready()):
+                    return True
+            time.sleep(0.05)
+        return False
+
+    # ---- the learner thread ---------------------------------------------------------------------------------
+    def _replay(self) -> None:
+        """Queue reports (and demonstrations) that training has not consumed yet."""
+        for kind in ("report", "train"):
+            ids = self.store.ids(self.scenario, kind)
+            for rec in self.store.get_many(ids):
+                self._inbox.append(("report" if kind == "report" else "demo", rec))
+
+    def _drain_inbox(self) -> None:
+        """Turn queued reports into pool samples (caller holds the lock)."""
+        while self._inbox:
+            kind, rec = self._inbox.popleft()
+            try:
+                samples = self._samples_of(kind, rec)
+            except Exception as e:  # noqa: BLE001 - one bad record is data, not a reason to stop learning
+                log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
+                continue
+            for s in samples:
+                if s.record_id not in self._consumed and self.recipe.accepts(s) and not any(
+                        p.record_id == s.record_id for p in self._pool[-64:]):
+                    self._pool.append(s)
+
+    def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
+        if kind == "demo":
+            request, response = rec.get("request") or {}, rec.get("response")
+            text = response.get("content") if isinstance(response, dict) else response
+            if not isinstance(request, dict) or not isinstance(request.get("messages"), list) or not isinstance(
+                    text, str):
+                return []
+            return [Sample(record_id=rec["id"], prompt_ids=self.engine.prompt_ids(request["messages"]),
+                           completion_ids=self.engine.completion_ids(text), logprobs=None, score=rec.get("score"),
+                           release_id=BASE, created_at=rec.get("created_at") or 0.0,
+                           extra={"demonstration": True})]
+        refs = [r for r in rec.get("references") or [] if r not in self._consumed]
+        out = []
+        for inference in self.store.get_many(refs):
+            s = sample_from_records(inference, rec)
+            if s is not None:
+                out.append(s)
+        return out
+
+    def _release_steps(self) -> dict[str, int]:
+        idx = self.releases.index(self.scenario)
+        return {BASE: 0, **{r["release_id"]: r.get("trainer_step") or 0 for r in idx["releases"]}}
+
+    def _trainer_step(self) -> int:
+        if self._trainer is not None:
+            return self._trainer.steps
+        serving = self.releases.serving(self.scenario)
+        return (serving or {}).get("trainer_step") or 0
+
+    def _ready(self) -> bool:
+        return self.recipe.ready(self._pool, self._trainer_step(), self._release_steps())
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop:
+                    self._drain_inbox()
+                    if self._manual or (self.config.mode != "manual" and self._ready()):
+                        break
+                    self._cv.wait(timeout=1.0)
+                if self._stop:
+                    return
+                manual = self._manual > 0
+                self._manual = max(0, self._manual - 1)
+                batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
+                taken = {s.record_id for s in batch + dropped}
+                self._pool = [s for s in self._pool if s.record_id not in taken]
+                self.phase = "training"
+            try:
+                self._round(batch, dropped, manual)
+                self.last_error = None
+            except Exception as e:  # noqa: BLE001 - a failed round leaves serving as it was, and says why
+                log.exception("scenario %s: training round failed", self.scenario)
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._metric({"event": "error", "error": self.last_error})
+                time.sleep(1.0)
+            finally:
+                with self._cv:
+                    self.phase = "idle"
+
+    def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
+        if dropped:
+            self._consume(dropped)
+        if not batch:
+            return
+        if self._reset:
+            self._trainer, self._reset = None, False
+        if self._trainer is None:
+            serving = self.releases.serving(self.scenario)
+            self._trainer = self.recipe.make_trainer(self.engine.model_dir,
+                                                     Path(serving["folder"]) if serving else None)
+            self._trainer.steps = (serving or {}).get("trainer_step") or 0
+        release_steps = self._release_steps()
+        staleness = [self._trainer.steps - release_steps.get(s.release_id, 0) for s in batch]
+        metrics = self.recipe.train(self._trainer, batch)
+        self.rounds += 1
+        self._consume(batch)
+        self._since_candidate += batch
+        self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
+                      "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
+                      "staleness_max": max(staleness), **metrics})
+        if metrics.get("policy_step"):
+            self._policy_steps_since_candidate += 1
+        if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
+            self._policy_steps_since_candidate = 0
+            self._candidate(metrics)
+
+    def _consume(self, samples: list[Sample]) -> None:
+        self._consumed.update(s.record_id for s in samples)
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps({"consumed": sorted(self._consumed)}))
+        os.replace(tmp, self._state_path)
+
+    # ---- candidates and releases ----------------------------------------------------------------------------
+    def _candidate(self, metrics: dict) -> None:
+        self.phase = "evaluating"
+        used, self._since_candidate = self._since_candidate, []
+        serving = self.releases.serving(self.scenario)
+        lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
+            serving or {}).get("release_id", BASE), "records": [s.record_id for s in used],
+            "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
+            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
+        cid, folder = self.releases.new_candidate(self.scenario, lineage)
+        key = f"{self.scenario}:{cid}"
+        try:
+            self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})
+            self.engine.load_release(key, folder)
+        except Exception as e:
+            self.releases.update_candidate(self.scenario, cid, status="failed", error=f"{type(e).__name__}: {e}")
+            self._metric({"event": "candidate", "candidate": cid, "status": "failed", "error": str(e)})
+            raise
+        try:
+            cand_eval = self._evaluate(key) if self._task else None
+        finally:
+            self.engine.unload(key)
+        serving_eval = self._serving_eval() if self._task else None
+        verdict, reason = select(self.config.selection, cand_eval, serving_eval)
+        status = {"accepted": "accepted", "rejected": "rejected", "review": "pending_review"}[verdict]
+        self.releases.update_candidate(self.scenario, cid, status="evaluated" if verdict == "accepted" else status,
+                                       eval=cand_eval, serving_eval=serving_eval, reason=reason)
+        self._metric({"event": "candidate", "candidate": cid, "status": status, "reason": reason,
+                      "trainer_step": self._trainer.steps,
+                      "accuracy": cand_eval["accuracy"] if cand_eval else None,
+                      "serving_accuracy": serving_eval["accuracy"] if serving_eval else None})
+        if verdict == "accepted":
+            self.publish(cid)
+
+    def publish(self, cid: str) -> dict:
+        """Candidate -> release vN+1, loaded and routed. On a load failure serving goes back to the parent."""
+        started = time.perf_counter()
+        rel = self.releases.publish(self.scenario, cid)
+        try:
+            self.engine.load_release(rel["release_id"], rel["folder"])
+            self.engine.route(self.scenario, rel["release_id"])
+        except Exception as e:
+            self.releases.set_serving(self.scenario, rel["parent"])
+            self.releases.update_candidate(self.scenario, cid, status="failed", error=f"{type(e).__name__}: {e}")
+            self._metric({"event": "release_failed", "release_id": rel["release_id"], "error": str(e)})
+            raise
+        swap_s = time.perf_counter() - started
+        self._metric({"event": "release", "release_id": rel["release_id"], "version": rel["version"],
+                      "candidate": cid, "trainer_step": rel.get("trainer_step"), "swap_s": round(swap_s, 3),
+                      "accuracy": (rel.get("eval") or {}).get("accuracy")})
+        log.info("scenario %s: release %s serving (swap %.2f s)", self.scenario, rel["release_id"], swap_s)
+        return rel
+
+    def _items(self) -> list[dict]:
+        if self._eval_items is None:
+            self._eval_items = self._task.items(self.config.eval_size, self.config.eval_seed)
+        return self._eval_items
+
+    def _evaluate(self, release: str) -> dict:
+        return evaluate(self.engine, release, self._task, self._items(), self.config.eval_max_tokens)
+
+    def _serving_eval(self) -> dict:
+        serving = self.releases.serving(self.scenario)
+        if serving is not None and serving.get("eval"):
+            return serving["eval"]
+        if serving is None:
+            idx = self.releases.index(self.scenario)
+            if idx.get("base_eval"):
+                return idx["base_eval"]
+            result = self._evaluate(BASE)
+            self.releases.set_base_eval(self.scenario, result)
+            self._metric({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
+            return result
+        result = self._evaluate(serving["release_id"])
+        self.releases.set_release_eval(self.scenario, serving["version"], result)
+        return result
+
+    def evaluate_serving(self) -> dict:
+        """Held-out accuracy of what serves now (computed once per release)."""
+        if not self._task:
+            raise Conflict(f"scenario {self.scenario!r} has no eval_task in its recipe config")
+        return self._serving_eval()
+
+    def _metric(self, row: dict) -> None:
+        row = {"time": time.time(), "scenario": self.scenario, **row}
+        with open(self.metrics_path, "ab") as f:
+            f.write(orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+
+def _jsonable(config) -> dict:
+    from dataclasses import asdict
+    return orjson.loads(orjson.dumps(asdict(config), default=str))
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [orjson.loads(line) for line in p.read_bytes().splitlines() if line.strip()]

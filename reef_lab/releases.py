@@ -1,0 +1,150 @@
+"""Releases: the versions of a scenario's trained weights, with their lineage, candidates and the serving pointer.
+
+Layout under the data dir:
+
+    releases/<scenario>/index.json        {"serving": "v2" | null, "releases": [...], "candidates": [...]}
+    releases/<scenario>/candidates/c3/    a checkpoint folder (safetensors + config + tokenizer + metadata)
+    releases/<scenario>/v2/               an accepted candidate, renamed into place
+
+A candidate is what a recipe produced; the selection policy accepts it (it becomes release vN+1 and serves) or
+rejects it (kept for inspection, never served). Rollback points `serving` at an older release; versions never
+change once made. The index is replaced atomically (write, fsync, rename) on every change. Release ids on the wire
+are `<scenario>:vN` (unique across scenarios, so records name them unambiguously); the base weights are `base`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+from reef_lab.errors import BadRequest, NotFound
+
+BASE = "base"
+
+
+def release_key(scenario: str, version: str) -> str:
+    return f"{scenario}:{version}"
+
+
+class ReleaseStore:
+    def __init__(self, data_dir: str | Path):
+        self.root = Path(data_dir) / "releases"
+        self._lock = threading.RLock()
+
+    def folder(self, scenario: str) -> Path:
+        return self.root / scenario
+
+    def _index_path(self, scenario: str) -> Path:
+        return self.folder(scenario) / "index.json"
+
+    def index(self, scenario: str) -> dict:
+        p = self._index_path(scenario)
+        if not p.exists():
+            return {"serving": None, "releases": [], "candidates": [], "base_eval": None}
+        return orjson.loads(p.read_bytes())
+
+    def _save(self, scenario: str, index: dict) -> None:
+        p = self._index_path(scenario)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".json.tmp")
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(index, option=orjson.OPT_INDENT_2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+
+    def serving(self, scenario: str) -> dict | None:
+        """The serving release's entry (None: the base weights serve)."""
+        idx = self.index(scenario)
+        return next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
+
+    def release(self, scenario: str, release_id: str) -> dict | None:
+        """A release by `vN`, `<scenario>:vN` or `base` (None for base)."""
+        if release_id == BASE:
+            return None
+        version = release_id.split(":", 1)[1] if release_id.startswith(scenario + ":") else release_id
+        for r in self.index(scenario)["releases"]:
+            if r["version"] == version:
+                return r
+        raise NotFound(f"scenario {scenario!r} has no release {release_id!r}")
+
+    def new_candidate(self, scenario: str, meta: dict) -> tuple[str, Path]:
+        with self._lock:
+            idx = self.index(scenario)
+            cid = f"c{len(idx['candidates']) + 1}"
+            folder = self.folder(scenario) / "candidates" / cid
+            if folder.exists():
+                shutil.rmtree(folder)  # left by a crash before its index entry was written
+            idx["candidates"].append({"id": cid, "status": "training", "created_at": time.time(), **meta})
+            self._save(scenario, idx)
+            return cid, folder
+
+    def update_candidate(self, scenario: str, cid: str, **fields) -> dict:
+        with self._lock:
+            idx = self.index(scenario)
+            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
+            if cand is None:
+                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
+            cand.update(fields)
+            self._save(scenario, idx)
+            return cand
+
+    def candidate(self, scenario: str, cid: str) -> dict:
+        cand = next((c for c in self.index(scenario)["candidates"] if c["id"] == cid), None)
+        if cand is None:
+            raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
+        return cand
+
+    def publish(self, scenario: str, cid: str) -> dict:
+        """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
+        with self._lock:
+            idx = self.index(scenario)
+            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
+            if cand is None:
+                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
+            if cand["status"] == "accepted":
+                raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
+            version = f"v{len(idx['releases']) + 1}"
+            src, dst = self.folder(scenario) / "candidates" / cid, self.folder(scenario) / version
+            shutil.copytree(src, dst)  # the candidate folder stays as it was, for inspection
+            release = {"version": version, "release_id": release_key(scenario, version), "candidate": cid,
+                       "parent": idx["serving"] or BASE, "created_at": time.time(), "folder": str(dst),
+                       **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
+                                                   "trainer_step")}}
+            idx["releases"].append(release)
+            idx["serving"] = version
+            cand.update(status="accepted", release_id=release["release_id"])
+            self._save(scenario, idx)
+            return release
+
+    def set_serving(self, scenario: str, release_id: str) -> dict | None:
+        """Point serving at an existing release (or `base`); returns its entry (None for base)."""
+        with self._lock:
+            rel = self.release(scenario, release_id)
+            idx = self.index(scenario)
+            idx["serving"] = rel["version"] if rel else None
+            idx.setdefault("rollbacks", []).append({"to": rel["release_id"] if rel else BASE, "at": time.time()})
+            self._save(scenario, idx)
+            return rel
+
+    def set_base_eval(self, scenario: str, result: dict) -> None:
+        with self._lock:
+            idx = self.index(scenario)
+            idx["base_eval"] = result
+            self._save(scenario, idx)
+
+    def set_release_eval(self, scenario: str, version: str, result: dict) -> None:
+        with self._lock:
+            idx = self.index(scenario)
+            for r in idx["releases"]:
+                if r["version"] == version:
+                    r["eval"] = result
+            self._save(scenario, idx)
+
+    def scenarios(self) -> list[str]:
+        return sorted(p.parent.name for p in self.root.glob("*/index.json")) if self.root.exists() else []

@@ -1,0 +1,106 @@
+"""The arithmetic of policy-gradient training, as plain tensor functions that tests check by hand.
+
+Recipes compose these: SAO (one rollout per prompt, a learned value model, GAE advantages with a length-adaptive
+lambda, the DIS loss), GRPO (a group baseline instead of the value model, the same DIS loss) and SFT (token NLL).
+Tensors are [batch, tokens] over completion tokens, right-padded; `mask` is 1 on real tokens.
+
+The DIS loss (decoupled importance sampling with a two-sided token mask): the rollout came from the serving engine
+under a policy pi_rollout whose per-token logprobs the record holds; the trainer's policy pi_theta has moved since
+(asynchrony, staleness, and numeric differences between engine and trainer). The token-level ratio
+rho = pi_theta / pi_rollout corrects the policy gradient; tokens whose ratio leaves [low, high] are dropped (their
+gradient is zero) rather than clipped, so one wild token cannot dominate the update. No KL term, no entropy bonus.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: torch.Tensor | float) -> torch.Tensor:
+    """Generalised advantage estimates per token.
+
+    rewards, values, mask: [B, T]; `values[b, t]` is V(state before token t); the state after the last real token is
+    terminal (value 0). `lam` is a float or a [B] tensor (one lambda per sequence, e.g. length-adaptive).
+    A_t = sum_k (gamma * lam)^k delta_{t+k}, delta_t = r_t + gamma V_{t+1} - V_t.
+    """
+    B, T = rewards.shape
+    lam_b = torch.as_tensor(lam, dtype=values.dtype, device=values.device).expand(B) if not (
+        isinstance(lam, torch.Tensor) and lam.dim() == 1) else lam.to(values.dtype)
+    mask = mask.to(values.dtype)
+    adv = torch.zeros_like(values)
+    running = torch.zeros(B, dtype=values.dtype, device=values.device)
+    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
+    for t in range(T - 1, -1, -1):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam_b * running) * m
+        adv[:, t] = running
+        next_value = values[:, t] * m  # past the end (padding) the next value is the terminal 0
+    return adv
+
+
+def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """lambda = 1 - 1 / (alpha * length): long responses get lambda near 1 (little bias where the value model's
+    error would compound), short ones rely more on the value model. Clamped at 0 for length < 1/alpha."""
+    return (1.0 - 1.0 / (alpha * lengths.to(torch.float64).clamp(min=1))).clamp(min=0.0).to(torch.float32)
+
+
+def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] scores placed on each sequence's last real token; zero elsewhere."""
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    last = mask.long().sum(dim=1) - 1
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    rewards[rows[last >= 0], last[last >= 0]] = scores[last >= 0].float()
+    return rewards
+
+
+def dis_mask(logp: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, low: float,
+             high: float) -> torch.Tensor:
+    """1 where the token is real and pi_theta/pi_rollout lies in [low, high], else 0 (no gradient)."""
+    ratio = torch.exp(logp.detach() - logp_rollout)
+    return (mask.bool() & (ratio >= low) & (ratio <= high)).to(logp.dtype)
+
+
+def dis_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             low: float, high: float) -> tuple[torch.Tensor, dict]:
+    """Sum over kept tokens of -rho * A (divide by the batch's real-token count for the token mean).
+
+    Returns (loss_sum, stats) with stats holding sums over real tokens: kept, masked_low, masked_high, ratio.
+    """
+    keep = dis_mask(logp, logp_rollout, mask, low, high)
+    ratio = torch.exp(logp - logp_rollout)
+    loss_sum = -(keep * ratio * advantages.detach()).sum()
+    real = mask.bool()
+    r = ratio.detach()
+    stats = {"tokens": float(real.sum()), "kept": float(keep.sum()),
+             "masked_low": float((real & (r < low)).sum()), "masked_high": float((real & (r > high)).sum()),
+             "ratio_sum": float((r * mask).sum())}
+    return loss_sum, stats
+
+
+def group_advantages(scores: list[float], groups: list[str], eps: float = 1e-6,
+                     scale: bool = True) -> list[float]:
+    """GRPO's baseline: each score minus its group's mean, divided by the group's std (population) + eps when
+    `scale`. A group whose scores are all equal yields zeros (it carries no signal)."""
+    by: dict[str, list[float]] = {}
+    for s, g in zip(scores, groups, strict=True):
+        by.setdefault(g, []).append(s)
+    stats = {}
+    for g, xs in by.items():
+        mean = sum(xs) / len(xs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+        stats[g] = (mean, std)
+    out = []
+    for s, g in zip(scores, groups, strict=True):
+        mean, std = stats[g]
+        out.append((s - mean) / (std + eps) if scale else s - mean)
+    return out
+
+
+def within_staleness(rollout_step: int, trainer_step: int, max_staleness: int) -> bool:
+    """A rollout made by the policy of trainer step `rollout_step` may join the update at `trainer_step` while the
+    policy has moved at most `max_staleness` steps since (0: strictly on-policy)."""
+    return 0 <= trainer_step - rollout_step <= max_staleness

@@ -1,0 +1,277 @@
+"""The in-process torch trainer: one optimizer step at a time on a batch of samples, CPU or CUDA.
+
+It exists so that one machine serves and trains with no other process: the trainer holds its own copy of the
+policy (full fine-tune, or LoRA adapters through peft), computes each completion token's logprob under the sampling
+temperature the rollout used (so the ratio to the engine's recorded logprob is meaningful), and steps AdamW with
+gradient accumulation over micro-batches. The loss is a recipe's function of those logprobs; it returns a *sum*
+over tokens and the trainer divides by the batch's real-token count, so micro-batching never changes the update.
+
+`export(folder, metadata)` writes a checkpoint as a Hugging Face model folder (safetensors with reef_lab metadata,
+config, tokenizer, generation config): loadable by `from_pretrained` and by the engine's `load_release`.
+A `ValueModel` (the policy's trunk plus a scalar head) serves recipes with a critic.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from reef_lab.samples import Sample
+
+log = logging.getLogger("reef_lab.trainer")
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the policy"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "samples per forward/backward; gradients accumulate over the batch"})
+    lora_rank: int = field(default=0, metadata={"help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
+    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"],
+                                    metadata={"help": "module names LoRA adapts"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
+    seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.micro_batch_size < 1 or self.lora_rank < 0:
+            raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
+        if len(self.betas) != 2:
+            raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_causal_lm(model_dir: str | Path, init_folder: str | Path | None, device: torch.device):
+    """The base model from `model_dir`, with the weights of `init_folder` (a release) when given."""
+    from transformers import AutoModelForCausalLM
+
+    from reef_lab.engines.embedded import load_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if init_folder is not None:
+        load_checkpoint(model, Path(init_folder))
+    return model.to(device)
+
+
+def pack(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion ids, and per completion token: the index of the position whose output
+    predicts it (`gather`, [B, Tc]), a real-token mask, the rollout logprobs and the temperature."""
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    width, tc = max(lengths), max(len(s.completion_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)
+    gather = torch.zeros((len(samples), tc), dtype=torch.long)
+    mask = torch.zeros((len(samples), tc), dtype=torch.float32)
+    old = torch.zeros((len(samples), tc), dtype=torch.float32)
+    targets = torch.full((len(samples), tc), pad_id, dtype=torch.long)
+    for i, s in enumerate(samples):
+        seq = s.prompt_ids + s.completion_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        n = len(s.completion_ids)
+        gather[i, :n] = torch.arange(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + n)
+        mask[i, :n] = 1
+        targets[i, :n] = torch.tensor(s.completion_ids)
+        if s.logprobs is not None:
+            old[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    temps = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
+    out = {"input_ids": ids, "attention_mask": attn, "gather": gather, "mask": mask, "old_logprobs": old,
+           "targets": targets, "temperature": temps}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, Tc] logprob of each completion token under log_softmax(logits / temperature)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    index = batch["gather"][..., None].expand(-1, -1, out.logits.shape[-1])
+    logits = out.logits.gather(1, index).float() / batch["temperature"][:, None, None]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["targets"][..., None]).squeeze(-1)
+    return logp * batch["mask"]
+
+
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], list[Sample]], tuple[torch.Tensor, dict]]
+
+
+class TorchTrainer:
+    """The policy being trained. `step(samples, loss_fn)` is one optimizer step; `export` writes a checkpoint."""
+
+    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
+                 init_folder: str | Path | None = None, tokenizer=None):
+        self.config = config or TrainerConfig()
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(self.config.device)
+        torch.manual_seed(self.config.seed)
+        self.model = load_causal_lm(model_dir, init_folder, self.device)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        if self.config.lora_rank:
+            from peft import LoraConfig, get_peft_model
+
+            self.model = get_peft_model(self.model, LoraConfig(
+                r=self.config.lora_rank, lora_alpha=self.config.lora_alpha, lora_dropout=self.config.lora_dropout,
+                target_modules=self.config.lora_targets, task_type="CAUSAL_LM"))
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay,
+                                           betas=tuple(self.config.betas))
+        self.steps = 0
+
+    def micro_batches(self, samples: list[Sample]):
+        for i in range(0, len(samples), self.config.micro_batch_size):
+            chunk = samples[i: i + self.config.micro_batch_size]
+            yield chunk, pack(chunk, self.pad_id, self.device)
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Each sample's completion-token logprobs under the current policy (no gradient)."""
+        out = []
+        for chunk, batch in self.micro_batches(samples):
+            logp = token_logprobs(self.model, batch)
+            out += [logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(chunk)]
+        return out
+
+    def step(self, samples: list[Sample], loss_fn: LossFn) -> dict:
+        """One optimizer step: loss_fn(logp, batch, chunk) -> (loss summed over tokens, stats summed) per
+        micro-batch; the loss is divided by the batch's real completion tokens."""
+        started = time.perf_counter()
+        total_tokens = sum(len(s.completion_ids) for s in samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total, stats_total = 0.0, {}
+        for chunk, batch in self.micro_batches(samples):
+            logp = token_logprobs(self.model, batch)
+            loss_sum, stats = loss_fn(logp, batch, chunk)
+            (loss_sum / total_tokens).backward()
+            loss_total += float(loss_sum.detach())
+            for k, v in stats.items():
+                stats_total[k] = stats_total.get(k, 0.0) + v
+        grad_norm = _clip(self.params, self.config.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"gradient norm is {grad_norm}; step skipped (lower lr or check the data)")
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss": loss_total / total_tokens, "grad_norm": grad_norm, "tokens": total_tokens,
+                "samples": len(samples), "step_s": round(time.perf_counter() - started, 3), **stats_total}
+
+    def serving_model(self):
+        """The policy as a plain transformers model (LoRA merged into a copy)."""
+        if self.config.lora_rank:
+            return copy.deepcopy(self.model).merge_and_unload()
+        return self.model
+
+    def export(self, folder: str | Path, metadata: dict) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        model = self.serving_model()
+        model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(folder)
+        meta = {"trainer": "torch", "trainer_config": asdict(self.config), "trainer_step": self.steps,
+                "base_model_dir": str(self.model_dir), **metadata}
+        stamp_checkpoint(folder, meta)
+        return folder
+
+
+def stamp_checkpoint(folder: Path, metadata: dict) -> None:
+    """Put reef_lab's metadata into the checkpoint's safetensors header (string values) and beside it as JSON."""
+    from safetensors.torch import load_file, save_file
+
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        header = {"format": "pt", "reef_lab": json.dumps(metadata, default=str)}
+        save_file(tensors, str(f), metadata=header)
+    (folder / "reef_checkpoint.json").write_text(json.dumps(metadata, indent=2, default=str))
+
+
+def _clip(params, max_norm: float) -> float:
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+    return float(torch.norm(torch.stack(grads))) if grads else 0.0
+
+
+@dataclass
+class ValueConfig:
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the value model"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the value model's gradient norm"})
+    micro_batch_size: int = field(default=8, metadata={"help": "samples per forward/backward"})
+
+
+class ValueModel:
+    """A critic: the policy's transformer trunk (its own copy) and a scalar head read at the position that
+    predicts each completion token, i.e. V(state before token t)."""
+
+    def __init__(self, model_dir: str | Path, config: ValueConfig, init_folder: str | Path | None,
+                 device: torch.device, pad_id: int):
+        self.config = config
+        self.device = device
+        self.pad_id = pad_id
+        lm = load_causal_lm(model_dir, init_folder, device)
+        self.trunk = lm.model if hasattr(lm, "model") else lm.base_model
+        self.head = torch.nn.Linear(lm.config.hidden_size, 1).to(device)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        del lm
+        self.trunk.train()
+        self.params = list(self.trunk.parameters()) + list(self.head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr)
+        self.updates = 0
+
+    def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.trunk(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        index = batch["gather"][..., None].expand(-1, -1, hidden.shape[-1])
+        return self.head(hidden.gather(1, index)).squeeze(-1) * batch["mask"]
+
+    @torch.no_grad()
+    def values(self, samples: list[Sample]) -> list[list[float]]:
+        out = []
+        for i in range(0, len(samples), self.config.micro_batch_size):
+            chunk = samples[i: i + self.config.micro_batch_size]
+            v = self._values(pack(chunk, self.pad_id, self.device))
+            out += [v[j, : len(s.completion_ids)].tolist() for j, s in enumerate(chunk)]
+        return out
+
+    def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
+        """One step of 0.5 * (V - target)^2, averaged over real tokens. Returns loss and the mean |V - target|
+        before the step."""
+        total = sum(len(s.completion_ids) for s in samples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total, abs_err = 0.0, 0.0
+        for i in range(0, len(samples), self.config.micro_batch_size):
+            chunk = samples[i: i + self.config.micro_batch_size]
+            batch = pack(chunk, self.pad_id, self.device)
+            tgt = torch.zeros_like(batch["mask"])
+            for j, s in enumerate(chunk):
+                tgt[j, : len(s.completion_ids)] = torch.tensor(targets[i + j], dtype=torch.float32)
+            v = self._values(batch)
+            err = (v - tgt) * batch["mask"]
+            loss = 0.5 * (err ** 2).sum()
+            (loss / total).backward()
+            loss_total += float(loss.detach())
+            abs_err += float(err.detach().abs().sum())
+        grad_norm = _clip(self.params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        return {"value_loss": loss_total / total, "value_abs_error": abs_err / total, "value_grad_norm": grad_norm}
