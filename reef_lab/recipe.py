@@ -110,4 +110,4 @@ def load_recipe(spec: str, config: dict | None = None) -> Recipe:
     try:
         return klass(**(config or {}))
     except (TypeError, ValueError) as e:
-        raise BadRequest(f"recipe {spec!r}: bad config: {e}") from e
+        raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e

@@ -13,6 +13,8 @@ class Boom(RuntimeError):
 
 
 class FailingStream:
+    release_id = "base"
+
     def __init__(self):
         self.cancelled = False
 

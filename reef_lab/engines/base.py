@@ -47,7 +47,10 @@ class Generation:
 
 
 class GenerationStream(Protocol):
-    """A submitted request. Iterating yields text deltas as they are decoded; `result()` blocks until done."""
+    """A submitted request. Iterating yields text deltas as they are decoded; `result()` blocks until done.
+    `release_id` is the release it was pinned to at submit (known before the first token)."""
+
+    release_id: str
 
     def __iter__(self) -> Iterator[str]: ...
 
