@@ -27,7 +27,7 @@ import orjson
 from reef_lab.evaluation import evaluate
 from reef_lab.errors import Conflict
 from reef_lab.recipe import select
-from reef_lab.releases import BASE, ReleaseStore
+from reef_lab.releases import BASE, ReleaseStore, release_key
 from reef_lab.samples import Sample, sample_from_records
 from reef_lab.tasks import Task
 
@@ -53,6 +53,7 @@ class Learner:
         self._manual = 0
         self._stop = False
         self._reset = False
+        self._publish_lock = threading.Lock()
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
@@ -270,17 +271,24 @@ class Learner:
             self.publish(cid)
 
     def publish(self, cid: str) -> dict:
-        """Candidate -> release vN+1, loaded and routed. On a load failure serving goes back to the parent."""
-        started = time.perf_counter()
-        rel = self.releases.publish(self.scenario, cid)
-        try:
-            self.engine.load_release(rel["release_id"], rel["folder"])
-            self.engine.route(self.scenario, rel["release_id"])
-        except Exception as e:
-            self.releases.set_serving(self.scenario, rel["parent"])
-            self.releases.update_candidate(self.scenario, cid, status="failed", error=f"{type(e).__name__}: {e}")
-            self._metric({"event": "release_failed", "release_id": rel["release_id"], "error": str(e)})
-            raise
+        """Candidate -> release vN+1: loaded into the engine, routed, then written to the index (so the index never
+        names a release that is not serving yet). On any failure the scenario stays on its current release."""
+        with self._publish_lock:
+            started = time.perf_counter()
+            key = release_key(self.scenario, self.releases.next_version(self.scenario))
+            parent = (self.releases.serving(self.scenario) or {}).get("release_id", BASE)
+            try:
+                self.engine.load_release(key, self.releases.folder(self.scenario) / "candidates" / cid)
+                self.engine.route(self.scenario, key)
+                rel = self.releases.publish(self.scenario, cid)
+                if rel["release_id"] != key:
+                    raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
+            except Exception as e:
+                self.engine.route(self.scenario, parent)
+                self.releases.update_candidate(self.scenario, cid, status="failed",
+                                               error=f"{type(e).__name__}: {e}")
+                self._metric({"event": "release_failed", "release_id": key, "error": str(e)})
+                raise
         swap_s = time.perf_counter() - started
         self._metric({"event": "release", "release_id": rel["release_id"], "version": rel["version"],
                       "candidate": cid, "trainer_step": rel.get("trainer_step"), "swap_s": round(swap_s, 3),

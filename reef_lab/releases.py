@@ -100,6 +100,9 @@ class ReleaseStore:
             raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
         return cand
 
+    def next_version(self, scenario: str) -> str:
+        return f"v{len(self.index(scenario)['releases']) + 1}"
+
     def publish(self, scenario: str, cid: str) -> dict:
         """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
         with self._lock:

@@ -1,0 +1,155 @@
+"""Experiments: a task stream driven through the gateway in-process, scored by the task's verifier, learned from.
+
+The same code path as live traffic: each rollout is a chat completion through `Gateway.infer` (recorded, with
+token ids and logprobs), its answer is scored by the task's verifier and reported with `Gateway.report`, and the
+scenario's learner trains, evaluates and releases exactly as it would behind the HTTP server.
+
+    python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
+
+Clients keep `concurrency` requests in flight; while the learner's pool already holds `max_pool` unconsumed samples
+they wait (backpressure), so rollouts are not made faster than training can use them and the staleness bound does
+not throw the budget away. A run lives in `out_dir`: its data dir (records, releases, learner metrics),
+`rollouts.jsonl` and `summary.json`. Running the same command again resumes: prompts already answered and reported
+are skipped, and the learner replays reports it had not consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from reef_lab.gateway import Gateway
+from reef_lab.learner import read_metrics
+from reef_lab.tasks import Task
+
+log = logging.getLogger("reef_lab.experiment")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = field(default="experiment", metadata={"help": "run name (also the scenario's name)"})
+    recipe: str = field(default="sao", metadata={"help": "recipe: a folder in recipes/ or module:Class"})
+    recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
+    task: dict = field(default_factory=dict, metadata={"help": "reef_lab.tasks.TaskConfig fields"})
+    rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
+    group_size: int = field(default=1, metadata={"help": "rollouts per prompt (1 for SAO; G for GRPO)"})
+    concurrency: int = field(default=16, metadata={"help": "requests in flight"})
+    max_pool: int = field(default=16, metadata={"help": "pause new requests while this many samples wait"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
+    max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
+    seed: int = field(default=0, metadata={"help": "seed of the training prompts, sampling and the trainer"})
+    model_path: str | None = field(default=None, metadata={"help": "model to train (default: embedded SmolLM2)"})
+    out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
+    final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+
+    def __post_init__(self) -> None:
+        if self.rollouts < 1 or self.group_size < 1 or self.concurrency < 1 or self.max_pool < 1:
+            raise ValueError("rollouts, group_size, concurrency and max_pool must be at least 1")
+        if self.rollouts % self.group_size:
+            raise ValueError("rollouts must be a multiple of group_size")
+        if self.recipe == "grpo" and self.recipe_config.get("group_size", 4) != self.group_size:
+            raise ValueError("for grpo, group_size must equal recipe_config.group_size")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir or f"runs/{self.name}-seed{self.seed}")
+
+
+def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) -> dict:
+    """Run (or resume) an experiment; returns its summary."""
+    from tqdm import tqdm
+
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
+    if engine is None:
+        from reef_lab.engines.embedded import EmbeddedEngine
+        engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
+    gw = Gateway(run_dir / "data", engine, default_recipe="basic")
+    started = time.time()
+    try:
+        name = cfg.name
+        recipe_config = {**cfg.recipe_config}
+        recipe_config.setdefault("trainer", {})
+        recipe_config["trainer"] = {"seed": cfg.seed, **recipe_config["trainer"]}
+        if name not in {s.name for s in gw.scenarios.list()}:
+            gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config})
+        learner = gw.learner(name)
+        task = Task(cfg.task)
+        prompts = task.items(cfg.rollouts // cfg.group_size, seed=cfg.seed)
+        done = _reported_indices(gw, name)
+        todo = [k for k in range(cfg.rollouts) if k not in done]
+        base_eval = learner.evaluate_serving() if learner._task and not gw.releases.index(name)["releases"] \
+            else None
+        rollouts_log = open(run_dir / "rollouts.jsonl", "ab")
+        lock = threading.Lock()
+        bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
+                   disable=not progress, dynamic_ncols=True)
+
+        def one(k: int) -> None:
+            while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
+                time.sleep(0.05)
+            item = prompts[k // cfg.group_size]
+            body = {"model": engine.model_name, "messages": item["messages"], "max_tokens": cfg.max_tokens,
+                    "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k}
+            tags = {"exp_index": str(k)}
+            if cfg.group_size > 1:
+                tags["group"] = f"p{k // cfg.group_size}"
+            reply = gw.infer("openai.chat", body, name, tags=tags)
+            text = orjson.loads(reply.body)["choices"][0]["message"]["content"]
+            score = task.score(item, text)
+            receipt = reply.headers["x-reef-agent-record-id"]
+            gw.report(name, {"score": score, "references": [receipt], "metadata": {"exp_index": k}})
+            with lock:
+                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": reply.headers[
+                    "x-reef-release-id"], "score": score, "time": time.time()}) + b"\n")
+                rollouts_log.flush()
+                bar.update(1)
+                if bar.n % 16 == 0:
+                    bar.set_postfix(_postfix(learner))
+
+        with ThreadPoolExecutor(cfg.concurrency) as pool:
+            list(pool.map(one, todo))
+        bar.close()
+        rollouts_log.close()
+        learner.wait_idle(timeout=3600)
+        final_eval = learner.evaluate_serving() if cfg.final_eval and learner._task else None
+        idx = gw.releases.index(name)
+        base_eval = base_eval or idx.get("base_eval")
+        summary = {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
+                   "base_accuracy": (base_eval or {}).get("accuracy"),
+                   "final_accuracy": (final_eval or {}).get("accuracy"),
+                   "serving": gw.list_releases(name)["serving"], "releases": len(idx["releases"]),
+                   "candidates": len(idx["candidates"]), "wall_s": round(time.time() - started, 1),
+                   "metrics_file": str(learner.metrics_path)}
+        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        return summary
+    finally:
+        gw.close()
+
+
+def _reported_indices(gw: Gateway, name: str) -> set[int]:
+    done = set()
+    for rec in gw.store.get_many(gw.store.ids(name, "report")):
+        k = (rec.get("metadata") or {}).get("exp_index")
+        if isinstance(k, int):
+            done.add(k)
+    return done
+
+
+def _postfix(learner) -> dict:
+    rows = read_metrics(learner.metrics_path)
+    steps = [r for r in rows if r["event"] == "step"]
+    cands = [r for r in rows if r["event"] == "candidate" and r.get("accuracy") is not None]
+    out = {"step": steps[-1]["trainer_step"] if steps else 0}
+    if steps:
+        out["reward"] = round(steps[-1].get("reward_mean") or 0, 3)
+    if cands:
+        out["heldout"] = round(cands[-1]["accuracy"], 3)
+    return out

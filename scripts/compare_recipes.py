@@ -1,0 +1,142 @@
+"""Compare recipes at equal rollout budget over several seeds; write a results page with a plot.
+
+    python scripts/compare_recipes.py recipes/sao/examples/arithmetic.yaml recipes/grpo/examples/arithmetic.yaml \
+        --seeds 0 1 2 --out runs/compare --results results/sao-arithmetic
+
+Each (config, seed) runs with scripts/run_experiment.py's code in a child process (one at a time: they share the
+CPU) into `<out>/<name>-seed<seed>`; finished runs (summary.json present) are not run again, so the command resumes.
+The page gives held-out accuracy of the base model and of each recipe's final release with a 95% confidence
+interval over seeds (Student t), and the plot shows held-out accuracy per candidate and batch reward per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reef_lab.learner import read_metrics  # noqa: E402
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (t distribution; 0 for one value)."""
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return m, T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+
+
+def run(config: str, seed: int, out: Path) -> dict:
+    name = yaml.safe_load(Path(config).read_text())["name"]
+    run_dir = out / f"{name}-seed{seed}"
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        print(f"[compare] {config} seed {seed} -> {run_dir}", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "scripts/run_experiment.py"), config, "--seed", str(seed),
+                        "--out", str(run_dir)], check=True)
+    return {"config": config, "name": name, "seed": seed, "dir": str(run_dir), **json.loads(summary.read_text())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("configs", nargs="+")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--results", default="results/sao-arithmetic", help="page path without extension")
+    p.add_argument("--report-only", action="store_true", help="write the page from finished runs only")
+    args = p.parse_args()
+    out = Path(args.out)
+    runs = []
+    for seed in args.seeds:
+        for config in args.configs:
+            if args.report_only:
+                name = yaml.safe_load(Path(config).read_text())["name"]
+                s = out / f"{name}-seed{seed}" / "summary.json"
+                if s.exists():
+                    runs.append({"config": config, "name": name, "seed": seed, "dir": str(s.parent),
+                                 **json.loads(s.read_text())})
+                continue
+            runs.append(run(config, seed, out))
+    write_page(runs, args, Path(args.results))
+
+
+def write_page(runs: list[dict], args, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["recipe"], []).append(r)
+    base = [r["base_accuracy"] for r in runs if r.get("base_accuracy") is not None]
+    lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |", "|---|---|---|---|---|"]
+    if base:
+        m, h = ci(base)
+        lines.append(f"| base SmolLM2-135M-Instruct | {len(base)} | {m:.3f} ± {h:.3f} | "
+                     f"{', '.join(f'{x:.3f}' for x in base)} | |")
+    for recipe, rs in by.items():
+        acc = [r["final_accuracy"] for r in rs]
+        m, h = ci(acc)
+        wall = sum(r["wall_s"] for r in rs) / len(rs)
+        lines.append(f"| after {recipe.upper()} | {len(rs)} | {m:.3f} ± {h:.3f} | "
+                     f"{', '.join(f'{x:.3f}' for x in acc)} | {wall / 60:.1f} min |")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green"}
+    for r in runs:
+        rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
+        steps = [x for x in rows if x["event"] == "step"]
+        cands = [x for x in rows if x["event"] == "candidate" and x.get("accuracy") is not None]
+        c = colors.get(r["recipe"], None)
+        label = f"{r['recipe']} seed {r['seed']}"
+        axes[0].plot([0] + [x["trainer_step"] for x in cands], [r["base_accuracy"]] + [x["accuracy"] for x in cands],
+                     marker="o", color=c, alpha=0.7, label=label)
+        axes[1].plot(range(1, len(steps) + 1), [x.get("reward_mean") for x in steps], color=c, alpha=0.7,
+                     label=label)
+    axes[0].set_xlabel("policy step")
+    axes[0].set_ylabel("held-out accuracy (greedy)")
+    axes[1].set_xlabel("training batch")
+    axes[1].set_ylabel("batch reward (sampled rollouts)")
+    for a in axes:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    cmd = ("python scripts/compare_recipes.py " + " ".join(args.configs) + " --seeds "
+           + " ".join(map(str, args.seeds)) + f" --out {args.out} --results {args.results}")
+    page = f"""# SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU
+
+Command (2 CPU cores; each run in turn): `{cmd}`
+
+Task: reasoning-gym `basic_arithmetic`, two operands of 1-2 digits, + and -; system prompt "Answer with the final
+number only."; a rollout is correct when the last number in its text equals the answer. Held-out: 64 items from a
+seed disjoint from training, answered greedily with at most 32 tokens. Equal rollout budget: every run makes the
+same number of rollouts ({runs[0]['rollouts'] if runs else '?'}; SAO one per prompt, GRPO four per prompt), scored and
+reported through the gateway, trained in the learner thread, released after every `steps_per_candidate` policy
+steps with selection `always`. Configs: {', '.join(f'`{c}`' for c in args.configs)}.
+
+{chr(10).join(lines)}
+
+![held-out accuracy and reward](./{path.with_suffix('.png').name})
+
+Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/compare_recipes.py from the runs' own files.
+"""
+    path.with_suffix(".md").write_text(page)
+    print(page)
+
+
+if __name__ == "__main__":
+    main()
