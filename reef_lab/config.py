@@ -22,6 +22,9 @@ class ServeConfig:
         "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
     recipe: str = field(default="basic", metadata={
         "help": "recipe of new scenarios: a folder name in recipes/ (basic, ...) or a module:Class path"})
+    recipe_config: str | dict | None = field(default=None, metadata={
+        "help": "config of new scenarios' recipe: a YAML/JSON file (in a -c file also a mapping), e.g. "
+                "recipes/sao/examples/live.yaml"})
     upstream_url: str | None = field(default=None, metadata={
         "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
                 "the embedded model; its key comes from REEF_UPSTREAM_API_KEY"})
@@ -48,8 +51,19 @@ class ServeConfig:
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
+        if isinstance(self.recipe_config, str) and not Path(self.recipe_config).is_file():
+            raise ValueError(f"recipe_config file {self.recipe_config!r} does not exist")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
+
+    def recipe_settings(self) -> dict:
+        """The recipe config as a mapping (read from the file when a path was given)."""
+        if self.recipe_config is None or isinstance(self.recipe_config, dict):
+            return dict(self.recipe_config or {})
+        data = yaml.safe_load(Path(self.recipe_config).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.recipe_config} must hold a mapping of the recipe's config fields")
+        return data
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -54,13 +54,14 @@ class StreamReply:
 class Gateway:
     """Serves, records and reports for one data dir with one engine."""
 
-    def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic"):
+    def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic",
+                 default_config: dict | None = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        load_recipe(default_recipe)  # a wrong --recipe fails at start, not on the first request
+        load_recipe(default_recipe, default_config)  # a wrong --recipe fails at start, not on the first request
         self.engine = engine
         self.store = RecordStore(self.data_dir)
-        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe)
+        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
         self.releases = ReleaseStore(self.data_dir)
         self._learners: dict[str, Learner] = {}
@@ -462,10 +463,7 @@ class Gateway:
         if config is not None and not isinstance(config, dict):
             raise BadRequest("'config' must be an object of the recipe's config fields")
         if body.get("recipe") is not None or config:
-            try:
-                load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
-            except TypeError as e:
-                raise BadRequest(f"the recipe's config does not fit: {e}") from None
+            load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
         return self.scenario_info(s.name)
 

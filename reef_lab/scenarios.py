@@ -40,9 +40,10 @@ def check_name(name: str | None) -> str:
 
 
 class ScenarioRegistry:
-    def __init__(self, data_dir: str | Path, default_recipe: str):
+    def __init__(self, data_dir: str | Path, default_recipe: str, default_config: dict | None = None):
         self.path = Path(data_dir) / "scenarios.json"
         self.default_recipe = default_recipe
+        self.default_config = default_config or {}
         self._lock = threading.Lock()
         self._items: dict[str, Scenario] = {}
         if self.path.exists():
@@ -71,7 +72,7 @@ class ScenarioRegistry:
         with self._lock:
             if name not in self._items:
                 check_name(name)
-                self._items[name] = Scenario(name, self.default_recipe)
+                self._items[name] = Scenario(name, self.default_recipe, config=dict(self.default_config))
                 self._save()
             return self._items[name]
 
@@ -80,6 +81,8 @@ class ScenarioRegistry:
         with self._lock:
             if name in self._items:
                 raise Conflict(f"scenario {name!r} already exists")
+            if config is None and not recipe:
+                config = dict(self.default_config)
             s = Scenario(name, recipe or self.default_recipe, config=config or {})
             self._items[name] = s
             self._save()

@@ -21,4 +21,5 @@ def build_engine(cfg: ServeConfig):
 
 def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe)
+    return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
+                   default_config=cfg.recipe_settings())

@@ -1,0 +1,82 @@
+"""A client for the live learning loop: asks arithmetic questions through the official openai SDK, scores each
+answer with the task's verifier and reports the score to /reef/report, then shows the scenario's releases with the
+held-out accuracy of each.
+
+    python scripts/serve.py --recipe sao --recipe-config recipes/sao/examples/live.yaml      # terminal 1
+    python scripts/live_client.py --rollouts 256                                              # terminal 2
+
+The server trains in the background as reports arrive; the client keeps `--concurrency` questions in flight and,
+like the experiment runner, waits while the learner's pool is full (GET /reef/scenarios/{s}/releases says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import requests  # noqa: E402
+from openai import OpenAI  # noqa: E402
+
+from reef_lab.tasks import Task  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8900")
+    p.add_argument("--scenario", default="arithmetic-live")
+    p.add_argument("--rollouts", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-pool", type=int, default=16, help="wait while the learner holds this many samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait", type=float, default=900, help="seconds to wait for training to finish at the end")
+    args = p.parse_args()
+    token = os.environ.get("REEF_TOKEN", "").split(",")[0] or "none"
+    client = OpenAI(base_url=args.url + "/v1", api_key=token, default_headers={"x-reef-scenario": args.scenario})
+    auth = {"Authorization": f"Bearer {token}", "x-reef-scenario": args.scenario}
+    task = Task({"operators": ["+", "-"], "min_digits": 1, "max_digits": 2})
+    items = task.items(args.rollouts, seed=args.seed)
+
+    def learner() -> dict:
+        r = requests.get(f"{args.url}/reef/scenarios/{args.scenario}/releases", headers=auth, timeout=30)
+        return r.json().get("learner") or {}
+
+    scores = []
+
+    def one(k: int) -> None:
+        while (ln := learner()) and ln.get("pool", 0) + ln.get("inbox", 0) >= args.max_pool:
+            time.sleep(0.2)
+        item = items[k]
+        raw = client.chat.completions.with_raw_response.create(
+            model="default", messages=item["messages"], max_tokens=32, temperature=1.0, seed=args.seed * 100_003 + k)
+        answer = raw.parse().choices[0].message.content
+        score = task.score(item, answer)
+        r = requests.post(f"{args.url}/reef/report", headers=auth, timeout=30,
+                          json={"score": score, "references": [raw.headers["x-reef-agent-record-id"]]})
+        r.raise_for_status()
+        scores.append(score)
+        if len(scores) % 16 == 0:
+            recent = scores[-16:]
+            print(f"[client] {len(scores)}/{args.rollouts} rollouts, last 16 reward {sum(recent) / 16:.3f}, "
+                  f"release {raw.headers['x-reef-release-id']}", flush=True)
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        list(pool.map(one, range(args.rollouts)))
+    deadline = time.time() + args.wait
+    while time.time() < deadline and (ln := learner()) and (ln.get("phase") != "idle" or ln.get("inbox")):
+        time.sleep(1)
+    rel = requests.get(f"{args.url}/reef/scenarios/{args.scenario}/releases", headers=auth, timeout=30).json()
+    base = (rel.get("base_eval") or {}).get("accuracy")
+    print(f"[client] serving {rel['serving']}; held-out accuracy: base {base}")
+    for r in rel["releases"]:
+        print(f"[client]   {r['release_id']} (parent {r['parent']}, trainer step {r['trainer_step']}): "
+              f"{(r.get('eval') or {}).get('accuracy')}")
+
+
+if __name__ == "__main__":
+    main()
