@@ -58,8 +58,8 @@ class Gateway:
                  default_config: dict | None = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        load_recipe(default_recipe, default_config)  # a wrong --recipe fails at start, not on the first request
         self.engine = engine
+        self._check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start, not on a request
         self.store = RecordStore(self.data_dir)
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
@@ -69,7 +69,16 @@ class Gateway:
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
             if getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
-                self.learner(s.name)
+                try:
+                    self.learner(s.name)
+                except Conflict as e:
+                    log.warning("scenario %s does not learn under this deployment: %s", s.name, e.message)
+
+    def _check_engine_fits(self, recipe) -> None:
+        if getattr(recipe, "trains", False) and not hasattr(self.engine, "load_release"):
+            raise Conflict(f"recipe {recipe.name!r} trains model weights, which this engine (an upstream provider) "
+                           "cannot serve: use the embedded model (no --upstream-url) or a recipe that does not "
+                           "train weights")
 
     def _restore_releases(self) -> None:
         """Serve each scenario's serving release again after a restart."""
@@ -272,7 +281,7 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and getattr(self.recipe(name), "trains", False):
+        if created and refs and getattr(self.recipe(name), "trains", False) and hasattr(self.engine, "load_release"):
             self.learner(name).on_report(rec.to_dict())
         return created, rec.id
 
@@ -378,7 +387,8 @@ class Gateway:
             self.scenarios.ensure(rec.scenario)
         created = self.store.append(records)
         for rec, c in zip(records, created, strict=True):
-            if c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False):
+            if (c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False)
+                    and hasattr(self.engine, "load_release")):
                 ln = self.learner(rec.scenario)
                 (ln.on_report if rec.kind == "report" else ln.on_demonstration)(rec.to_dict())
         return (201 if any(created) else 200), {
@@ -463,7 +473,7 @@ class Gateway:
         if config is not None and not isinstance(config, dict):
             raise BadRequest("'config' must be an object of the recipe's config fields")
         if body.get("recipe") is not None or config:
-            load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
+            self._check_engine_fits(load_recipe(body.get("recipe") or self.scenarios.default_recipe, config))
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
         return self.scenario_info(s.name)
 

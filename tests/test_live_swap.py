@@ -176,3 +176,32 @@ def test_swap_under_load(server):
         rec = server.gateway.get_record("w", receipt)
         assert rec["release_id"] == rid
         assert rec["token_ids"] == alone[(rid, p)], (rid, p)
+
+
+def test_modes_and_demonstrations(server):
+    u = server.url
+    # auto: POST /reef/train is refused with the reason; hybrid: trains on request too
+    requests.post(u + "/reef/scenarios", json={"name": "a", "recipe": "sft", "config": {**SFT, "mode": "auto",
+                                                                                          "batch_size": 50}})
+    r = requests.post(u + "/reef/train", json={"scenario": "a"})
+    assert r.status_code == 409 and "mode 'auto'" in r.json()["error"]["message"]
+    r = requests.post(u + "/reef/scenarios", json={"name": "bad", "recipe": "sft", "config": {"mode": "sometimes"}})
+    assert r.status_code == 400 and "mode must be one of" in r.json()["error"]["message"]
+    # SFT on imported demonstrations (kind "train"), in hybrid mode
+    requests.post(u + "/reef/scenarios", json={"name": "d", "recipe": "sft", "config": {**SFT, "mode": "hybrid",
+                                                                                          "batch_size": 3}})
+    demos = [{"kind": "train", "request": {"messages": m}, "response": {"content": "42"}} for m in PROMPTS[:2]]
+    r = requests.post(u + "/reef/records/batch", headers={"x-reef-scenario": "d"}, json={"records": demos})
+    assert r.status_code == 201, r.text
+    assert requests.post(u + "/reef/train", json={"scenario": "d"}).status_code == 409  # 2 of 3
+    r = requests.post(u + "/reef/records/batch", headers={"x-reef-scenario": "d"}, json={"records": demos[:1]})
+    deadline = time.time() + 120
+    while time.time() < deadline and requests.get(u + "/reef/scenarios/d/releases").json()["serving"] != "d:v1":
+        time.sleep(0.1)  # hybrid trains by itself once the batch is full
+    rel = requests.get(u + "/reef/scenarios/d/releases").json()
+    assert rel["serving"] == "d:v1" and len(rel["releases"][0]["records"]) == 3
+
+
+def test_training_recipe_on_an_upstream_engine_is_refused(proxy):
+    r = requests.post(proxy.url + "/reef/scenarios", json={"name": "t", "recipe": "sao"})
+    assert r.status_code == 409 and "cannot serve" in r.json()["error"]["message"]
