@@ -116,7 +116,8 @@ class ReleaseStore:
             src, dst = self.folder(scenario) / "candidates" / cid, self.folder(scenario) / version
             shutil.copytree(src, dst)  # the candidate folder stays as it was, for inspection
             release = {"version": version, "release_id": release_key(scenario, version), "candidate": cid,
-                       "parent": idx["serving"] or BASE, "created_at": time.time(), "folder": str(dst),
+                       "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
+                       "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
                                                    "trainer_step")}}
             idx["releases"].append(release)

@@ -115,3 +115,25 @@ def test_lora_exports_merged_weights(gateway, tiny_model_dir):
     assert set(base) == set(new)  # a plain model folder, adapters merged
     changed = {k for k in base if not torch.equal(base[k], new[k])}
     assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed)
+
+
+def test_restart_serves_the_release_and_resumes_learning(tiny_model_dir, tmp_path):
+    data = tmp_path / "data"
+    gw = Gateway(data, EmbeddedEngine.from_path(str(tiny_model_dir)))
+    gw.create_scenario({"name": "s", "recipe": "sft", "config": {"batch_size": 4, "trainer": TRAINER}})
+    drive(gw, "s", 8)  # 4 good samples: one batch, release v1
+    assert gw.learner("s").wait_idle(300)
+    drive(gw, "s", 4)  # 2 more good samples wait in the pool when the server stops
+    gw.close()
+    gw = Gateway(data, EmbeddedEngine.from_path(str(tiny_model_dir)))
+    try:
+        assert ask(gw, "s", Task().items(1, seed=99)[0])[1] == "s:v1"
+        ln = gw.learner("s")
+        assert ln.wait_idle(60) and ln.status()["pool"] == 2  # replayed, not trained twice
+        drive(gw, "s", 4)  # two more: a full batch again, trained from v1's weights
+        assert ln.wait_idle(300) and ln.last_error is None
+        rels = gw.list_releases("s")
+        assert rels["serving"] == "s:v2" and rels["releases"][1]["parent"] == "s:v1"
+        assert set(rels["releases"][1]["records"]).isdisjoint(rels["releases"][0]["records"])
+    finally:
+        gw.close()
