@@ -103,9 +103,9 @@ def launch(recipe: str, seed: int, rollouts: int, lr: float, out: str) -> subpro
     """Start scripts/run_experiment.py on the recipe's arithmetic example as a detached child process."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "scripts/run_experiment.py"), str(ROOT / f"recipes/{recipe}/examples/arithmetic.yaml"),
-           "--seed", str(seed), "--out", str(out_dir), "--set", f"rollouts={rollouts}",
-           "--set", f"recipe_config.trainer.lr={lr}"]
+    example = ROOT / f"recipes/{recipe}/examples/arithmetic.yaml"
+    cmd = [sys.executable, str(ROOT / "scripts/run_experiment.py"), str(example), "--seed", str(seed),
+           "--out", str(out_dir), "--set", f"rollouts={rollouts}", "--set", f"recipe_config.trainer.lr={lr}"]
     log = open(out_dir / "run.log", "ab")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 

@@ -81,6 +81,12 @@ class LearnConfig:
             raise ValueError("steps_per_candidate and eval_size must be at least 1")
 
 
+def require_score(recipe_name: str, report: dict) -> None:
+    """The report schema of the reward-driven recipes: a report that references inferences carries a score."""
+    if report.get("references") and report.get("score") is None:
+        raise BadRequest(f"the {recipe_name} recipe needs a 'score' on every report that references inferences")
+
+
 def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[str, str]:
     """The selection policy's verdict on a candidate: ("accepted" | "rejected" | "review", reason)."""
     if policy == "always":

@@ -104,3 +104,14 @@ def within_staleness(rollout_step: int, trainer_step: int, max_staleness: int) -
     """A rollout made by the policy of trainer step `rollout_step` may join the update at `trainer_step` while the
     policy has moved at most `max_staleness` steps since (0: strictly on-policy)."""
     return 0 <= trainer_step - rollout_step <= max_staleness
+
+
+def split_by_staleness(pool: list, trainer_step: int, release_steps: dict[str, int],
+                       max_staleness: int) -> tuple[list, list]:
+    """(fresh, stale) samples of a pool, in pool order; a sample's policy step is its release's trainer step."""
+    fresh, stale = [], []
+    for s in pool:
+        ok = within_staleness(release_steps.get(s.release_id, 0), trainer_step, max_staleness)
+        (fresh if ok else stale).append(s)
+    return fresh, stale
+

@@ -83,7 +83,8 @@ def write_page(runs: list[dict], args, path: Path) -> None:
     for r in runs:
         by.setdefault(r["recipe"], []).append(r)
     base = [r["base_accuracy"] for r in runs if r.get("base_accuracy") is not None]
-    lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |", "|---|---|---|---|---|"]
+    lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |",
+             "|---|---|---|---|---|"]
     if base:
         m, h = ci(base)
         lines.append(f"| base SmolLM2-135M-Instruct | {len(base)} | {m:.3f} ± {h:.3f} | "

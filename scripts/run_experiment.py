@@ -1,4 +1,6 @@
-"""Run (or resume) an experiment from a YAML file: `python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml`.
+"""Run (or resume) an experiment from a YAML file.
+
+    python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
 The YAML holds reef_lab.experiment.ExperimentConfig fields; `--set key=value` overrides one (dotted keys reach into
 recipe_config/task, values parsed as YAML), `--seed` and `--out` are shortcuts. Progress shows as a bar with the

@@ -24,8 +24,6 @@ from reef_lab.engines.embedded import (
     EmbeddedEngine,
     _gguf_fingerprint,
     _TextTracker,
-    default_cache_dir,
-    default_gguf_path,
     load_model,
 )
 

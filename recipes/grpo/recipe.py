@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reef_lab import rl
-from reef_lab.errors import BadRequest
-from reef_lab.recipe import LearnConfig
+from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
@@ -62,18 +61,13 @@ class GRPORecipe:
         self.config = GRPOConfig(**config)
 
     def validate_report(self, report: dict) -> None:
-        if report.get("references") and report.get("score") is None:
-            raise BadRequest("the grpo recipe needs a 'score' on every report that references inferences")
+        require_score(self.name, report)
 
     def accepts(self, sample: Sample) -> bool:
         return sample.score is not None and sample.logprobs is not None and sample.group is not None
 
     def _fresh(self, pool, step, release_steps):
-        fresh, stale = [], []
-        for s in pool:
-            ok = rl.within_staleness(release_steps.get(s.release_id, 0), step, self.config.max_staleness)
-            (fresh if ok else stale).append(s)
-        return fresh, stale
+        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
 
     def _groups(self, fresh):
         groups: dict[str, list[Sample]] = {}

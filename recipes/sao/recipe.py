@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reef_lab import rl
-from reef_lab.errors import BadRequest
-from reef_lab.recipe import LearnConfig
+from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig, ValueConfig, ValueModel
 from recipes.grpo.recipe import dis_metrics, dis_token_loss
@@ -76,7 +75,7 @@ def advantages_and_targets(samples: list[Sample], values: list[list[float]], cfg
     n = max(len(s.completion_ids) for s in samples)
     mask = torch.zeros(len(samples), n)
     v = torch.zeros(len(samples), n)
-    for i, (s, vs) in enumerate(zip(samples, values, strict=True)):
+    for i, vs in enumerate(values):
         mask[i, : len(vs)] = 1
         v[i, : len(vs)] = torch.tensor(vs)
     rewards = rl.terminal_rewards(torch.tensor([s.score for s in samples]), mask)
@@ -98,18 +97,13 @@ class SAORecipe:
         self.config = SAOConfig(**config)
 
     def validate_report(self, report: dict) -> None:
-        if report.get("references") and report.get("score") is None:
-            raise BadRequest("the sao recipe needs a 'score' on every report that references inferences")
+        require_score(self.name, report)
 
     def accepts(self, sample: Sample) -> bool:
         return sample.score is not None and sample.logprobs is not None
 
     def _fresh(self, pool, step, release_steps):
-        fresh, stale = [], []
-        for s in pool:
-            ok = rl.within_staleness(release_steps.get(s.release_id, 0), step, self.config.max_staleness)
-            (fresh if ok else stale).append(s)
-        return fresh, stale
+        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
 
     def ready(self, pool, trainer_step, release_steps) -> bool:
         return len(self._fresh(pool, trainer_step, release_steps)[0]) >= self.config.batch_size

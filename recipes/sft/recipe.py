@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reef_lab.errors import BadRequest
-from reef_lab.recipe import LearnConfig
+from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
@@ -38,8 +37,7 @@ class SFTRecipe:
         self.config = SFTConfig(**config)
 
     def validate_report(self, report: dict) -> None:
-        if report.get("references") and report.get("score") is None:
-            raise BadRequest("the sft recipe needs a 'score' on reports that reference inferences")
+        require_score(self.name, report)
 
     def accepts(self, sample: Sample) -> bool:
         return sample.extra.get("demonstration") or (sample.score is not None
