@@ -13,6 +13,9 @@ from pathlib import Path
 
 import yaml
 
+from reef_lab.errors import ReefError
+from reef_lab.recipe import load_recipe
+
 
 @dataclass
 class ServeConfig:
@@ -99,9 +102,16 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
             values[key] = v
     values.update({k: v for k, v in vars(args).items() if k != "config" and v is not None})
     try:
-        return ServeConfig(**values)
+        cfg = ServeConfig(**values)
+        recipe = load_recipe(cfg.recipe, cfg.recipe_settings())
     except (ValueError, TypeError) as e:
         p.error(str(e))
+    except ReefError as e:
+        p.error(e.message)
+    if cfg.upstream_url and getattr(recipe, "trains", False):
+        p.error(f"recipe {cfg.recipe!r} trains model weights, which an upstream provider cannot serve: drop "
+                "--upstream-url to serve (and train) the embedded model, or choose a recipe that does not train")
+    return cfg
 
 
 def tokens_from_env() -> list[str]:

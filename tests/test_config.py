@@ -43,3 +43,25 @@ def test_help_explains_each_flag(capsys):
     for flag in ("--host", "--port", "--data-dir", "--recipe", "--upstream-url", "--upstream-model", "--model-path"):
         assert flag in out
     assert "REEF_UPSTREAM_API_KEY" in out
+
+
+def test_recipe_and_its_config_are_checked_at_the_command_line(tmp_path, capsys):
+    import pytest as _pytest
+
+    from reef_lab.config import parse_serve_config
+
+    cfg_file = tmp_path / "sao.yaml"
+    cfg_file.write_text("batch_size: 4\nmode: manual\n")
+    cfg = parse_serve_config(["--recipe", "sao", "--recipe-config", str(cfg_file)])
+    assert cfg.recipe_settings() == {"batch_size": 4, "mode": "manual"}
+    for argv, needle in ((["--recipe", "sao", "--upstream-url", "http://x"], "cannot serve"),
+                         (["--recipe", "nosuch"], "cannot be loaded"),
+                         (["--recipe", "sao", "--recipe-config", str(tmp_path / "none.yaml")], "does not exist")):
+        with _pytest.raises(SystemExit):
+            parse_serve_config(argv)
+        assert needle in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_size: 4\nnot_a_field: 1\n")
+    with _pytest.raises(SystemExit):
+        parse_serve_config(["--recipe", "sao", "--recipe-config", str(bad)])
+    assert "not_a_field" in capsys.readouterr().err
