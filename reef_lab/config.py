@@ -28,6 +28,10 @@ class ServeConfig:
     recipe_config: str | dict | None = field(default=None, metadata={
         "help": "config of new scenarios' recipe: a YAML/JSON file (in a -c file also a mapping), e.g. "
                 "recipes/sao/examples/live.yaml"})
+    hub_repo: str | None = field(default=None, metadata={
+        "help": "publish each release to this Hub model repo, e.g. me/reef-{scenario} (HF_ENDPOINT, HF_TOKEN); "
+                "off by default"})
+    hub_private: int = field(default=0, metadata={"help": "1: create Hub repos private"})
     upstream_url: str | None = field(default=None, metadata={
         "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
                 "the embedded model; its key comes from REEF_UPSTREAM_API_KEY"})

@@ -47,6 +47,8 @@ class ExperimentConfig:
     model_path: str | None = field(default=None, metadata={"help": "model to train (default: embedded SmolLM2)"})
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+    hub: dict = field(default_factory=dict, metadata={
+        "help": "publish releases to the Hub: reef_lab.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
 
     def __post_init__(self) -> None:
         if self.rollouts < 1 or self.group_size < 1 or self.concurrency < 1 or self.max_pool < 1:
@@ -71,7 +73,10 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
     if engine is None:
         from reef_lab.engines.embedded import EmbeddedEngine
         engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
-    gw = Gateway(run_dir / "data", engine, default_recipe="basic")
+    from reef_lab.hub import HubConfig
+
+    hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
+    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub)
     started = time.time()
     try:
         name = cfg.name
@@ -119,6 +124,8 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         bar.close()
         rollouts_log.close()
         learner.wait_idle(timeout=3600)
+        if gw.hub is not None:
+            gw.hub.wait(timeout=600)
         final_eval = learner.evaluate_serving() if cfg.final_eval and learner._task else None
         idx = gw.releases.index(name)
         base_eval = base_eval or idx.get("base_eval")

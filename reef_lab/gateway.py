@@ -20,6 +20,7 @@ import orjson
 
 from reef_lab import dialects
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
+from reef_lab.hub import HubConfig, HubPublisher
 from reef_lab.learner import Learner
 from reef_lab.recipe import Recipe, load_recipe
 from reef_lab.releases import BASE, ReleaseStore
@@ -55,7 +56,7 @@ class Gateway:
     """Serves, records and reports for one data dir with one engine."""
 
     def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic",
-                 default_config: dict | None = None):
+                 default_config: dict | None = None, hub: HubConfig | None = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -65,6 +66,8 @@ class Gateway:
         self._recipes: dict[str, Recipe] = {}
         self.releases = ReleaseStore(self.data_dir)
         self._learners: dict[str, Learner] = {}
+        self.hub = HubPublisher(hub, self.releases, getattr(engine, "hub_id", None) or engine.model_name) \
+            if hub is not None and hub.repo else None
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
@@ -293,8 +296,13 @@ class Gateway:
             if not getattr(recipe, "trains", False):
                 raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train")
             ln = self._learners[name] = Learner(name, recipe, store=self.store, engine=self.engine,
-                                                releases=self.releases, data_dir=self.data_dir)
+                                                releases=self.releases, data_dir=self.data_dir,
+                                                on_release=self._released)
         return ln
+
+    def _released(self, scenario: str, release: dict) -> None:
+        if self.hub is not None:
+            self.hub.release(scenario, release["version"])
 
     def train(self, scenario: str | None) -> dict:
         name = check_name(scenario)
@@ -306,7 +314,8 @@ class Gateway:
         idx = self.releases.index(name)
         serving = self.releases.serving(name)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
-               "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval")}
+               "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
+               "hub_main": idx.get("hub_main")}
         if name in self._learners:
             out["learner"] = self._learners[name].status()
         return out
@@ -323,6 +332,8 @@ class Gateway:
             self.engine.load_release(target, rel["folder"])
         self.engine.route(name, target)
         self.releases.set_serving(name, target)
+        if self.hub is not None:
+            self.hub.serving(name, rel["version"] if rel else None)
         if name in self._learners:
             self._learners[name].reset_trainer()
         return self.list_releases(name)
@@ -490,11 +501,15 @@ class Gateway:
         return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
                 "engine": self.engine.info(), "store": self.store.info(),
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
-                "learners": {n: ln.status() for n, ln in self._learners.items()}}
+                "learners": {n: ln.status() for n, ln in self._learners.items()},
+                "hub": None if self.hub is None else {"repo": self.hub.config.repo,
+                                                      "queued": self.hub._jobs.unfinished_tasks}}
 
     def close(self) -> None:
         for ln in self._learners.values():
             ln.close()
+        if self.hub is not None:
+            self.hub.close()
         self.store.close()
         self.engine.close()
 

@@ -35,7 +35,8 @@ log = logging.getLogger("reef_lab.learner")
 
 
 class Learner:
-    def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path):
+    def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path,
+                 on_release=None):
         if not hasattr(engine, "load_release") or getattr(engine, "model_dir", None) is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
@@ -54,6 +55,7 @@ class Learner:
         self._stop = False
         self._reset = False
         self._publish_lock = threading.Lock()
+        self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
@@ -294,6 +296,8 @@ class Learner:
                       "candidate": cid, "trainer_step": rel.get("trainer_step"), "swap_s": round(swap_s, 3),
                       "accuracy": (rel.get("eval") or {}).get("accuracy")})
         log.info("scenario %s: release %s serving (swap %.2f s)", self.scenario, rel["release_id"], swap_s)
+        if self._on_release is not None:
+            self._on_release(self.scenario, rel)
         return rel
 
     def _items(self) -> list[dict]:

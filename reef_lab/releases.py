@@ -136,6 +136,22 @@ class ReleaseStore:
             self._save(scenario, idx)
             return rel
 
+    def update_release(self, scenario: str, version: str, **fields) -> dict:
+        with self._lock:
+            idx = self.index(scenario)
+            rel = next((r for r in idx["releases"] if r["version"] == version), None)
+            if rel is None:
+                raise NotFound(f"scenario {scenario!r} has no release {version!r}")
+            rel.update(fields)
+            self._save(scenario, idx)
+            return rel
+
+    def update_index(self, scenario: str, **fields) -> None:
+        with self._lock:
+            idx = self.index(scenario)
+            idx.update(fields)
+            self._save(scenario, idx)
+
     def set_base_eval(self, scenario: str, result: dict) -> None:
         with self._lock:
             idx = self.index(scenario)

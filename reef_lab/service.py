@@ -21,5 +21,8 @@ def build_engine(cfg: ServeConfig):
 
 def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+    from reef_lab.hub import HubConfig
+
+    hub = HubConfig(repo=cfg.hub_repo, private=bool(cfg.hub_private)) if cfg.hub_repo else None
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
-                   default_config=cfg.recipe_settings())
+                   default_config=cfg.recipe_settings(), hub=hub)

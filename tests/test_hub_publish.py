@@ -1,0 +1,149 @@
+"""Releases published to a Hub repo on loopback through the real huggingface_hub client, pulled back with the real
+`hf download` CLI and loaded with transformers; rollback moves main while tags stay; a dead Hub never stops
+serving, marks the release failed with the error, and a later push succeeds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from huggingface_hub import HfApi, constants
+
+from reef_lab.engines.base import ChatRequest, SamplingParams
+from reef_lab.engines.embedded import EmbeddedEngine
+from reef_lab.gateway import Gateway
+from reef_lab.hub import HubConfig
+from reef_lab.tasks import Task
+from reef_lab.testing.hub_server import serve_in_thread
+from tests.conftest import Running
+
+TOKEN = "hub-test-token"
+PROMPTS = [it["messages"] for it in Task().items(3, seed=21)]
+SFT = {"batch_size": 2, "mode": "manual", "trainer": {"lr": 3e-3, "micro_batch_size": 2}}
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    server, url = serve_in_thread(tmp_path / "hub", token=TOKEN)
+    yield server, url
+    server.stop()
+
+
+@pytest.fixture
+def live(hub, tiny_model_dir, tmp_path):
+    _, url = hub
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir)),
+                 hub=HubConfig(repo="me/reef-{scenario}", endpoint=url, retries=2, backoff_s=0.2))
+    running = Running(gw)
+    yield running
+    running.stop()
+
+
+def chat(u, messages):
+    r = requests.post(u + "/v1/chat/completions", headers={"x-reef-scenario": "s"}, timeout=60,
+                      json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def train_release(u, version):
+    for i in range(2):
+        r = requests.post(u + "/v1/chat/completions", headers={"x-reef-scenario": "s"}, timeout=60,
+                          json={"model": "tiny", "messages": PROMPTS[i], "max_tokens": 6, "seed": i})
+        requests.post(u + "/reef/report", headers={"x-reef-scenario": "s"},
+                      json={"score": 1.0, "references": [r.headers["x-reef-agent-record-id"]]}).raise_for_status()
+    assert requests.post(u + "/reef/train", json={"scenario": "s"}).status_code == 202
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if requests.get(u + "/reef/scenarios/s/releases").json()["serving"] == f"s:{version}":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{version} never served")
+
+
+def hf_download(url, revision, dest: Path):
+    env = {**os.environ, "HF_ENDPOINT": url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
+           "HF_HOME": str(dest.parent / "hf-home")}
+    hf = Path(sys.executable).parent / "hf"
+    out = subprocess.run([str(hf), "download", "me/reef-s", "--revision", revision, "--local-dir", str(dest)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return dest
+
+
+def greedy(engine, release=None, scenario=None):
+    return [engine.submit(ChatRequest(p, SamplingParams(max_tokens=8, temperature=0), release=release,
+                                      scenario=scenario)).result(60).token_ids for p in PROMPTS]
+
+
+def test_releases_on_the_hub_download_load_and_rollback(live, hub, tmp_path):
+    _, url = hub
+    u, gw = live.url, live.gateway
+    requests.post(u + "/reef/scenarios", json={"name": "s", "recipe": "sft", "config": SFT}).raise_for_status()
+    train_release(u, "v1")
+    train_release(u, "v2")
+    assert gw.hub.wait(60)
+    rels = requests.get(u + "/reef/scenarios/s/releases").json()
+    assert [r["hub"]["state"] for r in rels["releases"]] == ["pushed", "pushed"]
+    api = HfApi(endpoint=url, token=TOKEN)
+    refs = api.list_repo_refs("me/reef-s")
+    tags = {t.name: t.target_commit for t in refs.tags}
+    assert tags == {"v1": rels["releases"][0]["hub"]["commit"], "v2": rels["releases"][1]["hub"]["commit"]}
+    main = next(b.target_commit for b in refs.branches if b.name == "main")
+    assert main == tags["v2"]  # main holds the serving release
+
+    # hf download v2 into an empty folder: transformers loads it, and it answers as the serving v2 does
+    folder = hf_download(url, "v2", tmp_path / "v2")
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(folder)
+    card = (folder / "README.md").read_text()
+    assert "base_model:" in card and "| recipe | sft |" in card and "| parent release | s:v1 |" in card
+    assert "| records consumed | 2 |" in card
+    serving = greedy(gw.engine, scenario="s")
+    with EmbeddedEngine.from_path(str(folder)) as pulled:
+        assert greedy(pulled) == serving
+
+    # rollback: a new commit on main with v1's files; the tags do not move
+    requests.post(u + "/reef/scenarios/s/rollback", json={"release_id": "v1"}).raise_for_status()
+    assert gw.hub.wait(60)
+    refs = api.list_repo_refs("me/reef-s")
+    assert {t.name: t.target_commit for t in refs.tags} == tags
+    new_main = next(b.target_commit for b in refs.branches if b.name == "main")
+    assert new_main not in tags.values()
+    main_files = hf_download(url, "main", tmp_path / "main")
+    v1_files = hf_download(url, "v1", tmp_path / "v1")
+    assert (main_files / "model.safetensors").read_bytes() == (v1_files / "model.safetensors").read_bytes()
+    assert requests.get(u + "/reef/scenarios/s/releases").json()["hub_main"]["state"] == "pushed"
+
+
+def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
+    server, url = hub
+    u, gw = live.url, live.gateway
+    requests.post(u + "/reef/scenarios", json={"name": "s", "recipe": "sft", "config": SFT}).raise_for_status()
+    port = server.port
+    server.stop()
+    train_release(u, "v1")  # trains, releases and serves with the Hub gone
+    assert chat(u, PROMPTS[0]).headers["x-reef-release-id"] == "s:v1"
+    assert gw.hub.wait(60)
+    rel = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][0]
+    assert rel["hub"]["state"] == "failed" and rel["hub"]["attempts"] == 2 and rel["hub"]["error"]
+    restarted, _ = serve_in_thread(tmp_path / "hub", token=TOKEN, port=port)
+    try:
+        train_release(u, "v2")
+        assert gw.hub.wait(60)
+        rel2 = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][1]
+        assert rel2["hub"]["state"] == "pushed"
+        assert {t.name for t in HfApi(endpoint=url, token=TOKEN).list_repo_refs("me/reef-s").tags} == {"v2"}
+    finally:
+        restarted.stop()
