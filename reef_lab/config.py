@@ -32,6 +32,10 @@ class ServeConfig:
         "help": "publish each release to this Hub model repo, e.g. me/reef-{scenario} (HF_ENDPOINT, HF_TOKEN); "
                 "off by default"})
     hub_private: int = field(default=0, metadata={"help": "1: create Hub repos private"})
+    wandb_project: str = field(default="reef_lab", metadata={
+        "help": "W&B project of the training scenarios' runs (WANDB_MODE, WANDB_API_KEY; offline by default)"})
+    wandb_mode: str | None = field(default=None, metadata={
+        "help": "offline, online or disabled (default: WANDB_MODE, else online with WANDB_API_KEY, else offline)"})
     upstream_url: str | None = field(default=None, metadata={
         "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
                 "the embedded model; its key comes from REEF_UPSTREAM_API_KEY"})

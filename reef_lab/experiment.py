@@ -47,6 +47,9 @@ class ExperimentConfig:
     model_path: str | None = field(default=None, metadata={"help": "model to train (default: embedded SmolLM2)"})
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+    wandb: dict = field(default_factory=dict, metadata={
+        "help": "reef_lab.tracking.TrackingConfig fields (project, entity, group, mode); the run is named after the "
+                "experiment and seed, grouped by the experiment's name"})
     hub: dict = field(default_factory=dict, metadata={
         "help": "publish releases to the Hub: reef_lab.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
 
@@ -76,7 +79,11 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
     from reef_lab.hub import HubConfig
 
     hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
-    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub)
+    from reef_lab.tracking import TrackingConfig
+
+    tracking = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}",
+                                 "extra_config": {"experiment": asdict(cfg)}, **cfg.wandb})
+    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub, tracking=tracking)
     started = time.time()
     try:
         name = cfg.name

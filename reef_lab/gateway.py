@@ -22,6 +22,7 @@ from reef_lab import dialects
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
 from reef_lab.hub import HubConfig, HubPublisher
 from reef_lab.learner import Learner
+from reef_lab.tracking import Tracker, TrackingConfig
 from reef_lab.recipe import Recipe, load_recipe
 from reef_lab.releases import BASE, ReleaseStore
 from reef_lab.records import KINDS, Record, content_hash, new_record_id
@@ -56,7 +57,8 @@ class Gateway:
     """Serves, records and reports for one data dir with one engine."""
 
     def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic",
-                 default_config: dict | None = None, hub: HubConfig | None = None):
+                 default_config: dict | None = None, hub: HubConfig | None = None,
+                 tracking: TrackingConfig | None = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -68,6 +70,7 @@ class Gateway:
         self._learners: dict[str, Learner] = {}
         self.hub = HubPublisher(hub, self.releases, getattr(engine, "hub_id", None) or engine.model_name) \
             if hub is not None and hub.repo else None
+        self.tracking = tracking
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
@@ -295,14 +298,27 @@ class Gateway:
             recipe = self.recipe(name)
             if not getattr(recipe, "trains", False):
                 raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train")
+            tracker = None
+            if self.tracking is not None and self.tracking.resolved_mode() != "disabled":
+                from dataclasses import asdict
+
+                tracker = Tracker(self.tracking.name or name, {
+                    "scenario": name, "recipe": recipe.name, "recipe_config": asdict(recipe.config),
+                    "engine": self.engine.info().get("model_name"), "data_dir": str(self.data_dir),
+                    **self.tracking.extra_config}, self.tracking, self.data_dir)
+                if self.hub is not None:
+                    self.hub.links[name] = lambda t=tracker: t.link
             ln = self._learners[name] = Learner(name, recipe, store=self.store, engine=self.engine,
                                                 releases=self.releases, data_dir=self.data_dir,
-                                                on_release=self._released)
+                                                on_release=self._released, tracker=tracker)
         return ln
 
-    def _released(self, scenario: str, release: dict) -> None:
-        if self.hub is not None:
-            self.hub.release(scenario, release["version"])
+    def _released(self, scenario: str, release: dict) -> dict:
+        """A release went live: queue its Hub push; returns what the release's metrics row should add."""
+        if self.hub is None:
+            return {}
+        self.hub.release(scenario, release["version"])
+        return {"hub_url": f"{self.hub.api.endpoint}/{self.hub.config.repo_for(scenario)}/tree/{release['version']}"}
 
     def train(self, scenario: str | None) -> dict:
         name = check_name(scenario)

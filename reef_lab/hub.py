@@ -87,6 +87,7 @@ class HubPublisher:
         self.config, self.releases, self.base_model = config, releases, base_model
         self.api = HfApi(endpoint=config.endpoint or os.environ.get("HF_ENDPOINT") or None,
                          token=os.environ.get("HF_TOKEN") or None)
+        self.links: dict = {}  # scenario -> callable giving its W&B run link, for model cards
         self._jobs: queue.Queue = queue.Queue()
         self._busy = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reef-hub", daemon=True)
@@ -165,7 +166,8 @@ class HubPublisher:
         with tempfile.TemporaryDirectory(prefix="reef-hub-") as tmp:
             stage = Path(tmp) / version
             shutil.copytree(rel["folder"], stage)
-            (stage / "README.md").write_text(model_card(scenario, rel, self.base_model, self.config.wandb_url))
+            link = self.links[scenario]() if scenario in self.links else self.config.wandb_url
+            (stage / "README.md").write_text(model_card(scenario, rel, self.base_model, link))
             message = f"release {version}" if kind == "release" else f"serve {version} (rollback)"
             info = self.api.upload_folder(repo_id=repo, folder_path=stage, commit_message=message, revision="main",
                                           delete_patterns="*")

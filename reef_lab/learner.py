@@ -36,7 +36,7 @@ log = logging.getLogger("reef_lab.learner")
 
 class Learner:
     def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path,
-                 on_release=None):
+                 on_release=None, tracker=None):
         if not hasattr(engine, "load_release") or getattr(engine, "model_dir", None) is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
@@ -56,6 +56,7 @@ class Learner:
         self._reset = False
         self._publish_lock = threading.Lock()
         self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
+        self.tracker = tracker  # a reef_lab.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
@@ -110,6 +111,8 @@ class Learner:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout)
+        if self.tracker is not None:
+            self.tracker.close()
 
     def wait_idle(self, timeout: float = 600.0) -> bool:
         """Block until nothing is queued and no round is running or ready (tests and experiments)."""
@@ -268,7 +271,8 @@ class Learner:
         self._metric({"event": "candidate", "candidate": cid, "status": status, "reason": reason,
                       "trainer_step": self._trainer.steps,
                       "accuracy": cand_eval["accuracy"] if cand_eval else None,
-                      "serving_accuracy": serving_eval["accuracy"] if serving_eval else None})
+                      "serving_accuracy": serving_eval["accuracy"] if serving_eval else None,
+                      "examples": (cand_eval or {}).get("examples")})
         if verdict == "accepted":
             self.publish(cid)
 
@@ -292,12 +296,11 @@ class Learner:
                 self._metric({"event": "release_failed", "release_id": key, "error": str(e)})
                 raise
         swap_s = time.perf_counter() - started
+        extra = (self._on_release(self.scenario, rel) or {}) if self._on_release is not None else {}
         self._metric({"event": "release", "release_id": rel["release_id"], "version": rel["version"],
                       "candidate": cid, "trainer_step": rel.get("trainer_step"), "swap_s": round(swap_s, 3),
-                      "accuracy": (rel.get("eval") or {}).get("accuracy")})
+                      "accuracy": (rel.get("eval") or {}).get("accuracy"), **extra})
         log.info("scenario %s: release %s serving (swap %.2f s)", self.scenario, rel["release_id"], swap_s)
-        if self._on_release is not None:
-            self._on_release(self.scenario, rel)
         return rel
 
     def _items(self) -> list[dict]:
@@ -334,6 +337,8 @@ class Learner:
         row = {"time": time.time(), "scenario": self.scenario, **row}
         with open(self.metrics_path, "ab") as f:
             f.write(orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        if self.tracker is not None:
+            self.tracker.log(row)
 
 
 def _jsonable(config) -> dict:

@@ -24,5 +24,8 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     from reef_lab.hub import HubConfig
 
     hub = HubConfig(repo=cfg.hub_repo, private=bool(cfg.hub_private)) if cfg.hub_repo else None
+    from reef_lab.tracking import TrackingConfig
+
+    tracking = TrackingConfig(project=cfg.wandb_project, group="live", mode=cfg.wandb_mode)
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
-                   default_config=cfg.recipe_settings(), hub=hub)
+                   default_config=cfg.recipe_settings(), hub=hub, tracking=tracking)

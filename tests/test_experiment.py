@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,27 @@ def test_bad_experiment_configs_say_what_to_fix():
         ExperimentConfig(rollouts=10, group_size=4)
     with pytest.raises(ValueError, match="group_size must equal"):
         ExperimentConfig(recipe="grpo", group_size=2, recipe_config={"group_size": 4}, rollouts=8)
+
+
+def test_experiment_is_an_offline_wandb_run(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = config(tmp_path, recipe="sft", recipe_config={"batch_size": 4, "score_threshold": 0.0,
+                                                         "eval_task": {"name": "arithmetic"}, "eval_size": 4,
+                                                         "eval_max_tokens": 4, "trainer": {"lr": 1e-3}})
+    run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    runs = list((Path(cfg.out_dir) / "data" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(runs[0])], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    run = next(r["run"] for r in records if r["type"] == "run")
+    assert run["display_name"] == "exp-seed0" and run["run_group"] == "exp" and run["project"] == "reef_lab"
+    config_text = json.dumps(run["config"])
+    assert '"batch_size"' in config_text and '"rollouts"' in config_text  # recipe config and experiment config
+    history = [json.dumps(r) for r in records if r["type"] == "history"]
+    assert sum('"train/loss"' in h for h in history) == 4  # 16 rollouts, batch 4: a row per training step
+    assert any('"eval/accuracy"' in h for h in history)
+    assert any('"release/version_number"' in h for h in history)

@@ -1,0 +1,115 @@
+"""W&B tracking: every experiment and every live training scenario is a W&B run.
+
+The run gets the config from the config dataclasses, a metric per learner event (training step: loss, reward,
+masked fraction, value error, staleness, ...; candidate: held-out accuracy with a table of answers; release:
+version, swap time and the Hub revision it is pushed to). The learner's local metrics file stays the source the
+apps read; W&B is a mirror.
+
+Offline by default: `WANDB_MODE` decides, else online when `WANDB_API_KEY` is set, else offline (runs land in
+`<dir>/wandb/offline-run-*`, readable with `wandb leet inspect --json PATH` and uploadable with `wandb sync`).
+wandb.init and every log call run in the tracker's own thread from a queue, so a slow or missing network (online
+mode can hang about two minutes without one) never blocks training or serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("reef_lab.tracking")
+
+
+@dataclass
+class TrackingConfig:
+    project: str = field(default="reef_lab", metadata={"help": "W&B project"})
+    entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
+    group: str | None = field(default=None, metadata={"help": "W&B group (e.g. an experiment's name)"})
+    name: str | None = field(default=None, metadata={"help": "run name (default: the scenario's name)"})
+    extra_config: dict = field(default_factory=dict, metadata={"help": "more config recorded on the run"})
+    mode: str | None = field(default=None, metadata={
+        "help": "offline, online or disabled; default: WANDB_MODE, else online if WANDB_API_KEY is set, else offline"})
+
+    def __post_init__(self) -> None:
+        if self.mode not in (None, "offline", "online", "disabled"):
+            raise ValueError(f"tracking mode must be offline, online or disabled, got {self.mode!r}")
+
+    def resolved_mode(self) -> str:
+        return self.mode or os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY")
+                                                             else "offline")
+
+
+_STOP = object()
+
+
+class Tracker:
+    """One W&B run fed through a queue by its own thread."""
+
+    def __init__(self, name: str, config: dict, tracking: TrackingConfig, directory: str | Path):
+        self.name, self.tracking = name, tracking
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.link: str | None = None  # the run's URL online, its local folder offline
+        self.error: str | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(config,), name=f"reef-wandb-{name}", daemon=True)
+        self._thread.start()
+
+    def log(self, row: dict) -> None:
+        self._queue.put(("log", row))
+
+    def close(self, timeout: float = 60.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        return self._ready.wait(timeout)
+
+    def _run(self, config: dict) -> None:
+        try:
+            import wandb
+
+            run = wandb.init(project=self.tracking.project, entity=self.tracking.entity, group=self.tracking.group,
+                             name=self.name, config=config, dir=str(self.dir), mode=self.tracking.resolved_mode(),
+                             settings=wandb.Settings(silent=True, console="off"), reinit="create_new")
+            self.link = run.url or str(Path(run.dir).parent)
+        except Exception as e:  # noqa: BLE001 - tracking is a mirror: without it, training and serving go on
+            self.error = f"{type(e).__name__}: {e}"
+            log.warning("W&B run %s could not start (%s); metrics stay in the local metrics file", self.name,
+                        self.error)
+            self._ready.set()
+            while self._queue.get() is not _STOP:
+                pass
+            return
+        self._ready.set()
+        try:
+            while (item := self._queue.get()) is not _STOP:
+                try:
+                    self._write(run, wandb, item[1])
+                except Exception as e:  # noqa: BLE001 - one bad row must not end the run
+                    log.warning("W&B log of %s failed: %s", self.name, e)
+        finally:
+            run.finish()
+
+    @staticmethod
+    def _write(run, wandb, row: dict) -> None:
+        event = row.get("event", "metric")
+        prefix = {"step": "train", "candidate": "eval", "release": "release", "eval": "eval"}.get(event, event)
+        data = {f"{prefix}/{k}": v for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time",)}
+        if event == "candidate" and row.get("examples"):
+            data["eval/answers"] = wandb.Table(columns=["id", "answer", "text", "score"], data=[
+                [e["id"], e["answer"], e["text"], e["score"]] for e in row["examples"]])
+        if event == "release":
+            data["release/version_number"] = int(str(row.get("version", "v0")).lstrip("v") or 0)
+            run.summary["release/latest"] = row.get("release_id")
+            if row.get("hub_url"):
+                run.summary[f"release/{row.get('version')}/hub"] = row["hub_url"]
+        if event == "error":
+            run.summary["last_error"] = row.get("error")
+        if data:
+            run.log(data)
