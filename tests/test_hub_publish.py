@@ -147,3 +147,30 @@ def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
         assert {t.name for t in HfApi(endpoint=url, token=TOKEN).list_repo_refs("me/reef-s").tags} == {"v2"}
     finally:
         restarted.stop()
+
+
+def test_records_as_datasets_pushed_to_a_dataset_repo(live, hub, tmp_path):
+    import datasets
+    import polars as pl
+    from huggingface_hub import hf_hub_download
+
+    from reef_lab.export import export_parquet, push_records, scenario_datasets
+
+    _, url = hub
+    u, gw = live.url, live.gateway
+    requests.post(u + "/reef/scenarios", json={"name": "s", "recipe": "sft", "config": SFT}).raise_for_status()
+    train_release(u, "v1")
+    chat(u, PROMPTS[2])  # one more inference, never reported
+    ds = scenario_datasets(gw.data_dir, "s")
+    assert ds["inferences"].num_rows == 3 and ds["reports"].num_rows == 2 and ds["training"].num_rows == 2
+    row = ds["training"][0]
+    assert row["release_id"] == "s:v1" and row["score"] == 1.0 and row["token_ids"] and len(row["logprobs"]) == len(
+        row["token_ids"])
+    paths = export_parquet(gw.data_dir, "s", tmp_path / "export")
+    assert pl.read_parquet(paths["reports"])["references"].list.len().to_list() == [1, 1]
+    pushed = push_records(gw.data_dir, "s", "me/s-records", api=HfApi(endpoint=url, token=TOKEN))
+    assert pushed["tag"] == "records-7" and pushed["counts"] == {"inferences": 3, "reports": 2, "training": 2}
+    f = hf_hub_download("me/s-records", "training.parquet", repo_type="dataset", revision="records-7",
+                        endpoint=url, token=TOKEN, cache_dir=tmp_path / "cache")
+    again = datasets.load_dataset("parquet", data_files=f, split="train")
+    assert again.num_rows == 2 and set(again["record_id"]) == set(ds["training"]["record_id"])

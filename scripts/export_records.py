@@ -1,0 +1,36 @@
+"""Export a scenario's records, reports and training batches as Parquet (and push them to a Hub dataset repo).
+
+    python scripts/export_records.py --data-dir .reef_lab --scenario my-agent --out exports/my-agent
+    HF_ENDPOINT=... HF_TOKEN=... python scripts/export_records.py --scenario my-agent --push me/my-agent-records
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reef_lab.export import export_parquet, push_records  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", default="./.reef_lab")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--out", help="folder for the Parquet files")
+    p.add_argument("--push", metavar="REPO", help="push to this Hub dataset repo (HF_ENDPOINT, HF_TOKEN)")
+    args = p.parse_args()
+    if not args.out and not args.push:
+        p.error("give --out, --push or both")
+    if args.out:
+        for name, path in export_parquet(args.data_dir, args.scenario, args.out).items():
+            print(f"{name}: {path}")
+    if args.push:
+        print(json.dumps(push_records(args.data_dir, args.scenario, args.push), indent=2))
+
+
+if __name__ == "__main__":
+    main()
