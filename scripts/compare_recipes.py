@@ -86,9 +86,11 @@ def write_page(runs: list[dict], args, path: Path) -> None:
     lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |",
              "|---|---|---|---|---|"]
     if base:
+        same = len(set(base)) == 1
         m, h = ci(base)
-        lines.append(f"| base SmolLM2-135M-Instruct | {len(base)} | {m:.3f} ± {h:.3f} | "
-                     f"{', '.join(f'{x:.3f}' for x in base)} | |")
+        lines.append(f"| base SmolLM2-135M-Instruct | greedy: one value | {m:.3f}"
+                     + (" (the same in every run: greedy answers to the same items)" if same else f" ± {h:.3f}")
+                     + f" | {', '.join(f'{x:.3f}' for x in sorted(set(base)))} | |")
     for recipe, rs in by.items():
         acc = [r["final_accuracy"] for r in rs]
         m, h = ci(acc)
@@ -118,13 +120,15 @@ def write_page(runs: list[dict], args, path: Path) -> None:
     fig.savefig(path.with_suffix(".png"), dpi=110)
     stats = []
     for recipe, rs in by.items():
-        rewards, policy_steps = [], []
+        rewards, policy_steps, dropped = [], [], []
         for r in rs:
             rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
             rewards += [x["reward_mean"] for x in rows if x["event"] == "step" and x.get("reward_mean") is not None]
             policy_steps.append(sum(1 for x in rows if x["event"] == "step" and x.get("policy_step")))
+            dropped.append(sum(x.get("dropped_stale", 0) for x in rows if x["event"] == "step"))
         q = max(1, len(rewards) // 4)
-        stats.append(f"{recipe.upper()}: {sum(policy_steps) / len(policy_steps):.0f} policy steps per run; mean "
+        stats.append(f"{recipe.upper()}: {sum(policy_steps) / len(policy_steps):.0f} policy steps per run, "
+                     f"{sum(dropped) / len(dropped):.0f} rollouts per run dropped as too stale; mean "
                      f"reward of the sampled rollouts {sum(rewards) / len(rewards):.3f} (first quarter of batches "
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
     cmd = ("python scripts/compare_recipes.py " + " ".join(args.configs) + " --seeds "
@@ -152,6 +156,10 @@ steps with selection `always`. Configs: {', '.join(f'`{c}`' for c in args.config
 - Budget: every run has only {runs[0]['rollouts'] if runs else '?'} rollouts, which is what 2 CPU cores afford in
   about a quarter of an hour per run (generation, a value model for SAO, evaluation of each candidate, all on CPU).
   That is a few dozen optimizer steps at most; RL papers take hundreds to thousands.
+- Staleness: a candidate is released every 4 policy steps while up to 16 rollouts wait in the pool and 16 more
+  are in flight, so rollouts of the previous release arrive more than `max_staleness` = 4 steps behind and are
+  dropped (counted above); both recipes lose the same share of the budget. A bound above `steps_per_candidate`
+  would keep them.
 - Sparse reward: at temperature 1 and 32 tokens the base model answers correctly about one time in ten; most
   batches hold one or two positive rollouts, and most GRPO groups are all wrong (zero advantage, no signal).
 - What is learned is mostly form: the base model explains before it answers and runs out of its 32 tokens; the
