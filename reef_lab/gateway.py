@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import orjson
 
 from reef_lab import dialects
+from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
 from reef_lab.hub import HubConfig, HubPublisher
 from reef_lab.learner import Learner
@@ -71,6 +72,7 @@ class Gateway:
         self.hub = HubPublisher(hub, self.releases, getattr(engine, "hub_id", None) or engine.model_name) \
             if hub is not None and hub.repo else None
         self.tracking = tracking
+        self._harness: dict[str, tuple[str, dict[str, str]]] = {}  # scenario -> (release id, files) serving
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
@@ -88,13 +90,49 @@ class Gateway:
 
     def _restore_releases(self) -> None:
         """Serve each scenario's serving release again after a restart."""
-        if not hasattr(self.engine, "load_release"):
-            return
         for name in self.releases.scenarios():
             rel = self.releases.serving(name)
-            if rel is not None and name in {s.name for s in self.scenarios.list()}:
+            if rel is None or name not in {s.name for s in self.scenarios.list()}:
+                continue
+            if rel.get("kind") == "harness":
+                self._harness[name] = (rel["release_id"], harness_mod.read_tree(Path(rel["folder"])))
+            elif hasattr(self.engine, "load_release"):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
+
+    # ---- harness releases -----------------------------------------------------------------------------------
+    def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
+        """A new harness release from a file tree; it serves the scenario's next requests."""
+        self.scenarios.ensure(name)
+        files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
+        current = self.releases.serving(name)
+        if current is not None and current.get("kind") != "harness":
+            raise Conflict(f"scenario {name!r} serves trained weights ({current['release_id']}); a scenario "
+                           "evolves either its weights or its harness")
+        meta = {"kind": "harness", "recipe": (lineage or {}).get("recipe", "manual"),
+                "parent": current["release_id"] if current else BASE, **(lineage or {})}
+        cid, folder = self.releases.new_candidate(name, meta)
+        harness_mod.write_tree(folder, files)
+        rel = self.releases.publish(name, cid)
+        self.releases.update_release(name, rel["version"], kind="harness")
+        self._harness[name] = (rel["release_id"], files)
+        if self.hub is not None:
+            self.hub.release(name, rel["version"])
+        return {**rel, "kind": "harness"}
+
+    def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
+        name = check_name(scenario)
+        self.scenarios.get(name)
+        if release_id is None:
+            serving = self._harness.get(name)
+            if serving is None:
+                raise NotFound(f"scenario {name!r} serves no harness release")
+            return {"scenario": name, "release_id": serving[0], "files": serving[1]}
+        rel = self.releases.release(name, release_id)
+        if rel is None or rel.get("kind") != "harness":
+            raise NotFound(f"release {release_id!r} of scenario {name!r} is not a harness release")
+        return {"scenario": name, "release_id": rel["release_id"],
+                "files": harness_mod.read_tree(Path(rel["folder"]))}
 
     # ---- inference ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
@@ -103,9 +141,12 @@ class Gateway:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         self.scenarios.ensure(name)
+        harness = self._harness.get(name)
+        sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
+        release = harness[0] if harness else None
         if getattr(self.engine, "relays", False):
-            return self._relay(dialect, body, name, tags or {}, client_headers or {})
-        return self._generate(dialect, body, name, tags or {})
+            return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
+        return self._generate(dialect, body, name, tags or {}, sent, release)
 
     def _inference_record(self, name, dialect, body, tags, response, t0, **kw) -> Record:
         return Record(id=new_record_id(), scenario=name, kind="inference", dialect=dialect, request=body,
@@ -113,8 +154,11 @@ class Gateway:
                       timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})},
                       **kw)
 
-    def _generate(self, dialect: str, body: dict, name: str, tags: dict) -> Reply | StreamReply:
-        req = dialects.PARSERS[dialect](body)
+    def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict,
+                  harness: str | None) -> Reply | StreamReply:
+        """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
+        it. A harness release, when one serves the scenario, is the release named on the record and header."""
+        req = dialects.PARSERS[dialect](sent)
         req.scenario = name
         model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
         rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
@@ -128,11 +172,12 @@ class Gateway:
                 gen = handle.result()
             except Exception as e:
                 rec = self._inference_record(name, dialect, body, tags, None, t0, status="error",
-                                             error=f"{type(e).__name__}: {e}", release_id=handle.release_id)
+                                             error=f"{type(e).__name__}: {e}",
+                                             release_id=harness or handle.release_id)
                 self.store.append([rec])
                 raise ReefError(f"generation failed: {e} (record {rec.id})") from e
             resp = dialects.render(dialect, gen, model, rid, created)
-            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=gen.release_id,
+            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
                                          logprobs=gen.logprobs)
             self.store.append([rec])
@@ -140,7 +185,8 @@ class Gateway:
 
         if not body.get("stream"):
             gen, receipt, resp = finish()
-            return Reply(200, orjson.dumps(resp), headers={RECEIPT_HEADER: receipt, RELEASE_HEADER: gen.release_id})
+            return Reply(200, orjson.dumps(resp), headers={RECEIPT_HEADER: receipt,
+                                                           RELEASE_HEADER: harness or gen.release_id})
 
         def deltas():
             try:
@@ -161,39 +207,40 @@ class Gateway:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers={RELEASE_HEADER: handle.release_id})
+        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id})
 
-    def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict) -> Reply | StreamReply:
+    def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
+               release: str) -> Reply | StreamReply:
         path, t0 = PATHS[dialect], time.perf_counter()
         if not body.get("stream"):
             try:
-                up = self.engine.forward(path, body, headers)
+                up = self.engine.forward(path, sent, headers)
             except UpstreamError as e:
                 self.store.append([self._inference_record(name, dialect, body, tags, None, t0, status="error",
-                                                          error=e.message, release_id="upstream")])
+                                                          error=e.message, release_id=release)])
                 raise
             try:
                 resp = orjson.loads(up.body)
             except orjson.JSONDecodeError:
                 resp = {"raw": up.body.decode(errors="replace")}
             ok = up.status < 300
-            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id="upstream",
+            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=release,
                                          status="ok" if ok else "error",
                                          error=None if ok else f"upstream answered HTTP {up.status}")
             self.store.append([rec])
-            return Reply(up.status, up.body, up.content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: "upstream"})
-        status, events = self.engine.open_stream(path, body, headers)
+            return Reply(up.status, up.body, up.content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: release})
+        status, events = self.engine.open_stream(path, sent, headers)
         if status >= 300:
             data = b"".join(events)
             rec = self._inference_record(name, dialect, body, tags, {"raw": data.decode(errors="replace")}, t0,
-                                         release_id="upstream", status="error",
+                                         release_id=release, status="error",
                                          error=f"upstream answered HTTP {status}")
             self.store.append([rec])
             return Reply(status, data, headers={RECEIPT_HEADER: rec.id})
-        return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0),
-                           headers={RELEASE_HEADER: "upstream"})
+        return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0, release),
+                           headers={RELEASE_HEADER: release})
 
-    def _relay_stream(self, dialect, events, body, name, tags, t0) -> Iterator[bytes]:
+    def _relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
         acc = dialects.StreamAccumulator(dialect)
         final, final_event, error = None, None, None
         try:
@@ -214,10 +261,10 @@ class Gateway:
                 yield ev
         except UpstreamError as e:
             error = e.message
-        rec = self._inference_record(name, dialect, body, tags, acc.result(), t0, release_id="upstream",
+        rec = self._inference_record(name, dialect, body, tags, acc.result(), t0, release_id=release,
                                      status="error" if error else "ok", error=error)
         self.store.append([rec])
-        reef = {"agent_record_id": rec.id, "release_id": "upstream"}
+        reef = {"agent_record_id": rec.id, "release_id": release}
         if error:
             yield dialects.error_event(dialect, error, reef)
         elif dialect == dialects.OPENAI_CHAT:
@@ -340,10 +387,19 @@ class Gateway:
         self.scenarios.get(name)
         if not isinstance(body, dict) or not isinstance(body.get("release_id"), str):
             raise BadRequest("the body must be {\"release_id\": \"vN\" | \"<scenario>:vN\" | \"base\"}")
-        if not hasattr(self.engine, "route"):
-            raise Conflict("this engine serves no releases of its own (upstream provider)")
         rel = self.releases.release(name, body["release_id"])
         target = rel["release_id"] if rel else BASE
+        if (rel or {}).get("kind") == "harness" or (rel is None and name in self._harness):
+            self.releases.set_serving(name, target)
+            if rel is None:
+                self._harness.pop(name, None)
+            else:
+                self._harness[name] = (target, harness_mod.read_tree(Path(rel["folder"])))
+            if self.hub is not None:
+                self.hub.serving(name, rel["version"] if rel else None)
+            return self.list_releases(name)
+        if not hasattr(self.engine, "route"):
+            raise Conflict("this engine serves no weights of its own (upstream provider)")
         if rel and target not in self.engine.loaded_releases():
             self.engine.load_release(target, rel["folder"])
         self.engine.route(name, target)

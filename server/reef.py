@@ -83,3 +83,15 @@ def rollback(name: str):
 @bp.post("/scenarios/<name>/promote")
 def promote(name: str):
     return json_response(g.gateway.promote(name, json_body()), 201)
+
+
+@bp.get("/harness")
+def get_harness():
+    """The serving harness of the scenario in x-reef-scenario (or ?release_id=vN): {release_id, files}."""
+    return json_response(g.gateway.get_harness(scenario(), request.args.get("release_id")))
+
+
+@bp.post("/scenarios/<name>/harness")
+def publish_harness(name: str):
+    """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
+    return json_response(g.gateway.publish_harness(name, json_body()), 201)

@@ -174,3 +174,19 @@ def test_records_as_datasets_pushed_to_a_dataset_repo(live, hub, tmp_path):
                         endpoint=url, token=TOKEN, cache_dir=tmp_path / "cache")
     again = datasets.load_dataset("parquet", data_files=f, split="train")
     assert again.num_rows == 2 and set(again["record_id"]) == set(ds["training"]["record_id"])
+
+
+def test_harness_release_is_a_file_tree_on_the_hub(live, hub, tmp_path):
+    _, url = hub
+    u, gw = live.url, live.gateway
+    files = {"system_prompt.md": "Be brief.", "skills/sum.md": "Add the numbers."}
+    r = requests.post(u + "/reef/scenarios/s/harness", json={"files": files})
+    assert r.status_code == 201
+    assert chat(u, PROMPTS[0]).headers["x-reef-release-id"] == "s:v1"  # the embedded model serves it
+    assert gw.hub.wait(60)
+    rel = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][0]
+    assert rel["kind"] == "harness" and rel["hub"]["state"] == "pushed"
+    folder = hf_download(url, "v1", tmp_path / "h1")
+    assert (folder / "system_prompt.md").read_text() == "Be brief."
+    assert (folder / "skills" / "sum.md").read_text() == "Add the numbers."
+    assert "| recipe | manual |" in (folder / "README.md").read_text()

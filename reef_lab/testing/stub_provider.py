@@ -1,6 +1,7 @@
 """A stub model provider on loopback, speaking the OpenAI and Anthropic wire formats as documented.
 
-It answers `echo: <last user text>` so tests can check what reached it, and misbehaves on request: a last user
+It answers `echo: <last user text>` so tests can check what reached it (`!system` instead answers with the
+system text it received: OpenAI system messages, `instructions`, or Anthropic `system`), and misbehaves on request: a last user
 message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a late answer. It is a plain
 WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
 `python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
@@ -30,6 +31,16 @@ def _last_user_text(body: dict) -> str:
             c = m.get("content")
             return c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
     return ""
+
+
+def _system_text(body: dict) -> str:
+    if isinstance(body.get("instructions"), str):
+        return body["instructions"]
+    system = body.get("system")
+    if system is not None:
+        return system if isinstance(system, str) else "\n".join(b.get("text", "") for b in system)
+    return "\n".join(m["content"] for m in body.get("messages") or []
+                     if m.get("role") == "system" and isinstance(m.get("content"), str))
 
 
 def _sse(obj, event=None) -> bytes:
@@ -122,7 +133,8 @@ def app(environ, start_response):
     if b"!400" in raw:
         start_response("400 Bad Request", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"stub refuses this request","type":"invalid_request_error"}}']
-    out = handler(body, "echo: " + _last_user_text(body))
+    last = _last_user_text(body)
+    out = handler(body, ("system: " + _system_text(body)) if last == "!system" else "echo: " + last)
     if isinstance(out, list):
         start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
         return out

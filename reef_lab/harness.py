@@ -1,0 +1,89 @@
+"""The harness: a scenario's versioned tree of text files (system prompt, rules, skills) that serving applies.
+
+A harness release is a folder of text files; these names have a meaning, any others are kept and served to
+clients as they are:
+
+    system_prompt.md     the system prompt
+    rules.md             rules, appended under a "Rules" heading
+    skills/<name>.md     one skill each, appended under "Skills", by name (sorted)
+
+Serving joins them into one system text and puts it in front of the client's own instructions, in the dialect's
+place for it: OpenAI chat, a first system message; OpenAI responses, `instructions`; Anthropic, `system`. The
+client's own system text is kept after it. The record keeps the client's request as sent and names the harness
+release; `GET /reef/harness` returns `{release_id, files}` so a client can install the harness itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path, PurePosixPath
+
+from reef_lab import dialects
+from reef_lab.errors import BadRequest
+
+SYSTEM_PROMPT, RULES, SKILLS = "system_prompt.md", "rules.md", "skills/"
+MAX_FILES, MAX_BYTES = 200, 1_000_000
+
+
+def check_files(files: object) -> dict[str, str]:
+    """A harness tree from a client: relative POSIX paths, text contents, bounded size."""
+    if not isinstance(files, dict) or not files:
+        raise BadRequest("'files' must be a non-empty object {path: text}")
+    if len(files) > MAX_FILES:
+        raise BadRequest(f"a harness holds at most {MAX_FILES} files")
+    total = 0
+    for path, text in files.items():
+        p = PurePosixPath(path) if isinstance(path, str) else None
+        if p is None or p.is_absolute() or ".." in p.parts or not path or path.endswith("/") or "\\" in path:
+            raise BadRequest(f"harness path {path!r} must be a relative path like 'rules.md' or 'skills/x.md'")
+        if not isinstance(text, str):
+            raise BadRequest(f"harness file {path!r} must hold text")
+        total += len(text.encode())
+    if total > MAX_BYTES:
+        raise BadRequest(f"the harness holds {total} bytes; at most {MAX_BYTES}")
+    return dict(files)
+
+
+def write_tree(folder: Path, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def read_tree(folder: Path) -> dict[str, str]:
+    skip = {"README.md", "reef_checkpoint.json"}
+    return {str(p.relative_to(folder).as_posix()): p.read_text() for p in sorted(Path(folder).rglob("*"))
+            if p.is_file() and p.name not in skip}
+
+
+def system_text(files: dict[str, str]) -> str:
+    parts = []
+    if files.get(SYSTEM_PROMPT, "").strip():
+        parts.append(files[SYSTEM_PROMPT].strip())
+    if files.get(RULES, "").strip():
+        parts.append("Rules:\n" + files[RULES].strip())
+    skills = sorted((p, t) for p, t in files.items() if p.startswith(SKILLS) and t.strip())
+    if skills:
+        parts.append("Skills:\n" + "\n\n".join(f"## {PurePosixPath(p).stem}\n{t.strip()}" for p, t in skills))
+    return "\n\n".join(parts)
+
+
+def apply(dialect: str, body: dict, files: dict[str, str]) -> dict:
+    """The request body with the harness in front of the client's own instructions (a copy; body is untouched)."""
+    text = system_text(files)
+    if not text:
+        return body
+    out = copy.copy(body)
+    if dialect == dialects.OPENAI_CHAT:
+        out["messages"] = [{"role": "system", "content": text}] + list(body.get("messages") or [])
+    elif dialect == dialects.OPENAI_RESPONSES:
+        own = body.get("instructions")
+        out["instructions"] = text + (f"\n\n{own}" if isinstance(own, str) and own else "")
+    elif dialect == dialects.ANTHROPIC:
+        own = body.get("system")
+        if isinstance(own, list):
+            out["system"] = [{"type": "text", "text": text}] + own
+        else:
+            out["system"] = text + (f"\n\n{own}" if isinstance(own, str) and own else "")
+    return out
