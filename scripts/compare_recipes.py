@@ -208,7 +208,7 @@ steps with selection `always`. Configs: {', '.join(f'`{c}`' for c in args.config
   dropped (counted above); both recipes lose the same share of the budget. A bound above `steps_per_candidate`
   would keep them.
 - Sparse reward: at temperature 1 and 32 tokens about one sampled rollout in twenty is correct (the mean rewards
-  above); a batch of 16 holds one or two positive rollouts, and at that rate about four GRPO groups of 4 in five
+  above); a batch of 16 holds about one positive rollout, and at that rate about four GRPO groups of 4 in five
   are expected to be all wrong (0.95^4 = 0.81), which gives them zero advantage and no signal.
 - What is learned is mostly form: the base model explains before it answers and runs out of its 32 tokens; the
   gain comes from answering sooner, not from better arithmetic.
