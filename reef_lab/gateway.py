@@ -574,8 +574,18 @@ class Gateway:
                 "engine": self.engine.info(), "store": self.store.info(),
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": {n: ln.status() for n, ln in self._learners.items()},
-                "hub": None if self.hub is None else {"repo": self.hub.config.repo,
-                                                      "queued": self.hub._jobs.unfinished_tasks}}
+                "hub": None if self.hub is None else self._hub_status()}
+
+    def _hub_status(self) -> dict:
+        """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
+        scenarios = {}
+        for name in self.releases.scenarios():
+            idx = self.releases.index(name)
+            states = {r["release_id"]: {k: (r.get("hub") or {}).get(k) for k in ("state", "error", "commit")}
+                      for r in idx["releases"] if r.get("hub")}
+            if states or idx.get("hub_main"):
+                scenarios[name] = {"releases": states, "main": idx.get("hub_main")}
+        return {"repo": self.hub.config.repo, "queued": self.hub._jobs.unfinished_tasks, "scenarios": scenarios}
 
     def close(self) -> None:
         for ln in self._learners.values():

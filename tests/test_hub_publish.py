@@ -138,6 +138,8 @@ def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
     assert gw.hub.wait(60)
     rel = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][0]
     assert rel["hub"]["state"] == "failed" and rel["hub"]["attempts"] == 2 and rel["hub"]["error"]
+    status = requests.get(u + "/reef/status").json()["hub"]["scenarios"]["s"]["releases"]["s:v1"]
+    assert status["state"] == "failed" and status["error"] == rel["hub"]["error"]
     restarted, _ = serve_in_thread(tmp_path / "hub", token=TOKEN, port=port)
     try:
         train_release(u, "v2")
