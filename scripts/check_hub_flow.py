@@ -147,7 +147,8 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
     page = ROOT / "results" / "hub-flow.md"
-    page.write_text("# Releases on a Hub, runs in W&B: the flow end to end\n\nCommand: `python scripts/check_hub_flow.py "
+    page.write_text("# Releases on a Hub, runs in W&B: the flow end to end\n\n"
+                    "Command: `python scripts/check_hub_flow.py "
                     f"--rollouts {args.rollouts}` (loopback Hub: `reef_lab/testing/hub_server.py`; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n" + "\n".join(f"- {x}" for x in log)
                     + "\n")

@@ -1,9 +1,9 @@
 """A stub model provider on loopback, speaking the OpenAI and Anthropic wire formats as documented.
 
 It answers `echo: <last user text>` so tests can check what reached it (`!system` instead answers with the
-system text it received: OpenAI system messages, `instructions`, or Anthropic `system`), and misbehaves on request: a last user
-message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a late answer. It is a plain
-WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
+system text it received: OpenAI system messages, `instructions`, or Anthropic `system`), and misbehaves on
+request: a last user message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a
+late answer. It is a plain WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
 `python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
 """
 
