@@ -34,6 +34,8 @@ class ServeConfig:
     hub_private: int = field(default=0, metadata={"help": "1: create Hub repos private"})
     wandb_project: str = field(default="reef_lab", metadata={
         "help": "W&B project of the training scenarios' runs (WANDB_MODE, WANDB_API_KEY; offline by default)"})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
+    wandb_group: str = field(default="live", metadata={"help": "W&B group of the live scenarios' runs"})
     wandb_mode: str | None = field(default=None, metadata={
         "help": "offline, online or disabled (default: WANDB_MODE, else online with WANDB_API_KEY, else offline)"})
     upstream_url: str | None = field(default=None, metadata={
@@ -64,6 +66,8 @@ class ServeConfig:
             raise ValueError("max_batch and threads must be at least 1")
         if isinstance(self.recipe_config, str) and not Path(self.recipe_config).is_file():
             raise ValueError(f"recipe_config file {self.recipe_config!r} does not exist")
+        if self.wandb_mode not in (None, "offline", "online", "disabled"):
+            raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 

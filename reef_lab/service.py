@@ -26,6 +26,7 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     hub = HubConfig(repo=cfg.hub_repo, private=bool(cfg.hub_private)) if cfg.hub_repo else None
     from reef_lab.tracking import TrackingConfig
 
-    tracking = TrackingConfig(project=cfg.wandb_project, group="live", mode=cfg.wandb_mode)
+    tracking = TrackingConfig(project=cfg.wandb_project, entity=cfg.wandb_entity, group=cfg.wandb_group,
+                              mode=cfg.wandb_mode)
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking)
