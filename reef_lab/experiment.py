@@ -97,7 +97,7 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         prompts = task.items(cfg.rollouts // cfg.group_size, seed=cfg.seed)
         done = _reported_indices(gw, name)
         todo = [k for k in range(cfg.rollouts) if k not in done]
-        base_eval = learner.evaluate_serving() if learner._task and not gw.releases.index(name)["releases"] \
+        base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releases.index(name)["releases"] \
             else None
         rollouts_log = open(run_dir / "rollouts.jsonl", "ab")
         lock = threading.Lock()
@@ -133,7 +133,7 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         learner.wait_idle(timeout=3600)
         if gw.hub is not None:
             gw.hub.wait(timeout=600)
-        final_eval = learner.evaluate_serving() if cfg.final_eval and learner._task else None
+        final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
         idx = gw.releases.index(name)
         base_eval = base_eval or idx.get("base_eval")
         summary = {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,

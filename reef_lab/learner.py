@@ -51,6 +51,7 @@ class Learner:
         self._cv = threading.Condition()
         self._inbox: deque = deque()
         self._pool: list[Sample] = []
+        self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._manual = 0
         self._stop = False
         self._reset = False
@@ -144,8 +145,8 @@ class Learner:
                 log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
                 continue
             for s in samples:
-                if s.record_id not in self._consumed and self.recipe.accepts(s) and not any(
-                        p.record_id == s.record_id for p in self._pool[-64:]):
+                if s.record_id not in self._consumed and s.record_id not in self._seen and self.recipe.accepts(s):
+                    self._seen.add(s.record_id)  # a report replayed at start and delivered live counts once
                     self._pool.append(s)
 
     def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
@@ -320,12 +321,17 @@ class Learner:
             if idx.get("base_eval"):
                 return idx["base_eval"]
             result = self._evaluate(BASE)
-            self.releases.set_base_eval(self.scenario, result)
+            self.releases.update_index(self.scenario, base_eval=result)
             self._metric({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
             return result
         result = self._evaluate(serving["release_id"])
-        self.releases.set_release_eval(self.scenario, serving["version"], result)
+        self.releases.update_release(self.scenario, serving["version"], eval=result)
         return result
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the recipe names a held-out task (candidates are scored and judged on it)."""
+        return self._task is not None
 
     def evaluate_serving(self) -> dict:
         """Held-out accuracy of what serves now (computed once per release)."""

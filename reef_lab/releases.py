@@ -84,15 +84,19 @@ class ReleaseStore:
             self._save(scenario, idx)
             return cid, folder
 
-    def update_candidate(self, scenario: str, cid: str, **fields) -> dict:
+    def _update(self, scenario: str, table: str, key: str, value: str, fields: dict) -> dict:
+        """Update the entry of `table` (candidates or releases) whose `key` is `value`; NotFound if none."""
         with self._lock:
             idx = self.index(scenario)
-            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
-            if cand is None:
-                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
-            cand.update(fields)
+            entry = next((e for e in idx[table] if e[key] == value), None)
+            if entry is None:
+                raise NotFound(f"scenario {scenario!r} has no {table[:-1]} {value!r}")
+            entry.update(fields)
             self._save(scenario, idx)
-            return cand
+            return entry
+
+    def update_candidate(self, scenario: str, cid: str, **fields) -> dict:
+        return self._update(scenario, "candidates", "id", cid, fields)
 
     def candidate(self, scenario: str, cid: str) -> dict:
         cand = next((c for c in self.index(scenario)["candidates"] if c["id"] == cid), None)
@@ -137,33 +141,12 @@ class ReleaseStore:
             return rel
 
     def update_release(self, scenario: str, version: str, **fields) -> dict:
-        with self._lock:
-            idx = self.index(scenario)
-            rel = next((r for r in idx["releases"] if r["version"] == version), None)
-            if rel is None:
-                raise NotFound(f"scenario {scenario!r} has no release {version!r}")
-            rel.update(fields)
-            self._save(scenario, idx)
-            return rel
+        return self._update(scenario, "releases", "version", version, fields)
 
     def update_index(self, scenario: str, **fields) -> None:
         with self._lock:
             idx = self.index(scenario)
             idx.update(fields)
-            self._save(scenario, idx)
-
-    def set_base_eval(self, scenario: str, result: dict) -> None:
-        with self._lock:
-            idx = self.index(scenario)
-            idx["base_eval"] = result
-            self._save(scenario, idx)
-
-    def set_release_eval(self, scenario: str, version: str, result: dict) -> None:
-        with self._lock:
-            idx = self.index(scenario)
-            for r in idx["releases"]:
-                if r["version"] == version:
-                    r["eval"] = result
             self._save(scenario, idx)
 
     def scenarios(self) -> list[str]:

@@ -49,6 +49,17 @@ def train_and_wait(url, scenario, version):
     raise AssertionError(f"{version} never served: {rel}")
 
 
+def first_candidate(u, scenario, status):
+    """The scenario's releases once its first candidate reaches `status` (fails after two minutes)."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        rel = requests.get(f"{u}/reef/scenarios/{scenario}/releases").json()
+        if rel["candidates"] and rel["candidates"][0]["status"] == status:
+            return rel
+        time.sleep(0.1)
+    raise AssertionError(f"candidate c1 of {scenario} never became {status}: {rel['candidates']}")
+
+
 def test_manual_training_releases_and_rollback(server):
     u = server.url
     assert requests.post(u + "/reef/scenarios", json={"name": "m", "recipe": "sft", "config": SFT}).status_code == 201
@@ -80,12 +91,7 @@ def test_review_waits_for_promote(server):
     assert requests.post(u + "/reef/scenarios", json={"name": "r", "recipe": "sft", "config": cfg}).status_code == 201
     feed(u, "r", 2)
     assert requests.post(u + "/reef/train", headers={"x-reef-scenario": "r"}).status_code == 202
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        rel = requests.get(u + "/reef/scenarios/r/releases").json()
-        if rel["candidates"] and rel["candidates"][0]["status"] == "pending_review":
-            break
-        time.sleep(0.1)
+    rel = first_candidate(u, "r", "pending_review")
     assert rel["serving"] == "base" and rel["releases"] == []
     assert requests.post(u + "/reef/scenarios/r/promote", json={"candidate": "c9"}).status_code == 404
     r = requests.post(u + "/reef/scenarios/r/promote", json={"candidate": "c1"})
@@ -110,12 +116,7 @@ def test_corrupt_candidate_leaves_serving_alone(server, monkeypatch):
     requests.post(u + "/reef/scenarios", json={"name": "c", "recipe": "sft", "config": SFT})
     feed(u, "c", 2)
     assert requests.post(u + "/reef/train", headers={"x-reef-scenario": "c"}).status_code == 202
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        rel = requests.get(u + "/reef/scenarios/c/releases").json()
-        if rel["candidates"] and rel["candidates"][0]["status"] == "failed":
-            break
-        time.sleep(0.1)
+    rel = first_candidate(u, "c", "failed")
     cand = rel["candidates"][0]
     assert cand["status"] == "failed" and "cannot be read" in cand["error"]
     assert rel["serving"] == "base" and rel["releases"] == []
