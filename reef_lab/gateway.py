@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,9 @@ from reef_lab import dialects
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
 from reef_lab.hub import HubConfig, HubPublisher
+from reef_lab.harness_learner import HarnessLearner
 from reef_lab.learner import Learner
+from reef_lab.lm import make_lm
 from reef_lab.tracking import Tracker, TrackingConfig
 from reef_lab.recipe import Recipe, load_recipe
 from reef_lab.releases import BASE, ReleaseStore
@@ -69,6 +72,8 @@ class Gateway:
         self._recipes: dict[str, Recipe] = {}
         self.releases = ReleaseStore(self.data_dir)
         self._learners: dict[str, Learner] = {}
+        self._harness_learners: dict[str, HarnessLearner] = {}
+        self._learn_lock = threading.Lock()
         self.hub = HubPublisher(hub, self.releases, getattr(engine, "hub_id", None) or engine.model_name) \
             if hub is not None and hub.repo else None
         self.tracking = tracking
@@ -76,7 +81,9 @@ class Gateway:
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
-            if getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
+            if getattr(self.recipe(s.name), "evolves", None) == "harness":
+                self.harness_learner(s.name)
+            elif getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
                 try:
                     self.learner(s.name)
                 except Conflict as e:
@@ -141,6 +148,8 @@ class Gateway:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         self.scenarios.ensure(name)
+        if name not in self._harness and getattr(self.recipe(name), "evolves", None) == "harness":
+            self.harness_learner(name)  # serves the recipe's seed harness from the first request on
         harness = self._harness.get(name)
         sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
         release = harness[0] if harness else None
@@ -334,7 +343,10 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and getattr(self.recipe(name), "trains", False) and hasattr(self.engine, "load_release"):
+        if created and refs and getattr(self.recipe(name), "evolves", None) == "harness":
+            self.harness_learner(name).on_report(rec.to_dict())
+        elif created and refs and getattr(self.recipe(name), "trains", False) and hasattr(self.engine,
+                                                                                        "load_release"):
             self.learner(name).on_report(rec.to_dict())
         return created, rec.id
 
@@ -360,6 +372,31 @@ class Gateway:
                                                 on_release=self._released, tracker=tracker)
         return ln
 
+    def harness_learner(self, name: str) -> HarnessLearner:
+        """The scenario's GEPA learner (started on first use; it publishes the seed harness if none serves)."""
+        ln = self._harness_learners.get(name)
+        if ln is None:
+            with self._learn_lock:
+                ln = self._harness_learners.get(name)
+                if ln is None:
+                    recipe = self.recipe(name)
+                    task_lm = make_lm(recipe.config.task_lm, self.engine) if recipe.config.task_lm \
+                        else self._default_lm()
+                    reflection_lm = make_lm(recipe.config.reflection_lm, self.engine) \
+                        if recipe.config.reflection_lm else task_lm
+                    ln = self._harness_learners[name] = HarnessLearner(name, recipe, gateway=self,
+                                                                       task_lm=task_lm, reflection_lm=reflection_lm)
+        return ln
+
+    def _default_lm(self):
+        """The deployment's own model as a plain LM: the embedded engine, or the upstream provider (OpenAI API)."""
+        if hasattr(self.engine, "submit"):
+            return make_lm({"kind": "engine"}, self.engine)
+        if not getattr(self.engine, "model", None):
+            raise Conflict("the gepa recipe calls the upstream model itself: start with --upstream-model, or give "
+                           "the recipe a task_lm {kind: openai, base_url, model}")
+        return make_lm({"kind": "openai", "base_url": self.engine.base_url, "model": self.engine.model})
+
     def _released(self, scenario: str, release: dict) -> dict:
         """A release went live: queue its Hub push; returns what the release's metrics row should add."""
         if self.hub is None:
@@ -370,6 +407,8 @@ class Gateway:
     def train(self, scenario: str | None) -> dict:
         name = check_name(scenario)
         self.scenarios.get(name)
+        if getattr(self.recipe(name), "evolves", None) == "harness":
+            return self.harness_learner(name).request_training()
         return self.learner(name).request_training()
 
     def list_releases(self, name: str) -> dict:
@@ -381,6 +420,8 @@ class Gateway:
                "hub_main": idx.get("hub_main")}
         if name in self._learners:
             out["learner"] = self._learners[name].status()
+        if name in self._harness_learners:
+            out["learner"] = self._harness_learners[name].status()
         return out
 
     def rollback(self, name: str, body: Any) -> dict:
@@ -558,14 +599,17 @@ class Gateway:
         if body.get("recipe") is not None or config:
             self._check_engine_fits(load_recipe(body.get("recipe") or self.scenarios.default_recipe, config))
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
+        if getattr(self.recipe(s.name), "evolves", None) == "harness":
+            self.harness_learner(s.name)
         return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
         s = self.scenarios.delete(name)
         self._recipes.pop(name, None)
-        ln = self._learners.pop(name, None)
-        if ln is not None:
-            ln.close()
+        for learners in (self._learners, self._harness_learners):
+            ln = learners.pop(name, None)
+            if ln is not None:
+                ln.close()
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
 
@@ -587,13 +631,14 @@ class Gateway:
                 scenarios[name] = {"releases": states, "main": idx.get("hub_main")}
         return {"repo": self.hub.config.repo, "queued": self.hub._jobs.unfinished_tasks, "scenarios": scenarios}
 
-    def close(self) -> None:
-        for ln in self._learners.values():
+    def close(self, close_engine: bool = True) -> None:
+        for ln in [*self._learners.values(), *self._harness_learners.values()]:
             ln.close()
         if self.hub is not None:
             self.hub.close()
         self.store.close()
-        self.engine.close()
+        if close_engine:
+            self.engine.close()
 
 
 def wire_record(r: dict) -> dict:

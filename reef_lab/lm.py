@@ -103,3 +103,25 @@ class ReplayLM:
             raise UnseenCall(f"{self.path.name} holds no answer for this call (last message: {str(last)[:120]!r}); "
                              "record it again with RecordingLM")
         return self.answers[key]
+
+
+def make_lm(spec: dict | None, engine=None) -> LM:
+    """An LM from a config mapping: {kind: engine} (the embedded engine; `release` optional) or
+    {kind: openai, base_url, model, key_env}; add `record: path` to append every call to a cassette, or
+    `replay: path` to answer from one."""
+    spec = dict(spec or {"kind": "engine"})
+    if spec.get("replay"):
+        return ReplayLM(spec["replay"])
+    kind = spec.get("kind", "engine")
+    if kind == "engine":
+        if engine is None or not hasattr(engine, "submit"):
+            raise ValueError("an LM of kind 'engine' needs the embedded engine; with an upstream provider give "
+                             "{kind: openai, base_url: ..., model: ...}")
+        lm: LM = EngineLM(engine, spec.get("release"))
+    elif kind == "openai":
+        if not spec.get("base_url") or not spec.get("model"):
+            raise ValueError("an LM of kind 'openai' needs base_url and model")
+        lm = OpenAICompatLM(spec["base_url"], spec["model"], spec.get("key_env", "REEF_UPSTREAM_API_KEY"))
+    else:
+        raise ValueError(f"LM kind must be 'engine' or 'openai', got {kind!r}")
+    return RecordingLM(lm, spec["record"]) if spec.get("record") else lm

@@ -123,7 +123,7 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step")}}
+                                                   "trainer_step", "gepa")}}
             idx["releases"].append(release)
             idx["serving"] = version
             cand.update(status="accepted", release_id=release["release_id"])

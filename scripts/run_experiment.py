@@ -2,7 +2,8 @@
 
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
-The YAML holds reef_lab.experiment.ExperimentConfig fields; `--set key=value` overrides one (dotted keys reach into
+The YAML holds reef_lab.experiment.ExperimentConfig fields (or, for `recipe: gepa`,
+reef_lab.gepa_experiment.GEPAExperimentConfig fields); `--set key=value` overrides one (dotted keys reach into
 recipe_config/task, values parsed as YAML), `--seed` and `--out` are shortcuts. Progress shows as a bar with the
 trainer step, the last batch's reward and the last held-out accuracy; the run folder holds everything (see
 reef_lab/experiment.py), and apps/sao.py plots it.
@@ -23,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import yaml  # noqa: E402
 
 from reef_lab.experiment import ExperimentConfig, run_experiment  # noqa: E402
+from reef_lab.gepa_experiment import GEPAExperimentConfig, run_gepa_experiment  # noqa: E402
 
 
 def apply_override(d: dict, key: str, value) -> None:
@@ -48,8 +50,10 @@ def main(argv=None) -> None:
     if args.out:
         data["out_dir"] = args.out
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = ExperimentConfig(**data)
-    summary = run_experiment(cfg)
+    if data.get("recipe") == "gepa":  # harness evolution: train/validation/test splits, a metric-call budget
+        summary = run_gepa_experiment(GEPAExperimentConfig(**data))
+    else:
+        summary = run_experiment(ExperimentConfig(**data))
     print(json.dumps(summary, indent=2))
 
 

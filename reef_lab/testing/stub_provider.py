@@ -3,7 +3,10 @@
 It answers `echo: <last user text>` so tests can check what reached it (`!system` instead answers with the
 system text it received: OpenAI system messages, `instructions`, or Anthropic `system`), and misbehaves on
 request: a last user message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a
-late answer. It is a plain WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
+late answer. For harness-learning tests it is also a predictable task and reflection model: asked to write a new
+version of an instruction file ("Write a new version of" in the last user text) it answers with an instruction
+that holds the marker REEF-SOLVE; a "Calculate <expression>." question under a system text holding REEF-SOLVE gets
+the right number, and otherwise the echo (which is wrong). It is a plain WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
 `python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
 """
 
@@ -41,6 +44,22 @@ def _system_text(body: dict) -> str:
         return system if isinstance(system, str) else "\n".join(b.get("text", "") for b in system)
     return "\n".join(m["content"] for m in body.get("messages") or []
                      if m.get("role") == "system" and isinstance(m.get("content"), str))
+
+
+_EXPR = re.compile(r"^Calculate ([-+*/() 0-9.]+)\.$")
+IMPROVED_INSTRUCTION = "REEF-SOLVE: compute the expression and reply with the final number only."
+
+
+def _answer(body: dict, last: str) -> str:
+    if last == "!system":
+        return "system: " + _system_text(body)
+    if "Write a new version of" in last:
+        return IMPROVED_INSTRUCTION
+    m = _EXPR.match(last.strip())
+    if m and "REEF-SOLVE" in _system_text(body):
+        value = eval(m.group(1), {"__builtins__": {}})  # noqa: S307 - digits, operators and parentheses only
+        return str(int(value) if float(value).is_integer() else value)
+    return "echo: " + last
 
 
 def _sse(obj, event=None) -> bytes:
@@ -134,7 +153,7 @@ def app(environ, start_response):
         start_response("400 Bad Request", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"stub refuses this request","type":"invalid_request_error"}}']
     last = _last_user_text(body)
-    out = handler(body, ("system: " + _system_text(body)) if last == "!system" else "echo: " + last)
+    out = handler(body, _answer(body, last))
     if isinstance(out, list):
         start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
         return out

@@ -1,0 +1,162 @@
+"""GEPA experiments: evolve a harness on a task set's train/validation splits, then score it on a held-out test split.
+
+    python scripts/run_experiment.py recipes/gepa/examples/arithmetic.yaml [--seed N]
+
+The splits come from one data seed (fixed across search seeds, so every seed is tested on the same items) and are
+made disjoint by question text. The task model answers greedily behind each candidate harness; the reflection model
+(the same or another, e.g. an OpenAI-compatible endpoint) rewrites components. Each new best candidate (by mean
+validation score) is published as a harness release of the experiment's scenario in `run_dir/data`, exactly as a
+live scenario's would be (and pushed to the Hub when `hub.repo` is set). The run folder holds `events.jsonl` and
+`state.json` (the search; re-running the command resumes it), `summary.json` and the data dir; apps/gepa.py shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from reef_lab.gepa_search import GEPAConfig, Search, TaskSystem
+from reef_lab.lm import make_lm
+from reef_lab.tasks import Task
+
+log = logging.getLogger("reef_lab.gepa_experiment")
+
+DEFAULT_SEED_HARNESS = {"system_prompt.md": "You are a helpful assistant.", "rules.md": "Be accurate."}
+
+
+@dataclass
+class GEPAExperimentConfig:
+    name: str = field(default="gepa", metadata={"help": "run name (also the scenario's name)"})
+    recipe: str = field(default="gepa", metadata={"help": "always 'gepa' here"})
+    task: dict = field(default_factory=dict, metadata={
+        "help": "reef_lab.tasks.TaskConfig fields; its system_prompt defaults to '' (the harness supplies one)"})
+    train_size: int = field(default=32, metadata={"help": "training examples (reflection minibatches)"})
+    val_size: int = field(default=16, metadata={"help": "validation examples (the Pareto pool's scores)"})
+    test_size: int = field(default=64, metadata={"help": "held-out test examples, scored only at the end"})
+    data_seed: int = field(default=1234, metadata={"help": "seed of the splits (the same for every search seed)"})
+    seed: int = field(default=0, metadata={"help": "seed of the search (parents, minibatches, reflection)"})
+    seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
+        "help": "the harness tree the search starts from {path: text}"})
+    search: dict = field(default_factory=dict, metadata={"help": "reef_lab.gepa_search.GEPAConfig fields"})
+    task_lm: dict = field(default_factory=lambda: {"kind": "engine"}, metadata={
+        "help": "the task model: {kind: engine} or {kind: openai, base_url, model, key_env} (+ record/replay)"})
+    reflection_lm: dict = field(default_factory=lambda: {"kind": "engine"}, metadata={
+        "help": "the reflection model, same forms as task_lm"})
+    task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of each task answer (greedy)"})
+    concurrency: int = field(default=16, metadata={"help": "task answers in flight"})
+    model_path: str | None = field(default=None, metadata={"help": "embedded model (default: SmolLM2)"})
+    out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
+    wandb: dict = field(default_factory=dict, metadata={"help": "reef_lab.tracking.TrackingConfig fields"})
+    hub: dict = field(default_factory=dict, metadata={"help": "reef_lab.hub.HubConfig fields to push releases"})
+
+    def __post_init__(self) -> None:
+        if min(self.train_size, self.val_size, self.test_size) < 1:
+            raise ValueError("train_size, val_size and test_size must be at least 1")
+        GEPAConfig(**{"seed": self.seed, **self.search})  # refuse a bad search config before any model loads
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir or f"runs/{self.name}-seed{self.seed}")
+
+    def search_config(self) -> GEPAConfig:
+        return GEPAConfig(**{"seed": self.seed, **self.search})
+
+
+def make_splits(task: Task, train: int, val: int, test: int, seed: int) -> tuple[list, list, list]:
+    """Disjoint splits by question text, each drawn from its own seed."""
+    seen: set[str] = set()
+    out = []
+    for k, n in enumerate((train, val, test)):
+        items, extra = [], 0
+        while len(items) < n:
+            batch = task.items(n + extra, seed=seed * 10 + k)
+            items = [it for it in batch if it["messages"][-1]["content"] not in seen][:n]
+            extra += n
+            if extra > 20 * n:
+                raise ValueError("the task cannot supply enough distinct items for these split sizes")
+        seen.update(it["messages"][-1]["content"] for it in items)
+        out.append([{**it, "id": f"{('train', 'val', 'test')[k]}-{i}"} for i, it in enumerate(items)])
+    return out[0], out[1], out[2]
+
+
+def score_on(system: TaskSystem, harness: dict[str, str], items: list[dict]) -> tuple[float, list]:
+    rollouts = system.run(harness, items)
+    return sum(r.score for r in rollouts) / len(rollouts), rollouts
+
+
+def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool = True) -> dict:
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
+    needs_engine = "engine" in (cfg.task_lm.get("kind", "engine") if not cfg.task_lm.get("replay") else "",
+                                cfg.reflection_lm.get("kind", "engine") if not cfg.reflection_lm.get("replay")
+                                else "")
+    own_engine = engine is None and needs_engine
+    if own_engine:
+        from reef_lab.engines.embedded import EmbeddedEngine
+        engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
+    task = Task({"system_prompt": "", **cfg.task})
+    train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
+    system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
+    reflection = make_lm(cfg.reflection_lm, engine)
+    gw, tracker = None, None
+    if engine is not None:
+        from reef_lab.gateway import Gateway
+        from reef_lab.hub import HubConfig
+
+        gw = Gateway(run_dir / "data", engine, hub=HubConfig(**cfg.hub) if cfg.hub.get("repo") else None)
+        if cfg.name not in {s.name for s in gw.scenarios.list()}:
+            gw.create_scenario({"name": cfg.name})
+    if cfg.wandb:
+        from reef_lab.tracking import Tracker, TrackingConfig
+
+        tc = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}", **cfg.wandb})
+        tracker = Tracker(tc.name, {"experiment": asdict(cfg)}, tc, run_dir)
+    released = {"best": None}
+
+    def on_event(row: dict) -> None:
+        if tracker is not None:
+            tracker.log(row)
+        if row["event"] == "front" and gw is not None and row["best"] != released["best"]:
+            best = search.cands[row["best"]]
+            released["best"] = best.id
+            rel = gw.publish_harness(cfg.name, {"files": best.components}, {
+                "recipe": "gepa", "eval": {"accuracy": best.mean, "size": len(best.scores)},
+                "gepa": {"candidate": best.id, "parents": best.parents, "changed": best.changed,
+                         "val_mean": best.mean, "metric_calls": search.metric_calls}})
+            search.event({"event": "release", "release_id": rel["release_id"], "candidate": best.id})
+
+    started = time.time()
+    try:
+        search = Search(cfg.search_config(), system, reflection, train, val, cfg.seed_harness, run_dir, on_event)
+        if search.cands:  # resumed: the serving release already names the best so far
+            released["best"] = search.best().id
+        best = search.run(progress=progress)
+        seed_test, seed_rollouts = score_on(system, search.cands[0].components, test)
+        best_test, best_rollouts = score_on(system, best.components, test)
+        summary = {"name": cfg.name, "seed": cfg.seed, "metric_calls": search.metric_calls,
+                   "budget": search.config.max_metric_calls, "iterations": search.iteration,
+                   "candidates": len(search.cands), "seed_val": search.cands[0].mean, "best_val": best.mean,
+                   "best_candidate": best.id, "seed_test": seed_test, "best_test": best_test,
+                   "test_size": len(test), "best_harness": best.components,
+                   "serving": gw.list_releases(cfg.name)["serving"] if gw else None,
+                   "wall_s": round(time.time() - started, 1)}
+        (run_dir / "test_answers.jsonl").write_bytes(b"".join(orjson.dumps(
+            {"candidate": c, "example": r.example_id, "score": r.score, "output": r.output}) + b"\n"
+            for c, rs in (("seed", seed_rollouts), ("best", best_rollouts)) for r in rs))
+        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        if tracker is not None:
+            tracker.log({"event": "test", "seed_test": seed_test, "best_test": best_test,
+                         "metric_calls": search.metric_calls})
+        return summary
+    finally:
+        if tracker is not None:
+            tracker.close()
+        if gw is not None:
+            if gw.hub is not None:
+                gw.hub.wait(timeout=600)
+            gw.close(close_engine=own_engine)

@@ -1,0 +1,258 @@
+"""The harness learner: per scenario whose recipe evolves a harness (GEPA), turns reported traffic into releases.
+
+Live traffic is the training set. A report on an inference, with `feedback` text (and/or a score) and the reference
+answer in `metadata.<answer_key>`, makes one training example: the client's request (without the harness) and its
+answer. The rollout the client saw is observed under the harness release that served it, so when that harness is the
+parent GEPA draws, its minibatch score and the feedback reflection reads are the user's own and cost no metric call.
+Every `minibatch_size` new examples (mode auto/hybrid) or on POST /reef/train (manual/hybrid) the learner runs one
+GEPA iteration on the newest examples (reef_lab.gepa_search.Search); a child it keeps is scored on the validation
+set, and when the selection policy passes it (strict_gain: its validation mean beats the serving harness's) it is
+published as a harness release: the scenario's next requests are served with it, `GET /reef/harness` returns it.
+
+A scenario with no harness release yet serves the recipe's seed harness as release v1 as soon as the learner starts,
+so all traffic it learns from was served under a known harness. State lives in `data_dir/learn/<scenario>/`:
+`state.json` (reports consumed) and `gepa/` (the search's events and state; a restart resumes it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import orjson
+
+from reef_lab import dialects
+from reef_lab import harness as harness_mod
+from reef_lab.errors import Conflict
+from reef_lab.gepa_search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
+from reef_lab.tasks import Task
+
+log = logging.getLogger("reef_lab.harness_learner")
+
+
+def request_messages(dialect: str, request: dict) -> list[dict]:
+    """The client's conversation as plain {role, content: str} messages, without system text."""
+    def text(content) -> str:
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return ""
+
+    if dialect == dialects.OPENAI_RESPONSES:
+        inp = request.get("input")
+        if isinstance(inp, str):
+            return [{"role": "user", "content": inp}]
+        items = inp if isinstance(inp, list) else []
+    else:
+        items = request.get("messages") or []
+    return [{"role": m.get("role"), "content": text(m.get("content"))} for m in items
+            if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+
+
+def response_text(dialect: str, response) -> str:
+    if not isinstance(response, dict):
+        return ""
+    if dialect == dialects.OPENAI_CHAT:
+        choices = response.get("choices") or [{}]
+        return (choices[0].get("message") or {}).get("content") or ""
+    if dialect == dialects.OPENAI_RESPONSES:
+        return "".join(c.get("text", "") for o in response.get("output") or [] if isinstance(o, dict)
+                       for c in o.get("content") or [] if isinstance(c, dict))
+    return "".join(c.get("text", "") for c in response.get("content") or [] if isinstance(c, dict))
+
+
+class HarnessLearner:
+    def __init__(self, scenario: str, recipe, *, gateway, task_lm, reflection_lm):
+        self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
+        self.gw = gateway
+        self.dir = Path(gateway.data_dir) / "learn" / scenario
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._state_path = self.dir / "state.json"
+        state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
+        self._consumed: set[str] = set(state.get("consumed", []))
+        self.examples: list[dict] = state.get("examples", [])
+        self._new = state.get("new", 0)  # examples since the last iteration
+        self._cv = threading.Condition()
+        self._inbox: deque = deque()
+        self._manual = 0
+        self._stop = False
+        self.phase, self.last_error, self.rounds = "idle", None, 0
+        serving = self._serving_files()
+        if serving is None:  # serve the seed harness first, so every example was served under a known harness
+            self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
+                                    {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
+            serving = dict(self.config.seed_harness)
+        val = Task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
+        self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8)
+        self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
+                             self.dir / "gepa")
+        self._replay()
+        self._thread = threading.Thread(target=self._run, name=f"reef-gepa-{scenario}", daemon=True)
+        self._thread.start()
+
+    # ---- inputs ---------------------------------------------------------------------------------------------
+    def on_report(self, report: dict) -> None:
+        with self._cv:
+            self._inbox.append(report)
+            self._cv.notify()
+
+    def request_training(self) -> dict:
+        if self.config.mode == "auto":
+            raise Conflict(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' or "
+                           "'hybrid' to run iterations on request")
+        with self._cv:
+            self._drain()
+            if not self.examples:
+                raise Conflict("no training examples yet: report on inferences with feedback and "
+                               f"metadata.{self.config.answer_key} (the reference answer)")
+            self._manual += 1
+            self._cv.notify()
+            return {"scenario": self.scenario, "queued": True, "examples": len(self.examples)}
+
+    def status(self) -> dict:
+        with self._cv:
+            return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
+                    "examples": len(self.examples), "new_examples": self._new, "inbox": len(self._inbox),
+                    "rounds": self.rounds, "metric_calls": self.search.metric_calls,
+                    "budget": self.search.config.max_metric_calls, "candidates": len(self.search.cands),
+                    "last_error": self.last_error}
+
+    def wait_idle(self, timeout: float = 600.0) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._cv:
+                self._drain()
+                if self.phase == "idle" and not self._inbox and not self._manual and not self._due():
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    # ---- examples from reports ------------------------------------------------------------------------------
+    def _replay(self) -> None:
+        for rec in self.gw.store.get_many(self.gw.store.ids(self.scenario, "report")):
+            if rec["id"] not in self._consumed:
+                self._inbox.append(rec)
+
+    def _serving_files(self) -> dict[str, str] | None:
+        rel = self.gw.releases.serving(self.scenario)
+        return harness_mod.read_tree(Path(rel["folder"])) if rel and rel.get("kind") == "harness" else None
+
+    def _drain(self) -> None:
+        """Reports -> examples and observed rollouts (caller holds the lock)."""
+        changed = False
+        while self._inbox:
+            report = self._inbox.popleft()
+            if report["id"] in self._consumed:
+                continue
+            self._consumed.add(report["id"])
+            changed = True
+            answer = (report.get("metadata") or {}).get(self.config.answer_key)
+            if answer is None:
+                continue  # no reference answer: a child could not be scored on it
+            for inf in self.gw.store.get_many(report.get("references") or []):
+                try:
+                    self._add_example(inf, report, str(answer))
+                except Exception as e:  # noqa: BLE001 - one odd record is data, not a reason to stop
+                    log.warning("scenario %s: inference %s cannot become an example: %s", self.scenario,
+                                inf.get("id"), e)
+        if changed:
+            self._save()
+
+    def _add_example(self, inf: dict, report: dict, answer: str) -> None:
+        messages = request_messages(inf.get("dialect"), inf.get("request") or {})
+        if not messages or inf.get("status", "ok") != "ok":
+            return
+        item = {"id": inf["id"], "messages": messages, "answer": answer}
+        output = response_text(inf.get("dialect"), inf.get("response"))
+        score, verdict = verifier_feedback(item, output)
+        feedback = report.get("feedback")
+        if isinstance(feedback, dict):
+            feedback = json.dumps(feedback, ensure_ascii=False)
+        rollout = Rollout(inf["id"], score, output, feedback or verdict,
+                          "\n".join(m["content"] for m in messages if m["role"] == "user"))
+        rel = self.gw.releases.release(self.scenario, inf.get("release_id") or "")
+        if rel is not None and rel.get("kind") == "harness":
+            self.search.observe(harness_mod.read_tree(Path(rel["folder"])), rollout)
+        if all(e["id"] != item["id"] for e in self.examples):
+            self.examples.append(item)
+            self._new += 1
+
+    def _save(self) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps({"consumed": sorted(self._consumed), "examples": self.examples,
+                                      "new": self._new}))
+        tmp.replace(self._state_path)
+
+    # ---- the learner thread ---------------------------------------------------------------------------------
+    def _due(self) -> bool:
+        return (self.config.mode != "manual" and self._new >= self.search.config.minibatch_size
+                and not self.search.exhausted)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop:
+                    self._drain()
+                    if self._manual or self._due():
+                        break
+                    self._cv.wait(timeout=1.0)
+                if self._stop:
+                    return
+                self._manual = max(0, self._manual - 1)
+                batch = self.examples[-self.search.config.minibatch_size:]
+                self._new = 0
+                self._save()
+                self.phase = "searching"
+            try:
+                self._iteration(batch)
+                self.last_error = None
+            except Exception as e:  # noqa: BLE001 - a failed iteration leaves serving as it was, and says why
+                log.exception("scenario %s: GEPA iteration failed", self.scenario)
+                self.last_error = f"{type(e).__name__}: {e}"
+                time.sleep(1.0)
+            finally:
+                with self._cv:
+                    self.phase = "idle"
+
+    def _iteration(self, batch: list[dict]) -> None:
+        ev = self.search.step(minibatch=batch)
+        self.rounds += 1
+        log.info("scenario %s: GEPA iteration %d %s (%d metric calls)", self.scenario, ev["iteration"],
+                 ev["outcome"], self.search.metric_calls)
+        if ev["outcome"] != "accepted":
+            return
+        child = self.search.cands[ev["child"]]
+        serving = self._serving_files() or {}
+        serving_mean = None
+        for c in self.search.cands.values():
+            if harness_hash(c.components) == harness_hash(serving):
+                serving_mean = c.mean
+        if serving_mean is None:  # a harness published by hand: score it on the validation set once
+            scores = [r.score for r in self.search.evaluate(serving, self.search.valset)]
+            serving_mean = sum(scores) / len(scores)
+        policy = self.config.selection
+        ok = policy == "always" or (child.mean >= serving_mean if policy == "no_regression"
+                                    else child.mean > serving_mean)
+        reason = f"validation {child.mean:.4f} vs serving {serving_mean:.4f} ({policy})"
+        if not ok:
+            self.search.event({"event": "release_skipped", "candidate": child.id, "reason": reason})
+            return
+        rel = self.gw.publish_harness(self.scenario, {"files": child.components}, {
+            "recipe": self.recipe.name, "records": [e["id"] for e in batch],
+            "eval": {"accuracy": child.mean, "size": len(child.scores)},
+            "gepa": {"candidate": child.id, "parents": child.parents, "changed": child.changed,
+                     "val_mean": child.mean, "serving_val_mean": serving_mean,
+                     "metric_calls": self.search.metric_calls, "reason": reason}})
+        self.search.event({"event": "release", "release_id": rel["release_id"], "candidate": child.id,
+                            "reason": reason})
