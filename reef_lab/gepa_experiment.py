@@ -104,11 +104,16 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
     system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
     reflection = make_lm(cfg.reflection_lm, engine)
     gw, tracker = None, None
-    if engine is not None:
+    serving_engine = engine
+    if serving_engine is None and cfg.task_lm.get("kind") == "openai" and not cfg.task_lm.get("replay"):
+        from reef_lab.engines.upstream import UpstreamEngine  # the provider that would serve these harnesses
+
+        serving_engine = UpstreamEngine(cfg.task_lm["base_url"], cfg.task_lm["model"])
+    if serving_engine is not None:  # releases go to a data dir like a live scenario's (none when replaying)
         from reef_lab.gateway import Gateway
         from reef_lab.hub import HubConfig
 
-        gw = Gateway(run_dir / "data", engine, hub=HubConfig(**cfg.hub) if cfg.hub.get("repo") else None)
+        gw = Gateway(run_dir / "data", serving_engine, hub=HubConfig(**cfg.hub) if cfg.hub.get("repo") else None)
         if cfg.name not in {s.name for s in gw.scenarios.list()}:
             gw.create_scenario({"name": cfg.name})
     if cfg.wandb:
@@ -159,4 +164,4 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
         if gw is not None:
             if gw.hub is not None:
                 gw.hub.wait(timeout=600)
-            gw.close(close_engine=own_engine)
+            gw.close(close_engine=own_engine or serving_engine is not engine)

@@ -145,7 +145,8 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
              f"Budget {cfg.search_config().max_metric_calls} metric calls, minibatch "
              f"{cfg.search_config().minibatch_size}, merge {cfg.search_config().use_merge}. Seed harness: "
              f"`{json.dumps(cfg.seed_harness)}`.", "",
-             "| system | seed | metric calls | candidates | val seed → best | test seed → best |", "|---|---|---|---|---|---|"]
+             "| system | seed | metric calls | candidates | val seed → best | test seed → best |",
+             "|---|---|---|---|---|---|"]
     for name, rs in rows.items():
         for r in rs:
             lines.append(f"| {name} | {r['seed']} | {r['metric_calls']} | {r['candidates']} | "

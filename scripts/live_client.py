@@ -5,6 +5,11 @@ held-out accuracy of each.
     python scripts/serve.py --recipe sao --recipe-config recipes/sao/examples/live.yaml      # terminal 1
     python scripts/live_client.py --rollouts 256                                              # terminal 2
 
+For a harness recipe (GEPA), send the verifier's feedback text and the reference answer with each report:
+
+    python scripts/serve.py --recipe gepa --recipe-config recipes/gepa/examples/live.yaml
+    python scripts/live_client.py --feedback --temperature 0 --max-tokens 48 --rollouts 48
+
 The server trains in the background as reports arrive; the client keeps `--concurrency` questions in flight and,
 like the experiment runner, waits while the learner's pool is full (GET /reef/scenarios/{s}/releases says).
 """
@@ -23,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
+from reef_lab.gepa_search import verifier_feedback  # noqa: E402
 from reef_lab.tasks import Task  # noqa: E402
 
 
@@ -34,6 +40,10 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-pool", type=int, default=16, help="wait while the learner holds this many samples")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--feedback", action="store_true",
+                   help="report the verifier's feedback text and metadata.answer (what the gepa recipe learns from)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--wait", type=float, default=900, help="seconds to wait for training to finish at the end")
     args = p.parse_args()
     token = os.environ.get("REEF_TOKEN", "").split(",")[0] or "none"
@@ -53,11 +63,14 @@ def main() -> None:
             time.sleep(0.2)
         item = items[k]
         raw = client.chat.completions.with_raw_response.create(
-            model="default", messages=item["messages"], max_tokens=32, temperature=1.0, seed=args.seed * 100_003 + k)
+            model="default", messages=item["messages"], max_tokens=args.max_tokens, temperature=args.temperature,
+            seed=args.seed * 100_003 + k)
         answer = raw.parse().choices[0].message.content
-        score = task.score(item, answer)
-        r = requests.post(f"{args.url}/reef/report", headers=auth, timeout=30,
-                          json={"score": score, "references": [raw.headers["x-reef-agent-record-id"]]})
+        score, feedback = verifier_feedback(item, answer)
+        report = {"score": score, "references": [raw.headers["x-reef-agent-record-id"]]}
+        if args.feedback:
+            report.update(feedback=feedback, metadata={"answer": item["answer"]})
+        r = requests.post(f"{args.url}/reef/report", headers=auth, timeout=30, json=report)
         r.raise_for_status()
         scores.append(score)
         if len(scores) % 16 == 0:
@@ -74,8 +87,8 @@ def main() -> None:
     base = (rel.get("base_eval") or {}).get("accuracy")
     print(f"[client] serving {rel['serving']}; held-out accuracy: base {base}")
     for r in rel["releases"]:
-        print(f"[client]   {r['release_id']} (parent {r['parent']}, trainer step {r['trainer_step']}): "
-              f"{(r.get('eval') or {}).get('accuracy')}")
+        print(f"[client]   {r['release_id']} (parent {r['parent']}, {r.get('kind') or 'weights'}, trainer step "
+              f"{r.get('trainer_step')}): held-out/validation {(r.get('eval') or {}).get('accuracy')}")
 
 
 if __name__ == "__main__":

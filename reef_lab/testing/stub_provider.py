@@ -6,7 +6,8 @@ request: a last user message containing `!500`, `!400` or `!sleep=<s>` gets an H
 late answer. For harness-learning tests it is also a predictable task and reflection model: asked to write a new
 version of an instruction file ("Write a new version of" in the last user text) it answers with an instruction
 that holds the marker REEF-SOLVE; a "Calculate <expression>." question under a system text holding REEF-SOLVE gets
-the right number, and otherwise the echo (which is wrong). It is a plain WSGI app (no framework) so benchmarks measure the gateway, not the stub. Run it alone with
+the right number, and otherwise the echo (which is wrong). It is a plain WSGI app (no framework) so benchmarks
+measure the gateway, not the stub. Run it alone with
 `python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
 """
 

@@ -1,0 +1,66 @@
+"""A GEPA experiment end to end on the loopback stub as task and reflection model, then apps/gepa.py reading it.
+
+The stub answers "Calculate ..." questions wrongly unless the system text holds REEF-SOLVE, and rewrites any
+instruction file into one that holds it; so the seed harness scores 0, the first kept mutation scores 1 everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from reef_lab.gepa_experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment
+from reef_lab.tasks import Task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(tmp_path, stub_url, **kw):
+    lm = {"kind": "openai", "base_url": stub_url, "model": "stub-model"}
+    return GEPAExperimentConfig(**{"name": "calc", "task": {"name": "arithmetic"}, "train_size": 6, "val_size": 4,
+                                   "test_size": 8, "task_lm": lm, "reflection_lm": lm, "out_dir": str(tmp_path / "r"),
+                                   "search": {"max_metric_calls": 40, "minibatch_size": 3}, **kw})
+
+
+def test_gepa_experiment_evolves_publishes_and_tests(tmp_path, stub_url):
+    cfg = config(tmp_path, stub_url)
+    s = run_gepa_experiment(cfg, progress=False)
+    assert s["seed_val"] == 0.0 and s["best_val"] == 1.0 and s["seed_test"] == 0.0 and s["best_test"] == 1.0
+    assert "REEF-SOLVE" in s["best_harness"]["rules.md"] and s["serving"] == "calc:v2"
+    # seed on 4 validation items; the first mutation on 3 + 3 minibatch rollouts, then 4 validation; the kept
+    # child is perfect on every later minibatch, so reflection is skipped and no call is spent after that
+    assert s["metric_calls"] <= 4 + 3 + 3 + 4 + 6 + 6 + 4
+    answers = [json.loads(x) for x in (Path(cfg.out_dir) / "test_answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 16 and {a["candidate"] for a in answers} == {"seed", "best"}
+    # resuming a finished run spends nothing more and finds the same best
+    again = run_gepa_experiment(cfg, progress=False)
+    assert again["metric_calls"] == s["metric_calls"] and again["best_harness"] == s["best_harness"]
+
+    spec = importlib.util.spec_from_file_location("gepa_app", ROOT / "apps" / "gepa.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    search = mod.load_search(cfg.out_dir)
+    assert search["candidates"].height == 2 and search["candidates"]["val_mean"].to_list() == [0.0, 1.0]
+    assert "+REEF-SOLVE" in mod.diff_to_parent(search, 1) and mod.diff_to_parent(search, 0) == ""
+    assert "c0 --> c1" in mod.tree_mermaid(search)
+    assert search["fronts"][-1]["front"] == {"1": 4}
+    assert len(mod.plot_search(search).axes) == 2
+    assert cfg.out_dir in mod.find_searches(tmp_path)
+
+
+def test_splits_are_disjoint_and_fixed_by_the_data_seed():
+    task = Task({"name": "arithmetic", "system_prompt": ""})
+    train, val, test = make_splits(task, 20, 10, 30, seed=5)
+    qs = [[it["messages"][-1]["content"] for it in split] for split in (train, val, test)]
+    assert len(set(qs[0]) | set(qs[1]) | set(qs[2])) == 60
+    assert make_splits(task, 20, 10, 30, seed=5)[2] == test
+
+
+def test_bad_gepa_experiment_config_says_what_to_fix():
+    with pytest.raises(ValueError, match="at least 1"):
+        GEPAExperimentConfig(search={"minibatch_size": 0})
+    with pytest.raises(TypeError):
+        GEPAExperimentConfig(search={"budget": 3})
