@@ -357,16 +357,7 @@ class Gateway:
             recipe = self.recipe(name)
             if not getattr(recipe, "trains", False):
                 raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train")
-            tracker = None
-            if self.tracking is not None and self.tracking.resolved_mode() != "disabled":
-                from dataclasses import asdict
-
-                tracker = Tracker(self.tracking.name or name, {
-                    "scenario": name, "recipe": recipe.name, "recipe_config": asdict(recipe.config),
-                    "engine": self.engine.info().get("model_name"), "data_dir": str(self.data_dir),
-                    **self.tracking.extra_config}, self.tracking, self.data_dir)
-                if self.hub is not None:
-                    self.hub.links[name] = lambda t=tracker: t.link
+            tracker = self._tracker(name, recipe)
             ln = self._learners[name] = Learner(name, recipe, store=self.store, engine=self.engine,
                                                 releases=self.releases, data_dir=self.data_dir,
                                                 on_release=self._released, tracker=tracker)
@@ -384,9 +375,24 @@ class Gateway:
                         else self._default_lm()
                     reflection_lm = make_lm(recipe.config.reflection_lm, self.engine) \
                         if recipe.config.reflection_lm else task_lm
-                    ln = self._harness_learners[name] = HarnessLearner(name, recipe, gateway=self,
-                                                                       task_lm=task_lm, reflection_lm=reflection_lm)
+                    tracker = self._tracker(name, recipe)
+                    ln = self._harness_learners[name] = HarnessLearner(name, recipe, gateway=self, task_lm=task_lm,
+                                                                       reflection_lm=reflection_lm, tracker=tracker)
         return ln
+
+    def _tracker(self, name: str, recipe) -> Tracker | None:
+        """A W&B run for a learning scenario (None when tracking is off)."""
+        if self.tracking is None or self.tracking.resolved_mode() == "disabled":
+            return None
+        from dataclasses import asdict
+
+        tracker = Tracker(self.tracking.name or name, {
+            "scenario": name, "recipe": recipe.name, "recipe_config": asdict(recipe.config),
+            "engine": self.engine.info().get("model_name"), "data_dir": str(self.data_dir),
+            **self.tracking.extra_config}, self.tracking, self.data_dir)
+        if self.hub is not None:
+            self.hub.links[name] = lambda t=tracker: t.link
+        return tracker
 
     def _default_lm(self):
         """The deployment's own model as a plain LM: the embedded engine, or the upstream provider (OpenAI API)."""

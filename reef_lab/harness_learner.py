@@ -67,7 +67,7 @@ def response_text(dialect: str, response) -> str:
 
 
 class HarnessLearner:
-    def __init__(self, scenario: str, recipe, *, gateway, task_lm, reflection_lm):
+    def __init__(self, scenario: str, recipe, *, gateway, task_lm, reflection_lm, tracker=None):
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         self.gw = gateway
         self.dir = Path(gateway.data_dir) / "learn" / scenario
@@ -89,8 +89,9 @@ class HarnessLearner:
             serving = dict(self.config.seed_harness)
         val = Task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
         self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8)
+        self.tracker = tracker  # a reef_lab.tracking.Tracker mirroring every search event to W&B
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
-                             self.dir / "gepa")
+                             self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()
         self._thread = threading.Thread(target=self._run, name=f"reef-gepa-{scenario}", daemon=True)
         self._thread.start()
@@ -137,6 +138,8 @@ class HarnessLearner:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout)
+        if self.tracker is not None:
+            self.tracker.close()
 
     # ---- examples from reports ------------------------------------------------------------------------------
     def _replay(self) -> None:
