@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -177,6 +178,7 @@ class Search:
         self.on_event = on_event  # called with every event row (trackers, live publishing)
         self.cands: dict[int, Candidate] = {}
         self.cache: dict[tuple[str, str], Rollout] = {}
+        self._cache_lock = threading.Lock()  # live traffic is observed from another thread while a step runs
         self.metric_calls = 0
         self.iteration = 0
         self.merges = 0
@@ -193,14 +195,17 @@ class Search:
     # ---- evaluation with a cache and a budget --------------------------------------------------------------
     def observe(self, components: dict[str, str], rollout: Rollout) -> None:
         """A rollout seen elsewhere (live traffic served under `components`): known from now on, free."""
-        self.cache[(harness_hash(components), rollout.example_id)] = rollout
+        with self._cache_lock:
+            self.cache[(harness_hash(components), rollout.example_id)] = rollout
 
     def evaluate(self, components: dict[str, str], examples: list[dict]) -> list[Rollout]:
         key = harness_hash(components)
         todo = [e for e in examples if (key, e["id"]) not in self.cache]
         if todo:
-            for r in self.system.run(components, todo):
-                self.cache[(key, r.example_id)] = r
+            rollouts = self.system.run(components, todo)
+            with self._cache_lock:
+                for r in rollouts:
+                    self.cache[(key, r.example_id)] = r
             self.metric_calls += len(todo)
         return [self.cache[(key, e["id"])] for e in examples]
 
@@ -357,10 +362,14 @@ class Search:
                  "iteration": self.iteration, "merges": self.merges,
                  "next_component": self._next_component, "rng": _rng_state(self.rng),
                  "tried_merges": sorted(self._tried_merges), "order": self._order,
-                 "cache": [[k[0], asdict(r)] for k, r in self.cache.items()]}
+                 "cache": [[k[0], asdict(r)] for k, r in self._cache_items()]}
         tmp = self.dir / "state.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.dir / "state.json")
+
+    def _cache_items(self) -> list:
+        with self._cache_lock:
+            return list(self.cache.items())
 
     def _load(self) -> None:
         state = json.loads((self.dir / "state.json").read_text())

@@ -118,7 +118,7 @@ class HarnessLearner:
     def status(self) -> dict:
         with self._cv:
             return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
-                    "examples": len(self.examples), "new_examples": self._new, "inbox": len(self._inbox),
+                    "examples": len(self.examples), "pool": self._new, "inbox": len(self._inbox),
                     "rounds": self.rounds, "metric_calls": self.search.metric_calls,
                     "budget": self.search.config.max_metric_calls, "candidates": len(self.search.cands),
                     "last_error": self.last_error}
