@@ -64,3 +64,25 @@ def test_bad_gepa_experiment_config_says_what_to_fix():
         GEPAExperimentConfig(search={"minibatch_size": 0})
     with pytest.raises(TypeError):
         GEPAExperimentConfig(search={"budget": 3})
+
+
+def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_dir):
+    """The embedded engine answers the tasks; the stub (an OpenAI-compatible endpoint) reflects."""
+    from reef_lab.engines.embedded import EmbeddedEngine
+    from reef_lab.gepa_search import read_events
+    from reef_lab.testing.stub_provider import IMPROVED_INSTRUCTION
+
+    engine = EmbeddedEngine.from_path(str(tiny_model_dir))
+    try:
+        cfg = config(tmp_path, stub_url, task_lm={"kind": "engine"}, task_max_tokens=4,
+                     reflection_lm={"kind": "openai", "base_url": stub_url, "model": "stub-model",
+                                    "record": str(tmp_path / "reflection.jsonl")},
+                     search={"max_metric_calls": 12, "minibatch_size": 2})
+        s = run_gepa_experiment(cfg, engine=engine, progress=False)
+    finally:
+        engine.close()
+    proposals = [e["proposal"] for e in read_events(cfg.out_dir) if e.get("proposal")]
+    assert proposals and set(proposals) == {IMPROVED_INSTRUCTION}  # reflection came from the stub
+    calls = [json.loads(x) for x in (tmp_path / "reflection.jsonl").read_text().splitlines()]
+    assert len(calls) == len(proposals) and all("Write a new version of" in c["messages"][0]["content"] for c in calls)
+    assert s["metric_calls"] >= 12 and s["serving"] == "calc:v1"  # the random tiny model never answers right
