@@ -97,6 +97,8 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--runs", default="runs/compare-gepa", help="folder of the runs")
     p.add_argument("--out", default=None, help="results stem (default results/gepa-<task name>)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the results page from the seeds finished so far (<runs>/rows.json), run nothing")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from scripts.run_experiment import apply_override
@@ -106,11 +108,18 @@ def main(argv=None) -> None:
         key, _, value = item.partition("=")
         apply_override(data, key, yaml.safe_load(value))
     base = GEPAExperimentConfig(**data)
+    runs = Path(args.runs)
+    stem = Path(args.out or f"results/gepa-{base.task.get('name', 'task')}")
+    if args.report_only:
+        rows = json.loads((runs / "rows.json").read_text())
+        args.seeds = [r["seed"] for r in rows["reference"]]
+        rows["reef_lab"] = [r for r in rows["reef_lab"] if r["seed"] in args.seeds]  # seeds both finished
+        write_report(stem, base, rows, args)
+        return
     from reef_lab.engines.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine.from_path(base.model_path, max_batch=max(base.concurrency, 1))
     rows = {"reef_lab": [], "reference": []}
-    runs = Path(args.runs)
     try:
         for seed in args.seeds:
             cfg = GEPAExperimentConfig(**{**data, "seed": seed, "out_dir": str(runs / f"reef-seed{seed}")})
@@ -124,7 +133,6 @@ def main(argv=None) -> None:
             (runs / "rows.json").write_text(json.dumps(rows, indent=2))
     finally:
         engine.close()
-    stem = Path(args.out or f"results/gepa-{base.task.get('name', 'task')}")
     write_report(stem, base, rows, args)
 
 
