@@ -24,7 +24,8 @@ class ServeConfig:
     data_dir: str = field(default="./.reef_lab", metadata={
         "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
     recipe: str = field(default="basic", metadata={
-        "help": "recipe of new scenarios: a folder name in recipes/ (basic, ...) or a module:Class path"})
+        "help": "recipe of new scenarios: a folder name in recipes/ (basic, sft, sao, grpo, gepa) or a "
+                "module:Class path"})
     recipe_config: str | dict | None = field(default=None, metadata={
         "help": "config of new scenarios' recipe: a YAML/JSON file (in a -c file also a mapping), e.g. "
                 "recipes/sao/examples/live.yaml"})

@@ -24,20 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing import free_port, wait_http  # noqa: E402
 
 SCENARIO = "arithmetic-live"
-
-
-def wait_http(url: str, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            requests.get(url, timeout=2)
-            return
-        except requests.RequestException:
-            time.sleep(0.5)
-    raise TimeoutError(url)
 
 
 def main() -> None:
@@ -61,7 +50,7 @@ def main() -> None:
     server = subprocess.Popen(serve_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started = time.time()
     try:
-        wait_http(base + "/healthz")
+        wait_http(base + "/healthz", 300)
         lines = ["# Live GEPA through the server", "", f"Command: `python scripts/check_gepa_live.py --rollouts "
                  f"{args.rollouts}`, which runs", "", "```", " ".join(serve_cmd[1:]), " ".join(client_cmd[1:]), "```",
                  ""]

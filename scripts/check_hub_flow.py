@@ -28,21 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing import free_port, wait_http  # noqa: E402
 
 TOKEN = "flow-token"
 REPO = "me/reef-sao-arithmetic"
-
-
-def wait_http(url: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            requests.get(url, timeout=2)
-            return
-        except requests.RequestException:
-            time.sleep(0.5)
-    raise TimeoutError(url)
 
 
 def main() -> None:

@@ -10,3 +10,21 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def wait_http(url: str, timeout: float = 120) -> None:
+    """Block until `url` answers any HTTP response (a server started as a child process is up)."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
