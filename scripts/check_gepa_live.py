@@ -89,8 +89,8 @@ def main() -> None:
                   f"{nxt.json()['choices'][0]['message']['content']!r}",
                   f"- new harness release served without a restart: "
                   f"{rel['serving'] != seed['release_id'] and nxt.headers.get('x-reef-release-id') == rel['serving']}",
-                  "", f"Total wall time {time.time() - started:.0f} s on this machine (2 CPU cores, SmolLM2-135M-Instruct "
-                  "as task and reflection model).", "", "Client output (tail):", "", "```",
+                  "", f"Total wall time {time.time() - started:.0f} s on this machine (2 CPU cores, "
+                  "SmolLM2-135M-Instruct as task and reflection model).", "", "Client output (tail):", "", "```",
                   *res.stdout.strip().splitlines()[-8:], "```"]
         Path(args.page).write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
