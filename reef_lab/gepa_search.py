@@ -34,7 +34,7 @@ from typing import Protocol
 
 from reef_lab import harness as harness_mod
 from reef_lab.gepa import Candidate, accept, merge_pair, pareto_counts, select_parent
-from reef_lab.tasks import Task, last_number
+from reef_lab.tasks import Task, extract_answer, last_number
 
 log = logging.getLogger("reef_lab.gepa")
 
@@ -81,13 +81,20 @@ class System(Protocol):
 def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
     """The task verifier's score and its textual feedback (what reflection reads)."""
     score = Task.score(item, text)
-    got = last_number(text)
+    got = extract_answer(item, text)
+    fmt = item.get("answer_format")
     if score:
-        return score, f"Correct: the final number {got} is the expected answer."
+        return score, f"Correct: the {'answer' if fmt else 'final number'} {got} is the expected answer."
+    if fmt and got is None:
+        seen = last_number(text)
+        return score, (f"Incorrect: the answer must be written as '{fmt}' (e.g. '{fmt.format(answer=item['answer'])}'"
+                       f"), and the response has no such line{f' (its last number is {seen})' if seen else ''}; "
+                       f"the expected answer is {item['answer']}.")
     if got is None:
         return score, f"Incorrect: the response gives no number; the expected answer is {item['answer']}."
-    return score, (f"Incorrect: the response's final number is {got}, but the expected answer is {item['answer']}. "
-                   "The last number in the response is taken as the answer.")
+    where = f"written as '{fmt}'" if fmt else "final number"
+    return score, (f"Incorrect: the response's {where} is {got}, but the expected answer is {item['answer']}."
+                   + ("" if fmt else " The last number in the response is taken as the answer."))
 
 
 def user_text(messages: list[dict]) -> str:

@@ -33,8 +33,13 @@ class TaskConfig:
     path: str | None = field(default=None, metadata={"help": "jsonl: the data file (json lines)"})
     question_field: str = field(default="question", metadata={"help": "jsonl: column holding the question"})
     answer_field: str = field(default="answer", metadata={"help": "jsonl: column holding the reference answer"})
+    answer_format: str = field(default="", metadata={
+        "help": "if set, e.g. 'Answer: {answer}': the answer counts only written this way (its last occurrence); "
+                "as when a program parses the agent's reply. '' reads the last number anywhere"})
 
     def __post_init__(self) -> None:
+        if self.answer_format and self.answer_format.count("{answer}") != 1:
+            raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
         if self.name not in ("arithmetic", "jsonl"):
             raise ValueError(f"task name must be 'arithmetic' or 'jsonl', got {self.name!r}")
         if self.name == "jsonl" and not self.path:
@@ -83,11 +88,25 @@ class Task:
         messages = [{"role": "user", "content": question}]
         if self.config.system_prompt:
             messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        return {"id": item_id, "messages": messages, "answer": answer}
+        item = {"id": item_id, "messages": messages, "answer": answer}
+        if self.config.answer_format:
+            item["answer_format"] = self.config.answer_format
+        return item
 
     @staticmethod
     def score(item: dict, text: str) -> float:
-        return 1.0 if numbers_equal(last_number(text), item["answer"]) else 0.0
+        return 1.0 if numbers_equal(extract_answer(item, text), item["answer"]) else 0.0
+
+
+def extract_answer(item: dict, text: str) -> str | None:
+    """The number the verifier reads: the last one written in the item's answer format, or the last one at all."""
+    fmt = item.get("answer_format")
+    if not fmt:
+        return last_number(text)
+    before, _, after = fmt.partition("{answer}")
+    pattern = re.escape(before.strip()) + r"\s*(" + NUMBER_RE.pattern + r")" + re.escape(after.strip())
+    found = re.findall(pattern, text.replace(",", ""), flags=re.I)
+    return found[-1] if found else None
 
 
 def last_number(text: str) -> str | None:

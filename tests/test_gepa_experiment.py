@@ -86,3 +86,16 @@ def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_di
     calls = [json.loads(x) for x in (tmp_path / "reflection.jsonl").read_text().splitlines()]
     assert len(calls) == len(proposals) and all("Write a new version of" in c["messages"][0]["content"] for c in calls)
     assert s["metric_calls"] >= 12 and s["serving"] == "calc:v1"  # the random tiny model never answers right
+
+
+def test_answer_format_verifier_and_its_feedback():
+    from reef_lab.gepa_search import verifier_feedback
+
+    item = Task({"name": "arithmetic", "answer_format": "Answer: {answer}"}).items(1, seed=1)[0]
+    assert item["answer"] == "2"
+    assert verifier_feedback(item, "Answer: 2") == (1.0, "Correct: the answer 2 is the expected answer.")
+    score, text = verifier_feedback(item, "5 - 3 = 2")
+    assert score == 0.0 and "must be written as 'Answer: {answer}' (e.g. 'Answer: 2')" in text
+    assert verifier_feedback(item, "Answer: 3\nso Answer: 2")[0] == 1.0  # the last one written counts
+    with pytest.raises(ValueError, match="exactly once"):
+        Task({"answer_format": "Answer"})
