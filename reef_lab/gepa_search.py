@@ -87,12 +87,13 @@ def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
         return score, f"Correct: the {'answer' if fmt else 'final number'} {got} is the expected answer."
     if fmt and got is None:
         seen = last_number(text)
-        return score, (f"Incorrect: the answer must be written as '{fmt}' (e.g. '{fmt.format(answer=item['answer'])}'"
-                       f"), and the response has no such line{f' (its last number is {seen})' if seen else ''}; "
-                       f"the expected answer is {item['answer']}.")
+        shown = fmt.replace("{answer}", "<number>")
+        return score, (f"Incorrect: the answer must be written as '{shown}' (here: "
+                       f"'{fmt.format(answer=item['answer'])}'), and the response has no such line"
+                       f"{f' (its last number is {seen})' if seen else ''}; the expected answer is {item['answer']}.")
     if got is None:
         return score, f"Incorrect: the response gives no number; the expected answer is {item['answer']}."
-    where = f"written as '{fmt}'" if fmt else "final number"
+    where = f"answer written as '{fmt.replace('{answer}', '<number>')}'" if fmt else "final number"
     return score, (f"Incorrect: the response's {where} is {got}, but the expected answer is {item['answer']}."
                    + ("" if fmt else " The last number in the response is taken as the answer."))
 

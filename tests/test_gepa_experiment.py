@@ -95,7 +95,7 @@ def test_answer_format_verifier_and_its_feedback():
     assert item["answer"] == "2"
     assert verifier_feedback(item, "Answer: 2") == (1.0, "Correct: the answer 2 is the expected answer.")
     score, text = verifier_feedback(item, "5 - 3 = 2")
-    assert score == 0.0 and "must be written as 'Answer: {answer}' (e.g. 'Answer: 2')" in text
+    assert score == 0.0 and "must be written as 'Answer: <number>' (here: 'Answer: 2')" in text
     assert verifier_feedback(item, "Answer: 3\nso Answer: 2")[0] == 1.0  # the last one written counts
     with pytest.raises(ValueError, match="exactly once"):
         Task({"answer_format": "Answer"})
