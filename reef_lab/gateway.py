@@ -81,7 +81,7 @@ class Gateway:
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
-            if getattr(self.recipe(s.name), "evolves", None) == "harness":
+            if self._evolves_harness(s.name):
                 self.harness_learner(s.name)
             elif getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
                 try:
@@ -148,7 +148,7 @@ class Gateway:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         self.scenarios.ensure(name)
-        if name not in self._harness and getattr(self.recipe(name), "evolves", None) == "harness":
+        if name not in self._harness and self._evolves_harness(name):
             self.harness_learner(name)  # serves the recipe's seed harness from the first request on
         harness = self._harness.get(name)
         sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
@@ -343,7 +343,7 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and getattr(self.recipe(name), "evolves", None) == "harness":
+        if created and refs and self._evolves_harness(name):
             self.harness_learner(name).on_report(rec.to_dict())
         elif created and refs and getattr(self.recipe(name), "trains", False) and hasattr(self.engine,
                                                                                         "load_release"):
@@ -362,6 +362,9 @@ class Gateway:
                                                 releases=self.releases, data_dir=self.data_dir,
                                                 on_release=self._released, tracker=tracker)
         return ln
+
+    def _evolves_harness(self, name: str) -> bool:
+        return getattr(self.recipe(name), "evolves", None) == "harness"
 
     def harness_learner(self, name: str) -> HarnessLearner:
         """The scenario's GEPA learner (started on first use; it publishes the seed harness if none serves)."""
@@ -413,7 +416,7 @@ class Gateway:
     def train(self, scenario: str | None) -> dict:
         name = check_name(scenario)
         self.scenarios.get(name)
-        if getattr(self.recipe(name), "evolves", None) == "harness":
+        if self._evolves_harness(name):
             return self.harness_learner(name).request_training()
         return self.learner(name).request_training()
 
@@ -605,7 +608,7 @@ class Gateway:
         if body.get("recipe") is not None or config:
             self._check_engine_fits(load_recipe(body.get("recipe") or self.scenarios.default_recipe, config))
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
-        if getattr(self.recipe(s.name), "evolves", None) == "harness":
+        if self._evolves_harness(s.name):
             self.harness_learner(s.name)
         return self.scenario_info(s.name)
 

@@ -92,9 +92,8 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
-    needs_engine = "engine" in (cfg.task_lm.get("kind", "engine") if not cfg.task_lm.get("replay") else "",
-                                cfg.reflection_lm.get("kind", "engine") if not cfg.reflection_lm.get("replay")
-                                else "")
+    needs_engine = any(not spec.get("replay") and spec.get("kind", "engine") == "engine"
+                       for spec in (cfg.task_lm, cfg.reflection_lm))
     own_engine = engine is None and needs_engine
     if own_engine:
         from reef_lab.engines.embedded import EmbeddedEngine

@@ -76,6 +76,7 @@ class HarnessLearner:
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
         self._consumed: set[str] = set(state.get("consumed", []))
         self.examples: list[dict] = state.get("examples", [])
+        self._example_ids = {e["id"] for e in self.examples}
         self._new = state.get("new", 0)  # examples since the last iteration
         self._cv = threading.Condition()
         self._inbox: deque = deque()
@@ -187,7 +188,8 @@ class HarnessLearner:
         rel = self.gw.releases.release(self.scenario, inf.get("release_id") or "")
         if rel is not None and rel.get("kind") == "harness":
             self.search.observe(harness_mod.read_tree(Path(rel["folder"])), rollout)
-        if all(e["id"] != item["id"] for e in self.examples):
+        if item["id"] not in self._example_ids:  # an inference referenced by two reports is one example
+            self._example_ids.add(item["id"])
             self.examples.append(item)
             self._new += 1
 
