@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 import zlib
+from _thread import allocate_lock as _allocate_lock
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,15 +165,21 @@ class _Chunk:
 
 
 class _Batch:
-    """Appends that share one write and one fsync. Its condition shares the store's lock."""
+    """Appends that share one write and one fsync.
 
-    __slots__ = ("frames", "records", "cond", "durable", "lead", "lead_taken", "error")
+    Each appender that does not lead parks on its own pre-acquired lock; the committer releases exactly those
+    locks when the batch is durable (or releases one of them to promote its owner to leader of the next batch).
+    A shared Condition instead made every woken waiter queue again for the store's lock, one after another, and
+    under the GIL that herd cost more CPU than the fsync it waited for (scripts/bench_gateway.py).
+    """
 
-    def __init__(self, lock: threading.Lock):
+    __slots__ = ("frames", "records", "waiters", "durable", "error")
+
+    def __init__(self):
         self.frames: list[bytes] = []
         self.records: list[dict] = []
-        self.cond = threading.Condition(lock)
-        self.durable = self.lead = self.lead_taken = False
+        self.waiters: list = []  # one acquired lock per parked appender
+        self.durable = False
         self.error: str | None = None
 
 
@@ -198,7 +205,7 @@ class RecordStore:
         self._tail: dict[int, _Chunk] = {}
         self._tail_by_id: dict[str, dict] = {}
         self._segments: dict[int, Path] = {}
-        self._open = _Batch(self._lock)
+        self._open = _Batch()
         self._idle = threading.Condition(self._lock)  # notified when no commit is running
         self._flushing = False
         self._broken: str | None = None
@@ -292,12 +299,14 @@ class RecordStore:
             batch.records.extend(new)
             if not self._flushing:
                 self._flushing = True
-                self._open = _Batch(self._lock)
+                self._open = _Batch()
+                gate = None
             else:
-                while not (batch.durable or (batch.lead and not batch.lead_taken)):
-                    batch.cond.wait()
-                if not batch.durable:
-                    batch.lead_taken = True  # promoted: this thread writes the batch it belongs to
+                gate = _allocate_lock()
+                gate.acquire()
+                batch.waiters.append(gate)
+        if gate is not None:
+            gate.acquire()  # released by the committer: the batch is durable, or this thread now leads it
         if not batch.durable:
             self._commit(batch)
         if batch.error is not None:
@@ -349,15 +358,15 @@ class RecordStore:
                     self._index.pop(d["id"], None)
                 batch.error = err
             batch.durable = True
-            batch.cond.notify_all()
             nxt = self._open
             if nxt.frames:
-                self._open = _Batch(self._lock)
-                nxt.lead = True
-                nxt.cond.notify()
+                self._open = _Batch()
+                nxt.waiters.pop(0).release()  # promoted: that appender commits the batch it joined
             else:
                 self._flushing = False
                 self._idle.notify_all()
+        for gate in batch.waiters:
+            gate.release()
 
     def _rotate(self) -> None:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
