@@ -52,6 +52,10 @@ class ServeConfig:
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
         "help": "request threads of the WSGI server (each open stream holds one)"})
+    workers: int = field(default=0, metadata={
+        "help": "worker processes; 0: one per CPU (at most 8) with --upstream-url, else 1. Several need "
+                "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
+                "others relay inference (server/workers.py)"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -69,8 +73,18 @@ class ServeConfig:
             raise ValueError(f"recipe_config file {self.recipe_config!r} does not exist")
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
             raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be 0 (automatic) or more, got {self.workers}")
+        if self.workers > 1 and not self.upstream_url:
+            raise ValueError("workers above 1 need upstream_url: the embedded model and its batching live in one "
+                             "process (use --workers 1, or proxy a provider with --upstream-url)")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
+
+    def worker_count(self) -> int:
+        if self.workers:
+            return self.workers
+        return min(os.cpu_count() or 1, 8) if self.upstream_url else 1
 
     def recipe_settings(self) -> dict:
         """The recipe config as a mapping (read from the file when a path was given)."""

@@ -78,6 +78,8 @@ class Gateway:
             if hub is not None and hub.repo else None
         self.tracking = tracking
         self._harness: dict[str, tuple[str, dict[str, str]]] = {}  # scenario -> (release id, files) serving
+        self.on_change = None  # called after scenarios or serving harnesses change (relay workers re-read them)
+        self.scenarios.on_change = self._changed
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
@@ -102,10 +104,33 @@ class Gateway:
             if rel is None or name not in {s.name for s in self.scenarios.list()}:
                 continue
             if rel.get("kind") == "harness":
-                self._harness[name] = (rel["release_id"], harness_mod.read_tree(Path(rel["folder"])))
+                self._set_harness(name, (rel["release_id"], harness_mod.read_tree(Path(rel["folder"]))))
             elif hasattr(self.engine, "load_release"):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def _set_harness(self, name: str, serving: tuple[str, dict[str, str]] | None) -> None:
+        if serving is None:
+            self._harness.pop(name, None)
+        else:
+            self._harness[name] = serving
+        self._changed()
+
+    def serving(self, scenario: str) -> dict | None:
+        """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.
+        None while the scenario does not exist (the relay hands such a request over, and its creation follows
+        the one code path in `infer`)."""
+        name = check_name(scenario)
+        if name not in {s.name for s in self.scenarios.list()}:
+            return None
+        if name not in self._harness and self._evolves_harness(name):
+            self.harness_learner(name)  # its seed harness serves from the first request on
+        release, files = self._harness.get(name, (None, None))
+        return {"release_id": release, "files": files}
 
     # ---- harness releases -----------------------------------------------------------------------------------
     def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
@@ -122,7 +147,7 @@ class Gateway:
         harness_mod.write_tree(folder, files)
         rel = self.releases.publish(name, cid)
         self.releases.update_release(name, rel["version"], kind="harness")
-        self._harness[name] = (rel["release_id"], files)
+        self._set_harness(name, (rel["release_id"], files))
         if self.hub is not None:
             self.hub.release(name, rel["version"])
         return {**rel, "kind": "harness"}
@@ -441,10 +466,7 @@ class Gateway:
         target = rel["release_id"] if rel else BASE
         if (rel or {}).get("kind") == "harness" or (rel is None and name in self._harness):
             self.releases.set_serving(name, target)
-            if rel is None:
-                self._harness.pop(name, None)
-            else:
-                self._harness[name] = (target, harness_mod.read_tree(Path(rel["folder"])))
+            self._set_harness(name, None if rel is None else (target, harness_mod.read_tree(Path(rel["folder"]))))
             if self.hub is not None:
                 self.hub.serving(name, rel["version"] if rel else None)
             return self.list_releases(name)

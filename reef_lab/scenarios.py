@@ -46,6 +46,7 @@ class ScenarioRegistry:
         self.default_config = default_config or {}
         self._lock = threading.Lock()
         self._items: dict[str, Scenario] = {}
+        self.on_change = None  # called after every saved change
         if self.path.exists():
             for d in orjson.loads(self.path.read_bytes()):
                 self._items[d["name"]] = Scenario(**d)
@@ -57,6 +58,8 @@ class ScenarioRegistry:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        if self.on_change is not None:
+            self.on_change()
 
     def get(self, name: str) -> Scenario:
         s = self._items.get(name)

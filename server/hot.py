@@ -74,13 +74,16 @@ def _read_body(environ) -> bytes:
 
 
 class HotRoutes:
-    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes]):
-        self.flask_wsgi, self.gateway, self.tokens = flask_wsgi, gateway, tokens
+    """`local(environ, dialect)`, when given, decides which hot requests are served here; the rest go on to
+    `flask_wsgi` (a relay worker passes them to its primary, see server/workers.py)."""
+
+    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes], local=None):
+        self.flask_wsgi, self.gateway, self.tokens, self.local = flask_wsgi, gateway, tokens, local
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
         dialect = INFERENCE.get(path)
-        if dialect is None and path != REPORT:
+        if dialect is None and path != REPORT or self.local is not None and not self.local(environ, dialect):
             return self.flask_wsgi(environ, start_response)
         try:
             if environ.get("REQUEST_METHOD") != "POST":

@@ -17,8 +17,12 @@ import sys
 import orjson
 
 from reef_lab.config import ServeConfig, tokens_from_env
-from reef_lab.service import build_gateway
+from reef_lab.service import build_engine, build_gateway
+from server import workers
 from server.app import create_app
+from server.hot import HotRoutes
+
+_primary_lock = None  # held for the process's life by the primary of several workers
 
 
 def _die_with_parent() -> None:
@@ -29,20 +33,43 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
+def build_relay(cfg: ServeConfig, tokens: list[str]):
+    """A relay worker (see server/workers.py): inference of known scenarios here, everything else to the
+    primary."""
+    client = workers.PrimaryClient(cfg.data_dir)
+    client.wait_ready()
+    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
+
+    def local(environ, dialect) -> bool:
+        return dialect is not None and environ.get("REQUEST_METHOD") == "POST" and \
+            gw.serving(environ.get("HTTP_X_REEF_SCENARIO")) is not None
+    logging.getLogger("reef_lab.server").info("relay worker %d ready (primary: the worker holding %s)",
+                                              os.getpid(), os.path.join(cfg.data_dir, ".primary.lock"))
+    return HotRoutes(client.forward, gw, [t.encode() for t in tokens], local=local)
+
+
 def build():
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
+    tokens = tokens_from_env()
+    global _primary_lock
+    if cfg.worker_count() > 1:
+        _primary_lock = workers.claim_primary(cfg.data_dir)
+        if _primary_lock is None:
+            return build_relay(cfg, tokens)
     gateway = build_gateway(cfg)
     multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
-    tokens = tokens_from_env()
     if not tokens:
         logging.getLogger("reef_lab.server").warning(
             "REEF_TOKEN is not set: the API takes requests without a token (fine on loopback)")
     logging.getLogger("reef_lab.server").info(
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)
-    return create_app(gateway, tokens)
+    app = create_app(gateway, tokens)
+    if _primary_lock is not None:
+        workers.PrimaryBridge(app, gateway, cfg.data_dir)
+    return app
 
 
 app = build() if "REEF_LAB_SERVE_CONFIG" in os.environ else None

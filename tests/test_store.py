@@ -104,8 +104,10 @@ def test_batch_write_is_one_frame(tmp_path):
     assert [r["id"] for r in records] == [f"r{i:05d}" for i in range(4)]
     # Cutting the batch's frame anywhere loses the whole batch, never part of it.
     cut = tmp_path / "cut.bin"
-    cut.write_bytes(log_path.read_bytes()[:-3])
+    cut.write_bytes(log_path.read_bytes()[:good - 3])  # the log's data ends at `good`; zeros follow
     assert read_log(cut)[0] == []
+    cut.write_bytes(log_path.read_bytes()[:good - 3] + bytes(100))  # torn, then preallocated zeros
+    assert read_log(cut) == ([], 0)
     st.close()
 
 

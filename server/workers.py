@@ -1,0 +1,304 @@
+"""Several worker processes behind one port when reef_lab proxies a provider: one primary, the others relays.
+
+Why: a Python process runs one thread of request handling at a time (the GIL), and with an instant provider one
+process tops out near a core (scripts/bench_gateway.py). Relaying to a provider is the one job that needs
+neither the model nor the learners in-process, so it can be spread over processes; everything with state stays
+in one place.
+
+- The **primary** (the worker that takes `<data dir>/.primary.lock` first) runs the whole app: gateway, record
+  store, scenarios, releases, learners. It also listens on a private unix socket for its relays.
+- A **relay** serves inference of existing scenarios itself: the serving harness (asked of the primary once and
+  kept until the primary bumps `<data dir>/.serving-gen`), the upstream call, the record. It writes its records
+  to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
+  primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
+  serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
+  record to the primary instead measured no faster than one process. Every other request (reports, scenario and
+  record routes, a scenario's first request) is passed to the primary whole and its answer streamed back, so
+  there is one index, one scenario registry and one set of learners.
+
+Wire format on the socket: frames of `<u32 length><bytes>`; a message is a JSON header frame plus one body frame.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from reef_lab import harness as harness_mod
+from reef_lab.errors import BadRequest
+from reef_lab.gateway import Gateway
+from reef_lab.scenarios import check_name
+from reef_lab.store import RelayLog
+
+log = logging.getLogger("reef_lab.server")
+
+_LEN = struct.Struct("<I")
+GEN_FILE = ".serving-gen"
+
+
+def claim_primary(data_dir: str | Path):
+    """The open lock file when this process is the primary (keep it open for the process's life), else None."""
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    f = open(Path(data_dir) / ".primary.lock", "a+b")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def socket_address(data_dir: str | Path) -> str:
+    """An abstract unix socket name per data dir (no file to clean up, no 108-byte path limit)."""
+    key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:20]
+    return f"\0reef_lab-{key}"
+
+
+# ---- framing ----------------------------------------------------------------------------------------------------
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the other worker closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    return _recv_exact(sock, _LEN.unpack(_recv_exact(sock, 4))[0])
+
+
+def _send_message(sock: socket.socket, header: dict, body: bytes = b"") -> None:
+    h = orjson.dumps(header)
+    sock.sendall(_LEN.pack(len(h)) + h + _LEN.pack(len(body)) + body)
+
+
+def _recv_message(sock: socket.socket) -> tuple[dict, bytes]:
+    header = orjson.loads(_recv_frame(sock))
+    return header, _recv_frame(sock)
+
+
+# ---- primary side -----------------------------------------------------------------------------------------------
+class PrimaryBridge:
+    """The primary's end of the socket: a thread per relay connection runs its requests against the app."""
+
+    def __init__(self, app, gateway: Gateway, data_dir: str | Path):
+        self.app, self.gateway = app, gateway
+        self.gen_path = Path(data_dir) / GEN_FILE
+        self.bump()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(socket_address(data_dir))
+        self._sock.listen(256)
+        gateway.on_change = self.bump
+        gateway.store.follow_relays()
+        threading.Thread(target=self._accept, name="reef-primary-bridge", daemon=True).start()
+
+    def bump(self) -> None:
+        """A new inode for the generation file: relays that stat it see the change and ask again."""
+        tmp = self.gen_path.with_name(f"{GEN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(str(time.time_ns()).encode())
+        os.replace(tmp, self.gen_path)
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self._sock.accept()
+            threading.Thread(target=self._serve, args=(conn,), name="reef-relay-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                header, body = _recv_message(conn)
+                op = header.get("op")
+                if op == "serving":
+                    try:
+                        _send_message(conn, {"serving": self.gateway.serving(header["scenario"])})
+                    except Exception as e:  # noqa: BLE001 - the relay hands the request over, which reports it
+                        _send_message(conn, {"serving": None, "error": str(e)})
+                elif op == "wsgi":
+                    self._wsgi(conn, header, body)
+                else:
+                    raise ConnectionError(f"unknown op {op!r}")
+        except (ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("relay connection failed")
+        finally:
+            conn.close()
+
+    def _wsgi(self, conn: socket.socket, header: dict, body: bytes) -> None:
+        environ = dict(header["environ"])
+        environ.update({"wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.version": (1, 0),
+                        "wsgi.url_scheme": environ.get("wsgi.url_scheme", "http"), "wsgi.multithread": True,
+                        "wsgi.multiprocess": True, "wsgi.run_once": False, "wsgi.input_terminated": True,
+                        "CONTENT_LENGTH": str(len(body))})
+        started: dict = {}
+
+        def start_response(status, headers, exc_info=None):
+            started.update(status=status, headers=[list(h) for h in headers])
+        rv = self.app(environ, start_response)
+        try:
+            it, first = iter(rv), b""
+            for chunk in it:  # a WSGI app may call start_response only once it yields
+                if chunk:
+                    first = chunk
+                    break
+            _send_message(conn, {"status": started["status"], "headers": started["headers"]}, first)
+            for chunk in it:
+                if chunk:
+                    conn.sendall(_LEN.pack(len(chunk)) + chunk)
+            conn.sendall(_LEN.pack(0))
+        finally:
+            if hasattr(rv, "close"):
+                rv.close()
+
+
+# ---- relay side -------------------------------------------------------------------------------------------------
+class PrimaryClient:
+    """A relay's keep-alive connections to its primary, reused last-in first-out by any thread."""
+
+    def __init__(self, data_dir: str | Path):
+        self.address = socket_address(data_dir)
+        self._idle: list[socket.socket] = []
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._idle.append(self._connect())
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the primary worker did not open its socket; see its log") from None
+                time.sleep(0.05)
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.address)
+        return s
+
+    def _take(self) -> socket.socket:
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._connect()
+
+    def call(self, header: dict, body: bytes = b"") -> dict:
+        """One request and its one-message answer."""
+        sock = self._take()
+        try:
+            _send_message(sock, header, body)
+            out, _ = _recv_message(sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._idle.append(sock)
+        return out
+
+    def forward(self, environ, start_response) -> Iterator[bytes] | list[bytes]:
+        """Hand a whole HTTP request to the primary; its answer (streams included) goes back as it comes."""
+        length = environ.get("CONTENT_LENGTH")
+        stream = environ["wsgi.input"]
+        body = stream.read(int(length)) if length and length.isdigit() else (
+            stream.read() if environ.get("wsgi.input_terminated") else b"")
+        cgi = {k: v for k, v in environ.items() if isinstance(v, str) and not k.startswith("wsgi.")}
+        cgi["wsgi.url_scheme"] = environ.get("wsgi.url_scheme", "http")
+        try:
+            sock = self._take()
+            _send_message(sock, {"op": "wsgi", "environ": cgi}, body)
+            head, first = _recv_message(sock)
+        except OSError as e:
+            msg = orjson.dumps({"error": {"message": f"the primary worker is unavailable: {e}",
+                                          "type": "server_error"}})
+            start_response("503 Service Unavailable", [("Content-Type", "application/json"),
+                                                       ("Content-Length", str(len(msg)))])
+            return [msg]
+        start_response(head["status"], [tuple(h) for h in head["headers"]])
+        if any(k.lower() == "content-length" for k, _ in head["headers"]):
+            parts = [first]  # a sized body: read it whole, hand granian one list (server/hot.py whole_bodies)
+            while part := _recv_frame(sock):
+                parts.append(part)
+            self._idle.append(sock)
+            return [b"".join(parts)]
+        return self._stream(sock, first)
+
+    def _stream(self, sock: socket.socket, first: bytes) -> Iterator[bytes]:
+        done = False
+        try:
+            if first:
+                yield first
+            while part := _recv_frame(sock):
+                yield part
+            done = True
+        finally:
+            if done:
+                self._idle.append(sock)
+            else:
+                sock.close()  # the client left mid-stream: the primary sees the close and stops
+
+
+class RelayGateway:
+    """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
+
+    _relay = Gateway._relay
+    _relay_stream = Gateway._relay_stream
+    _inference_record = Gateway._inference_record
+
+    def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
+        self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
+        self.started_at = time.time()
+        self.gen_path = Path(data_dir) / GEN_FILE
+        self._gen: tuple | None = None
+        self._serving: dict[str, dict] = {}
+
+    def _fresh(self) -> None:
+        try:
+            st = os.stat(self.gen_path)
+            gen = (st.st_ino, st.st_mtime_ns)
+        except FileNotFoundError:
+            gen = None
+        if gen != self._gen:
+            self._serving = {}
+            self._gen = gen
+
+    def serving(self, scenario: str | None) -> dict | None:
+        """The scenario's serving harness, or None when the primary should take the request."""
+        self._fresh()
+        info = self._serving.get(scenario)  # type: ignore[arg-type]
+        if info is None:
+            try:
+                check_name(scenario)
+            except BadRequest:
+                return None
+            try:
+                info = self.client.call({"op": "serving", "scenario": scenario}).get("serving")
+            except OSError:
+                return None
+            if info is not None:
+                self._serving[scenario] = info
+        return info
+
+    def infer(self, dialect: str, body, scenario: str | None, tags: dict[str, str] | None = None,
+              client_headers: dict[str, str] | None = None):
+        name = check_name(scenario)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        info = self.serving(name) or {"release_id": None, "files": None}
+        sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
+        return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                           info["release_id"] or "upstream")
+
+    def report(self, *a, **kw):
+        raise AssertionError("reports go to the primary")  # RelayRoutes never routes them here

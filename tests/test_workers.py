@@ -1,0 +1,146 @@
+"""Several worker processes (`scripts/serve.py --workers 2 --upstream-url ...`): a primary and a relay.
+
+Real processes under granian, the real openai SDK, the stub provider on loopback. Each request opens its own
+connection so that both workers take traffic (the kernel hands connections to whichever worker accepts first);
+the tests check that both did, then that the primary knows every receipt a relay handed out, that a harness
+release reaches the relay's next requests, and that streams and management routes work through either worker.
+"""
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from reef_lab.store import RecordStore, read_log
+from reef_lab.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def two_workers(tmp_path, stub_url):
+    port, data_dir = free_port(), tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
+                             str(data_dir), "--upstream-url", stub_url, "--workers", "2", "--log-level", "warning"],
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/healthz")
+            if c.getresponse().status == 200:
+                break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("server did not start: " + proc.stderr.read().decode()[-2000:])
+            time.sleep(0.1)
+    time.sleep(0.5)  # the relay connects to the primary after the primary answers
+    yield port, data_dir, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def call(port, method, path, body=None, scenario="w"):
+    """One request on a fresh connection (so successive calls land on either worker)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request(method, path, None if body is None else json.dumps(body),
+              {"Content-Type": "application/json", "x-reef-scenario": scenario})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def chat(port, text, scenario="w"):
+    return call(port, "POST", "/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": text}]}, scenario)
+
+
+def logs_with_records(data_dir) -> int:
+    return sum(1 for p in (Path(data_dir) / "records").glob("log-*.bin") if read_log(p)[0])
+
+
+def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
+    port, data_dir, _ = two_workers
+    receipts = []
+    for i in range(60):
+        status, headers, data = chat(port, f"q{i}")
+        assert status == 200, data
+        assert json.loads(data)["choices"][0]["message"]["content"] == f"echo: q{i}"
+        receipts.append(headers["x-reef-agent-record-id"])
+    # Each worker writes its own log: two logs with records means both answered inferences.
+    assert logs_with_records(data_dir) == 2
+    # Reports (always taken by the primary) may reference any worker's receipts.
+    for i in range(0, 60, 2):
+        status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "references": receipts[i:i + 2]})
+        assert status == 200, data
+    status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "references": ["rec_nope"]})
+    assert status == 400 and b"not a known receipt" in data
+    for rid in receipts[::7]:
+        status, _, data = call(port, "GET", f"/reef/scenarios/w/records/{rid}")
+        assert status == 200 and json.loads(data)["id"] == rid
+    status, _, data = call(port, "GET", "/reef/scenarios/w/records?kind=inference&limit=500")
+    assert status == 200
+    listed = {r["id"] for r in json.loads(data)["records"]}
+    assert set(receipts) <= listed
+    status, _, data = call(port, "GET", "/reef/scenarios/w")
+    assert json.loads(data)["records"] == {"inference": 60, "report": 30, "train": 0}
+
+
+def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
+    port, data_dir, _ = two_workers
+    for i in range(4):  # the scenario exists from here on, so both workers serve its requests
+        assert chat(port, "warm", "h")[0] == 200
+    status, _, data = call(port, "POST", "/reef/scenarios/h/harness",
+                           {"files": {"system_prompt.md": "You are terse."}}, "h")
+    assert status == 201, data
+    release = json.loads(data)["release_id"]
+    before = logs_with_records(data_dir)
+    for i in range(30):  # the relay re-reads the serving harness after the primary's change
+        status, headers, data = chat(port, "!system", "h")
+        assert status == 200
+        assert headers["x-reef-release-id"] == release
+        assert json.loads(data)["choices"][0]["message"]["content"] == "system: You are terse."
+    assert before == 2 or logs_with_records(data_dir) == 2
+    status, _, data = call(port, "GET", "/reef/harness", None, "h")
+    assert json.loads(data)["release_id"] == release
+
+    receipts = []
+    for i in range(10):  # a new client (connection) per stream: both workers stream
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                          default_headers={"x-reef-scenario": "h"})
+        chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"s{i}"}],
+                                                stream=True))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text.strip() == f"echo: s{i}"
+        receipts.append(chunks[-1].model_extra["reef"]["agent_record_id"])
+        c.close()
+    status, _, data = call(port, "POST", "/reef/report", {"score": 0.5, "references": receipts}, "h")
+    assert status == 200, data
+
+
+def test_records_survive_a_restart_with_relay_logs(tmp_path, two_workers):
+    port, data_dir, proc = two_workers
+    receipts = [chat(port, f"r{i}")[1]["x-reef-agent-record-id"] for i in range(40)]
+    assert logs_with_records(data_dir) == 2
+    # kill -9 the whole server: the relay's log is then a dead writer's, which the next primary rolls
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = RecordStore(data_dir)
+    assert all(store.entry(r) is not None for r in receipts)
+    store.close()
+
+
+def test_several_workers_need_an_upstream_provider():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), "--workers", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "workers above 1 need upstream_url" in out.stderr
