@@ -82,6 +82,15 @@ def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
     """The task verifier's score and its textual feedback (what reflection reads)."""
     score = Task.score(item, text)
     got = extract_answer(item, text)
+    if "choices" in item:
+        labels = ", ".join(item["choices"][:-1]) + " or " + item["choices"][-1]
+        if score:
+            return score, f"Correct: the reply starts with the expected option {got}."
+        if got is None:
+            start = " ".join(text.split())[:40]
+            return score, (f"Incorrect: the reply must start with the label of the chosen option ({labels}), "
+                           f"but it starts with {start!r}; the expected answer is {item['answer']}.")
+        return score, f"Incorrect: the reply chose {got}, but the expected answer is {item['answer']}."
     fmt = item.get("answer_format")
     if score:
         return score, f"Correct: the {'answer' if fmt else 'final number'} {got} is the expected answer."

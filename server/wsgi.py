@@ -40,8 +40,8 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
     client.wait_ready()
     gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
 
-    def local(environ, dialect) -> bool:
-        return dialect is not None and environ.get("REQUEST_METHOD") == "POST" and \
+    def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
+        return dialect is None or environ.get("REQUEST_METHOD") == "POST" and \
             gw.serving(environ.get("HTTP_X_REEF_SCENARIO")) is not None
     logging.getLogger("reef_lab.server").info("relay worker %d ready (primary: the worker holding %s)",
                                               os.getpid(), os.path.join(cfg.data_dir, ".primary.lock"))

@@ -99,3 +99,29 @@ def test_answer_format_verifier_and_its_feedback():
     assert verifier_feedback(item, "Answer: 3\nso Answer: 2")[0] == 1.0  # the last one written counts
     with pytest.raises(ValueError, match="exactly once"):
         Task({"answer_format": "Answer"})
+
+
+def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
+    from reef_lab.gepa_search import verifier_feedback
+
+    rows = [{"question": "Which is a mammal?", "choices": {"text": ["trout", "whale", "frog"], "label": ["A", "B", "C"]},
+             "answerKey": "B"},
+            {"question": "2 + 2?", "choices": ["3", "4"], "answerKey": "1"}]  # plain options, index answer
+    path = tmp_path / "mc.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    task = Task({"name": "choice", "path": str(path), "answer_field": "answerKey", "system_prompt": ""})
+    items = {it["messages"][0]["content"].split("\n")[0]: it for it in task.items(2, seed=0)}
+    mc = items["Which is a mammal?"]
+    assert mc["messages"][0]["content"] == "Which is a mammal?\n\nA. trout\nB. whale\nC. frog"
+    assert mc["answer"] == "B" and mc["choices"] == ["A", "B", "C"]
+    assert items["2 + 2?"]["answer"] == "B"
+    for reply in ("B", "B. whale", " (B) whale", "b) whale", "B: whale"):
+        assert Task.score(mc, reply) == 1.0, reply
+    for reply in ("The answer is B.", "A", "Bwhale", "D", "whale"):
+        assert Task.score(mc, reply) == 0.0, reply
+    assert verifier_feedback(mc, "B. whale") == (1.0, "Correct: the reply starts with the expected option B.")
+    assert verifier_feedback(mc, "A. trout") == (0.0, "Incorrect: the reply chose A, but the expected answer is B.")
+    score, text = verifier_feedback(mc, "The answer is B.")
+    assert score == 0.0 and "must start with the label of the chosen option (A, B or C)" in text
+    with pytest.raises(ValueError, match="not installed"):
+        Task({"name": "choice", "path": "pkg:no_such_package_xyz/data"}).items(1, seed=0)

@@ -24,12 +24,12 @@ from reef_lab.testing import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def two_workers(tmp_path, stub_url):
-    port, data_dir = free_port(), tmp_path / "data"
+def start(data_dir, stub_url, env=None):
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
                              str(data_dir), "--upstream-url", stub_url, "--workers", "2", "--log-level", "warning"],
-                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
     deadline = time.time() + 60
     while True:
         try:
@@ -43,17 +43,29 @@ def two_workers(tmp_path, stub_url):
                 pytest.fail("server did not start: " + proc.stderr.read().decode()[-2000:])
             time.sleep(0.1)
     time.sleep(0.5)  # the relay connects to the primary after the primary answers
-    yield port, data_dir, proc
+    return port, proc
+
+
+def stop(proc):
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
-def call(port, method, path, body=None, scenario="w"):
+@pytest.fixture
+def two_workers(tmp_path, stub_url):
+    port, proc = start(tmp_path / "data", stub_url)
+    yield port, tmp_path / "data", proc
+    stop(proc)
+
+
+def call(port, method, path, body=None, scenario="w", token=None):
     """One request on a fresh connection (so successive calls land on either worker)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request(method, path, None if body is None else json.dumps(body),
-              {"Content-Type": "application/json", "x-reef-scenario": scenario})
+    headers = {"Content-Type": "application/json", "x-reef-scenario": scenario}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    c.request(method, path, None if body is None else json.dumps(body), headers)
     r = c.getresponse()
     data = r.read()
     c.close()
@@ -83,8 +95,11 @@ def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
     for i in range(0, 60, 2):
         status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "references": receipts[i:i + 2]})
         assert status == 200, data
-    status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "references": ["rec_nope"]})
-    assert status == 400 and b"not a known receipt" in data
+    for _ in range(6):  # refused alike by either worker, in the API's error format
+        status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "references": ["rec_nope"]})
+        assert status == 400 and json.loads(data)["detail"] == "reference 'rec_nope' is not a known receipt"
+        status, _, data = call(port, "POST", "/reef/report", {"score": True})
+        assert status == 400 and "finite number" in json.loads(data)["detail"]
     for rid in receipts[::7]:
         status, _, data = call(port, "GET", f"/reef/scenarios/w/records/{rid}")
         assert status == 200 and json.loads(data)["id"] == rid
@@ -144,3 +159,21 @@ def test_several_workers_need_an_upstream_provider():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), "--workers", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "workers above 1 need upstream_url" in out.stderr
+
+
+def test_every_route_needs_the_token_on_either_worker(tmp_path, stub_url):
+    port, proc = start(tmp_path / "data", stub_url, {"REEF_TOKEN": "sekrit"})
+    try:
+        msg = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        rid = None
+        for _ in range(8):
+            assert call(port, "POST", "/v1/chat/completions", msg)[0] == 401
+            assert call(port, "POST", "/reef/report", {"score": 1.0})[0] == 401
+            assert call(port, "GET", "/reef/scenarios")[0] == 401
+            status, headers, _ = call(port, "POST", "/v1/chat/completions", msg, token="sekrit")
+            assert status == 200
+            rid = headers["x-reef-agent-record-id"]
+            assert call(port, "POST", "/reef/report", {"score": 1.0, "references": [rid]}, token="sekrit")[0] == 200
+        assert call(port, "GET", "/healthz")[0] == 200
+    finally:
+        stop(proc)
