@@ -61,6 +61,34 @@ def claim_primary(data_dir: str | Path):
     return f
 
 
+def pin_worker(data_dir: str | Path, workers: int):
+    """Pin this worker (all its threads, and those it starts later) to a CPU of its own; returns the slot lock.
+
+    Why: a request crosses several threads of one worker (granian's runtime, a WSGI thread, the record commit);
+    when they share a CPU a wakeup is a run-queue insert, not an interrupt to another (virtual) CPU. With two
+    workers on two cores this measured 2.8-3.1k against 2.3k requests/s unpinned (wrk, 16 connections, instant
+    stub). The slot (0..workers-1) is the first free `<data dir>/.worker-<k>.lock`.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    for k in range(workers):
+        f = open(Path(data_dir) / f".worker-{k}.lock", "a+b")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            continue
+        cpu = cpus[k % len(cpus)]
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), {cpu})
+            except OSError:  # a thread that just ended
+                pass
+        log.info("worker %d pinned to CPU %d", os.getpid(), cpu)
+        return f
+    return None
+
+
 def socket_address(data_dir: str | Path) -> str:
     """An abstract unix socket name per data dir (no file to clean up, no 108-byte path limit)."""
     key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:20]

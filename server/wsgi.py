@@ -23,6 +23,7 @@ from server.app import create_app
 from server.hot import HotRoutes
 
 _primary_lock = None  # held for the process's life by the primary of several workers
+_locks: list = []  # a pinned worker's slot lock, held for the process's life
 
 
 def _die_with_parent() -> None:
@@ -55,6 +56,8 @@ def build():
     tokens = tokens_from_env()
     global _primary_lock
     if cfg.worker_count() > 1:
+        if cfg.pin_workers and sys.platform.startswith("linux"):
+            _locks.append(workers.pin_worker(cfg.data_dir, cfg.worker_count()))
         _primary_lock = workers.claim_primary(cfg.data_dir)
         if _primary_lock is None:
             return build_relay(cfg, tokens)
