@@ -431,11 +431,14 @@ class RecordStore:
     def _committed(self, recs: list[dict]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
         self._index_durable(self._log_no, recs)
+        self._count_commit(recs)
+        if len(self._tail[self._log_no].records) >= self.roll_records or self._log_size >= self.roll_bytes:
+            self._rotate()
+
+    def _count_commit(self, recs: list[dict]) -> None:
         self.stats["commits"] += 1
         self.stats["records_written"] += len(recs)
         self.stats["max_group"] = max(self.stats["max_group"], len(recs))
-        if len(self._tail[self._log_no].records) >= self.roll_records or self._log_size >= self.roll_bytes:
-            self._rotate()
 
     def _index_durable(self, no: int, recs: list[dict]) -> None:
         for d in recs:
@@ -717,9 +720,7 @@ class RelayLog(RecordStore):
 
     def _committed(self, recs: list[dict]) -> None:
         self._count += len(recs)
-        self.stats["commits"] += 1
-        self.stats["records_written"] += len(recs)
-        self.stats["max_group"] = max(self.stats["max_group"], len(recs))
+        self._count_commit(recs)
         if self._count >= self.roll_records or self._log_size >= self.roll_bytes:
             self._new_log()
 

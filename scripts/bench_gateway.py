@@ -342,11 +342,11 @@ def render(r: dict) -> str:
 
 Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machine']['python']}); load generator,
 stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
-loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir ({min(r['machine']['cpus'], 8)} worker processes,
-the default with a provider: a primary and relays, see server/workers.py), every record fsynced before its
-receipt. 16 concurrent clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total,
-{r['seconds_per_phase']} s per round, direct and proxied rounds alternating (this machine is noisy: compare the
-rows of one run, not numbers across runs).
+loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
+({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
+server/workers.py), every record fsynced before its receipt. 16 concurrent clients; latency phases pace them
+at {r['paced_rate_per_s']:.0f} requests/s in total, {r['seconds_per_phase']} s per round, direct and proxied
+rounds alternating (this machine is noisy: compare the rows of one run, not numbers across runs).
 
 ![latency and throughput](gateway-bench.png)
 

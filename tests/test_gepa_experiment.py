@@ -104,8 +104,8 @@ def test_answer_format_verifier_and_its_feedback():
 def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
     from reef_lab.gepa_search import verifier_feedback
 
-    rows = [{"question": "Which is a mammal?", "choices": {"text": ["trout", "whale", "frog"], "label": ["A", "B", "C"]},
-             "answerKey": "B"},
+    rows = [{"question": "Which is a mammal?", "answerKey": "B",
+             "choices": {"text": ["trout", "whale", "frog"], "label": ["A", "B", "C"]}},
             {"question": "2 + 2?", "choices": ["3", "4"], "answerKey": "1"}]  # plain options, index answer
     path = tmp_path / "mc.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
