@@ -8,8 +8,8 @@ in one place.
 - The **primary** (the worker that takes `<data dir>/.primary.lock` first) runs the whole app: gateway, record
   store, scenarios, releases, learners. It also listens on a private unix socket for its relays.
 - A **relay** serves inference of existing scenarios itself: the serving harness (asked of the primary once and
-  kept until the primary bumps `<data dir>/.serving-gen`), the upstream call, the record. It writes its records
-  to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
+  kept until the change counter in `<data dir>/.serving-gen` moves), the upstream call, the record. It writes its
+  records to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
   record to the primary instead measured no faster than one process. A report is checked for auth and parsed
@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import io
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -95,6 +96,21 @@ def socket_address(data_dir: str | Path) -> str:
     return f"\0reef_lab-{key}"
 
 
+_GEN = struct.Struct("<Q")
+
+
+def _gen_counter(data_dir: str | Path, writable: bool) -> mmap.mmap:
+    """The change counter in `<data dir>/.serving-gen`, mapped into memory: the primary adds one after each change
+    of scenarios or serving harnesses, and a relay reads it on every request without a system call."""
+    path = Path(data_dir) / GEN_FILE
+    if writable:
+        with open(path, "a+b") as f:
+            if os.fstat(f.fileno()).st_size < _GEN.size:
+                f.truncate(_GEN.size)
+    with open(path, "r+b" if writable else "rb") as f:
+        return mmap.mmap(f.fileno(), _GEN.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+
+
 # ---- framing ----------------------------------------------------------------------------------------------------
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
@@ -126,7 +142,8 @@ class PrimaryBridge:
 
     def __init__(self, app, gateway: Gateway, data_dir: str | Path):
         self.app, self.gateway = app, gateway
-        self.gen_path = Path(data_dir) / GEN_FILE
+        self._gen = _gen_counter(data_dir, writable=True)
+        self._gen_lock = threading.Lock()
         self.bump()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(socket_address(data_dir))
@@ -136,10 +153,9 @@ class PrimaryBridge:
         threading.Thread(target=self._accept, name="reef-primary-bridge", daemon=True).start()
 
     def bump(self) -> None:
-        """A new inode for the generation file: relays that stat it see the change and ask again."""
-        tmp = self.gen_path.with_name(f"{GEN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(str(time.time_ns()).encode())
-        os.replace(tmp, self.gen_path)
+        """Count a change of scenarios or serving harnesses; relays see the new count and ask again."""
+        with self._gen_lock:
+            _GEN.pack_into(self._gen, 0, _GEN.unpack_from(self._gen)[0] + 1)
 
     def _accept(self) -> None:
         while True:
@@ -301,16 +317,12 @@ class RelayGateway:
     def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
         self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
         self.started_at = time.time()
-        self.gen_path = Path(data_dir) / GEN_FILE
-        self._gen: tuple | None = None
+        self._gen_map = _gen_counter(data_dir, writable=False)
+        self._gen = -1
         self._serving: dict[str, dict] = {}
 
     def _fresh(self) -> None:
-        try:
-            st = os.stat(self.gen_path)
-            gen = (st.st_ino, st.st_mtime_ns)
-        except FileNotFoundError:
-            gen = None
+        gen = _GEN.unpack_from(self._gen_map)[0]
         if gen != self._gen:
             self._serving = {}
             self._gen = gen

@@ -103,10 +103,11 @@ def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
     for rid in receipts[::7]:
         status, _, data = call(port, "GET", f"/reef/scenarios/w/records/{rid}")
         assert status == 200 and json.loads(data)["id"] == rid
-    status, _, data = call(port, "GET", "/reef/scenarios/w/records?kind=inference&limit=500")
-    assert status == 200
-    listed = {r["id"] for r in json.loads(data)["records"]}
-    assert set(receipts) <= listed
+    for _ in range(4):  # a query string passed on by a relay reads the same
+        status, _, data = call(port, "GET", "/reef/scenarios/w/records?kind=inference&limit=500")
+        assert status == 200
+        listed = {r["id"] for r in json.loads(data)["records"]}
+        assert set(receipts) <= listed
     status, _, data = call(port, "GET", "/reef/scenarios/w")
     assert json.loads(data)["records"] == {"inference": 60, "report": 30, "train": 0}
 
@@ -129,6 +130,14 @@ def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
     status, _, data = call(port, "GET", "/reef/harness", None, "h")
     assert json.loads(data)["release_id"] == release
 
+    for i in range(6):  # a scenario's first request, streamed: a relay passes it on and streams the answer back
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                          default_headers={"x-reef-scenario": f"new-{i}"})
+        chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "first"}],
+                                                stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices).strip() == "echo: first"
+        assert chunks[-1].model_extra["reef"]["agent_record_id"].startswith("rec_")
+        c.close()
     receipts = []
     for i in range(10):  # a new client (connection) per stream: both workers stream
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
