@@ -669,13 +669,19 @@ class RecordStore:
                     "log_records": sum(len(c.records) for c in self._tail.values()), "log_bytes": self._log_size,
                     "broken": self._broken, **self.stats}
 
+    def _settle(self) -> bool:
+        """Lock held: wait until no commit runs; False when the store is closed already."""
+        if self._closed:
+            return False
+        while self._flushing:
+            self._idle.wait()
+        return True
+
     def close(self) -> None:
         """Roll the open log into Parquet and stop the roller (a crash instead of close loses nothing either)."""
         with self._lock:
-            if self._closed:
+            if not self._settle():
                 return
-            while self._flushing:
-                self._idle.wait()
             if self._tail.get(self._log_no) and self._tail[self._log_no].records:
                 self._rotate()
             self._closed = True
@@ -726,9 +732,6 @@ class RelayLog(RecordStore):
 
     def close(self) -> None:
         with self._lock:
-            if self._closed:
-                return
-            while self._flushing:
-                self._idle.wait()
-            self._closed = True
-            os.close(self._fd)
+            if self._settle():
+                self._closed = True
+                os.close(self._fd)
