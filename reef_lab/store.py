@@ -257,7 +257,7 @@ class RecordStore:
         self._idle = threading.Condition(self._lock)  # notified when no commit is running
         self._flushing = False
         self._broken: str | None = None
-        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "rolls": 0, "roll_errors": 0}
+        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0, "rolls": 0, "roll_errors": 0}
         self._followed: dict[int, _Follow] = {}
         self._following = False
         self._follow_lock = threading.Lock()
@@ -388,7 +388,7 @@ class RecordStore:
         batch, and one of them is woken to commit it, so each waiter wakes once and one fsync serves them all.
         """
         data = b"".join(batch.frames)
-        start, err = self._log_size, None
+        start, err, t0 = self._log_size, None, time.perf_counter()
         try:
             if start + len(data) > self._alloc:
                 # Write zeros ahead: an fdatasync of blocks that already exist changes no metadata, so it skips
@@ -400,6 +400,7 @@ class RecordStore:
             while written < len(data):
                 written += os.pwrite(self._fd, data[written:], start + written)
             os.fdatasync(self._fd)  # data (and size, after growing): all an append needs to survive
+            self.stats["sync_s"] += time.perf_counter() - t0
         except OSError as e:
             err = f"record store write failed: {e}"
             log.error("%s; cutting the log back to %d bytes", err, start)
@@ -708,7 +709,7 @@ class RelayLog(RecordStore):
         self._flushing = False
         self._broken: str | None = None
         self._closed = False
-        self.stats = {"commits": 0, "records_written": 0, "max_group": 0}
+        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0}
         self._fd, self._count = -1, 0
         self._new_log()
 
