@@ -15,6 +15,7 @@ segments plus logs and is safe to call from another process while a server write
 from __future__ import annotations
 
 import bisect
+import fcntl
 import io
 import logging
 import os
@@ -158,6 +159,42 @@ def scan_records(data_dir: str | Path) -> pl.LazyFrame:
     return scan_segments([segs[no] for no in sorted(segs)], records_to_frame(tail) if tail else None)
 
 
+def create_log(folder: Path) -> tuple[int, int]:
+    """A new log under a number no writer has used, open for appending and flock-ed from the moment it appears
+    (made under a temporary name, locked, then hard-linked into place): a log whose lock is free is closed, which
+    is how the primary knows a relay has moved on from it (or died)."""
+    logs, segs = _list_files(folder)
+    no = max([*logs, *segs], default=0) + 1
+    tmp = folder / f".log-creating-{os.getpid()}-{threading.get_ident()}"
+    while True:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = folder / f"log-{no:06d}.bin"
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            os.close(fd)
+            no += 1
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        if (folder / f"seg-{no:06d}.parquet").exists():  # that log was rolled and deleted meanwhile
+            path.unlink()
+            os.close(fd)
+            no += 1
+            continue
+        _fsync_dir(folder)
+        return no, fd
+
+
+@dataclass
+class _Follow:
+    """A relay's log the primary reads as it grows."""
+
+    fd: int
+    offset: int = 0
+
+
 @dataclass
 class _Chunk:
     """The records of one log file that are not yet in a Parquet segment."""
@@ -220,8 +257,10 @@ class RecordStore:
         self._idle = threading.Condition(self._lock)  # notified when no commit is running
         self._flushing = False
         self._broken: str | None = None
-        self.stats = {"commits": 0, "records_written": 0, "relayed": 0, "max_group": 0, "sync_s": 0.0, "rolls": 0,
-                      "roll_errors": 0}
+        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0, "rolls": 0, "roll_errors": 0}
+        self._followed: dict[int, _Follow] = {}
+        self._following = False
+        self._follow_lock = threading.Lock()
         self._recover()
         self._roll_queue: list[_Chunk] = []
         self._roll_wake = threading.Condition(self._lock)
@@ -232,7 +271,7 @@ class RecordStore:
     # ---- recovery -------------------------------------------------------------------------------------------
     def _recover(self) -> None:
         logs, segs = _list_files(self.folder)
-        for p in self.folder.glob("*.tmp"):
+        for p in [*self.folder.glob("*.tmp"), *self.folder.glob(".log-creating-*")]:
             p.unlink()
         for no in [no for no in logs if no in segs]:  # rolled before the crash; the log's deletion was lost
             logs.pop(no).unlink()
@@ -276,6 +315,10 @@ class RecordStore:
     def _open_log(self, no: int) -> None:
         path = self.folder / f"log-{no:06d}.bin"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it open; followers skip it anyway
+        except BlockingIOError:
+            pass
         self._log_no, self._log_size = no, os.fstat(self._fd).st_size
         self._alloc = self._log_size
         _fsync_dir(self.folder)
@@ -297,18 +340,6 @@ class RecordStore:
         if new:
             self._enqueue(encode_frame(new), new)
         return fresh
-
-    def append_frames(self, data: bytes) -> None:
-        """Frames another process encoded (a relay worker's batch), made durable with this store's own appends."""
-        dicts: list[dict] = []
-        for p in _payloads(data)[0]:
-            obj = orjson.loads(p)
-            dicts.extend(obj) if isinstance(obj, list) else dicts.append(obj)
-        _, new = self._reserve(dicts, time.time())
-        if new:
-            self._enqueue(data if len(new) == len(dicts) else encode_frame(new), new)
-            with self._lock:
-                self.stats["relayed"] += len(new)
 
     def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
         """Check ids against the index and reserve the new ones, so a concurrent duplicate sees them."""
@@ -357,28 +388,6 @@ class RecordStore:
         batch, and one of them is woken to commit it, so each waiter wakes once and one fsync serves them all.
         """
         data = b"".join(batch.frames)
-        err = self._write(data)
-        with self._lock:
-            if err is None:
-                self._log_size += len(data)
-                self._committed(batch.records)
-            else:
-                for d in batch.records:
-                    self._index.pop(d["id"], None)
-                batch.error = err
-            batch.durable = True
-            nxt = self._open
-            if nxt.frames:
-                self._open = _Batch()
-                nxt.waiters.pop(0).release()  # promoted: that appender commits the batch it joined
-            else:
-                self._flushing = False
-                self._idle.notify_all()
-        for gate in batch.waiters:
-            gate.release()
-
-    def _write(self, data: bytes) -> str | None:
-        """Write `data` at the end of the open log and make it durable; the error text if that failed."""
         start, err, t0 = self._log_size, None, time.perf_counter()
         try:
             if start + len(data) > self._alloc:
@@ -401,7 +410,24 @@ class RecordStore:
                 os.fsync(self._fd)
             except OSError as e2:
                 self._broken = f"record store is unavailable after a failed write ({e}; {e2}); restart the server"
-        return err
+        with self._lock:
+            if err is None:
+                self._log_size += len(data)
+                self._committed(batch.records)
+            else:
+                for d in batch.records:
+                    self._index.pop(d["id"], None)
+                batch.error = err
+            batch.durable = True
+            nxt = self._open
+            if nxt.frames:
+                self._open = _Batch()
+                nxt.waiters.pop(0).release()  # promoted: that appender commits the batch it joined
+            else:
+                self._flushing = False
+                self._idle.notify_all()
+        for gate in batch.waiters:
+            gate.release()
 
     def _committed(self, recs: list[dict]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
@@ -417,7 +443,11 @@ class RecordStore:
 
     def _index_durable(self, no: int, recs: list[dict]) -> None:
         for d in recs:
-            self._index[d["id"]].chunk = no
+            e = self._index.get(d["id"])
+            if e is None:  # a relay's record (see follow_relays)
+                self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], d["stored_at"], no)
+            else:
+                e.chunk = no
             self._tail_by_id[d["id"]] = d
             ids = self._scenario_ids.setdefault(d["scenario"], [])
             if ids and ids[-1] > d["id"]:
@@ -430,9 +460,9 @@ class RecordStore:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
         chunk = self._tail[self._log_no]
         os.close(self._fd)
-        nxt = self._log_no + 1
+        nxt, self._fd = create_log(self.folder)
         self._tail[nxt] = _Chunk(nxt, [])
-        self._open_log(nxt)
+        self._log_no, self._log_size, self._alloc = nxt, 0, 0
         self._roll_queue.append(chunk)
         self._roll_wake.notify()
 
@@ -459,11 +489,18 @@ class RecordStore:
 
     def _roll_loop(self) -> None:
         while True:
+            if self._following:
+                try:
+                    self.follow()
+                except Exception:  # noqa: BLE001 - logged; the next look (a query, or a second later) retries
+                    log.exception("reading the relay workers' logs failed; will retry")
             with self._lock:
-                while not self._roll_queue and not self._closed:
-                    self._roll_wake.wait()
+                if not self._roll_queue and not self._closed:
+                    self._roll_wake.wait(1.0 if self._following else None)
                 if not self._roll_queue and self._closed:
                     return
+                if not self._roll_queue:
+                    continue
                 chunk = self._roll_queue[0]
             try:
                 self._write_segment(chunk)
@@ -476,15 +513,85 @@ class RecordStore:
                 self._roll_queue.pop(0)
                 self._publish_segment(chunk)
 
+    # ---- following relay workers' logs ----------------------------------------------------------------------
+    def follow_relays(self) -> None:
+        """Serve the records of relay workers too (server/workers.py): their logs are read as they grow (before
+        every query, on an unknown id, and each second) and rolled into Parquet here once closed."""
+        self._following = True
+        with self._lock:
+            self._roll_wake.notify()
+
+    def follow(self) -> None:
+        """Read what relays appended since the last look; queue the logs they closed for rolling."""
+        if not self._following:
+            return
+        with self._follow_lock:
+            logs, _ = _list_files(self.folder)
+            with self._lock:
+                mine = set(self._tail) - set(self._followed)
+            for no, path in sorted(logs.items()):
+                if no in mine:
+                    continue
+                f = self._followed.get(no)
+                if f is None:
+                    try:
+                        f = _Follow(os.open(path, os.O_RDONLY))
+                    except FileNotFoundError:
+                        continue
+                    with self._lock:
+                        self._followed[no] = f
+                        self._tail[no] = _Chunk(no, [])
+                try:  # a free lock means the relay is done with this log: read its last frames and roll it
+                    fcntl.flock(f.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    closed = True
+                except BlockingIOError:
+                    closed = False
+                size = os.fstat(f.fd).st_size
+                recs = []
+                want = 1 << 16
+                while f.offset < size:  # in slices: most of a relay's log ahead of its data is zeros
+                    data = os.pread(f.fd, min(size - f.offset, want), f.offset)
+                    payloads, good = _payloads(data)
+                    if not good:
+                        length = _HEADER.unpack_from(data)[0] if len(data) >= _HEADER.size else 0
+                        if length and _HEADER.size + length > want:  # a frame larger than the slice
+                            want = _HEADER.size + length
+                            continue
+                        break
+                    want = 1 << 16
+                    for p in payloads:
+                        obj = orjson.loads(p)
+                        recs.extend(obj) if isinstance(obj, list) else recs.append(obj)
+                    f.offset += good
+                if recs:
+                    with self._lock:
+                        self._index_durable(no, recs)
+                if closed:
+                    if f.offset < size and _is_torn(path, f.offset):
+                        # the relay died mid-write: nothing past here was acknowledged
+                        log.warning("relay log %s: cutting a torn tail of %d bytes", path.name, size - f.offset)
+                    if f.offset < size:
+                        os.truncate(path, f.offset)
+                    os.close(f.fd)
+                    with self._lock:
+                        del self._followed[no]
+                        self._roll_queue.append(self._tail[no])
+                        self._roll_wake.notify()
+
     # ---- reading --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._index)
 
     def entry(self, record_id: str) -> IndexEntry | None:
         e = self._index.get(record_id)
+        if e is None and self._following:
+            self.follow()
+            e = self._index.get(record_id)
         return None if e is None or e.chunk < 0 else e
 
     def get(self, record_id: str) -> dict | None:
+        if self._following and record_id not in self._index:
+            self.follow()
         with self._lock:
             e = self._index.get(record_id)
             if e is None or e.chunk < 0:
@@ -500,6 +607,8 @@ class RecordStore:
         """Records by id, in the order given (unknown ids are skipped); one Parquet scan per segment touched."""
         found: dict[str, dict] = {}
         by_segment: dict[Path, list[str]] = {}
+        if self._following and any(rid not in self._index for rid in record_ids):
+            self.follow()
         with self._lock:
             for rid in record_ids:
                 e = self._index.get(rid)
@@ -516,6 +625,7 @@ class RecordStore:
 
     def scan(self) -> pl.LazyFrame:
         """A consistent LazyFrame over all records (segments plus the in-memory tail of unrolled logs)."""
+        self.follow()
         with self._lock:
             paths = [p for _, p in sorted(self._segments.items())]
             tails = [c.as_frame() for _, c in sorted(self._tail.items()) if c.records]
@@ -529,6 +639,7 @@ class RecordStore:
              limit: int | None) -> tuple[list[str], str | None]:
         """Up to `limit` ids after `after` and the cursor of the next page (None at the end). Walks one
         scenario's sorted ids from the cursor, so a page costs about `limit` steps, not the store's size."""
+        self.follow()
         with self._lock:
             if scenario is None:
                 ids = sorted(rid for rid, e in self._index.items() if e.chunk >= 0)
@@ -553,6 +664,7 @@ class RecordStore:
         return len(gone)
 
     def info(self) -> dict:
+        self.follow()
         with self._lock:
             return {"records": len(self._index), "segments": len(self._segments),
                     "log_records": sum(len(c.records) for c in self._tail.values()), "log_bytes": self._log_size,
@@ -577,35 +689,50 @@ class RecordStore:
             self._roll_wake.notify()
         self._roller.join(timeout=60)
         os.close(self._fd)
+        for f in self._followed.values():
+            os.close(f.fd)
 
 
-class RelayAppender(RecordStore):
-    """A relay worker's appends (server/workers.py): grouped as in RecordStore (the first waiting request leads,
-    the others park), but each group is made durable by `sink(frames)`, which hands it to the primary's store, so
-    every worker's records share one log and one fdatasync. Returns once the primary says the group is on disk."""
+class RelayLog(RecordStore):
+    """A relay worker's own record log (server/workers.py): group commit and fdatasync as in RecordStore, and
+    nothing else. The primary follows the log (`follow_relays`), indexes and serves its records and rolls it
+    into Parquet once the relay has moved on to a new log (or died)."""
 
-    def __init__(self, sink):
-        self._sink = sink
+    def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
+        self.folder = Path(data_dir) / "records"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.roll_records, self.roll_bytes = roll_records, roll_bytes
         self._lock = threading.Lock()
-        self._index: dict[str, IndexEntry] = {}  # stays empty: the primary's store checks ids
+        self._index: dict[str, IndexEntry] = {}  # stays empty: ids here are minted, never client-chosen
         self._open = _Batch()
         self._idle = threading.Condition(self._lock)
         self._flushing = False
         self._broken: str | None = None
         self._closed = False
-        self._log_size = 0
-        self.stats = {"commits": 0, "records_written": 0, "max_group": 0}
+        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0}
+        self._fd, self._count = -1, 0
+        self._new_log()
+
+    def _new_log(self) -> None:
+        old = self._fd
+        self._log_no, self._fd = create_log(self.folder)
+        self._log_size, self._alloc, self._count = 0, 0, 0
+        if old >= 0:
+            os.close(old)  # frees its lock: the primary reads it to the end and rolls it
 
     def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
+        if self._broken:
+            raise StoreUnavailable(self._broken)
         return [True] * len(dicts), dicts
 
-    def _write(self, data: bytes) -> str | None:
-        return self._sink(data)
-
     def _committed(self, recs: list[dict]) -> None:
+        self._count += len(recs)
         self._count_commit(recs)
+        if self._count >= self.roll_records or self._log_size >= self.roll_bytes:
+            self._new_log()
 
     def close(self) -> None:
         with self._lock:
             if self._settle():
                 self._closed = True
+                os.close(self._fd)

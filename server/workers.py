@@ -8,15 +8,14 @@ in one place.
 - The **primary** (the worker that takes `<data dir>/.primary.lock` first) runs the whole app: gateway, record
   store, scenarios, releases, learners. It also listens on a private unix socket for its relays.
 - A **relay** serves inference of existing scenarios itself: the serving harness (asked of the primary once and
-  kept until the change counter in `<data dir>/.serving-gen` moves), the upstream call, the record. Its records
-  are grouped as in the store (`reef_lab.store.RelayAppender`) and each group goes to the primary as one message;
-  the primary's store commits it with its own requests' records (one log, one fdatasync for all workers) and
-  answers once it is on disk, so the relay hands out no receipt before that. Relays writing logs of their own
-  (followed and rolled by the primary) measured about 10% slower: two processes' fdatasyncs on one disk took 1.1-1.4
-  ms each under load, one shared commit 0.55-0.63 ms. A report is checked for auth and parsed here, then validated
-  and stored by the primary (one small message; it knows every receipt). Every other request (scenario and record
-  routes, a scenario's first request) is passed to the primary whole and its answer streamed back, so there is one
-  store, one scenario registry and one set of learners.
+  kept until the change counter in `<data dir>/.serving-gen` moves), the upstream call, the record. It writes its
+  records to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
+  primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
+  serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
+  record to the primary instead measured no faster than one process. A report is checked for auth and parsed
+  here, then validated and stored by the primary (one small message; it knows every receipt). Every other request
+  (scenario and record routes, a scenario's first request) is passed to the primary whole and its answer
+  streamed back, so there is one index, one scenario registry and one set of learners.
 
 Wire format on the socket: frames of `<u32 length><bytes>`; a message is a JSON header frame plus one body frame.
 """
@@ -43,7 +42,7 @@ from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.scenarios import check_name
-from reef_lab.store import RelayAppender
+from reef_lab.store import RelayLog
 
 log = logging.getLogger("reef_lab.server")
 
@@ -150,6 +149,7 @@ class PrimaryBridge:
         self._sock.bind(socket_address(data_dir))
         self._sock.listen(256)
         gateway.on_change = self.bump
+        gateway.store.follow_relays()
         threading.Thread(target=self._accept, name="reef-primary-bridge", daemon=True).start()
 
     def bump(self) -> None:
@@ -172,12 +172,6 @@ class PrimaryBridge:
                         _send_message(conn, {"serving": self.gateway.serving(header["scenario"])})
                     except Exception as e:  # noqa: BLE001 - the relay hands the request over, which reports it
                         _send_message(conn, {"serving": None, "error": str(e)})
-                elif op == "append":
-                    try:
-                        self.gateway.store.append_frames(body)
-                        _send_message(conn, {"ok": True})
-                    except ReefError as e:
-                        _send_message(conn, {"error": e.message})
                 elif op == "report":
                     self._report(conn, header, body)
                 elif op == "wsgi":
@@ -321,19 +315,11 @@ class RelayGateway:
     _inference_record = Gateway._inference_record
 
     def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
-        self.engine, self.client, self.store = engine, client, RelayAppender(self._send_to_primary)
+        self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
         self.started_at = time.time()
         self._gen_map = _gen_counter(data_dir, writable=False)
         self._gen = -1
         self._serving: dict[str, dict] = {}
-
-    def _send_to_primary(self, frames: bytes) -> str | None:
-        """A batch of this relay's records, made durable by the primary's store (one commit for all workers)."""
-        try:
-            out = self.client.call({"op": "append"}, frames)
-        except OSError as e:
-            return f"the primary worker that stores records is unavailable: {e}"
-        return out.get("error")
 
     def _fresh(self) -> None:
         gen = _GEN.unpack_from(self._gen_map)[0]

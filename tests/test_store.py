@@ -7,7 +7,7 @@ import time
 import polars as pl
 import pytest
 
-from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.errors import Conflict
 from reef_lab.records import Record, content_hash
 from reef_lab.store import RecordStore, read_log, scan_records
 
@@ -182,30 +182,33 @@ def test_rolled_segment_equals_the_records_written(tmp_path):
     st2.close()
 
 
-def test_relay_groups_are_stored_by_the_primary_as_sent(tmp_path):
-    """A relay worker's appends (RelayAppender) reach the primary's store as whole groups, one frame each."""
-    from reef_lab.store import RelayAppender
+def test_primary_follows_relay_logs_and_rolls_them_once_closed(tmp_path):
+    """A relay worker's log (RelayLog) read by the primary's store as it grows, rolled once the relay moves on."""
+    from reef_lab.store import RelayLog
 
     primary = RecordStore(tmp_path)
-    sent = []
-
-    def sink(frames: bytes):  # what server/workers.py sends over the socket
-        sent.append(frames)
-        primary.append_frames(frames)
-        return None
-    relay = RelayAppender(sink)
-    threads = [threading.Thread(target=relay.append, args=([rec(i)],)) for i in range(24)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    assert sorted(primary.ids()) == [f"r{i:05d}" for i in range(24)]
-    assert primary.info()["relayed"] == 24 and relay.stats["records_written"] == 24
-    assert len(sent) == relay.stats["commits"] <= 24  # concurrent appends shared a message to the primary
-    assert primary.get("r00007")["response"] == {"o": 7}
-    primary.append_frames(sent[0])  # the same group again (a retry) stores nothing twice
-    assert len(primary) == 24
-    failing = RelayAppender(lambda frames: "disk full")
-    with pytest.raises(StoreUnavailable, match="disk full"):
-        failing.append([rec(99)])
+    primary.follow_relays()
+    relay = RelayLog(tmp_path, roll_records=5)
+    relay.append([rec(i) for i in range(3)])
+    big = rec(3, metadata={"text": "x" * 200_000})  # one frame larger than the follower's 64 KiB read slice
+    relay.append([big])
+    primary.append([rec(100)])
+    assert primary.entry("r00002") is not None  # an unknown id makes the primary look at the relay's log
+    assert primary.get("r00003")["metadata"]["text"] == "x" * 200_000
+    relay.append([rec(i) for i in range(4, 8)])  # the 5th record fills the log: the relay starts another
+    assert sorted(primary.ids()) == sorted([f"r{i:05d}" for i in range(8)] + ["r00100"])
+    deadline = time.time() + 10
+    while primary.info()["rolls"] < 1 and time.time() < deadline:  # the closed relay log becomes a segment
+        time.sleep(0.05)
+    assert primary.info()["rolls"] >= 1
+    assert primary.get("r00001")["response"] == {"o": 1}
+    # The relay dies mid-write: its torn tail is cut, everything acknowledged before it stays.
+    log_path = tmp_path / "records" / f"log-{relay._log_no:06d}.bin"
+    with open(log_path, "r+b") as f:
+        f.seek(relay._log_size)
+        f.write(b"\x40\x00\x00\x00\x12\x34torn")
     relay.close()
+    primary.follow()
+    assert primary.entry("r00007") is not None and len(primary) == 9
     primary.close()
-
+    assert sorted(scan_records(tmp_path).collect()["id"]) == sorted([f"r{i:05d}" for i in range(8)] + ["r00100"])
