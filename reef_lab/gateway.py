@@ -125,7 +125,7 @@ class Gateway:
         None while the scenario does not exist (the relay hands such a request over, and its creation follows
         the one code path in `infer`)."""
         name = check_name(scenario)
-        if name not in {s.name for s in self.scenarios.list()}:
+        if not self.scenarios.exists(name):
             return None
         if name not in self._harness and self._evolves_harness(name):
             self.harness_learner(name)  # its seed harness serves from the first request on

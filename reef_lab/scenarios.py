@@ -99,5 +99,8 @@ class ScenarioRegistry:
             self._save()
             return s
 
+    def exists(self, name: str) -> bool:
+        return name in self._items
+
     def list(self) -> list[Scenario]:
         return list(self._items.values())

@@ -315,10 +315,6 @@ class RecordStore:
     def _open_log(self, no: int) -> None:
         path = self.folder / f"log-{no:06d}.bin"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # marks it open; followers skip it anyway
-        except BlockingIOError:
-            pass
         self._log_no, self._log_size = no, os.fstat(self._fd).st_size
         self._alloc = self._log_size
         _fsync_dir(self.folder)
@@ -329,10 +325,7 @@ class RecordStore:
 
         Raises Conflict (nothing written) when an id exists with other content, StoreUnavailable on I/O failure.
         """
-        return self.append_dicts([r.to_dict() for r in records])
-
-    def append_dicts(self, dicts: list[dict]) -> list[bool]:
-        """`append` for records already in dict form; stamps `stored_at`."""
+        dicts = [r.to_dict() for r in records]
         now = time.time()
         for d in dicts:
             d["stored_at"] = now
@@ -549,7 +542,9 @@ class RecordStore:
                 size = os.fstat(f.fd).st_size
                 recs = []
                 want = 1 << 16
-                while f.offset < size:  # in slices: most of a relay's log ahead of its data is zeros
+                while f.offset + _HEADER.size <= size:  # in slices: a relay's log ends in preallocated zeros
+                    if not _HEADER.unpack(os.pread(f.fd, _HEADER.size, f.offset))[0]:
+                        break  # nothing new: one 8-byte read, not a slice of zeros, per look
                     data = os.pread(f.fd, min(size - f.offset, want), f.offset)
                     payloads, good = _payloads(data)
                     if not good:

@@ -63,7 +63,7 @@ def whole_bodies(app):
     return wrapped
 
 
-def _read_body(environ) -> bytes:
+def read_body(environ) -> bytes:
     length = environ.get("CONTENT_LENGTH")
     if length:
         if not length.isdigit():
@@ -90,7 +90,7 @@ class HotRoutes:
                 raise ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
                                 status=405)
             check_token(self.tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
-            body = parse_json(_read_body(environ))
+            body = parse_json(read_body(environ))
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)
             if dialect is None:
                 created, rid = self.gateway.report(scenario, body, tags)

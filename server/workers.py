@@ -43,6 +43,7 @@ from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.scenarios import check_name
 from reef_lab.store import RelayLog
+from server.hot import read_body
 
 log = logging.getLogger("reef_lab.server")
 
@@ -267,10 +268,10 @@ class PrimaryClient:
 
     def forward(self, environ, start_response) -> Iterator[bytes] | list[bytes]:
         """Hand a whole HTTP request to the primary; its answer (streams included) goes back as it comes."""
-        length = environ.get("CONTENT_LENGTH")
-        stream = environ["wsgi.input"]
-        body = stream.read(int(length)) if length and length.isdigit() else (
-            stream.read() if environ.get("wsgi.input_terminated") else b"")
+        try:
+            body = read_body(environ)
+        except BadRequest:  # a non-numeric Content-Length: passed on as an empty body
+            body = b""
         cgi = {k: v for k, v in environ.items() if isinstance(v, str) and not k.startswith("wsgi.")}
         cgi["wsgi.url_scheme"] = environ.get("wsgi.url_scheme", "http")
         try:

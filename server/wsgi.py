@@ -22,8 +22,7 @@ from server import workers
 from server.app import create_app
 from server.hot import HotRoutes
 
-_primary_lock = None  # held for the process's life by the primary of several workers
-_locks: list = []  # a pinned worker's slot lock, held for the process's life
+_held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
 
 
 def _die_with_parent() -> None:
@@ -54,13 +53,15 @@ def build():
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
     tokens = tokens_from_env()
-    global _primary_lock
+    primary = False
     if cfg.worker_count() > 1:
         if cfg.pin_workers and sys.platform.startswith("linux"):
-            _locks.append(workers.pin_worker(cfg.data_dir, cfg.worker_count()))
-        _primary_lock = workers.claim_primary(cfg.data_dir)
-        if _primary_lock is None:
+            _held.append(workers.pin_worker(cfg.data_dir, cfg.worker_count()))
+        lock = workers.claim_primary(cfg.data_dir)
+        if lock is None:
             return build_relay(cfg, tokens)
+        _held.append(lock)
+        primary = True
     gateway = build_gateway(cfg)
     multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
     if not tokens:
@@ -70,7 +71,7 @@ def build():
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)
     app = create_app(gateway, tokens)
-    if _primary_lock is not None:
+    if primary:
         workers.PrimaryBridge(app, gateway, cfg.data_dir)
     return app
 
