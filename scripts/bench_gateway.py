@@ -116,6 +116,36 @@ def sequential(port: int, n: int = 600) -> list[float]:
     return lat[n // 6:]
 
 
+def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
+    """The latency of what every receipt waits for: one ~1 KB pwrite plus fdatasync in a preallocated file on
+    the data dir's disk, issued at the paced rate (one every 1/rate s) and back to back.
+
+    Why in the bench: on these VMs a flush after an idle gap costs about twice a flush right after another, and
+    that cost sits inside reef_lab's added latency at a paced rate; the probe shows it beside the result.
+    """
+    path = folder / "fsync-probe.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.pwrite(fd, bytes(n * 1024 + 4096), 0)
+        os.fsync(fd)
+        rec, out = b"x" * 1000, {}
+        for name, gap in (("paced", 1 / rate), ("back_to_back", 0.0)):
+            lat, nxt = [], time.perf_counter()
+            for i in range(n):
+                nxt += gap
+                if nxt > time.perf_counter():
+                    time.sleep(nxt - time.perf_counter())
+                t0 = time.perf_counter()
+                os.pwrite(fd, rec, i * 1024)
+                os.fdatasync(fd)
+                lat.append(time.perf_counter() - t0)
+            out[name] = {"p50": round(pct(lat, 50), 3), "p90": round(pct(lat, 90), 3)}
+        return out
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
@@ -211,6 +241,8 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
                                                                                "errors": errors[name]}
                    for name, xs in lat.items()}
         added = {k: round(latency["reef_lab"][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
+        print(f"[bench] {tag}: fdatasync probe", flush=True)
+        fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
         one = {name: round(pct(sequential(port), 50), 3) for name, port in (("direct", stub_port),
                                                                              ("reef_lab", reef_port))}
@@ -221,6 +253,7 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
                 runs[name].append(wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_CHAT, args.seconds))
         direct, proxied = (_mean_runs(runs[k]) for k in ("direct", "reef_lab"))
         result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added,
+                  "fdatasync_ms": fsync_ms,
                   "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
                   "throughput": {"direct": direct, "reef_lab": proxied,
                                  "ratio": round(proxied["rps"] / direct["rps"], 4)}}
@@ -316,6 +349,10 @@ Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} pro
 | through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} |
 | **added by reef_lab** | **{x['added_latency_ms']['p50']:.3f}** | {x['added_latency_ms']['p90']:.3f} | \
 {x['added_latency_ms']['p99']:.3f} |
+
+Part of that is the disk: the record's fdatasync, probed in the same run on the data dir's disk (one ~1 KB
+pwrite + fdatasync, scripts/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
+when issued at the paced rate and {x['fdatasync_ms']['back_to_back']['p50']:.3f} ms back to back.
 
 One client, one request at a time (the floor): p50 {x['one_client_p50_ms']['direct']:.3f} ms direct, \
 {x['one_client_p50_ms']['reef_lab']:.3f} ms through reef_lab, **{x['one_client_p50_ms']['added']:.3f} ms added**.

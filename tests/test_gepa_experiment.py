@@ -125,3 +125,32 @@ def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
     assert score == 0.0 and "must start with the label of the chosen option (A, B or C)" in text
     with pytest.raises(ValueError, match="not installed"):
         Task({"name": "choice", "path": "pkg:no_such_package_xyz/data"}).items(1, seed=0)
+
+
+def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_path):
+    """OLMo eval suite requests (a `doc` with the options inside its query, e.g. copycolors) become choice items; a
+    question asked with several option orders stays inside one split."""
+    import gzip
+
+    def doc(i: int, colours: list[str], gold: int) -> dict:
+        q = f"Question: Thing {i} is {colours[gold]}. What color is thing {i}?\n" + "".join(
+            f" {chr(65 + k)}. {c}\n" for k, c in enumerate(colours)) + "Answer:"
+        return {"request_type": "loglikelihood", "doc": {"id": i, "query": q, "gold": gold,
+                                                         "choices": [chr(65 + k) for k in range(len(colours))]}}
+    lines = [doc(i, order, order.index(["red", "blue", "green"][i % 3]))
+             for i in range(12) for order in (["red", "blue", "green"], ["green", "red", "blue"])]
+    path = tmp_path / "requests.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(json.dumps(x) for x in lines).encode()))
+    task = Task({"name": "choice", "path": str(path), "system_prompt": ""})
+    items = task.items(24, seed=0)
+    first = next(it for it in items if it["key"] == "Thing 0 is red. What color is thing 0?"
+                 and it["messages"][0]["content"].endswith("C. green"))
+    assert first["messages"][0]["content"] == ("Thing 0 is red. What color is thing 0?\n\nA. red\nB. blue\nC. green")
+    assert first["answer"] == "A" and first["choices"] == ["A", "B", "C"]
+    assert all(Task.score(it, it["answer"]) == 1.0 for it in items)
+    train, val, test = make_splits(task, 6, 4, 6, seed=3)
+    keys = [{it["key"] for it in split} for split in (train, val, test)]
+    assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
+    with pytest.raises(ValueError, match="no lettered options"):
+        from reef_lab.tasks import oe_eval_choice_row
+        oe_eval_choice_row({"query": "What?", "choices": ["A"], "gold": 0})
