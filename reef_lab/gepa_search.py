@@ -82,6 +82,16 @@ def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
     """The task verifier's score and its textual feedback (what reflection reads)."""
     score = Task.score(item, text)
     got = extract_answer(item, text)
+    if "options" in item:
+        want = item["options"][item["answer"]]
+        if score:
+            return score, f"Correct: the reply names {want!r}, the expected answer."
+        if got is None:
+            start = " ".join(text.split())[:60]
+            return score, (f"Incorrect: the reply ({start!r}) names none of the options; the expected answer is "
+                           f"{want!r}. The first option the reply names is taken as its answer.")
+        return score, (f"Incorrect: the reply names {item['options'][got]!r} first, but the expected answer is "
+                       f"{want!r}. The first option the reply names is taken as its answer.")
     if "choices" in item:
         labels = ", ".join(item["choices"][:-1]) + " or " + item["choices"][-1]
         if score:

