@@ -141,7 +141,8 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps({"config": cfg.__dict__, "rows": rows}, indent=2, default=str))
-    lines = [f"# GEPA on `{cfg.task.get('name')}`: reef_lab vs reference `gepa.optimize` {md.version('gepa')}", "",
+    task = cfg.name.removeprefix("gepa-") if cfg.name else cfg.task.get("name")
+    lines = [f"# GEPA on `{task}`: reef_lab vs reference `gepa.optimize` {md.version('gepa')}", "",
              "Command: `python scripts/compare_gepa.py " + " ".join(
                  [str(Path(args.config))] + ["--seeds"] + [str(s) for s in args.seeds]
                  + [f"--set {x}" for x in args.set]) + "`", "",
