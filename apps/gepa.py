@@ -19,8 +19,6 @@ with app.setup:
     import difflib
     import json
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -30,6 +28,7 @@ with app.setup:
     import matplotlib.pyplot as plt
     import polars as pl
 
+    from reef_lab.experiment import launch_detached
     from reef_lab.gepa_search import read_events
 
     ROOT = Path(__file__).resolve().parents[1]
@@ -140,17 +139,6 @@ def plot_search(search: dict):
     return fig
 
 
-@app.function
-def launch(seed: int, budget: int, out: str) -> subprocess.Popen:
-    """Start scripts/run_experiment.py on recipes/gepa/examples/arithmetic.yaml as a detached child process."""
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "scripts/run_experiment.py"), str(ROOT / "recipes/gepa/examples/arithmetic.yaml"),
-           "--seed", str(seed), "--out", str(out_dir), "--set", f"search.max_metric_calls={budget}"]
-    log = open(out_dir / "run.log", "ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-
-
 @app.cell
 def _():
     mo.md("# GEPA harness searches")
@@ -159,20 +147,25 @@ def _():
 
 @app.cell
 def _():
+    _examples = sorted(p.name for p in (ROOT / "recipes/gepa/examples").glob("*.yaml") if p.stem != "live")
+    example_ui = mo.ui.dropdown(_examples, value="copycolors.yaml" if "copycolors.yaml" in _examples else _examples[0],
+                                label="example")
     seed_ui = mo.ui.number(0, 1000, value=0, label="seed")
     budget_ui = mo.ui.number(10, 100_000, step=10, value=200, label="metric calls")
     out_ui = mo.ui.text(value="runs/app-gepa", label="runs folder")
     launch_ui = mo.ui.run_button(label="launch")
-    mo.vstack([mo.md("## Launch a run (arithmetic example)"), mo.hstack([seed_ui, budget_ui, out_ui, launch_ui])])
-    return budget_ui, launch_ui, out_ui, seed_ui
+    mo.vstack([mo.md("## Launch a run (recipes/gepa/examples)"),
+               mo.hstack([example_ui, seed_ui, budget_ui, out_ui, launch_ui])])
+    return budget_ui, example_ui, launch_ui, out_ui, seed_ui
 
 
 @app.cell
-def _(budget_ui, launch_ui, out_ui, seed_ui):
+def _(budget_ui, example_ui, launch_ui, out_ui, seed_ui):
     launched = None
     if launch_ui.value:
-        _dir = Path(out_ui.value) / f"gepa-seed{int(seed_ui.value)}"
-        _proc = launch(int(seed_ui.value), int(budget_ui.value), str(_dir))
+        _dir = Path(out_ui.value) / f"{Path(example_ui.value).stem}-seed{int(seed_ui.value)}"
+        _proc = launch_detached(ROOT / "recipes/gepa/examples" / example_ui.value, int(seed_ui.value), _dir,
+                                {"search.max_metric_calls": int(budget_ui.value)}, root=ROOT)
         launched = str(_dir)
         mo.output.replace(mo.md(f"Started pid {_proc.pid}, writing `{_dir}` (log: `{_dir}/run.log`)."))
     return (launched,)

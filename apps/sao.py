@@ -18,8 +18,6 @@ app = marimo.App(width="full", app_title="reef_lab SAO / GRPO")
 
 with app.setup:
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -30,6 +28,7 @@ with app.setup:
     import orjson
     import polars as pl
 
+    from reef_lab.experiment import launch_detached
     from reef_lab.learner import read_metrics
 
     ROOT = Path(__file__).resolve().parents[1]
@@ -98,18 +97,6 @@ def plot_run(run: dict):
     return fig
 
 
-@app.function
-def launch(recipe: str, seed: int, rollouts: int, lr: float, out: str) -> subprocess.Popen:
-    """Start scripts/run_experiment.py on the recipe's arithmetic example as a detached child process."""
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    example = ROOT / f"recipes/{recipe}/examples/arithmetic.yaml"
-    cmd = [sys.executable, str(ROOT / "scripts/run_experiment.py"), str(example), "--seed", str(seed),
-           "--out", str(out_dir), "--set", f"rollouts={rollouts}", "--set", f"recipe_config.trainer.lr={lr}"]
-    log = open(out_dir / "run.log", "ab")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-
-
 @app.cell
 def _():
     mo.md("# SAO / GRPO experiments")
@@ -133,7 +120,9 @@ def _(launch_ui, lr_ui, out_ui, recipe_ui, rollouts_ui, seed_ui):
     launched = None
     if launch_ui.value:
         _dir = Path(out_ui.value) / f"{recipe_ui.value}-seed{int(seed_ui.value)}"
-        _proc = launch(recipe_ui.value, int(seed_ui.value), int(rollouts_ui.value), float(lr_ui.value), str(_dir))
+        _proc = launch_detached(ROOT / f"recipes/{recipe_ui.value}/examples/arithmetic.yaml", int(seed_ui.value), _dir,
+                                {"rollouts": int(rollouts_ui.value), "recipe_config.trainer.lr": float(lr_ui.value)},
+                                root=ROOT)
         launched = str(_dir)
         mo.output.replace(mo.md(f"Started pid {_proc.pid}, writing `{_dir}` (log: `{_dir}/run.log`)."))
     return (launched,)

@@ -16,6 +16,8 @@ are skipped, and the learner replays reports it had not consumed.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -146,6 +148,21 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         return summary
     finally:
         gw.close()
+
+
+def launch_detached(config: str | Path, seed: int, out_dir: str | Path, overrides: dict | None = None,
+                    root: str | Path | None = None) -> subprocess.Popen:
+    """Start `scripts/run_experiment.py <config> --seed N --out DIR [--set k=v ...]` as a detached child whose
+    output goes to `<out_dir>/run.log`: the apps launch runs this way so a run outlives the notebook."""
+    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(root / "scripts/run_experiment.py"), str(config), "--seed", str(seed),
+           "--out", str(out_dir)]
+    for key, value in (overrides or {}).items():
+        cmd += ["--set", f"{key}={value}"]
+    with open(out_dir / "run.log", "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
 
 
 def _reported_indices(gw: Gateway, name: str) -> set[int]:

@@ -162,3 +162,16 @@ def test_records_app_empty_or_missing_dir(tmp_path, monkeypatch, make):
     assert "Traceback" not in shown
     assert env["records"].height == 0 and env["filtered"].height == 0
     assert env["scenario_table"].height == 0 and env["score_hist"].height == 0
+
+
+def test_launch_detached_runs_the_experiment_script_with_its_log(tmp_path):
+    """The apps' launch path: scripts/run_experiment.py as a detached child, output in <out>/run.log. A config
+    file that does not exist makes the child fail at once, with the script's own message in the log."""
+    from reef_lab.experiment import launch_detached
+
+    out = tmp_path / "run"
+    proc = launch_detached(tmp_path / "missing.yaml", 3, out, {"search.max_metric_calls": 20})
+    assert proc.wait(timeout=120) != 0
+    log = (out / "run.log").read_text()
+    assert "missing.yaml" in log, log[-2000:]
+    assert proc.args[-6:] == ["--seed", "3", "--out", str(out), "--set", "search.max_metric_calls=20"]
