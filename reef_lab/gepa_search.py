@@ -78,6 +78,11 @@ class System(Protocol):
         """Run the harness `components` on the examples; one scored rollout each, in order."""
 
 
+def _opening(text: str, n: int) -> str:
+    """The first n characters of a reply, whitespace folded: what feedback quotes of it."""
+    return " ".join(text.split())[:n]
+
+
 def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
     """The task verifier's score and its textual feedback (what reflection reads)."""
     score = Task.score(item, text)
@@ -87,9 +92,8 @@ def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
         if score:
             return score, f"Correct: the reply names {want!r}, the expected answer."
         if got is None:
-            start = " ".join(text.split())[:60]
-            return score, (f"Incorrect: the reply ({start!r}) names none of the options; the expected answer is "
-                           f"{want!r}. The first option the reply names is taken as its answer.")
+            return score, (f"Incorrect: the reply ({_opening(text, 60)!r}) names none of the options; the expected "
+                           f"answer is {want!r}. The first option the reply names is taken as its answer.")
         return score, (f"Incorrect: the reply names {item['options'][got]!r} first, but the expected answer is "
                        f"{want!r}. The first option the reply names is taken as its answer.")
     if "choices" in item:
@@ -97,9 +101,8 @@ def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
         if score:
             return score, f"Correct: the reply starts with the expected option {got}."
         if got is None:
-            start = " ".join(text.split())[:40]
             return score, (f"Incorrect: the reply must start with the label of the chosen option ({labels}), "
-                           f"but it starts with {start!r}; the expected answer is {item['answer']}.")
+                           f"but it starts with {_opening(text, 40)!r}; the expected answer is {item['answer']}.")
         return score, f"Incorrect: the reply chose {got}, but the expected answer is {item['answer']}."
     fmt = item.get("answer_format")
     if score:

@@ -55,8 +55,10 @@ def build():
     tokens = tokens_from_env()
     primary = False
     if cfg.worker_count() > 1:
-        if cfg.pin_workers and sys.platform.startswith("linux"):
-            _held.append(workers.pin_worker(cfg.data_dir, cfg.worker_count()))
+        slot = workers.pin_worker(cfg.data_dir, cfg.worker_count()) \
+            if cfg.pin_workers and sys.platform.startswith("linux") else None
+        if slot is not None:  # None: every slot taken (a respawned worker before its old one died), left unpinned
+            _held.append(slot)
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
             return build_relay(cfg, tokens)
