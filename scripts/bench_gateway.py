@@ -3,7 +3,8 @@
     .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
 
 Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
-`scripts/serve.py --upstream-url <stub>` with a fresh data dir, then measures with 16 concurrent clients:
+`scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
+the same server under granian, and one with its data dir in memory), then measures with 16 concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
    direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
@@ -213,26 +214,42 @@ def status(port: int) -> dict:
     return json.loads(c.getresponse().read())
 
 
-def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
-    """One stub (answering after `delay_ms`) and one reef_lab in front of it; returns (result, raw latencies)."""
-    stub_port, reef_port = free_port(), free_port()
-    data_dir = tempfile.mkdtemp(prefix="reef-bench-")
+# Variants of reef_lab measured beside the default in the instant-stub part (same run, rounds alternating).
+VARIANTS = {
+    "reef_lab under granian": {"args": ["--http-server", "granian"]},  # the server reef_lab used before httpd.py
+    "reef_lab, data dir in memory": {"args": [], "memory": True},  # /dev/shm: no device flush (not durable)
+}
+
+
+def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = None) -> tuple[dict, dict]:
+    """One stub (answering after `delay_ms`) and reef_lab in front of it (plus `variants`, each a server of its
+    own); returns (result, raw latencies)."""
+    stub_port = free_port()
     stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port),
                   "--delay-ms", str(delay_ms)])
-    reef = start([sys.executable, "scripts/serve.py", "--port", str(reef_port), "--data-dir", data_dir,
-                  "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning"],
-                 Path(data_dir + "-serve.log"))
+    servers = {}  # name -> (port, data dir, process)
+    for name, v in {"reef_lab": {"args": []}, **(variants or {})}.items():
+        port = free_port()
+        shm = v.get("memory") and Path("/dev/shm").is_dir()
+        data_dir = tempfile.mkdtemp(prefix="reef-bench-", dir="/dev/shm" if shm else None)
+        proc = start([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", data_dir,
+                      "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *v["args"]],
+                     Path(data_dir + "-serve.log"))
+        servers[name] = (port, data_dir, proc)
+    reef_port, data_dir, _ = servers["reef_lab"]
     tag = f"provider {delay_ms:g} ms"
     try:
         wait_ready(stub_port)
-        wait_ready(reef_port)
+        for port, _, _ in servers.values():
+            wait_ready(port)
         print(f"[bench] {tag}: warming up", flush=True)
-        paced(stub_port, 16, args.rate, 2)
-        paced(reef_port, 16, args.rate, 2)
-        lat = {"direct": [], "reef_lab": []}
-        errors = {"direct": 0, "reef_lab": 0}
+        paths = {"direct": stub_port, **{name: port for name, (port, _, _) in servers.items()}}
+        for port in paths.values():
+            paced(port, 16, args.rate, 2)
+        lat = {name: [] for name in paths}
+        errors = {name: 0 for name in paths}
         for r in range(args.rounds):
-            for name, port in (("direct", stub_port), ("reef_lab", reef_port)):
+            for name, port in paths.items():
                 print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}", flush=True)
                 xs, err = paced(port, 16, args.rate, args.seconds)
                 lat[name] += xs
@@ -240,23 +257,26 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
         latency = {name: {f"p{p}": round(pct(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
                                                                                "errors": errors[name]}
                    for name, xs in lat.items()}
-        added = {k: round(latency["reef_lab"][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
+        added_by = {name: {k: round(latency[name][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
+                    for name in paths if name != "direct"}
         print(f"[bench] {tag}: fdatasync probe", flush=True)
         fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
         one = {name: round(pct(sequential(port), 50), 3) for name, port in (("direct", stub_port),
                                                                              ("reef_lab", reef_port))}
-        runs = {"direct": [], "reef_lab": []}
+        thr_paths = {"direct": stub_port, "reef_lab": reef_port}
+        if "reef_lab under granian" in servers:
+            thr_paths["reef_lab under granian"] = servers["reef_lab under granian"][0]
+        runs = {name: [] for name in thr_paths}
         for r in range(args.rounds):
-            for name, port in (("direct", stub_port), ("reef_lab", reef_port)):
+            for name, port in thr_paths.items():
                 print(f"[bench] {tag}: throughput round {r + 1}/{args.rounds}, {name}", flush=True)
                 runs[name].append(wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_CHAT, args.seconds))
-        direct, proxied = (_mean_runs(runs[k]) for k in ("direct", "reef_lab"))
-        result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added,
-                  "fdatasync_ms": fsync_ms,
+        thr = {name: _mean_runs(x) for name, x in runs.items()}
+        result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added_by["reef_lab"],
+                  "added_latency_ms_by_server": added_by, "fdatasync_ms": fsync_ms,
                   "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
-                  "throughput": {"direct": direct, "reef_lab": proxied,
-                                 "ratio": round(proxied["rps"] / direct["rps"], 4)}}
+                  "throughput": {**thr, "ratio": round(thr["reef_lab"]["rps"] / thr["direct"]["rps"], 4)}}
         if with_reports:
             print("[bench] reports: making 2000 receipts", flush=True)
             ids = make_receipts(reef_port, 2000)
@@ -267,17 +287,21 @@ def measure(delay_ms: float, args, with_reports: bool) -> tuple[dict, dict]:
             reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
             result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
-        for p in (reef, stub):
+        for _, _, p in servers.values():
             os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=30)
+        for p in [*(p for _, _, p in servers.values()), stub]:
+            if p is stub:
+                os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=60)
     from reef_lab.store import scan_records
     import polars as pl
     failed = scan_records(data_dir).filter(pl.col("status") != "ok").select("error").collect()["error"].to_list()
     log_tail = [line for line in Path(data_dir + "-serve.log").read_text(errors="replace").splitlines()
                 if "ERROR" in line or "Traceback" in line][:5]
     result["failures"] = {"error_records": len(failed), "first_errors": failed[:3], "server_log_errors": log_tail}
-    shutil.rmtree(data_dir, ignore_errors=True)
-    Path(data_dir + "-serve.log").unlink()
+    for _, d, _ in servers.values():
+        shutil.rmtree(d, ignore_errors=True)
+        Path(d + "-serve.log").unlink()
     return result, lat
 
 
@@ -289,11 +313,13 @@ def main() -> None:
                     help="alternating direct/proxied rounds of the latency and throughput phases")
     ap.add_argument("--provider-ms", type=float, default=20.0,
                     help="delay of the second, provider-like stub (the first answers at once)")
+    ap.add_argument("--no-variants", action="store_true",
+                    help="skip the servers measured beside reef_lab (granian; data dir in memory)")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
-    zero, zero_lat = measure(0.0, args, with_reports=True)
+    zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
@@ -323,11 +349,16 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
         ax.set_title(f"latency at {r['paced_rate_per_s']:.0f} req/s, 16 clients: {title}")
         ax.grid(alpha=0.3)
         ax.legend()
+    t0, t1 = r["instant_stub"]["throughput"], r["provider_stub"]["throughput"]
     names = ["instant\ndirect", "instant\nreef_lab", "provider\ndirect", "provider\nreef_lab", "reports\nreef_lab"]
-    vals = [r["instant_stub"]["throughput"]["direct"]["rps"], r["instant_stub"]["throughput"]["reef_lab"]["rps"],
-            r["provider_stub"]["throughput"]["direct"]["rps"], r["provider_stub"]["throughput"]["reef_lab"]["rps"],
+    vals = [t0["direct"]["rps"], t0["reef_lab"]["rps"], t1["direct"]["rps"], t1["reef_lab"]["rps"],
             r["instant_stub"]["reports"]["rps"]]
-    axes[2].bar(names, vals, color=["#888", "#2a7", "#888", "#2a7", "#27a"])
+    colors = ["#888", "#2a7", "#888", "#2a7", "#27a"]
+    if "reef_lab under granian" in t0:
+        names.insert(2, "instant\ngranian")
+        vals.insert(2, t0["reef_lab under granian"]["rps"])
+        colors.insert(2, "#c84")
+    axes[2].bar(names, vals, color=colors)
     axes[2].set_ylabel("requests/s (wrk, 16 connections)")
     axes[2].set_title("throughput")
     for i, v in enumerate(vals):
@@ -336,19 +367,34 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+_NOTES = {
+    "reef_lab under granian": "the same reef_lab under granian (`--http-server granian`), the server it used before",
+    "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
+                                    "durable; shown only to split the added latency into disk and the rest",
+}
+
+
 def _section(x: dict, title: str) -> str:
     lat, t = x["latency_ms"], x["throughput"]
+    others = [n for n in lat if n not in ("direct", "reef_lab")]
+    rows = "\n".join(f"| {name} | {lat[name]['p50']:.3f} | {lat[name]['p90']:.3f} | {lat[name]['p99']:.3f} | "
+                     f"{x['added_latency_ms_by_server'][name]['p50']:.3f} |" for name in others)
+    notes = "".join(f"\n- *{name}*: {_NOTES.get(name, '')}" for name in others)
+    thr_rows = "".join(f"\n| {name} | {t[name]['rps']:.0f} ({', '.join(f'{v:.0f}' for v in t[name]['runs_rps'])}) | "
+                       f"{t[name]['non_2xx']} |" for name in t if name not in ("direct", "reef_lab", "ratio"))
     return f"""## {title}
 
 Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} proxied requests, \
-{lat['direct']['errors'] + lat['reef_lab']['errors']} errors):
+{sum(v['errors'] for v in lat.values())} errors):
 
-| ms | p50 | p90 | p99 |
-|---|---|---|---|
-| direct to stub | {lat['direct']['p50']:.3f} | {lat['direct']['p90']:.3f} | {lat['direct']['p99']:.3f} |
-| through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} |
+| ms | p50 | p90 | p99 | added p50 |
+|---|---|---|---|---|
+| direct to stub | {lat['direct']['p50']:.3f} | {lat['direct']['p90']:.3f} | {lat['direct']['p99']:.3f} | |
+| through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} | |
 | **added by reef_lab** | **{x['added_latency_ms']['p50']:.3f}** | {x['added_latency_ms']['p90']:.3f} | \
-{x['added_latency_ms']['p99']:.3f} |
+{x['added_latency_ms']['p99']:.3f} | **{x['added_latency_ms']['p50']:.3f}** |
+{rows}
+{notes}
 
 Part of that is the disk: the record's fdatasync, probed in the same run on the data dir's disk (one ~1 KB
 pwrite + fdatasync, scripts/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
@@ -364,8 +410,8 @@ Throughput, 16 connections saturating (wrk; mean of alternating rounds, each rou
 | direct to stub | {t['direct']['rps']:.0f} ({', '.join(f"{v:.0f}" for v in t['direct']['runs_rps'])}) | \
 {t['direct']['non_2xx']} |
 | through reef_lab | {t['reef_lab']['rps']:.0f} ({', '.join(f"{v:.0f}" for v in t['reef_lab']['runs_rps'])}) | \
-{t['reef_lab']['non_2xx']} |
-| **ratio** | **{t['ratio']:.3f}** | |
+{t['reef_lab']['non_2xx']} |{thr_rows}
+| **ratio** (reef_lab / direct) | **{t['ratio']:.3f}** | |
 
 Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
 {(' (' + '; '.join(x['failures']['first_errors']) + ')') if x['failures']['first_errors'] else ''}; \
@@ -381,9 +427,10 @@ Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machi
 stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
-server/workers.py), every record fsynced before its receipt. 16 concurrent clients; latency phases pace them
-at {r['paced_rate_per_s']:.0f} requests/s in total, {r['seconds_per_phase']} s per round, direct and proxied
-rounds alternating (this machine is noisy: compare the rows of one run, not numbers across runs).
+server/workers.py; its own HTTP server, server/httpd.py), every record fsynced before its receipt. 16 concurrent
+clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total, {r['seconds_per_phase']} s per
+round, direct and proxied rounds alternating (this machine is noisy: compare the rows of one run, not numbers
+across runs).
 
 ![latency and throughput](gateway-bench.png)
 
