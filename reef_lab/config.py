@@ -51,10 +51,7 @@ class ServeConfig:
                 "default SmolLM2-135M-Instruct"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
-        "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
-    http_server: str = field(default="threads", metadata={
-        "help": "threads: reef_lab's server (server/httpd.py: a thread per connection, the lowest added latency "
-                "measured); granian: the granian WSGI server, for comparison"})
+        "help": "request threads of the WSGI server (each open stream holds one)"})
     workers: int = field(default=0, metadata={
         "help": "worker processes; 0: one per CPU (at most 8) with --upstream-url, else 1. Several need "
                 "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
@@ -84,8 +81,6 @@ class ServeConfig:
         if self.workers > 1 and not self.upstream_url:
             raise ValueError("workers above 1 need upstream_url: the embedded model and its batching live in one "
                              "process (use --workers 1, or proxy a provider with --upstream-url)")
-        if self.http_server not in ("threads", "granian"):
-            raise ValueError(f"http_server must be threads or granian, got {self.http_server!r}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 

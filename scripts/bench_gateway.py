@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
 
 Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
-`scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
-the same server under granian, and one with its data dir in memory), then measures with 16 concurrent clients:
+`scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also one with its data dir in
+memory beside it, to split the added latency into the disk's flush and the rest), then measures with 16
+concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
    direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
@@ -104,17 +105,22 @@ def paced(port: int, clients: int, rate: float, seconds: float) -> tuple[list[fl
     return out
 
 
-def sequential(port: int, n: int = 600) -> list[float]:
-    """One client, one request at a time: the floor of each path's latency."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    body, lat = json.dumps(CHAT), []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        c.request("POST", "/v1/chat/completions", body,
-                  {"Content-Type": "application/json", "x-reef-scenario": "bench-sequential"})
-        c.getresponse().read()
-        lat.append(time.perf_counter() - t0)
-    return lat[n // 6:]
+def sequential(ports: dict[str, int], rounds: int = 4, n: int = 200) -> dict[str, list[float]]:
+    """One client, one request at a time: the floor of each path's latency. Paths alternate in rounds of `n`
+    requests (a noisy moment then hits both, not only the one measured during it); the first 20 of each round are
+    warm-up."""
+    body, lat = json.dumps(CHAT), {name: [] for name in ports}
+    conns = {name: http.client.HTTPConnection("127.0.0.1", port, timeout=10) for name, port in ports.items()}
+    for _ in range(rounds):
+        for name, c in conns.items():
+            for i in range(n):
+                t0 = time.perf_counter()
+                c.request("POST", "/v1/chat/completions", body,
+                          {"Content-Type": "application/json", "x-reef-scenario": "bench-sequential"})
+                c.getresponse().read()
+                if i >= 20:
+                    lat[name].append(time.perf_counter() - t0)
+    return lat
 
 
 def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
@@ -134,8 +140,8 @@ def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
             lat, nxt = [], time.perf_counter()
             for i in range(n):
                 nxt += gap
-                if nxt > time.perf_counter():
-                    time.sleep(nxt - time.perf_counter())
+                if (wait := nxt - time.perf_counter()) > 0:
+                    time.sleep(wait)
                 t0 = time.perf_counter()
                 os.pwrite(fd, rec, i * 1024)
                 os.fdatasync(fd)
@@ -216,7 +222,6 @@ def status(port: int) -> dict:
 
 # Variants of reef_lab measured beside the default in the instant-stub part (same run, rounds alternating).
 VARIANTS = {
-    "reef_lab under granian": {"args": ["--http-server", "granian"]},  # the server reef_lab used before httpd.py
     "reef_lab, data dir in memory": {"args": [], "memory": True},  # /dev/shm: no device flush (not durable)
 }
 
@@ -262,11 +267,9 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
         print(f"[bench] {tag}: fdatasync probe", flush=True)
         fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
-        one = {name: round(pct(sequential(port), 50), 3) for name, port in (("direct", stub_port),
-                                                                             ("reef_lab", reef_port))}
+        one = {name: round(pct(xs, 50), 3)
+               for name, xs in sequential({"direct": stub_port, "reef_lab": reef_port}).items()}
         thr_paths = {"direct": stub_port, "reef_lab": reef_port}
-        if "reef_lab under granian" in servers:
-            thr_paths["reef_lab under granian"] = servers["reef_lab under granian"][0]
         runs = {name: [] for name in thr_paths}
         for r in range(args.rounds):
             for name, port in thr_paths.items():
@@ -314,7 +317,7 @@ def main() -> None:
     ap.add_argument("--provider-ms", type=float, default=20.0,
                     help="delay of the second, provider-like stub (the first answers at once)")
     ap.add_argument("--no-variants", action="store_true",
-                    help="skip the servers measured beside reef_lab (granian; data dir in memory)")
+                    help="skip the server measured beside reef_lab (data dir in memory)")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -354,10 +357,6 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
     vals = [t0["direct"]["rps"], t0["reef_lab"]["rps"], t1["direct"]["rps"], t1["reef_lab"]["rps"],
             r["instant_stub"]["reports"]["rps"]]
     colors = ["#888", "#2a7", "#888", "#2a7", "#27a"]
-    if "reef_lab under granian" in t0:
-        names.insert(2, "instant\ngranian")
-        vals.insert(2, t0["reef_lab under granian"]["rps"])
-        colors.insert(2, "#c84")
     axes[2].bar(names, vals, color=colors)
     axes[2].set_ylabel("requests/s (wrk, 16 connections)")
     axes[2].set_title("throughput")
@@ -368,7 +367,6 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
 
 
 _NOTES = {
-    "reef_lab under granian": "the same reef_lab under granian (`--http-server granian`), the server it used before",
     "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
                                     "durable; shown only to split the added latency into disk and the rest",
 }
@@ -377,9 +375,9 @@ _NOTES = {
 def _section(x: dict, title: str) -> str:
     lat, t = x["latency_ms"], x["throughput"]
     others = [n for n in lat if n not in ("direct", "reef_lab")]
-    rows = "\n".join(f"| {name} | {lat[name]['p50']:.3f} | {lat[name]['p90']:.3f} | {lat[name]['p99']:.3f} | "
+    rows = "".join(f"\n| {name} | {lat[name]['p50']:.3f} | {lat[name]['p90']:.3f} | {lat[name]['p99']:.3f} | "
                      f"{x['added_latency_ms_by_server'][name]['p50']:.3f} |" for name in others)
-    notes = "".join(f"\n- *{name}*: {_NOTES.get(name, '')}" for name in others)
+    notes = "\n" + "".join(f"\n- *{name}*: {_NOTES.get(name, '')}" for name in others)
     thr_rows = "".join(f"\n| {name} | {t[name]['rps']:.0f} ({', '.join(f'{v:.0f}' for v in t[name]['runs_rps'])}) | "
                        f"{t[name]['non_2xx']} |" for name in t if name not in ("direct", "reef_lab", "ratio"))
     return f"""## {title}
@@ -392,9 +390,7 @@ Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} pro
 | direct to stub | {lat['direct']['p50']:.3f} | {lat['direct']['p90']:.3f} | {lat['direct']['p99']:.3f} | |
 | through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} | |
 | **added by reef_lab** | **{x['added_latency_ms']['p50']:.3f}** | {x['added_latency_ms']['p90']:.3f} | \
-{x['added_latency_ms']['p99']:.3f} | **{x['added_latency_ms']['p50']:.3f}** |
-{rows}
-{notes}
+{x['added_latency_ms']['p99']:.3f} | **{x['added_latency_ms']['p50']:.3f}** |{rows}{notes if others else ""}
 
 Part of that is the disk: the record's fdatasync, probed in the same run on the data dir's disk (one ~1 KB
 pwrite + fdatasync, scripts/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
@@ -427,7 +423,7 @@ Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machi
 stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
-server/workers.py; its own HTTP server, server/httpd.py), every record fsynced before its receipt. 16 concurrent
+server/workers.py), every record fsynced before its receipt. 16 concurrent
 clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total, {r['seconds_per_phase']} s per
 round, direct and proxied rounds alternating (this machine is noisy: compare the rows of one run, not numbers
 across runs).

@@ -2,11 +2,10 @@
 
 Flags (or the same names in a YAML file given with -c) choose the address, the data dir, the recipe of new
 scenarios, an upstream provider to proxy instead of the embedded model, or another local model; --help lists
-them. The Flask app runs under reef_lab's HTTP/1.1 server (server/httpd.py: worker processes sharing the port, a
-thread per connection): one worker process that holds the engine and the record store, or with --upstream-url one
-per CPU, the others relaying inference to the provider and their records to the first (server/workers.py).
-`--http-server granian` runs it under granian instead (for comparison; its single-threaded runtime per worker, "st",
-measured about 10% faster than granian's default on these machines).
+them. The Flask app runs under granian (a Rust HTTP server with a thread pool for WSGI): one worker process that
+holds the engine and the record store, or with --upstream-url one per CPU, the others relaying inference to the
+provider and their records to the first (server/workers.py). granian's single-threaded runtime per worker
+("st") measured about 10% faster than its default on these machines.
 """
 
 from __future__ import annotations
@@ -27,21 +26,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_serve_config(argv)
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from granian import Granian
+    from granian.constants import Interfaces
+
     print(f"[serve] starting reef_lab on http://{cfg.host}:{cfg.port} (data dir {cfg.data_dir}); "
           "the model loads before the first request is answered", file=sys.stderr, flush=True)
-    if cfg.http_server == "granian":
-        from granian import Granian
-        from granian.constants import Interfaces
-        Granian("server.wsgi:app", address=cfg.host, port=cfg.port, interface=Interfaces.WSGI,
-                workers=cfg.worker_count(), blocking_threads=cfg.threads, backlog=2048, log_level=cfg.log_level,
-                working_dir=ROOT, respawn_failed_workers=False, runtime_mode="st").serve()
-        return
-    import logging
-
-    from server import httpd
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(httpd.run("server.wsgi:app", cfg.host, cfg.port, cfg.worker_count(),
-                       httpd.Limits(max_requests=cfg.threads)))
+    Granian("server.wsgi:app", address=cfg.host, port=cfg.port, interface=Interfaces.WSGI, workers=cfg.worker_count(),
+            blocking_threads=cfg.threads, backlog=2048, log_level=cfg.log_level, working_dir=ROOT,
+            respawn_failed_workers=False,
+            runtime_mode="st").serve()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from server.app import create_app
 from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
-role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
 
 
 def _die_with_parent() -> None:
@@ -50,7 +49,6 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
 
 
 def build():
-    global role
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
@@ -63,10 +61,9 @@ def build():
             _held.append(slot)
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
-            role = "relay"
             return build_relay(cfg, tokens)
         _held.append(lock)
-        primary, role = True, "primary"
+        primary = True
     gateway = build_gateway(cfg)
     multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
     if not tokens:
