@@ -385,7 +385,8 @@ class RecordStore:
         try:
             if start + len(data) > self._alloc:
                 # Write zeros ahead: an fdatasync of blocks that already exist changes no metadata, so it skips
-                # the journal commit an append's new file size costs (0.15 against 0.21 ms on this disk).
+                # writing the new file size an append costs (a journal commit, or the inode on a journal-less
+                # ext4 like this VM's): 0.15 against 0.21 ms on this disk.
                 grow = max(PREALLOCATE, len(data))
                 os.pwrite(self._fd, bytes(grow), self._alloc)
                 self._alloc += grow
