@@ -59,6 +59,10 @@ class ServeConfig:
     pin_workers: int = field(default=1, metadata={
         "help": "1: pin each of several workers to a CPU of its own (Linux; about 30%% more requests/s on 2 "
                 "cores); 0: leave placement to the OS scheduler"})
+    sched_slice_us: int = field(default=100, metadata={
+        "help": "with --upstream-url, the CPU time slice in microseconds each worker thread asks the Linux scheduler "
+                "for (EEVDF custom slices, kernel 6.12+; older kernels ignore it): a short one lets a thread woken by "
+                "its record's flush or its provider's answer run sooner. 0: the kernel's default"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -81,6 +85,9 @@ class ServeConfig:
         if self.workers > 1 and not self.upstream_url:
             raise ValueError("workers above 1 need upstream_url: the embedded model and its batching live in one "
                              "process (use --workers 1, or proxy a provider with --upstream-url)")
+        if self.sched_slice_us and not 100 <= self.sched_slice_us <= 100_000:
+            raise ValueError(f"sched_slice_us must be 0 (the kernel's default) or 100..100000 (the range Linux "
+                             f"takes), got {self.sched_slice_us}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 

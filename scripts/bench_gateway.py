@@ -3,9 +3,9 @@
     .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
 
 Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
-`scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also one with its data dir in
-memory beside it, to split the added latency into the disk's flush and the rest), then measures with 16
-concurrent clients:
+`scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
+one with the kernel's default time slice, and one with its data dir in memory to split the added latency into the
+disk's flush and the rest), then measures with 16 concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
    direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
@@ -222,6 +222,7 @@ def status(port: int) -> dict:
 
 # Variants of reef_lab measured beside the default in the instant-stub part (same run, rounds alternating).
 VARIANTS = {
+    "reef_lab, kernel's default time slice": {"args": ["--sched-slice-us", "0"], "throughput": True},
     "reef_lab, data dir in memory": {"args": [], "memory": True},  # /dev/shm: no device flush (not durable)
 }
 
@@ -269,7 +270,8 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
         print(f"[bench] {tag}: one client, sequential", flush=True)
         one = {name: round(pct(xs, 50), 3)
                for name, xs in sequential({"direct": stub_port, "reef_lab": reef_port}).items()}
-        thr_paths = {"direct": stub_port, "reef_lab": reef_port}
+        thr_paths = {"direct": stub_port, "reef_lab": reef_port,
+                     **{name: servers[name][0] for name, v in (variants or {}).items() if v.get("throughput")}}
         runs = {name: [] for name in thr_paths}
         for r in range(args.rounds):
             for name, port in thr_paths.items():
@@ -317,7 +319,7 @@ def main() -> None:
     ap.add_argument("--provider-ms", type=float, default=20.0,
                     help="delay of the second, provider-like stub (the first answers at once)")
     ap.add_argument("--no-variants", action="store_true",
-                    help="skip the server measured beside reef_lab (data dir in memory)")
+                    help="skip the servers measured beside reef_lab (default time slice; data dir in memory)")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -367,6 +369,9 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
 
 
 _NOTES = {
+    "reef_lab, kernel's default time slice": "the same reef_lab with `--sched-slice-us 0`: its threads keep the "
+                                             "scheduler's default slice instead of asking for 100 us "
+                                             "(server/workers.py ask_short_slice)",
     "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
                                     "durable; shown only to split the added latency into disk and the rest",
 }

@@ -54,6 +54,8 @@ def build():
     _die_with_parent()
     tokens = tokens_from_env()
     primary = False
+    if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
+        workers.ask_short_slice(cfg.sched_slice_us)  # before any thread this worker starts: they inherit it
     if cfg.worker_count() > 1:
         slot = workers.pin_worker(cfg.data_dir, cfg.worker_count()) \
             if cfg.pin_workers and sys.platform.startswith("linux") else None

@@ -30,6 +30,7 @@ def test_unknown_yaml_key_is_refused(tmp_path, capsys):
     ({"upstream_url": "http://x", "model_path": "/m"}, "either upstream_url"),
     ({"upstream_url": "ftp://x"}, "must start with http"),
     ({"port": 0}, "port must be"),
+    ({"sched_slice_us": 50}, "100..100000"),
 ])
 def test_bad_combinations_name_the_rule(kw, needle):
     with pytest.raises(ValueError, match=needle):

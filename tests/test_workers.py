@@ -186,3 +186,19 @@ def test_every_route_needs_the_token_on_either_worker(tmp_path, stub_url):
         assert call(port, "GET", "/healthz")[0] == 200
     finally:
         stop(proc)
+
+
+def test_workers_threads_ask_for_a_short_time_slice(two_workers):
+    """Every thread of both workers, those started after the worker was built included, carries the 100 us slice
+    (`--sched-slice-us`); skipped where the kernel has no custom slices (before Linux 6.12)."""
+    from server.workers import thread_slice_us
+    port, _, proc = two_workers
+    if thread_slice_us() is None:
+        pytest.skip("sched_getattr is not available here")
+    kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(kids) == 2
+    slices = {int(t): thread_slice_us(int(t)) for k in kids for t in os.listdir(f"/proc/{k}/task")}
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    if (major, minor) < (6, 12) and set(slices.values()) != {100}:
+        pytest.skip(f"kernel {os.uname().release} has no custom slices")
+    assert len(slices) > 4 and set(slices.values()) == {100}, slices
