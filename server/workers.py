@@ -104,8 +104,10 @@ def ask_short_slice(us: int) -> int:
     win a CPU back from the load generator, the stub or the other worker. Linux's EEVDF scheduler (6.12+) lets a
     thread of the normal class ask for a shorter slice, which gives it an earlier deadline when it wakes, so it runs
     sooner. A/B on this machine, wrk pacing 400 requests/s (2026-11-30): added p50 1.26 -> 1.04 ms and 1.40 -> 1.26
-    ms, p90 3.5 -> 2.7 and 4.1 -> 3.4 ms; saturating throughput 2,965 -> 2,818 and 3,046 -> 2,922 requests/s
-    (scripts/bench_gateway.py measures it beside the default). Older kernels ignore the field.
+    ms, p90 3.5 -> 2.7 and 4.1 -> 3.4 ms; saturating throughput 2,965 -> 2,818 and 3,046 -> 2,922 requests/s. In
+    the recorded scripts/bench_gateway.py run (which measures it beside the kernel's default) p50 went 1.05 -> 1.12
+    ms and p90 3.17 -> 2.74 ms at 2,815 -> 2,810 requests/s: a trimmed tail, the median within noise. Older kernels
+    ignore the field.
     """
     calls = _SCHED_SYSCALLS.get(os.uname().machine)
     if calls is None:

@@ -195,9 +195,15 @@ def test_workers_threads_ask_for_a_short_time_slice(two_workers):
     port, _, proc = two_workers
     if thread_slice_us() is None:
         pytest.skip("sched_getattr is not available here")
+    for _ in range(8):  # traffic on new connections: request threads start in both workers
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/v1/chat/completions", body=json.dumps({"model": "m", "messages": []}),
+                  headers={"x-reef-scenario": "slice", "Content-Type": "application/json"})
+        assert c.getresponse().status == 200
     kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     assert len(kids) == 2
     slices = {int(t): thread_slice_us(int(t)) for k in kids for t in os.listdir(f"/proc/{k}/task")}
+    slices = {t: v for t, v in slices.items() if v is not None}  # None: a thread that ended meanwhile
     major, minor = (int(x) for x in os.uname().release.split(".")[:2])
     if (major, minor) < (6, 12) and set(slices.values()) != {100}:
         pytest.skip(f"kernel {os.uname().release} has no custom slices")
