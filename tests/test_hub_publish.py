@@ -72,6 +72,17 @@ def train_release(u, version):
     raise AssertionError(f"{version} never served")
 
 
+def hub_settled(u, gw, releases: int) -> None:
+    """Wait until the first `releases` releases have their Hub pushes queued and every push has ended. A learner
+    writes a release into the index (it serves) just before it queues the push, so `hub.wait` alone can return in
+    between."""
+    deadline = time.time() + 60
+    while not all("hub" in r for r in requests.get(u + "/reef/scenarios/s/releases").json()["releases"][:releases]):
+        assert time.time() < deadline, "a release's Hub push was never queued"
+        time.sleep(0.05)
+    assert gw.hub.wait(60)
+
+
 def hf_download(url, revision, dest: Path):
     env = {**os.environ, "HF_ENDPOINT": url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
            "HF_HOME": str(dest.parent / "hf-home")}
@@ -93,7 +104,7 @@ def test_releases_on_the_hub_download_load_and_rollback(live, hub, tmp_path):
     requests.post(u + "/reef/scenarios", json={"name": "s", "recipe": "sft", "config": SFT}).raise_for_status()
     train_release(u, "v1")
     train_release(u, "v2")
-    assert gw.hub.wait(60)
+    hub_settled(u, gw, 2)
     rels = requests.get(u + "/reef/scenarios/s/releases").json()
     assert [r["hub"]["state"] for r in rels["releases"]] == ["pushed", "pushed"]
     api = HfApi(endpoint=url, token=TOKEN)
@@ -135,7 +146,7 @@ def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
     server.stop()
     train_release(u, "v1")  # trains, releases and serves with the Hub gone
     assert chat(u, PROMPTS[0]).headers["x-reef-release-id"] == "s:v1"
-    assert gw.hub.wait(60)
+    hub_settled(u, gw, 1)
     rel = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][0]
     assert rel["hub"]["state"] == "failed" and rel["hub"]["attempts"] == 2 and rel["hub"]["error"]
     status = requests.get(u + "/reef/status").json()["hub"]["scenarios"]["s"]["releases"]["s:v1"]
@@ -143,7 +154,7 @@ def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
     restarted, _ = serve_in_thread(tmp_path / "hub", token=TOKEN, port=port)
     try:
         train_release(u, "v2")
-        assert gw.hub.wait(60)
+        hub_settled(u, gw, 2)
         rel2 = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][1]
         assert rel2["hub"]["state"] == "pushed"
         assert {t.name for t in HfApi(endpoint=url, token=TOKEN).list_repo_refs("me/reef-s").tags} == {"v2"}
