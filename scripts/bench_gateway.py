@@ -235,9 +235,11 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
                   "--delay-ms", str(delay_ms)])
     servers = {}  # name -> (port, data dir, process)
     for name, v in {"reef_lab": {"args": []}, **(variants or {})}.items():
+        if v.get("memory") and not Path("/dev/shm").is_dir():
+            print(f"[bench] no /dev/shm here: skipping {name!r}", flush=True)
+            continue
         port = free_port()
-        shm = v.get("memory") and Path("/dev/shm").is_dir()
-        data_dir = tempfile.mkdtemp(prefix="reef-bench-", dir="/dev/shm" if shm else None)
+        data_dir = tempfile.mkdtemp(prefix="reef-bench-", dir="/dev/shm" if v.get("memory") else None)
         proc = start([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", data_dir,
                       "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *v["args"]],
                      Path(data_dir + "-serve.log"))
@@ -271,7 +273,8 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
         one = {name: round(pct(xs, 50), 3)
                for name, xs in sequential({"direct": stub_port, "reef_lab": reef_port}).items()}
         thr_paths = {"direct": stub_port, "reef_lab": reef_port,
-                     **{name: servers[name][0] for name, v in (variants or {}).items() if v.get("throughput")}}
+                     **{name: servers[name][0] for name, v in (variants or {}).items()
+                        if v.get("throughput") and name in servers}}
         runs = {name: [] for name in thr_paths}
         for r in range(args.rounds):
             for name, port in thr_paths.items():
@@ -292,11 +295,10 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
             result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
-        for _, _, p in servers.values():
+        procs = [p for _, _, p in servers.values()] + [stub]
+        for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
-        for p in [*(p for _, _, p in servers.values()), stub]:
-            if p is stub:
-                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
             p.wait(timeout=60)
     from reef_lab.store import scan_records
     import polars as pl
@@ -358,8 +360,7 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
     names = ["instant\ndirect", "instant\nreef_lab", "provider\ndirect", "provider\nreef_lab", "reports\nreef_lab"]
     vals = [t0["direct"]["rps"], t0["reef_lab"]["rps"], t1["direct"]["rps"], t1["reef_lab"]["rps"],
             r["instant_stub"]["reports"]["rps"]]
-    colors = ["#888", "#2a7", "#888", "#2a7", "#27a"]
-    axes[2].bar(names, vals, color=colors)
+    axes[2].bar(names, vals, color=["#888", "#2a7", "#888", "#2a7", "#27a"])
     axes[2].set_ylabel("requests/s (wrk, 16 connections)")
     axes[2].set_title("throughput")
     for i, v in enumerate(vals):

@@ -112,13 +112,9 @@ def ask_short_slice(us: int) -> int:
     calls = _SCHED_SYSCALLS.get(os.uname().machine)
     if calls is None:
         return 0
-    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
     attr = ctypes.create_string_buffer(_SCHED_ATTR.pack(_SCHED_ATTR.size, 0, 0, 0, 0, us * 1000, 0, 0, 0, 0))
-    done = 0
-    for tid in os.listdir("/proc/self/task"):
-        if libc.syscall(calls[0], int(tid), attr, 0) == 0:
-            done += 1
-    return done
+    return sum(syscall(calls[0], int(tid), attr, 0) == 0 for tid in os.listdir("/proc/self/task"))
 
 
 def thread_slice_us(tid: int = 0) -> int | None:
