@@ -75,7 +75,7 @@ def content_hash(r: Record) -> str:
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
-_JSON_COLUMNS = ("request", "response", "tags", "timing", "feedback", "metadata")
+JSON_COLUMNS = ("request", "response", "tags", "timing", "feedback", "metadata")
 
 PARQUET_SCHEMA = {
     "id": pl.String, "scenario": pl.String, "kind": pl.String, "dialect": pl.String,
@@ -91,7 +91,7 @@ def records_to_frame(records: list[dict]) -> pl.DataFrame:
     """Record dicts to the Parquet layout: JSON-valued fields become JSON text."""
     cols: dict[str, list] = {}
     for k in PARQUET_SCHEMA:
-        if k in _JSON_COLUMNS:
+        if k in JSON_COLUMNS:
             cols[k] = [None if (v := r.get(k)) is None else orjson.dumps(v).decode() for r in records]
         else:
             cols[k] = [r.get(k) for r in records]
@@ -101,7 +101,7 @@ def records_to_frame(records: list[dict]) -> pl.DataFrame:
 def frame_row_to_dict(row: dict) -> dict:
     """One row of the Parquet layout back to a record dict (JSON text parsed)."""
     out = dict(row)
-    for k in _JSON_COLUMNS:
+    for k in JSON_COLUMNS:
         v = out.get(k)
         out[k] = None if v is None else orjson.loads(v)
     if out.get("tags") is None:

@@ -1,9 +1,9 @@
 """The record store: durable before the receipt leaves, Parquet for everything after.
 
-Writes go to an append-only log (`records/log-NNNNNN.bin`, frames of `<len u32><crc32 u32><orjson>`) with group
-commit: concurrent appenders queue their frames, the first one in becomes the leader, writes everybody's frames
-with one `write` and one `fsync`, and wakes the rest. `append` returns only once its records are on disk, so a
-receipt is never handed out for a record that `kill -9` (or a power cut) could lose.
+Writes go to an append-only log (`records/log-NNNNNN.bin`, frames of `<len u32><crc32 u32><rows>`, see
+encode_frame) with group commit: concurrent appenders queue their frames, the first one in becomes the leader,
+writes everybody's frames with one `write` and one `fsync`, and wakes the rest. `append` returns only once its
+records are on disk, so a receipt is never handed out for a record that `kill -9` (or a power cut) could lose.
 
 When a log grows past `roll_records`/`roll_bytes` it is closed and a background thread rolls it into a Parquet
 segment (`records/seg-NNNNNN.parquet`, written via polars, fsynced, renamed into place), then deletes the log.
@@ -25,42 +25,103 @@ import threading
 import time
 import zlib
 from _thread import allocate_lock as _allocate_lock
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 import polars as pl
 
 from reef_lab.errors import Conflict, StoreUnavailable
-from reef_lab.records import PARQUET_SCHEMA, Record, frame_row_to_dict, records_to_frame
+from reef_lab.records import JSON_COLUMNS, PARQUET_SCHEMA, Record, frame_row_to_dict
 
 log = logging.getLogger("reef_lab.store")
 
 _HEADER = struct.Struct("<II")
+_ROWS = 1 << 31  # set in a frame's length: its payload is row texts joined by newlines (encode_frame)
 PREALLOCATE = 1 << 20  # bytes of zeros written ahead of a log's data (see RecordStore._commit)
 _FILE_RE = re.compile(r"^(log|seg)-(\d{6,})\.(bin|parquet)$")
 
 
-def encode_frame(records: list[dict]) -> bytes:
-    """One frame for one write: several records share a frame (and its CRC), so they land all or nothing."""
-    payload = orjson.dumps(records[0] if len(records) == 1 else records)
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+def row_text(d: dict) -> bytes:
+    """A record dict as the JSON text of its Parquet row: JSON-valued fields (request, response, ...) as their
+    JSON text in a string. The log holds records this way so rolling it is one pass of polars' JSON reader."""
+    row = dict(d)
+    for k in JSON_COLUMNS:
+        if (v := row[k]) is not None:
+            row[k] = orjson.dumps(v).decode()
+    return orjson.dumps(row)
 
 
-def _payloads(data: bytes) -> tuple[list[bytes], int]:
-    """The intact frames' payloads of a log and the offset where intact data ends (a torn tail starts there)."""
+def parse_row(text: bytes) -> dict:
+    """A record dict from its row's JSON text (see row_text)."""
+    return frame_row_to_dict(orjson.loads(text))
+
+
+def encode_frame(rows: list[bytes]) -> bytes:
+    """One frame for one write: several records share a frame (and its CRC), so they land all or nothing. The
+    payload is the records' row texts (row_text) joined by newlines (orjson's JSON text holds none), so a reader
+    splits a frame into records without parsing them. The length's top bit marks this layout."""
+    payload = b"\n".join(rows)
+    return _HEADER.pack(len(payload) | _ROWS, zlib.crc32(payload)) + payload
+
+
+def _frames(data: bytes) -> tuple[list[bytes], int]:
+    """The row texts of a log's intact frames, and the offset where intact data ends (a torn tail starts there)."""
     out, pos, n = [], 0, len(data)
     while pos + _HEADER.size <= n:
         length, crc = _HEADER.unpack_from(data, pos)
+        rows, length = length & _ROWS, length & ~_ROWS
         end = pos + _HEADER.size + length
         if length == 0 or end > n:  # zeros: the log's preallocated, not yet written space
             break
         payload = data[pos + _HEADER.size:end]
         if zlib.crc32(payload) != crc:
             break
-        out.append(payload)
+        if rows:
+            out += payload.split(b"\n")
+        else:  # written before 2026-12: one record's JSON, or a JSON array of them, with JSON-valued fields as JSON
+            records = orjson.loads(payload)
+            out += [row_text(r) for r in (records if isinstance(records, list) else [records])]
         pos = end
     return out, pos
+
+
+# What the index needs of a record, read from its JSON text without parsing it: Record.to_dict puts id, scenario
+# and kind first and stored_at, content_hash, schema_version last, and orjson writes no spaces. Anchored at both
+# ends and without quotes or backslashes inside the strings, a match can only be those top-level members; any
+# record that does not match (an escaped id, an old schema) is parsed instead.
+_KEY_HEAD = re.compile(rb'\{"id":"([^"\\]*)","scenario":"([^"\\]*)","kind":"([^"\\]*)",')
+_KEY_TAIL = re.compile(rb',"stored_at":(-?[0-9][0-9.eE+-]*),"content_hash":"([^"\\]*)","schema_version":[0-9]+\}\Z')
+Key = tuple[str, str, str, str, float]  # id, scenario, kind, content_hash, stored_at
+
+
+def record_key(line: bytes) -> Key:
+    head, tail = _KEY_HEAD.match(line), _KEY_TAIL.search(line, len(line) - 160)
+    if head and tail:
+        return (head[1].decode(), head[2].decode(), head[3].decode(), tail[2].decode(), float(tail[1]))
+    d = orjson.loads(line)
+    return d["id"], d["scenario"], d["kind"], d.get("content_hash") or "", d.get("stored_at") or d["created_at"]
+
+
+def log_lines(path: Path) -> tuple[list[bytes], int]:
+    """The row text of every intact record of a log, and the byte offset where intact data ends."""
+    return _frames(path.read_bytes())
+
+
+def read_log(path: Path) -> tuple[list[dict], int]:
+    """All intact records of a log and the byte offset where intact data ends."""
+    lines, good = log_lines(path)
+    return [parse_row(line) for line in lines], good
+
+
+def lines_to_frame(lines: list[bytes]) -> pl.DataFrame:
+    """Records' row texts (row_text) in the Parquet layout, parsed by polars' JSON reader in Rust, off the GIL:
+    rolling a 20,000-record log holds the GIL for milliseconds, not the ~0.3 s of building the frame in Python.
+    (JSON-valued fields are text in the log because polars, asked to read a nested value as text, does not always
+    write back the same JSON: a backslash or tab in a string comes out unescaped, 1.5e300 as an integer.)"""
+    if not lines:
+        return pl.DataFrame(schema=PARQUET_SCHEMA)
+    return pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=PARQUET_SCHEMA)
 
 
 def _is_torn(path: Path, good: int) -> bool:
@@ -71,39 +132,6 @@ def _is_torn(path: Path, good: int) -> bool:
             if chunk.count(0) != len(chunk):
                 return True
     return False
-
-
-def read_log(path: Path) -> tuple[list[dict], int]:
-    """All intact records of a log and the byte offset where intact data ends."""
-    payloads, good = _payloads(path.read_bytes())
-    out = []
-    for p in payloads:
-        obj = orjson.loads(p)
-        out.extend(obj) if isinstance(obj, list) else out.append(obj)
-    return out, good
-
-
-_NDJSON_SCHEMA = {k: v for k, v in PARQUET_SCHEMA.items() if k != "feedback"}
-
-
-def log_to_frame(path: Path, records: list[dict]) -> pl.DataFrame:
-    """A log file in the Parquet layout, parsed by polars' JSON reader (in Rust, off the GIL): rolling a
-    20,000-record log this way holds the GIL for milliseconds instead of the ~0.2 s that building the frame
-    from Python dicts takes, which serving would feel. `records` are the same records in memory; they supply
-    `feedback`, whose string values the JSON reader cannot tell apart from JSON text."""
-    lines = []
-    for p in _payloads(path.read_bytes())[0]:
-        if p[:1] == b"[":  # a batch written as one frame
-            lines += [orjson.dumps(r) for r in orjson.loads(p)]
-        else:
-            lines.append(p)
-    if len(lines) != len(records):
-        raise RuntimeError(f"log {path.name} holds {len(lines)} records but {len(records)} are in memory")
-    if not lines:
-        return pl.DataFrame(schema=PARQUET_SCHEMA)
-    df = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=_NDJSON_SCHEMA)
-    feedback = [None if (v := r.get("feedback")) is None else orjson.dumps(v).decode() for r in records]
-    return df.with_columns(feedback=pl.Series(feedback, dtype=pl.String)).select(list(PARQUET_SCHEMA))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -148,15 +176,15 @@ def scan_records(data_dir: str | Path) -> pl.LazyFrame:
     """
     folder = Path(data_dir) / "records"
     logs, _ = _list_files(folder)
-    log_frames = {}
+    log_texts = {}
     for no, path in sorted(logs.items()):
         try:
-            log_frames[no] = read_log(path)[0]
+            log_texts[no] = log_lines(path)[0]
         except FileNotFoundError:  # rolled away meanwhile: its segment is listed below
             continue
     _, segs = _list_files(folder)
-    tail = [r for no, recs in sorted(log_frames.items()) if no not in segs for r in recs]
-    return scan_segments([segs[no] for no in sorted(segs)], records_to_frame(tail) if tail else None)
+    tail = [line for no, lines in sorted(log_texts.items()) if no not in segs for line in lines]
+    return scan_segments([segs[no] for no in sorted(segs)], lines_to_frame(tail) if tail else None)
 
 
 def create_log(folder: Path) -> tuple[int, int]:
@@ -197,19 +225,18 @@ class _Follow:
 
 @dataclass
 class _Chunk:
-    """The records of one log file that are not yet in a Parquet segment."""
+    """The records of one log file that are not yet in a Parquet segment, as the row texts the log holds.
+
+    Why text, not dicts: parsing every record a relay writes (the primary follows their logs) and keeping it as
+    Python objects cost the primary a tenth of its throughput (scripts/bench_gateway.py); text is parsed only when
+    a record is asked for, and the garbage collector never walks it.
+    """
 
     no: int
-    records: list[dict]
+    records: list[bytes] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
     frame: pl.DataFrame | None = None
-    framed: int = 0  # how many of `records` `frame` covers
-
-    def as_frame(self) -> pl.DataFrame:
-        if self.framed < len(self.records):
-            new = records_to_frame(self.records[self.framed:])
-            self.frame = new if self.frame is None else pl.concat([self.frame, new])
-            self.framed = len(self.records)
-        return self.frame if self.frame is not None else pl.DataFrame(schema=PARQUET_SCHEMA)
+    framed: int = 0  # how many of `records` `frame` covers (see RecordStore.scan)
 
 
 class _Batch:
@@ -221,11 +248,12 @@ class _Batch:
     under the GIL that herd cost more CPU than the fsync it waited for (scripts/bench_gateway.py).
     """
 
-    __slots__ = ("frames", "records", "waiters", "durable", "error")
+    __slots__ = ("frames", "keys", "lines", "waiters", "durable", "error")
 
     def __init__(self):
         self.frames: list[bytes] = []
-        self.records: list[dict] = []
+        self.keys: list[Key] = []
+        self.lines: list[bytes] = []
         self.waiters: list = []  # one acquired lock per parked appender
         self.durable = False
         self.error: str | None = None
@@ -251,7 +279,7 @@ class RecordStore:
         self._index: dict[str, IndexEntry] = {}
         self._scenario_ids: dict[str, list[str]] = {}  # durable ids per scenario, sorted
         self._tail: dict[int, _Chunk] = {}
-        self._tail_by_id: dict[str, dict] = {}
+        self._tail_by_id: dict[str, bytes] = {}  # id -> row text, for records not yet in a segment
         self._segments: dict[int, Path] = {}
         self._open = _Batch()
         self._idle = threading.Condition(self._lock)  # notified when no commit is running
@@ -276,8 +304,9 @@ class RecordStore:
         for no in [no for no in logs if no in segs]:  # rolled before the crash; the log's deletion was lost
             logs.pop(no).unlink()
         self._segments = dict(sorted(segs.items()))
+        texts = {}
         for no, path in sorted(logs.items()):
-            records, good = read_log(path)
+            lines, good = log_lines(path)
             if good < path.stat().st_size:
                 if _is_torn(path, good):
                     log.warning("record log %s: cutting a torn tail of %d bytes", path.name,
@@ -285,7 +314,7 @@ class RecordStore:
                 with open(path, "r+b") as f:
                     f.truncate(good)
                     os.fsync(f.fileno())
-            self._tail[no] = _Chunk(no, records)
+            texts[no] = lines
         if self._segments:
             for no, path in self._segments.items():
                 has = pl.read_parquet_schema(path)
@@ -293,14 +322,12 @@ class RecordStore:
                 df = pl.read_parquet(path, columns=["id", "scenario", "kind", "content_hash", written])
                 for rid, sc, kind, h, ts in df.iter_rows():
                     self._index[rid] = IndexEntry(sc, kind, h, ts, no)
-        for no, chunk in self._tail.items():
-            for r in chunk.records:
-                self._index[r["id"]] = IndexEntry(r["scenario"], r["kind"], r["content_hash"], r["stored_at"], no)
-                self._tail_by_id[r["id"]] = r
-        for rid, e in self._index.items():
-            self._scenario_ids.setdefault(e.scenario, []).append(rid)
+                    self._scenario_ids.setdefault(sc, []).append(rid)
         for lst in self._scenario_ids.values():
             lst.sort()
+        for no, lines in texts.items():
+            self._tail[no] = _Chunk(no)
+            self._index_durable(no, [record_key(line) for line in lines], lines)
         # Every log but the newest is closed: roll them now so only one log is ever open.
         nos = sorted(self._tail)
         for no in nos[:-1]:
@@ -309,7 +336,7 @@ class RecordStore:
         last = nos[-1] if nos else max(self._segments, default=0) + 1
         if last in self._segments:
             last += 1
-        self._tail.setdefault(last, _Chunk(last, []))
+        self._tail.setdefault(last, _Chunk(last))
         self._open_log(last)
 
     def _open_log(self, no: int) -> None:
@@ -331,7 +358,9 @@ class RecordStore:
             d["stored_at"] = now
         fresh, new = self._reserve(dicts, now)
         if new:
-            self._enqueue(encode_frame(new), new)
+            lines = [row_text(d) for d in new]
+            self._enqueue(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
+                                                for d in new], lines)
         return fresh
 
     def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
@@ -353,12 +382,13 @@ class RecordStore:
                 self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         return fresh, new
 
-    def _enqueue(self, frame: bytes, new: list[dict]) -> None:
+    def _enqueue(self, frame: bytes, keys: list[Key], lines: list[bytes]) -> None:
         """Join the open batch; return once it is durable (raises StoreUnavailable when its write failed)."""
         with self._lock:
             batch = self._open
             batch.frames.append(frame)
-            batch.records.extend(new)
+            batch.keys += keys
+            batch.lines += lines
             if not self._flushing:
                 self._flushing = True
                 self._open = _Batch()
@@ -407,10 +437,10 @@ class RecordStore:
         with self._lock:
             if err is None:
                 self._log_size += len(data)
-                self._committed(batch.records)
+                self._committed(batch.keys, batch.lines)
             else:
-                for d in batch.records:
-                    self._index.pop(d["id"], None)
+                for k in batch.keys:
+                    self._index.pop(k[0], None)
                 batch.error = err
             batch.durable = True
             nxt = self._open
@@ -423,39 +453,42 @@ class RecordStore:
         for gate in batch.waiters:
             gate.release()
 
-    def _committed(self, recs: list[dict]) -> None:
+    def _committed(self, keys: list[Key], lines: list[bytes]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
-        self._index_durable(self._log_no, recs)
-        self._count_commit(recs)
+        self._index_durable(self._log_no, keys, lines)
+        self._count_commit(len(keys))
         if len(self._tail[self._log_no].records) >= self.roll_records or self._log_size >= self.roll_bytes:
             self._rotate()
 
-    def _count_commit(self, recs: list[dict]) -> None:
+    def _count_commit(self, n: int) -> None:
         self.stats["commits"] += 1
-        self.stats["records_written"] += len(recs)
-        self.stats["max_group"] = max(self.stats["max_group"], len(recs))
+        self.stats["records_written"] += n
+        self.stats["max_group"] = max(self.stats["max_group"], n)
 
-    def _index_durable(self, no: int, recs: list[dict]) -> None:
-        for d in recs:
-            e = self._index.get(d["id"])
-            if e is None:  # a relay's record (see follow_relays)
-                self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], d["stored_at"], no)
+    def _index_durable(self, no: int, keys: list[Key], lines: list[bytes]) -> None:
+        """Lock held: serve these records (durable in log `no`) from the tail."""
+        for (rid, scenario, kind, h, stored_at), line in zip(keys, lines, strict=True):
+            e = self._index.get(rid)
+            if e is None:  # a relay's record (see follow_relays), or one read back at recovery
+                self._index[rid] = IndexEntry(scenario, kind, h, stored_at, no)
             else:
                 e.chunk = no
-            self._tail_by_id[d["id"]] = d
-            ids = self._scenario_ids.setdefault(d["scenario"], [])
-            if ids and ids[-1] > d["id"]:
-                bisect.insort(ids, d["id"])  # a client-chosen id, or ids minted out of order
+            self._tail_by_id[rid] = line
+            ids = self._scenario_ids.setdefault(scenario, [])
+            if ids and ids[-1] > rid:
+                bisect.insort(ids, rid)  # a client-chosen id, or ids minted out of order
             else:
-                ids.append(d["id"])
-        self._tail[no].records.extend(recs)
+                ids.append(rid)
+        chunk = self._tail[no]
+        chunk.records += lines
+        chunk.ids += [k[0] for k in keys]
 
     def _rotate(self) -> None:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
         chunk = self._tail[self._log_no]
         os.close(self._fd)
         nxt, self._fd = create_log(self.folder)
-        self._tail[nxt] = _Chunk(nxt, [])
+        self._tail[nxt] = _Chunk(nxt)
         self._log_no, self._log_size, self._alloc = nxt, 0, 0
         self._roll_queue.append(chunk)
         self._roll_wake.notify()
@@ -464,8 +497,9 @@ class RecordStore:
     def _write_segment(self, chunk: _Chunk) -> Path:
         path = self.folder / f"seg-{chunk.no:06d}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
-        log_to_frame(self.folder / f"log-{chunk.no:06d}.bin", chunk.records).write_parquet(
-            tmp, compression="zstd", statistics=True)
+        # The chunk's text is the log's intact records (what was fsynced, or read back from it); closed, it no
+        # longer grows.
+        lines_to_frame(chunk.records).write_parquet(tmp, compression="zstd", statistics=True)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -476,8 +510,8 @@ class RecordStore:
         """Lock held (or single-threaded at start): serve the chunk from its segment, drop its log."""
         self._segments[chunk.no] = self.folder / f"seg-{chunk.no:06d}.parquet"
         self._tail.pop(chunk.no, None)
-        for r in chunk.records:
-            self._tail_by_id.pop(r["id"], None)
+        for rid in chunk.ids:
+            self._tail_by_id.pop(rid, None)
         (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
         self.stats["rolls"] += 1
 
@@ -534,34 +568,33 @@ class RecordStore:
                         continue
                     with self._lock:
                         self._followed[no] = f
-                        self._tail[no] = _Chunk(no, [])
+                        self._tail[no] = _Chunk(no)
                 try:  # a free lock means the relay is done with this log: read its last frames and roll it
                     fcntl.flock(f.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     closed = True
                 except BlockingIOError:
                     closed = False
                 size = os.fstat(f.fd).st_size
-                recs = []
+                lines = []
                 want = 1 << 16
                 while f.offset + _HEADER.size <= size:  # in slices: a relay's log ends in preallocated zeros
                     if not _HEADER.unpack(os.pread(f.fd, _HEADER.size, f.offset))[0]:
                         break  # nothing new: one 8-byte read, not a slice of zeros, per look
                     data = os.pread(f.fd, min(size - f.offset, want), f.offset)
-                    payloads, good = _payloads(data)
+                    rows, good = _frames(data)
                     if not good:
-                        length = _HEADER.unpack_from(data)[0] if len(data) >= _HEADER.size else 0
+                        length = _HEADER.unpack_from(data)[0] & ~_ROWS if len(data) >= _HEADER.size else 0
                         if length and _HEADER.size + length > want:  # a frame larger than the slice
                             want = _HEADER.size + length
                             continue
                         break
                     want = 1 << 16
-                    for p in payloads:
-                        obj = orjson.loads(p)
-                        recs.extend(obj) if isinstance(obj, list) else recs.append(obj)
+                    lines += rows
                     f.offset += good
-                if recs:
+                if lines:
+                    keys = [record_key(line) for line in lines]
                     with self._lock:
-                        self._index_durable(no, recs)
+                        self._index_durable(no, keys, lines)
                 if closed:
                     if f.offset < size and _is_torn(path, f.offset):
                         # the relay died mid-write: nothing past here was acknowledged
@@ -592,16 +625,17 @@ class RecordStore:
             e = self._index.get(record_id)
             if e is None or e.chunk < 0:
                 return None
-            r = self._tail_by_id.get(record_id)
-            if r is not None:
-                return r
+            text = self._tail_by_id.get(record_id)
             seg = self._segments.get(e.chunk)
+        if text is not None:
+            return parse_row(text)
         df = scan_segments([seg]).filter(pl.col("id") == record_id).collect()
         return frame_row_to_dict(df.row(0, named=True)) if len(df) else None
 
     def get_many(self, record_ids: list[str]) -> list[dict]:
         """Records by id, in the order given (unknown ids are skipped); one Parquet scan per segment touched."""
         found: dict[str, dict] = {}
+        texts: dict[str, bytes] = {}
         by_segment: dict[Path, list[str]] = {}
         if self._following and any(rid not in self._index for rid in record_ids):
             self.follow()
@@ -611,9 +645,10 @@ class RecordStore:
                 if e is None or e.chunk < 0:
                     continue
                 if rid in self._tail_by_id:
-                    found[rid] = self._tail_by_id[rid]
+                    texts[rid] = self._tail_by_id[rid]
                 elif e.chunk in self._segments:
                     by_segment.setdefault(self._segments[e.chunk], []).append(rid)
+        found.update((rid, parse_row(text)) for rid, text in texts.items())
         for seg, ids in by_segment.items():
             for row in scan_segments([seg]).filter(pl.col("id").is_in(ids)).collect().iter_rows(named=True):
                 found[row["id"]] = frame_row_to_dict(row)
@@ -622,9 +657,17 @@ class RecordStore:
     def scan(self) -> pl.LazyFrame:
         """A consistent LazyFrame over all records (segments plus the in-memory tail of unrolled logs)."""
         self.follow()
-        with self._lock:
+        with self._lock:  # a snapshot: segments never change and a chunk's records only grow
             paths = [p for _, p in sorted(self._segments.items())]
-            tails = [c.as_frame() for _, c in sorted(self._tail.items()) if c.records]
+            parts = [(c, c.frame, c.framed, c.records[c.framed:]) for _, c in sorted(self._tail.items()) if c.records]
+        tails = []
+        for chunk, frame, framed, new in parts:  # framed outside the lock: appends go on meanwhile
+            if new:
+                frame = lines_to_frame(new) if frame is None else pl.concat([frame, lines_to_frame(new)])
+                with self._lock:
+                    if chunk.framed == framed:
+                        chunk.frame, chunk.framed = frame, framed + len(new)
+            tails.append(frame)
         return scan_segments(paths, tails)
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
@@ -721,9 +764,9 @@ class RelayLog(RecordStore):
             raise StoreUnavailable(self._broken)
         return [True] * len(dicts), dicts
 
-    def _committed(self, recs: list[dict]) -> None:
-        self._count += len(recs)
-        self._count_commit(recs)
+    def _committed(self, keys: list[Key], lines: list[bytes]) -> None:
+        self._count += len(keys)
+        self._count_commit(len(keys))
         if self._count >= self.roll_records or self._log_size >= self.roll_bytes:
             self._new_log()
 

@@ -182,6 +182,77 @@ def test_rolled_segment_equals_the_records_written(tmp_path):
     st2.close()
 
 
+def test_json_values_of_every_kind_survive_the_roll_and_reopen(tmp_path):
+    """Strings where JSON columns usually hold objects (an imported record may have a string request), and text
+    that JSON must escape, read back the same from the tail, from the Parquet segment and after a reopen."""
+    odd = "a \"quoted\" line\nwith a tab\t, a backslash \\, \u00e9t\u00e9 and \U0001f41f"
+    written = [Record(id="s1", scenario="s", kind="inference", request="just text", response=odd, metadata="m"),
+               Record(id="s2", scenario="s", kind="report", feedback=odd, score=1.0,
+                      metadata={"response": "a nested key named like a JSON column"}),
+               Record(id="s3", scenario="s", kind="inference", request={"n": [1, 2.5, 1.0, 1.5e300, None, True]},
+                      response=7, tags={"t": odd})]
+    for r in written:
+        r.content_hash = content_hash(r)
+    fields = ("request", "response", "feedback", "metadata", "tags", "score")
+    import orjson
+    def exact(values):  # JSON text tells 1.0 from 1, which == does not
+        return orjson.dumps(values, option=orjson.OPT_SORT_KEYS)
+    expect = exact({r.id: {k: getattr(r, k) for k in fields} for r in written})
+    st = RecordStore(tmp_path)
+    st.append(written[:2])
+    st.append(written[2:])
+    def seen(get):
+        return exact({r.id: {k: get(r.id)[k] for k in fields} for r in written})
+    assert seen(st.get) == expect
+    assert seen(lambda rid: st.get_many([rid])[0]) == expect
+    from reef_lab.records import frame_row_to_dict
+    def from_frame(df):
+        return exact({r["id"]: {k: r[k] for k in fields} for r in map(frame_row_to_dict, df.to_dicts())})
+    assert from_frame(st.scan().collect()) == expect
+    st.close()  # rolls the log into a segment
+    assert st.stats["rolls"] == 1 and st.stats["roll_errors"] == 0
+    assert from_frame(scan_records(tmp_path).collect()) == expect
+    st2 = RecordStore(tmp_path)
+    assert seen(st2.get) == expect
+    st2.close()
+
+
+def test_record_keys_read_from_text_match_the_parsed_record():
+    """The index reads id, scenario, kind, hash and write time from a record's JSON text without parsing it; any
+    text the fast path cannot vouch for is parsed instead."""
+    import orjson
+
+    from reef_lab.store import record_key
+    samples = [rec(1).to_dict(), Record(id="rec_0190abc", scenario="a.b-c_d", kind="report", score=0.5).to_dict(),
+               Record(id='odd"id', scenario="s", kind="train", metadata={"stored_at": 1}).to_dict(),
+               {**rec(2).to_dict(), "content_hash": ""}]
+    for i, d in enumerate(samples):
+        d["stored_at"] = 1_790_000_000.123456 + i
+        assert record_key(orjson.dumps(d)) == (d["id"], d["scenario"], d["kind"], d["content_hash"], d["stored_at"])
+    old = {k: v for k, v in rec(3).to_dict().items() if k != "stored_at"}  # schema 1: no stored_at
+    assert record_key(orjson.dumps(old))[4] == old["created_at"]
+
+
+def test_logs_that_batch_records_as_a_json_array_still_open(tmp_path):
+    """Logs written before frames joined records by newlines held a batch as one JSON array."""
+    import struct
+    import zlib
+
+    import orjson
+    (tmp_path / "records").mkdir()
+    batch = [rec(1).to_dict(), rec(2).to_dict()]
+    for d in batch:
+        d["stored_at"] = time.time()
+    frames = b""
+    for payload in (orjson.dumps(batch), orjson.dumps(rec(3).to_dict() | {"stored_at": time.time()})):
+        frames += struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
+    (tmp_path / "records" / "log-000001.bin").write_bytes(frames)
+    st = RecordStore(tmp_path)
+    assert sorted(st.ids()) == ["r00001", "r00002", "r00003"] and st.get("r00002")["request"] == {"i": 2}
+    assert st.scan().select(pl.len()).collect().item() == 3
+    st.close()
+
+
 def test_primary_follows_relay_logs_and_rolls_them_once_closed(tmp_path):
     """A relay worker's log (RelayLog) read by the primary's store as it grows, rolled once the relay moves on."""
     from reef_lab.store import RelayLog
