@@ -9,7 +9,8 @@ disk's flush and the rest), then measures with 16 concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
    direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
-   the record included);
+   the record included); then the same with wrk as the client (16 connections, exponential think time), whose
+   own CPU use (a tenth of the Python clients') takes less from the two CPUs the server runs on;
 2. throughput: `wrk -c16` saturating the stub directly, then through reef_lab (chat completions);
 3. reports: `wrk -c16` posting reports that each reference two real receipts; afterwards the store must hold
    exactly as many reports as wrk counted 2xx answers.
@@ -29,6 +30,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -183,6 +185,43 @@ end
 """
 
 
+WRK_PACED = WRK_CHAT.replace("bench-throughput", "bench-latency") + """
+local think_ms = %f
+math.randomseed(os.time())
+function delay()  -- exponential think time before each request: Poisson arrivals on each connection
+  return -math.log(1 - math.random()) * think_ms
+end
+function done(summary, latency, requests)
+  io.write(string.format("PACED %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+                         latency:percentile(50), latency:percentile(90), latency:percentile(99),
+                         summary.errors.status + summary.errors.connect + summary.errors.read +
+                         summary.errors.write + summary.errors.timeout))
+end
+"""
+
+
+def paced_wrk(port: int, clients: int, rate: float, seconds: int) -> dict:
+    """The latency phase with wrk (C) as the client: `clients` connections, each waiting an exponential think
+    time (mean clients/rate s) before each request, so the total rate is `rate` less the latency's share.
+
+    Why beside the Python clients: those spend about as much CPU per request as the stub, on the same two CPUs
+    as the server they measure; wrk spends a tenth of that, so its numbers show the server with less of the
+    client in them. Both are reported.
+    """
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_PACED % (clients / rate * 1000))
+    try:
+        out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{seconds}s", "-s", f.name,
+                              f"http://127.0.0.1:{port}/v1/chat/completions"],
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    n, dur, p50, p90, p99, errors = map(int, re.search(r"PACED (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)",
+                                                        out).groups())
+    return {"n": n, "rps": round(n / dur * 1e6, 1), "p50": p50 / 1e3, "p90": p90 / 1e3, "p99": p99 / 1e3,
+            "errors": errors}
+
+
 def wrk(url: str, script: str, seconds: int, conns: int = 16) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
@@ -256,17 +295,28 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             paced(port, 16, args.rate, 2)
         lat = {name: [] for name in paths}
         errors = {name: 0 for name in paths}
+        wrk_rounds = {name: [] for name in paths}
         for r in range(args.rounds):
             for name, port in paths.items():
                 print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}", flush=True)
                 xs, err = paced(port, 16, args.rate, args.seconds)
                 lat[name] += xs
                 errors[name] += err
+            for name, port in paths.items():
+                print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}, wrk as the client", flush=True)
+                wrk_rounds[name].append(paced_wrk(port, 16, args.rate, args.seconds))
         latency = {name: {f"p{p}": round(pct(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
                                                                                "errors": errors[name]}
                    for name, xs in lat.items()}
         added_by = {name: {k: round(latency[name][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
                     for name in paths if name != "direct"}
+        latency_wrk = {name: {"p50": round(statistics.median(x["p50"] for x in xs), 3),
+                              "p90": round(statistics.median(x["p90"] for x in xs), 3),
+                              "round_p50": [x["p50"] for x in xs], "n": sum(x["n"] for x in xs),
+                              "rps": round(statistics.mean(x["rps"] for x in xs), 1),
+                              "errors": sum(x["errors"] for x in xs)} for name, xs in wrk_rounds.items()}
+        added_wrk = {name: {k: round(latency_wrk[name][k] - latency_wrk["direct"][k], 3) for k in ("p50", "p90")}
+                     for name in paths if name != "direct"}
         print(f"[bench] {tag}: fdatasync probe", flush=True)
         fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
@@ -282,7 +332,8 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
                 runs[name].append(wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_CHAT, args.seconds))
         thr = {name: _mean_runs(x) for name, x in runs.items()}
         result = {"provider_delay_ms": delay_ms, "latency_ms": latency, "added_latency_ms": added_by["reef_lab"],
-                  "added_latency_ms_by_server": added_by, "fdatasync_ms": fsync_ms,
+                  "added_latency_ms_by_server": added_by, "latency_wrk_client_ms": latency_wrk,
+                  "added_latency_wrk_client_ms": added_wrk, "fdatasync_ms": fsync_ms,
                   "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
                   "throughput": {**thr, "ratio": round(thr["reef_lab"]["rps"] / thr["direct"]["rps"], 4)}}
         if with_reports:
@@ -383,6 +434,12 @@ def _section(x: dict, title: str) -> str:
     others = [n for n in lat if n not in ("direct", "reef_lab")]
     rows = "".join(f"\n| {name} | {lat[name]['p50']:.3f} | {lat[name]['p90']:.3f} | {lat[name]['p99']:.3f} | "
                      f"{x['added_latency_ms_by_server'][name]['p50']:.3f} |" for name in others)
+    lw = x["latency_wrk_client_ms"]
+    wrk_rows = "".join(
+        f"\n| {'direct to stub' if name == 'direct' else name} | {v['p50']:.3f} "
+        f"({', '.join(f'{p:.3f}' for p in v['round_p50'])}) | {v['p90']:.3f} | "
+        + ("" if name == "direct" else f"**{x['added_latency_wrk_client_ms'][name]['p50']:.3f}**" if name == "reef_lab"
+           else f"{x['added_latency_wrk_client_ms'][name]['p50']:.3f}") + " |" for name, v in lw.items())
     notes = "\n" + "".join(f"\n- *{name}*: {_NOTES.get(name, '')}" for name in others)
     thr_rows = "".join(f"\n| {name} | {t[name]['rps']:.0f} ({', '.join(f'{v:.0f}' for v in t[name]['runs_rps'])}) | "
                        f"{t[name]['non_2xx']} |" for name in t if name not in ("direct", "reef_lab", "ratio"))
@@ -397,6 +454,13 @@ Latency at a paced rate ({lat['direct']['n']} direct, {lat['reef_lab']['n']} pro
 | through reef_lab | {lat['reef_lab']['p50']:.3f} | {lat['reef_lab']['p90']:.3f} | {lat['reef_lab']['p99']:.3f} | |
 | **added by reef_lab** | **{x['added_latency_ms']['p50']:.3f}** | {x['added_latency_ms']['p90']:.3f} | \
 {x['added_latency_ms']['p99']:.3f} | **{x['added_latency_ms']['p50']:.3f}** |{rows}{notes if others else ""}
+
+The same paced latency with wrk (C) as the client instead of the Python clients (16 connections, each waiting an \
+exponential think time of mean 16/rate before each request; the median of the rounds' p50 and p90, each round's \
+p50 in brackets; {sum(v['n'] for v in lw.values())} requests, {sum(v['errors'] for v in lw.values())} errors):
+
+| ms | p50 (rounds) | p90 | added p50 |
+|---|---|---|---|{wrk_rows}
 
 Part of that is the disk: the record's fdatasync, probed in the same run on the data dir's disk (one ~1 KB
 pwrite + fdatasync, scripts/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
