@@ -155,6 +155,19 @@ def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
         path.unlink()
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) CPU ticks of the machine so far, from /proc/stat ((0, 0) where there is none).
+
+    Why: on a VM the host can take CPU time away (steal); the bench prints the share taken during its run, since
+    the same code measures very differently on a busy host.
+    """
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    return (f[7] if len(f) > 7 else 0), sum(f[:8])
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
@@ -377,10 +390,13 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
+    ticks0, started = cpu_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "started": started, "cpu_steal_share": round((cpu_ticks()[0] - ticks0[0]) /
+                                                     max(1, cpu_ticks()[1] - ticks0[1]), 4),
         "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
         "instant_stub": zero, "provider_stub": slow,
         "command": "python scripts/bench_gateway.py " + " ".join(sys.argv[1:]),
@@ -489,8 +505,9 @@ def render(r: dict) -> str:
     rep = r["instant_stub"]["reports"]
     return f"""# Gateway overhead: reef_lab relaying to a stub provider vs the stub directly
 
-Command: `{r['command'].strip()}` ({r['machine']['cpus']} CPUs, Python {r['machine']['python']}); load generator,
-stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
+Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs, Python \
+{r['machine']['python']}; the host took {100 * r.get('cpu_steal_share', 0):.1f}% of the CPU time as steal); load \
+generator, stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
 server/workers.py), every record fsynced before its receipt. 16 concurrent
