@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import orjson
@@ -28,6 +26,7 @@ import orjson
 from reef_lab import dialects
 from reef_lab import harness as harness_mod
 from reef_lab.errors import Conflict
+from reef_lab.learner_loop import LearnerLoop
 from reef_lab.gepa_search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 from reef_lab.tasks import Task
 
@@ -66,7 +65,7 @@ def response_text(dialect: str, response) -> str:
     return "".join(c.get("text", "") for c in response.get("content") or [] if isinstance(c, dict))
 
 
-class HarnessLearner:
+class HarnessLearner(LearnerLoop):
     def __init__(self, scenario: str, recipe, *, gateway, task_lm, reflection_lm, tracker=None):
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         self.gw = gateway
@@ -78,11 +77,7 @@ class HarnessLearner:
         self.examples: list[dict] = state.get("examples", [])
         self._example_ids = {e["id"] for e in self.examples}
         self._new = state.get("new", 0)  # examples since the last iteration
-        self._cv = threading.Condition()
-        self._inbox: deque = deque()
-        self._manual = 0
-        self._stop = False
-        self.phase, self.last_error, self.rounds = "idle", None, 0
+        self._init_loop()
         serving = self._serving_files()
         if serving is None:  # serve the seed harness first, so every example was served under a known harness
             self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
@@ -94,27 +89,20 @@ class HarnessLearner:
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()
-        self._thread = threading.Thread(target=self._run, name=f"reef-gepa-{scenario}", daemon=True)
-        self._thread.start()
+        self._start(f"reef-gepa-{scenario}")
 
     # ---- inputs ---------------------------------------------------------------------------------------------
     def on_report(self, report: dict) -> None:
-        with self._cv:
-            self._inbox.append(report)
-            self._cv.notify()
+        self._queue(report)
 
     def request_training(self) -> dict:
-        if self.config.mode == "auto":
-            raise Conflict(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' or "
-                           "'hybrid' to run iterations on request")
-        with self._cv:
-            self._drain()
+        def check() -> dict:
             if not self.examples:
                 raise Conflict("no training examples yet: report on inferences with feedback and "
                                f"metadata.{self.config.answer_key} (the reference answer)")
-            self._manual += 1
-            self._cv.notify()
-            return {"scenario": self.scenario, "queued": True, "examples": len(self.examples)}
+            return {"examples": len(self.examples)}
+        return self._ask_round(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' "
+                               "or 'hybrid' to run iterations on request", check)
 
     def status(self) -> dict:
         with self._cv:
@@ -123,24 +111,6 @@ class HarnessLearner:
                     "rounds": self.rounds, "metric_calls": self.search.metric_calls,
                     "budget": self.search.config.max_metric_calls, "candidates": len(self.search.cands),
                     "last_error": self.last_error}
-
-    def wait_idle(self, timeout: float = 600.0) -> bool:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            with self._cv:
-                self._drain()
-                if self.phase == "idle" and not self._inbox and not self._manual and not self._due():
-                    return True
-            time.sleep(0.05)
-        return False
-
-    def close(self, timeout: float = 60.0) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        self._thread.join(timeout)
-        if self.tracker is not None:
-            self.tracker.close()
 
     # ---- examples from reports ------------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -207,12 +177,7 @@ class HarnessLearner:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._stop:
-                    self._drain()
-                    if self._manual or self._due():
-                        break
-                    self._cv.wait(timeout=1.0)
-                if self._stop:
+                if not self._wait_for_round():
                     return
                 self._manual = max(0, self._manual - 1)
                 batch = self.examples[-self.search.config.minibatch_size:]

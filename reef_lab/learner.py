@@ -19,13 +19,13 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import orjson
 
 from reef_lab.evaluation import evaluate
 from reef_lab.errors import Conflict
+from reef_lab.learner_loop import LearnerLoop
 from reef_lab.recipe import select
 from reef_lab.releases import BASE, ReleaseStore, release_key
 from reef_lab.samples import Sample, sample_from_records
@@ -34,7 +34,7 @@ from reef_lab.tasks import Task
 log = logging.getLogger("reef_lab.learner")
 
 
-class Learner:
+class Learner(LearnerLoop):
     def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path,
                  on_release=None, tracker=None):
         if not hasattr(engine, "load_release") or getattr(engine, "model_dir", None) is None:
@@ -48,12 +48,9 @@ class Learner:
         self._state_path = self.dir / "state.json"
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
         self._consumed: set[str] = set(state.get("consumed", []))
-        self._cv = threading.Condition()
-        self._inbox: deque = deque()
+        self._init_loop()
         self._pool: list[Sample] = []
         self._seen: set[str] = set()  # record ids that joined the pool in this process
-        self._manual = 0
-        self._stop = False
         self._reset = False
         self._publish_lock = threading.Lock()
         self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
@@ -61,38 +58,26 @@ class Learner:
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
-        self.phase = "idle"
-        self.last_error: str | None = None
-        self.rounds = 0
         self._eval_items = None
         self._task = Task(self.config.eval_task) if self.config.eval_task else None
         self._replay()
-        self._thread = threading.Thread(target=self._run, name=f"reef-learner-{scenario}", daemon=True)
-        self._thread.start()
+        self._start(f"reef-learner-{scenario}")
 
     # ---- inputs (request threads) ---------------------------------------------------------------------------
     def on_report(self, report: dict) -> None:
-        with self._cv:
-            self._inbox.append(("report", report))
-            self._cv.notify()
+        self._queue(("report", report))
 
     def on_demonstration(self, record: dict) -> None:
-        with self._cv:
-            self._inbox.append(("demo", record))
-            self._cv.notify()
+        self._queue(("demo", record))
 
     def request_training(self) -> dict:
-        if self.config.mode == "auto":
-            raise Conflict(f"scenario {self.scenario!r} trains in mode 'auto' (whenever a batch is ready); "
-                           "set mode 'manual' or 'hybrid' to train on request")
-        with self._cv:
-            self._drain_inbox()
+        def check() -> dict:
             if not self._ready():
                 raise Conflict(f"not enough samples to train: the pool holds {len(self._pool)} eligible sample(s); "
                                f"recipe {self.recipe.name!r} needs a full batch")
-            self._manual += 1
-            self._cv.notify()
-            return {"scenario": self.scenario, "queued": True, "pool": len(self._pool)}
+            return {"pool": len(self._pool)}
+        return self._ask_round(f"scenario {self.scenario!r} trains in mode 'auto' (whenever a batch is ready); "
+                               "set mode 'manual' or 'hybrid' to train on request", check)
 
     def reset_trainer(self) -> None:
         """Start the next round from the serving release's weights (after a rollback)."""
@@ -107,26 +92,6 @@ class Learner:
                     "trainer_step": self._trainer.steps if self._trainer else None,
                     "consumed": len(self._consumed), "last_error": self.last_error}
 
-    def close(self, timeout: float = 60.0) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-        self._thread.join(timeout)
-        if self.tracker is not None:
-            self.tracker.close()
-
-    def wait_idle(self, timeout: float = 600.0) -> bool:
-        """Block until nothing is queued and no round is running or ready (tests and experiments)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            with self._cv:
-                self._drain_inbox()
-                if self.phase == "idle" and not self._inbox and not self._manual and not (
-                        self.config.mode != "manual" and self._ready()):
-                    return True
-            time.sleep(0.05)
-        return False
-
     # ---- the learner thread ---------------------------------------------------------------------------------
     def _replay(self) -> None:
         """Queue reports (and demonstrations) that training has not consumed yet."""
@@ -135,7 +100,7 @@ class Learner:
             for rec in self.store.get_many(ids):
                 self._inbox.append(("report" if kind == "report" else "demo", rec))
 
-    def _drain_inbox(self) -> None:
+    def _drain(self) -> None:
         """Turn queued reports into pool samples (caller holds the lock)."""
         while self._inbox:
             kind, rec = self._inbox.popleft()
@@ -181,15 +146,13 @@ class Learner:
     def _ready(self) -> bool:
         return self.recipe.ready(self._pool, self._trainer_step(), self._release_steps())
 
+    def _due(self) -> bool:
+        return self.config.mode != "manual" and self._ready()
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._stop:
-                    self._drain_inbox()
-                    if self._manual or (self.config.mode != "manual" and self._ready()):
-                        break
-                    self._cv.wait(timeout=1.0)
-                if self._stop:
+                if not self._wait_for_round():
                     return
                 manual = self._manual > 0
                 self._manual = max(0, self._manual - 1)
