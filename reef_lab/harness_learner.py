@@ -26,8 +26,8 @@ import orjson
 from reef_lab import dialects
 from reef_lab import harness as harness_mod
 from reef_lab.errors import Conflict
-from reef_lab.learner_loop import LearnerLoop
 from reef_lab.gepa_search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
+from reef_lab.learner_loop import LearnerLoop
 from reef_lab.tasks import Task
 
 log = logging.getLogger("reef_lab.harness_learner")

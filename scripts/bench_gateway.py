@@ -221,26 +221,27 @@ def paced_wrk(port: int, clients: int, rate: float, seconds: int) -> dict:
     as the server they measure; wrk spends a tenth of that, so its numbers show the server with less of the
     client in them. Both are reported.
     """
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(WRK_PACED % (clients / rate * 1000))
-    try:
-        out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{seconds}s", "-s", f.name,
-                              f"http://127.0.0.1:{port}/v1/chat/completions"],
-                             capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
+    out = run_wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_PACED % (clients / rate * 1000), seconds,
+                  clients)
     n, dur, p50, p90, p99, errors = map(int, re.search(r"PACED (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)",
                                                         out).groups())
     return {"n": n, "rps": round(n / dur * 1e6, 1), "p50": p50 / 1e3, "p90": p90 / 1e3, "p99": p99 / 1e3,
             "errors": errors}
 
 
-def wrk(url: str, script: str, seconds: int, conns: int = 16) -> dict:
+def run_wrk(url: str, script: str, seconds: int, conns: int = 16) -> str:
+    """wrk's output for `script` (Lua) against `url`."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
-    out = subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
-                         capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
+    try:
+        return subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+                              capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def wrk(url: str, script: str, seconds: int, conns: int = 16) -> dict:
+    out = run_wrk(url, script, seconds, conns)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     total = int(re.search(r"(\d+) requests in", out).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -390,13 +391,13 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
-    ticks0, started = cpu_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (steal0, total0), started = cpu_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
+    steal1, total1 = cpu_ticks()
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "started": started, "cpu_steal_share": round((cpu_ticks()[0] - ticks0[0]) /
-                                                     max(1, cpu_ticks()[1] - ticks0[1]), 4),
+        "started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
         "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
         "instant_stub": zero, "provider_stub": slow,
         "command": "python scripts/bench_gateway.py " + " ".join(sys.argv[1:]),
@@ -451,11 +452,12 @@ def _section(x: dict, title: str) -> str:
     rows = "".join(f"\n| {name} | {lat[name]['p50']:.3f} | {lat[name]['p90']:.3f} | {lat[name]['p99']:.3f} | "
                      f"{x['added_latency_ms_by_server'][name]['p50']:.3f} |" for name in others)
     lw = x["latency_wrk_client_ms"]
-    wrk_rows = "".join(
-        f"\n| {'direct to stub' if name == 'direct' else name} | {v['p50']:.3f} "
-        f"({', '.join(f'{p:.3f}' for p in v['round_p50'])}) | {v['p90']:.3f} | "
-        + ("" if name == "direct" else f"**{x['added_latency_wrk_client_ms'][name]['p50']:.3f}**" if name == "reef_lab"
-           else f"{x['added_latency_wrk_client_ms'][name]['p50']:.3f}") + " |" for name, v in lw.items())
+    wrk_rows = ""
+    for name, v in lw.items():
+        added = "" if name == "direct" else f"{x['added_latency_wrk_client_ms'][name]['p50']:.3f}"
+        rounds = ", ".join(f"{p:.3f}" for p in v["round_p50"])
+        wrk_rows += (f"\n| {'direct to stub' if name == 'direct' else name} | {v['p50']:.3f} ({rounds}) | "
+                     f"{v['p90']:.3f} | {f'**{added}**' if name == 'reef_lab' else added} |")
     notes = "\n" + "".join(f"\n- *{name}*: {_NOTES.get(name, '')}" for name in others)
     thr_rows = "".join(f"\n| {name} | {t[name]['rps']:.0f} ({', '.join(f'{v:.0f}' for v in t[name]['runs_rps'])}) | "
                        f"{t[name]['non_2xx']} |" for name in t if name not in ("direct", "reef_lab", "ratio"))
