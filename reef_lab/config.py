@@ -63,6 +63,10 @@ class ServeConfig:
         "help": "with --upstream-url, the CPU time slice in microseconds each worker thread asks the Linux scheduler "
                 "for (EEVDF custom slices, kernel 6.12+; older kernels ignore it): a short one lets a thread woken by "
                 "its record's flush or its provider's answer run sooner. 0: the kernel's default"})
+    sched_slice_busy: float = field(default=0.85, metadata={
+        "help": "the share of the machine's CPU time in use (over 0.25 s) above which worker threads give the short "
+                "slice back and take the kernel's default, until it falls below this less 0.15: at saturation a "
+                "short slice only adds preemptions. 1: keep the short slice always"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -88,6 +92,8 @@ class ServeConfig:
         if self.sched_slice_us and not 100 <= self.sched_slice_us <= 100_000:
             raise ValueError(f"sched_slice_us must be 0 (the kernel's default) or 100..100000 (the range Linux "
                              f"takes), got {self.sched_slice_us}")
+        if not 0.5 <= self.sched_slice_busy <= 1:
+            raise ValueError(f"sched_slice_busy must be a share of CPU time in 0.5..1, got {self.sched_slice_busy}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 

@@ -439,8 +439,8 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
 
 _NOTES = {
     "reef_lab, kernel's default time slice": "the same reef_lab with `--sched-slice-us 0`: its threads keep the "
-                                             "scheduler's default slice instead of asking for 100 us "
-                                             "(server/workers.py ask_short_slice)",
+                                             "scheduler's default slice instead of asking for 100 us while the "
+                                             "machine is less than 85% busy (server/workers.py SliceGovernor)",
     "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
                                     "durable; shown only to split the added latency into disk and the rest",
 }

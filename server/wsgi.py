@@ -55,7 +55,8 @@ def build():
     tokens = tokens_from_env()
     primary = False
     if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
-        workers.ask_short_slice(cfg.sched_slice_us)  # before any thread this worker starts: they inherit it
+        # before any thread this worker starts: they inherit it
+        _held.append(workers.SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy))
     if cfg.worker_count() > 1:
         slot = workers.pin_worker(cfg.data_dir, cfg.worker_count()) \
             if cfg.pin_workers and sys.platform.startswith("linux") else None

@@ -208,3 +208,52 @@ def test_workers_threads_ask_for_a_short_time_slice(two_workers):
     if (major, minor) < (6, 12) and set(slices.values()) != {100}:
         pytest.skip(f"kernel {os.uname().release} has no custom slices")
     assert len(slices) > 4 and set(slices.values()) == {100}, slices
+
+
+GOVERNOR = """
+import os, sys, time, threading
+from server.workers import SliceGovernor, thread_slice_us
+gov = SliceGovernor(100, busy=0.6, period=0.05)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread besides the main one
+def slices():
+    return {thread_slice_us(int(t)) for t in os.listdir("/proc/self/task")} - {None}
+print("start", sorted(slices()), flush=True)
+for line in sys.stdin:  # the test says when the CPUs are busy or idle again
+    deadline = time.monotonic() + 10
+    want_default = line.strip() == "busy"
+    while time.monotonic() < deadline and (100 in slices()) == want_default:
+        time.sleep(0.02)
+    print(line.strip(), sorted(slices()), flush=True)
+"""
+
+
+def test_threads_give_the_short_slice_back_while_the_machine_is_saturated():
+    """With every CPU busy the governor puts all threads back on the kernel's default slice, and on the short
+    one again once the CPUs idle (server/workers.py SliceGovernor)."""
+    from server.workers import thread_slice_us
+    if thread_slice_us() is None:
+        pytest.skip("sched_getattr is not available here")
+    root = Path(__file__).resolve().parents[1]
+    gov = subprocess.Popen([sys.executable, "-c", GOVERNOR], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    burners = []
+    try:
+        first = json.loads(gov.stdout.readline().split(" ", 1)[1])
+        if first != [100]:
+            pytest.skip(f"kernel {os.uname().release} has no custom slices: {first}")
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+        gov.stdin.write("busy\n")
+        gov.stdin.flush()
+        word, seen = gov.stdout.readline().split(" ", 1)
+        assert word == "busy" and 100 not in json.loads(seen), seen
+        for b in burners:
+            b.kill()
+            b.wait()
+        gov.stdin.write("idle\n")
+        gov.stdin.flush()
+        assert gov.stdout.readline().strip() == "idle [100]"
+    finally:
+        for b in burners:
+            b.kill()
+        gov.kill()
+        gov.wait()
