@@ -273,6 +273,25 @@ def status(port: int) -> dict:
     return json.loads(c.getresponse().read())
 
 
+def latency_by_rate(paths: dict[str, int], args) -> dict:
+    """Paced p50 (wrk as the client) of every path at each rate of `--sweep`, paths alternating within a round,
+    `--rounds` rounds of `--sweep-seconds`; returns {rate: {path: median p50 ms, "added": {path: ms}}}.
+
+    Why: on this VM the added latency depends on how busy the machine is (a quiet disk and quiet CPUs answer
+    slower), so one rate alone can flatter or wrong the server.
+    """
+    out = {}
+    for rate in args.sweep:
+        p50s = {name: [] for name in paths}
+        for r in range(args.rounds):
+            for name, port in paths.items():
+                print(f"[bench] sweep: {rate:g} requests/s, round {r + 1}/{args.rounds}, {name}", flush=True)
+                p50s[name].append(paced_wrk(port, 16, rate, args.sweep_seconds)["p50"])
+        med = {name: round(statistics.median(xs), 3) for name, xs in p50s.items()}
+        out[f"{rate:g}"] = med | {"added": {n: round(v - med["direct"], 3) for n, v in med.items() if n != "direct"}}
+    return out
+
+
 # Variants of reef_lab measured beside the default in the instant-stub part (same run, rounds alternating).
 VARIANTS = {
     "reef_lab, kernel's default time slice": {"args": ["--sched-slice-us", "0"], "throughput": True},
@@ -331,6 +350,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
                               "errors": sum(x["errors"] for x in xs)} for name, xs in wrk_rounds.items()}
         added_wrk = {name: {k: round(latency_wrk[name][k] - latency_wrk["direct"][k], 3) for k in ("p50", "p90")}
                      for name in paths if name != "direct"}
+        sweep = latency_by_rate(paths, args) if args.sweep and delay_ms == 0 else None
         print(f"[bench] {tag}: fdatasync probe", flush=True)
         fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
@@ -350,6 +370,8 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
                   "added_latency_wrk_client_ms": added_wrk, "fdatasync_ms": fsync_ms,
                   "one_client_p50_ms": one | {"added": round(one["reef_lab"] - one["direct"], 3)},
                   "throughput": {**thr, "ratio": round(thr["reef_lab"]["rps"] / thr["direct"]["rps"], 4)}}
+        if sweep:
+            result["latency_by_rate"] = sweep
         if with_reports:
             print("[bench] reports: making 2000 receipts", flush=True)
             ids = make_receipts(reef_port, 2000)
@@ -387,6 +409,10 @@ def main() -> None:
                     help="delay of the second, provider-like stub (the first answers at once)")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the servers measured beside reef_lab (default time slice; data dir in memory)")
+    ap.add_argument("--sweep", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                    help="also measure the instant stub's paced latency at each of these total rates (e.g. "
+                         "100,200,400,800), wrk as the client; about 45 s per rate with the defaults")
+    ap.add_argument("--sweep-seconds", type=int, default=5, help="length of each round of --sweep")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -497,9 +523,25 @@ Throughput, 16 connections saturating (wrk; mean of alternating rounds, each rou
 {t['reef_lab']['non_2xx']} |{thr_rows}
 | **ratio** (reef_lab / direct) | **{t['ratio']:.3f}** | |
 
-Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
+{_sweep(x.get('latency_by_rate'))}Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
 {(' (' + '; '.join(x['failures']['first_errors']) + ')') if x['failures']['first_errors'] else ''}; \
 errors in its log: {len(x['failures']['server_log_errors'])}.
+"""
+
+
+def _sweep(sw: dict | None) -> str:
+    if not sw:
+        return ""
+    names = [n for n in next(iter(sw.values())) if n != "added"]
+    head = " | ".join(["requests/s", *[f"{n} p50" for n in names], *[f"added, {n}" for n in names if n != "direct"]])
+    rows = "".join("\n| " + " | ".join([rate, *[f"{v[n]:.3f}" for n in names],
+                                         *[f"{v['added'][n]:.3f}" for n in names if n != "direct"]]) + " |"
+                   for rate, v in sw.items())
+    return f"""Paced latency by total rate (wrk as the client; median of the rounds' p50, ms; `--sweep`):
+
+| {head} |
+|{'---|' * (len(names) * 2)}{rows}
+
 """
 
 
