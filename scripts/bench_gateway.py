@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reef_lab.testing import free_port  # noqa: E402
+from server.workers import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
 
@@ -155,17 +156,14 @@ def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
         path.unlink()
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) CPU ticks of the machine so far, from /proc/stat ((0, 0) where there is none).
+def steal_ticks() -> tuple[int, int]:
+    """(steal, total) CPU ticks of the machine so far ((0, 0) where /proc/stat is missing).
 
     Why: on a VM the host can take CPU time away (steal); the bench prints the share taken during its run, since
     the same code measures very differently on a busy host.
     """
-    try:
-        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except OSError:
-        return 0, 0
-    return (f[7] if len(f) > 7 else 0), sum(f[:8])
+    f = cpu_ticks()
+    return (f[7] if len(f) > 7 else 0), sum(f)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -417,10 +415,10 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
-    (steal0, total0), started = cpu_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (steal0, total0), started = steal_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
-    steal1, total1 = cpu_ticks()
+    steal1, total1 = steal_ticks()
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),

@@ -117,15 +117,21 @@ def ask_short_slice(us: int) -> int:
     return sum(syscall(calls[0], int(tid), attr, 0) == 0 for tid in os.listdir("/proc/self/task"))
 
 
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time counters so far (/proc/stat's first line: user, nice, system, idle, iowait, irq,
+    softirq, steal), or [] where there is none."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
 def machine_busy(prev: list[int] | None = None) -> tuple[float | None, list[int]]:
     """The share of all CPUs' time spent busy (steal included: time the host did not give us) since `prev`, and
     the counters to pass next time; None on the first call or where /proc/stat is missing."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]
-    except OSError:
-        return None, []
-    if not prev:
+    ticks = cpu_ticks()
+    if not prev or not ticks:
         return None, ticks
     d = [a - b for a, b in zip(ticks, prev)]
     total = sum(d)
@@ -150,7 +156,7 @@ class SliceGovernor:
             threading.Thread(target=self._run, name="reef-slice-governor", daemon=True).start()
 
     def _run(self) -> None:
-        share, prev = machine_busy()
+        _, prev = machine_busy()
         while True:
             time.sleep(self.period)
             share, prev = machine_busy(prev)

@@ -23,6 +23,7 @@ from server.app import create_app
 from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
+_governor = None  # this worker's workers.SliceGovernor, when it asks for a short time slice
 
 
 def _die_with_parent() -> None:
@@ -53,10 +54,11 @@ def build():
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
     tokens = tokens_from_env()
+    global _governor
     primary = False
     if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
         # before any thread this worker starts: they inherit it
-        _held.append(workers.SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy))
+        _governor = workers.SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy)
     if cfg.worker_count() > 1:
         slot = workers.pin_worker(cfg.data_dir, cfg.worker_count()) \
             if cfg.pin_workers and sys.platform.startswith("linux") else None
