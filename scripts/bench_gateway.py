@@ -8,9 +8,10 @@ one with the kernel's default time slice, and one with its data dir in memory to
 disk's flush and the rest), then measures with 16 concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
-   direct and through reef_lab; p50/p90/p99 of both and the difference (the latency reef_lab adds, fsync of
-   the record included); then the same with wrk as the client (16 connections, exponential think time), whose
-   own CPU use (a tenth of the Python clients') takes less from the two CPUs the server runs on;
+   direct and through reef_lab (each round starting one path later); p50/p90/p99 of both and the difference
+   (the latency reef_lab adds, fsync of the record included); then the same with wrk as the client (16
+   connections, exponential think time), whose own CPU use (a tenth of the Python clients') takes less from the
+   two CPUs the server runs on;
 2. throughput: `wrk -c16` saturating the stub directly, then through reef_lab (chat completions);
 3. reports: `wrk -c16` posting reports that each reference two real receipts; afterwards the store must hold
    exactly as many reports as wrk counted 2xx answers.
@@ -271,6 +272,17 @@ def status(port: int) -> dict:
     return json.loads(c.getresponse().read())
 
 
+def rotated(paths: dict, r: int) -> list[tuple]:
+    """The (name, port) pairs of `paths` in round `r`'s order: each round starts one path later.
+
+    Why: on this VM a phase right after a saturating or quiet one measures differently; with a fixed order one
+    path would always run in the same spot and carry that bias into the comparison.
+    """
+    items = list(paths.items())
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
 def latency_by_rate(paths: dict[str, int], args) -> dict:
     """Paced p50 (wrk as the client) of every path at each rate of `--sweep`, paths alternating within a round,
     `--rounds` rounds of `--sweep-seconds`; returns {rate: {path: median p50 ms, "added": {path: ms}}}.
@@ -282,7 +294,7 @@ def latency_by_rate(paths: dict[str, int], args) -> dict:
     for rate in args.sweep:
         p50s = {name: [] for name in paths}
         for r in range(args.rounds):
-            for name, port in paths.items():
+            for name, port in rotated(paths, r):
                 print(f"[bench] sweep: {rate:g} requests/s, round {r + 1}/{args.rounds}, {name}", flush=True)
                 p50s[name].append(paced_wrk(port, 16, rate, args.sweep_seconds)["p50"])
         med = {name: round(statistics.median(xs), 3) for name, xs in p50s.items()}
@@ -328,12 +340,12 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
         errors = {name: 0 for name in paths}
         wrk_rounds = {name: [] for name in paths}
         for r in range(args.rounds):
-            for name, port in paths.items():
+            for name, port in rotated(paths, r):
                 print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}", flush=True)
                 xs, err = paced(port, 16, args.rate, args.seconds)
                 lat[name] += xs
                 errors[name] += err
-            for name, port in paths.items():
+            for name, port in rotated(paths, r):
                 print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}, wrk as the client", flush=True)
                 wrk_rounds[name].append(paced_wrk(port, 16, args.rate, args.seconds))
         latency = {name: {f"p{p}": round(pct(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
@@ -359,7 +371,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
                         if v.get("throughput") and name in servers}}
         runs = {name: [] for name in thr_paths}
         for r in range(args.rounds):
-            for name, port in thr_paths.items():
+            for name, port in rotated(thr_paths, r):
                 print(f"[bench] {tag}: throughput round {r + 1}/{args.rounds}, {name}", flush=True)
                 runs[name].append(wrk(f"http://127.0.0.1:{port}/v1/chat/completions", WRK_CHAT, args.seconds))
         thr = {name: _mean_runs(x) for name, x in runs.items()}
@@ -554,8 +566,8 @@ loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data d
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
 server/workers.py), every record fsynced before its receipt. 16 concurrent
 clients; latency phases pace them at {r['paced_rate_per_s']:.0f} requests/s in total, {r['seconds_per_phase']} s per
-round, direct and proxied rounds alternating (this machine is noisy: compare the rows of one run, not numbers
-across runs).
+round, direct and proxied rounds alternating, each round starting one path later (this machine is noisy: compare
+the rows of one run, not numbers across runs).
 
 ![latency and throughput](gateway-bench.png)
 
