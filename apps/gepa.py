@@ -18,7 +18,6 @@ app = marimo.App(width="full", app_title="reef_lab GEPA")
 with app.setup:
     import difflib
     import json
-    import os
     from pathlib import Path
 
     import marimo as mo
@@ -28,7 +27,7 @@ with app.setup:
     import matplotlib.pyplot as plt
     import polars as pl
 
-    from reef_lab.experiment import launch_detached
+    from reef_lab.experiment import launch_detached, run_choices
     from reef_lab.gepa_search import read_events
 
     ROOT = Path(__file__).resolve().parents[1]
@@ -173,11 +172,8 @@ def _(budget_ui, example_ui, launch_ui, out_ui, seed_ui):
 
 @app.cell
 def _(launched):
-    _env = os.environ.get("REEF_LAB_RUN")
-    _options = ([_env] if _env else []) + ([launched] if launched else []) + find_searches(ROOT / "runs") \
-        + find_searches(ROOT / ".reef_lab" / "learn")
-    run_ui = mo.ui.dropdown(list(dict.fromkeys(_options)), value=_options[0] if _options else None,
-                            label="search folder")
+    _options = run_choices(find_searches(ROOT / "runs") + find_searches(ROOT / ".reef_lab" / "learn"), launched)
+    run_ui = mo.ui.dropdown(_options, value=_options[0] if _options else None, label="search folder")
     refresh_ui = mo.ui.refresh(default_interval="10s", label="refresh")
     mo.vstack([mo.md("## Open a search"), mo.hstack([run_ui, refresh_ui])])
     return refresh_ui, run_ui

@@ -17,7 +17,6 @@ __generated_with = "0.25.2"
 app = marimo.App(width="full", app_title="reef_lab SAO / GRPO")
 
 with app.setup:
-    import os
     from pathlib import Path
 
     import marimo as mo
@@ -28,7 +27,7 @@ with app.setup:
     import orjson
     import polars as pl
 
-    from reef_lab.experiment import launch_detached
+    from reef_lab.experiment import launch_detached, run_choices
     from reef_lab.learner import read_metrics
 
     ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +45,12 @@ def find_runs(root: Path) -> list[str]:
 
 
 @app.function
-def load_run(run_dir: str | Path) -> dict:
-    """A run's config, summary, per-step metrics, candidates and releases as polars frames."""
+def load_run(run_dir: str | Path) -> dict | None:
+    """A run's config, summary, per-step metrics, candidates and releases as polars frames; None while the folder
+    holds no run (a launch that has not written its config yet, or a wrong path)."""
     run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        return None
     config = orjson.loads((run_dir / "config.json").read_bytes())
     summary_file = run_dir / "summary.json"
     summary = orjson.loads(summary_file.read_bytes()) if summary_file.exists() else None
@@ -130,9 +132,7 @@ def _(launch_ui, lr_ui, out_ui, recipe_ui, rollouts_ui, seed_ui):
 
 @app.cell
 def _(launched):
-    _env = os.environ.get("REEF_LAB_RUN")
-    _runs = find_runs(ROOT / "runs")
-    _options = ([_env] if _env else []) + ([launched] if launched else []) + _runs
+    _options = run_choices(find_runs(ROOT / "runs"), launched)
     run_ui = mo.ui.dropdown(_options, value=_options[0] if _options else None, label="run folder")
     refresh_ui = mo.ui.refresh(default_interval="10s", label="refresh")
     mo.vstack([mo.md("## Open a run"), mo.hstack([run_ui, refresh_ui])])

@@ -16,6 +16,7 @@ are skipped, and the learner replays reports it had not consumed.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -163,6 +164,13 @@ def launch_detached(config: str | Path, seed: int, out_dir: str | Path, override
         cmd += ["--set", f"{key}={value}"]
     with open(out_dir / "run.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+
+
+def run_choices(found: list[str], launched: str | None = None) -> list[str]:
+    """The folders an app offers, each once: $REEF_LAB_RUN first (how `marimo run apps/<app>.py` is pointed at
+    one), then the run this session launched, then those `found` on disk."""
+    env = os.environ.get("REEF_LAB_RUN")
+    return list(dict.fromkeys(([env] if env else []) + ([launched] if launched else []) + found))
 
 
 def _reported_indices(gw: Gateway, name: str) -> set[int]:

@@ -175,3 +175,15 @@ def test_launch_detached_runs_the_experiment_script_with_its_log(tmp_path):
     log = (out / "run.log").read_text()
     assert "missing.yaml" in log, log[-2000:]
     assert proc.args[-6:] == ["--seed", "3", "--out", str(out), "--set", "search.max_metric_calls=20"]
+
+
+@pytest.mark.parametrize("name, loaded", [("sao", "run"), ("gepa", "search")])
+def test_experiment_apps_wait_for_a_folder_with_no_run_yet(tmp_path, monkeypatch, name, loaded):
+    """A just-launched run has no files yet (or the path is wrong): the app says so instead of failing."""
+    monkeypatch.setenv("REEF_LAB_RUN", str(tmp_path / "not-yet"))
+    spec = importlib.util.spec_from_file_location(f"{name}_app", APP_PATH.parent / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, env = mod.app.run()
+    assert env["run_ui"].value == str(tmp_path / "not-yet")
+    assert env[loaded] is None or not env[loaded]["cands"]

@@ -28,7 +28,7 @@ def config(tmp_path, **kw) -> ExperimentConfig:
     return ExperimentConfig(**base)
 
 
-def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path):
+def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     cfg = config(tmp_path)
     summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
     assert summary["releases"] == 1 and summary["serving"] == "exp:v1"
@@ -52,6 +52,10 @@ def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path):
     fig = mod.plot_run(loaded)
     assert len(fig.axes) == 5
     assert str(run) in mod.find_runs(tmp_path)
+    # the whole app, headless, pointed at the run the way `REEF_LAB_RUN=<dir> marimo run apps/sao.py` does
+    monkeypatch.setenv("REEF_LAB_RUN", str(run))
+    _, env = mod.app.run()
+    assert env["run_ui"].value == str(run) and env["run"]["config"]["name"] == cfg.name
 
 
 def test_grpo_experiment_groups_rollouts(tiny_model_dir, tmp_path):

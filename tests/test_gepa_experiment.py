@@ -25,7 +25,7 @@ def config(tmp_path, stub_url, **kw):
                                    "search": {"max_metric_calls": 40, "minibatch_size": 3}, **kw})
 
 
-def test_gepa_experiment_evolves_publishes_and_tests(tmp_path, stub_url):
+def test_gepa_experiment_evolves_publishes_and_tests(tmp_path, stub_url, monkeypatch):
     cfg = config(tmp_path, stub_url)
     s = run_gepa_experiment(cfg, progress=False)
     assert s["seed_val"] == 0.0 and s["best_val"] == 1.0 and s["seed_test"] == 0.0 and s["best_test"] == 1.0
@@ -48,6 +48,9 @@ def test_gepa_experiment_evolves_publishes_and_tests(tmp_path, stub_url):
     assert "c0 --> c1" in mod.tree_mermaid(search)
     assert search["fronts"][-1]["front"] == {"1": 4}
     assert len(mod.plot_search(search).axes) == 2
+    monkeypatch.setenv("REEF_LAB_RUN", str(cfg.out_dir))  # the whole app, headless, pointed at the search
+    _, env = mod.app.run()
+    assert env["run_ui"].value == str(cfg.out_dir) and env["search"]["candidates"].height == 2
     assert cfg.out_dir in mod.find_searches(tmp_path)
 
 
