@@ -145,7 +145,7 @@ class SliceGovernor:
     Why: the short slice buys latency by letting a woken thread preempt sooner; that only pays while a CPU is
     free to run it. Saturated, every thread is runnable and the short slice only multiplies preemptions: the
     kernel's default measured 1-10% more requests/s there, switching 9% more than the short slice always
-    (2,692 against 2,468; wrk, 10 alternating rounds; see README, Speed).
+    (2,692 against 2,468; wrk, 10 alternating rounds; results/gateway-notes.md).
     """
 
     def __init__(self, short_us: int, busy: float = 0.85, period: float = 0.25):
