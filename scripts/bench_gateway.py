@@ -533,6 +533,9 @@ Throughput, 16 connections saturating (wrk; mean of alternating rounds, each rou
 {t['reef_lab']['non_2xx']} |{thr_rows}
 | **ratio** (reef_lab / direct) | **{t['ratio']:.3f}** | |
 
+Ratio within each round (reef_lab's run against the stub's run of the same round): \
+{', '.join(f"{a / b:.3f}" for a, b in zip(t['reef_lab']['runs_rps'], t['direct']['runs_rps']))}.
+
 {_sweep(x.get('latency_by_rate'))}Failed inferences recorded by reef_lab in this part: {x['failures']['error_records']}\
 {(' (' + '; '.join(x['failures']['first_errors']) + ')') if x['failures']['first_errors'] else ''}; \
 errors in its log: {len(x['failures']['server_log_errors'])}.
