@@ -2,6 +2,7 @@
 
 import json
 
+import polars as pl
 import pytest
 import requests
 
@@ -68,3 +69,37 @@ def test_failure_without_stream_is_500_with_the_record_named(serve):
     assert r.status_code == 500 and "generation failed" in r.json()["error"]["message"]
     rec = s.gateway.list_records("f", "inference")["records"][0]
     assert rec["status"] == "error" and rec["agent_record_id"] in r.json()["error"]["message"]
+
+
+def test_full_disk_is_503_without_a_receipt_and_serving_goes_on(proxy, monkeypatch):
+    """A record that cannot be written gets no receipt (503 naming the cause); once the disk takes writes again,
+    so does the server, and the store holds exactly the acknowledged records."""
+    import errno
+    import os
+
+    store, real_pwrite = proxy.gateway.store, os.pwrite
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    ok = requests.post(proxy.url + "/v1/chat/completions", headers={"x-reef-scenario": "disk"}, json=chat)
+    assert ok.status_code == 200
+
+    def full(fd, data, offset):
+        if fd == store._fd:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+    monkeypatch.setattr(os, "pwrite", full)
+    r = requests.post(proxy.url + "/v1/chat/completions", headers={"x-reef-scenario": "disk"}, json=chat)
+    assert r.status_code == 503 and "x-reef-agent-record-id" not in r.headers
+    assert "No space left on device" in r.json()["error"]["message"]
+    rep = requests.post(proxy.url + "/reef/report", headers={"x-reef-scenario": "disk"},
+                        json={"score": 1, "references": [ok.headers["x-reef-agent-record-id"]]})
+    assert rep.status_code == 503 and "No space left on device" in rep.json()["error"]["message"]
+
+    monkeypatch.setattr(os, "pwrite", real_pwrite)  # space again
+    again = requests.post(proxy.url + "/v1/chat/completions", headers={"x-reef-scenario": "disk"}, json=chat)
+    assert again.status_code == 200
+    ids = {x["id"] for x in proxy.gateway.list_records("disk", "inference")["records"]}
+    assert ids == {ok.headers["x-reef-agent-record-id"], again.headers["x-reef-agent-record-id"]}
+    assert proxy.gateway.store.info()["broken"] is None
+    from reef_lab.store import scan_records  # the log on disk as a reader after a restart sees it
+    on_disk = scan_records(store.folder.parent).filter(pl.col("scenario") == "disk").collect()
+    assert set(on_disk["id"]) == ids
