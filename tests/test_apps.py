@@ -16,11 +16,16 @@ APP_PATH = Path(__file__).resolve().parents[1] / "apps" / "records.py"
 T0 = time.time() - 3600  # records an hour old; scenarios registered before them
 
 
-def load_app():
-    spec = importlib.util.spec_from_file_location("reef_records_app", APP_PATH)
+def load_module(name: str = "records"):
+    """apps/<name>.py as a module (its marimo `app` and its functions)."""
+    spec = importlib.util.spec_from_file_location(f"reef_{name}_app", APP_PATH.parent / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.app
+    return mod
+
+
+def load_app():
+    return load_module("records").app
 
 
 def chat(user: str, answer: str | None):
@@ -177,13 +182,11 @@ def test_launch_detached_runs_the_experiment_script_with_its_log(tmp_path):
     assert proc.args[-6:] == ["--seed", "3", "--out", str(out), "--set", "search.max_metric_calls=20"]
 
 
-@pytest.mark.parametrize("name, loaded", [("sao", "run"), ("gepa", "search")])
-def test_experiment_apps_wait_for_a_folder_with_no_run_yet(tmp_path, monkeypatch, name, loaded):
-    """A just-launched run has no files yet (or the path is wrong): the app says so instead of failing."""
-    monkeypatch.setenv("REEF_LAB_RUN", str(tmp_path / "not-yet"))
-    spec = importlib.util.spec_from_file_location(f"{name}_app", APP_PATH.parent / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    _, env = mod.app.run()
-    assert env["run_ui"].value == str(tmp_path / "not-yet")
-    assert env[loaded] is None or not env[loaded]["cands"]
+def test_experiment_apps_wait_for_a_folder_with_no_run_yet(tmp_path, monkeypatch):
+    """A just-launched run has no files yet (or the path is wrong): each app says so instead of failing."""
+    folder = str(tmp_path / "not-yet")
+    monkeypatch.setenv("REEF_LAB_RUN", folder)
+    _, env = load_module("sao").app.run()
+    assert env["run_ui"].value == folder and env["run"] is None
+    _, env = load_module("gepa").app.run()
+    assert env["run_ui"].value == folder and env["search"]["cands"] == {}
