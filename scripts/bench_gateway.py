@@ -167,6 +167,21 @@ def steal_ticks() -> tuple[int, int]:
     return (f[7] if len(f) > 7 else 0), sum(f)
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where it is missing).
+
+    Why: the same VM image lands on different hosts; their disks and CPUs measured this gateway's added latency
+    at 0.46 ms on one and 0.7-1.8 ms on another, so each run names what it ran on.
+    """
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
@@ -432,7 +447,8 @@ def main() -> None:
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
     steal1, total1 = steal_ticks()
     result = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+                    "platform": platform.platform()},
         "started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
         "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
         "instant_stub": zero, "provider_stub": slow,
@@ -560,9 +576,10 @@ def _sweep(sw: dict | None) -> str:
 
 def render(r: dict) -> str:
     rep = r["instant_stub"]["reports"]
+    cpu = f", {r['machine']['cpu']}" if r['machine'].get('cpu') else ""
     return f"""# Gateway overhead: reef_lab relaying to a stub provider vs the stub directly
 
-Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs, Python \
+Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs{cpu}, Python \
 {r['machine']['python']}; the host took {100 * r.get('cpu_steal_share', 0):.1f}% of the CPU time as steal); load \
 generator, stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
