@@ -171,7 +171,7 @@ def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo ("" where it is missing).
 
     Why: the same VM image lands on different hosts; their disks and CPUs measured this gateway's added latency
-    at 0.46 ms on one and 0.7-1.8 ms on another, so each run names what it ran on.
+    at 0.46 ms on one and 0.7-1.8 ms on another, so each run names its CPU (the fsync probe covers the disk).
     """
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
