@@ -67,6 +67,16 @@ class ServeConfig:
         "help": "the share of the machine's CPU time in use (over 0.25 s) above which worker threads give the short "
                 "slice back and take the kernel's default, until it falls below this less 0.15: at saturation a "
                 "short slice only adds preemptions. 1: keep the short slice always"})
+    allowed_recipes: str | None = field(default=None, metadata={
+        "help": "comma-separated recipes that clients may name in POST /reef/scenarios besides the folders of "
+                "recipes/ and --recipe (names or module:Class paths; a client can never name code itself)"})
+    max_body_mb: float = field(default=10.0, metadata={
+        "help": "largest JSON body of an inference or any other request, in MB (413 beyond)"})
+    max_report_kb: float = field(default=1024.0, metadata={"help": "largest report body, in KB (413 beyond)"})
+    max_import_mb: float = field(default=32.0, metadata={
+        "help": "largest POST /reef/records/batch body, in MB (413 beyond)"})
+    max_json_depth: int = field(default=64, metadata={
+        "help": "deepest nesting of objects and arrays a JSON body may have (400 beyond)"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -94,6 +104,11 @@ class ServeConfig:
                              f"takes), got {self.sched_slice_us}")
         if not 0.5 <= self.sched_slice_busy <= 1:
             raise ValueError(f"sched_slice_busy must be a share of CPU time in 0.5..1, got {self.sched_slice_busy}")
+        if min(self.max_body_mb, self.max_report_kb, self.max_import_mb) <= 0:
+            raise ValueError("max_body_mb, max_report_kb and max_import_mb must be positive")
+        if not 2 <= self.max_json_depth <= 200:
+            raise ValueError(f"max_json_depth must be in 2..200 (records nest the body a few levels deeper, and "
+                             f"the JSON writer stops at 254), got {self.max_json_depth}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 
@@ -110,6 +125,9 @@ class ServeConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{self.recipe_config} must hold a mapping of the recipe's config fields")
         return data
+
+    def allowed_recipe_list(self) -> list[str]:
+        return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -147,6 +165,8 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
     try:
         cfg = ServeConfig(**values)
         recipe = load_recipe(cfg.recipe, cfg.recipe_settings())
+        for extra in cfg.allowed_recipe_list():
+            load_recipe(extra)
     except (ValueError, TypeError) as e:
         p.error(str(e))
     except ReefError as e:

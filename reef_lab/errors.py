@@ -39,3 +39,19 @@ class UpstreamError(ReefError):
 
 class StoreUnavailable(ReefError):
     status, type = 503, "store_unavailable"
+
+
+class Forbidden(ReefError):
+    status, type = 403, "permission_error"
+
+
+class RequestTimeout(ReefError):
+    status, type = 408, "request_timeout"
+
+
+class PayloadTooLarge(ReefError):
+    status, type = 413, "request_too_large"
+
+
+class UnsupportedMediaType(ReefError):
+    status, type = 415, "invalid_request_error"

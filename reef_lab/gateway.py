@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 import re
 import threading
 import time
@@ -27,7 +29,7 @@ from reef_lab.harness_learner import HarnessLearner
 from reef_lab.learner import Learner
 from reef_lab.lm import make_lm
 from reef_lab.tracking import Tracker, TrackingConfig
-from reef_lab.recipe import Recipe, load_recipe
+from reef_lab.recipe import Recipe, RecordOnly, check_offered, load_recipe, shipped_recipes
 from reef_lab.releases import BASE, ReleaseStore
 from reef_lab.records import KINDS, Record, content_hash, new_record_id
 from reef_lab.scenarios import ScenarioRegistry, check_name
@@ -62,8 +64,11 @@ class Gateway:
 
     def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
-                 tracking: TrackingConfig | None = None):
+                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None):
         self.data_dir = Path(data_dir)
+        # What a scenario may use: the shipped folders and what the operator named (never a client's own path).
+        self.offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
+        self._errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self._check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start, not on a request
@@ -83,13 +88,9 @@ class Gateway:
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
-            if self._evolves_harness(s.name):
-                self.harness_learner(s.name)
-            elif getattr(self.recipe(s.name), "trains", False) and self.store.ids(s.name, "report"):
-                try:
-                    self.learner(s.name)
-                except Conflict as e:
-                    log.warning("scenario %s does not learn under this deployment: %s", s.name, e.message)
+            if self._evolves_harness(s.name) or (getattr(self.recipe(s.name), "trains", False)
+                                                 and self.store.ids(s.name, "report")):
+                self._start_learner(s.name)
 
     def _check_engine_fits(self, recipe) -> None:
         if getattr(recipe, "trains", False) and not hasattr(self.engine, "load_release"):
@@ -128,7 +129,7 @@ class Gateway:
         if not self.scenarios.exists(name):
             return None
         if name not in self._harness and self._evolves_harness(name):
-            self.harness_learner(name)  # its seed harness serves from the first request on
+            self._start_learner(name)  # its seed harness serves from the first request on
         release, files = self._harness.get(name, (None, None))
         return {"release_id": release, "files": files}
 
@@ -143,8 +144,14 @@ class Gateway:
                            "evolves either its weights or its harness")
         meta = {"kind": "harness", "recipe": (lineage or {}).get("recipe", "manual"),
                 "parent": current["release_id"] if current else BASE, **(lineage or {})}
+        staged = self.releases.folder(name) / "candidates" / f".staged-{new_record_id()}"
+        try:  # written whole before it becomes a candidate: a failed write leaves no candidate behind
+            harness_mod.write_tree(staged, files)
+        except OSError as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise ReefError(f"the harness could not be written: {e}") from None
         cid, folder = self.releases.new_candidate(name, meta)
-        harness_mod.write_tree(folder, files)
+        os.replace(staged, folder)
         rel = self.releases.publish(name, cid)
         self.releases.update_release(name, rel["version"], kind="harness")
         self._set_harness(name, (rel["release_id"], files))
@@ -174,7 +181,7 @@ class Gateway:
             raise BadRequest("the request body must be a JSON object")
         self.scenarios.ensure(name)
         if name not in self._harness and self._evolves_harness(name):
-            self.harness_learner(name)  # serves the recipe's seed harness from the first request on
+            self._start_learner(name)  # serves the recipe's seed harness from the first request on
         harness = self._harness.get(name)
         sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
         release = harness[0] if harness else None
@@ -245,34 +252,39 @@ class Gateway:
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:
+        """Pass the body to the provider; every call, failed or not, streaming or not, becomes a record."""
         path, t0 = PATHS[dialect], time.perf_counter()
-        if not body.get("stream"):
-            try:
-                up = self.engine.forward(path, sent, headers)
-            except UpstreamError as e:
-                self.store.append([self._inference_record(name, dialect, body, tags, None, t0, status="error",
-                                                          error=e.message, release_id=release)])
-                raise
-            try:
-                resp = orjson.loads(up.body)
-            except orjson.JSONDecodeError:
-                resp = {"raw": up.body.decode(errors="replace")}
-            ok = up.status < 300
-            rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=release,
-                                         status="ok" if ok else "error",
-                                         error=None if ok else f"upstream answered HTTP {up.status}")
+
+        def record(response, error: str | None) -> Record:
+            rec = self._inference_record(name, dialect, body, tags, response, t0, release_id=release,
+                                         status="error" if error else "ok", error=error)
             self.store.append([rec])
-            return Reply(up.status, up.body, up.content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: release})
-        status, events = self.engine.open_stream(path, sent, headers)
-        if status >= 300:
-            data = b"".join(events)
-            rec = self._inference_record(name, dialect, body, tags, {"raw": data.decode(errors="replace")}, t0,
-                                         release_id=release, status="error",
-                                         error=f"upstream answered HTTP {status}")
-            self.store.append([rec])
-            return Reply(status, data, headers={RECEIPT_HEADER: rec.id})
-        return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0, release),
-                           headers={RELEASE_HEADER: release})
+            return rec
+        try:
+            if body.get("stream"):
+                up, events = self.engine.open_stream(path, sent, headers)
+            else:
+                up, events = self.engine.forward(path, sent, headers), None
+        except UpstreamError as e:
+            record(None, e.message)
+            raise
+        if events is not None:
+            return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0, release),
+                               headers={RELEASE_HEADER: release, **up.headers})
+        try:
+            resp = orjson.loads(up.body)
+        except orjson.JSONDecodeError:
+            resp = None
+        if up.status < 300 and not isinstance(resp, dict):
+            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
+            rec = record({"raw": up.body[:65536].decode(errors="replace")},
+                         f"the upstream provider answered HTTP {up.status} with {what}")
+            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
+                                f"{rec.id}")
+        rec = record(resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")},
+                     None if up.status < 300 else f"upstream answered HTTP {up.status}")
+        return Reply(up.status, up.body, up.content_type,
+                     {RECEIPT_HEADER: rec.id, RELEASE_HEADER: release, **up.headers})
 
     def _relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
         acc = dialects.StreamAccumulator(dialect)
@@ -310,6 +322,8 @@ class Gateway:
             yield dialects.sse({**final, "reef": reef}, final_event)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
         if getattr(self.engine, "relays", False):
             up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
             return Reply(up.status, up.body, up.content_type)
@@ -328,11 +342,35 @@ class Gateway:
 
     # ---- reports --------------------------------------------------------------------------------------------
     def recipe(self, name: str) -> Recipe:
+        """The scenario's recipe; one that cannot be built (a stored name this deployment does not offer, a config
+        it refuses) leaves the scenario serving and recording with the error in /reef/status."""
         r = self._recipes.get(name)
         if r is None:
             s = self.scenarios.get(name)
-            r = self._recipes[name] = load_recipe(s.recipe, s.config)
+            try:
+                r = load_recipe(check_offered(s.recipe, self.offered), s.config)
+            except ReefError as e:
+                self._errors[name] = f"recipe {s.recipe!r} cannot be built: {e.message}"
+                log.error("scenario %s serves and records without learning: %s", name, self._errors[name])
+                r = RecordOnly(self._errors[name])
+            self._recipes[name] = r
         return r
+
+    def _start_learner(self, name: str, record: dict | None = None) -> None:
+        """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
+        learner that cannot be built is the scenario's error (in /reef/status), never the client's."""
+        try:
+            if self._evolves_harness(name):
+                ln = self.harness_learner(name)
+                if record is not None:
+                    ln.on_report(record)
+            elif getattr(self.recipe(name), "trains", False) and hasattr(self.engine, "load_release"):
+                ln = self.learner(name)
+                if record is not None:
+                    (ln.on_demonstration if record["kind"] == "train" else ln.on_report)(record)
+        except Exception as e:  # noqa: BLE001 - kept as the scenario's error; serving and recording go on
+            self._errors[name] = f"the learner cannot run: {type(e).__name__}: {getattr(e, 'message', e)}"
+            log.exception("scenario %s: %s", name, self._errors[name])
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None) -> tuple[bool, str]:
         """Validate and store a report; returns (created, record id). A repeated id with the same content is
@@ -350,7 +388,7 @@ class Gateway:
         score = body.get("score")
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
                                   or not math.isfinite(score)):
-            raise BadRequest(f"'score' must be a finite number, got {score!r}")
+            raise BadRequest(f"'score' must be a finite number, got {shown(score)}")
         feedback = body.get("feedback")
         if feedback is not None and not isinstance(feedback, (str, dict)):
             raise BadRequest("'feedback' must be a string or an object")
@@ -368,11 +406,8 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and self._evolves_harness(name):
-            self.harness_learner(name).on_report(rec.to_dict())
-        elif created and refs and getattr(self.recipe(name), "trains", False) and hasattr(self.engine,
-                                                                                        "load_release"):
-            self.learner(name).on_report(rec.to_dict())
+        if created and refs:
+            self._start_learner(name, rec.to_dict())
         return created, rec.id
 
     # ---- learning and releases ------------------------------------------------------------------------------
@@ -441,6 +476,8 @@ class Gateway:
     def train(self, scenario: str | None) -> dict:
         name = check_name(scenario)
         self.scenarios.get(name)
+        if name in self._errors:
+            raise Conflict(f"scenario {name!r} cannot train: {self._errors[name]}")
         if self._evolves_harness(name):
             return self.harness_learner(name).request_training()
         return self.learner(name).request_training()
@@ -497,7 +534,7 @@ class Gateway:
         if rid is None:
             return new_record_id()
         if not isinstance(rid, str) or not _ID_RE.match(rid):
-            raise BadRequest(f"record id {rid!r} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
+            raise BadRequest(f"record id {shown(rid)} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
         return rid
 
     def _check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
@@ -542,10 +579,8 @@ class Gateway:
             self.scenarios.ensure(rec.scenario)
         created = self.store.append(records)
         for rec, c in zip(records, created, strict=True):
-            if (c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False)
-                    and hasattr(self.engine, "load_release")):
-                ln = self.learner(rec.scenario)
-                (ln.on_report if rec.kind == "report" else ln.on_demonstration)(rec.to_dict())
+            if c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False):
+                self._start_learner(rec.scenario, rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
@@ -561,9 +596,10 @@ class Gateway:
             raise BadRequest(f"unknown field(s) {sorted(unknown)}")
         name = check_name(item.get("scenario") or default_scenario)
         kind = item.get("kind", "inference")
-        if kind not in KINDS:
-            raise BadRequest(f"'kind' must be one of {list(KINDS)}, got {kind!r}")
-        if item.get("dialect", "") not in dialects.PARSERS and item.get("dialect", "") != "":
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise BadRequest(f"'kind' must be one of {list(KINDS)}, got {shown(kind)}")
+        dialect = item.get("dialect", "")
+        if not isinstance(dialect, str) or dialect not in dialects.PARSERS and dialect != "":
             raise BadRequest(f"'dialect' must be one of {list(dialects.PARSERS)} or empty")
         for key in ("prompt_token_ids", "token_ids"):
             v = item.get(key)
@@ -579,7 +615,15 @@ class Gateway:
         score = item.get("score")
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
                                   or not math.isfinite(score)):
-            raise BadRequest(f"'score' must be a finite number, got {score!r}")
+            raise BadRequest(f"'score' must be a finite number, got {shown(score)}")
+        for key in ("timing",):
+            if item.get(key) is not None and not isinstance(item[key], dict):
+                raise BadRequest(f"'{key}' must be an object")
+        for key in ("release_id", "status", "error"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise BadRequest(f"'{key}' must be a string")
+        if item.get("feedback") is not None and not isinstance(item["feedback"], (str, dict)):
+            raise BadRequest("'feedback' must be a string or an object")
         tags = item.get("tags") or {}
         if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
             raise BadRequest("'tags' must be an object of strings")
@@ -619,7 +663,7 @@ class Gateway:
         s = self.scenarios.get(name)
         counts = {k: len(self.store.ids(name, k, since=s.created_at - 1e-6)) for k in KINDS}
         return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
-                "records": counts}
+                "records": counts, "error": self._errors.get(name)}
 
     def create_scenario(self, body: Any) -> dict:
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
@@ -627,16 +671,22 @@ class Gateway:
         config = body.get("config")
         if config is not None and not isinstance(config, dict):
             raise BadRequest("'config' must be an object of the recipe's config fields")
+        unknown = set(body) - {"name", "recipe", "config"}
+        if unknown:
+            raise BadRequest(f"unknown field(s) {sorted(unknown)}; a scenario has name, recipe and config")
+        if body.get("recipe") is not None:
+            check_offered(body["recipe"], self.offered)
         if body.get("recipe") is not None or config:
             self._check_engine_fits(load_recipe(body.get("recipe") or self.scenarios.default_recipe, config))
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
         if self._evolves_harness(s.name):
-            self.harness_learner(s.name)
+            self._start_learner(s.name)
         return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
         s = self.scenarios.delete(name)
         self._recipes.pop(name, None)
+        self._errors.pop(name, None)
         for learners in (self._learners, self._harness_learners):
             ln = learners.pop(name, None)
             if ln is not None:
@@ -649,6 +699,7 @@ class Gateway:
                 "engine": self.engine.info(), "store": self.store.info(),
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": {n: ln.status() for n, ln in self._learners.items()},
+                "scenario_errors": dict(self._errors),
                 "hub": None if self.hub is None else self._hub_status()}
 
     def _hub_status(self) -> dict:
@@ -670,6 +721,12 @@ class Gateway:
         self.store.close()
         if close_engine:
             self.engine.close()
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A client's value quoted in an error message: its repr, cut short (a value can be large or deep)."""
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def wire_record(r: dict) -> dict:

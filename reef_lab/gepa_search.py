@@ -34,6 +34,7 @@ from typing import Protocol
 
 from reef_lab import harness as harness_mod
 from reef_lab.gepa import Candidate, accept, merge_pair, pareto_counts, select_parent
+from reef_lab.schema import check_fields
 from reef_lab.tasks import Task, extract_answer, last_number
 
 log = logging.getLogger("reef_lab.gepa")
@@ -58,6 +59,7 @@ class GEPAConfig:
         "help": "harness files the search may rewrite (default: every file of the seed harness)"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.max_metric_calls < 1 or self.minibatch_size < 1:
             raise ValueError("max_metric_calls and minibatch_size must be at least 1")
 

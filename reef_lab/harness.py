@@ -23,6 +23,8 @@ from reef_lab.errors import BadRequest
 
 SYSTEM_PROMPT, RULES, SKILLS = "system_prompt.md", "rules.md", "skills/"
 MAX_FILES, MAX_BYTES = 200, 1_000_000
+RESERVED = {"README.md", "reef_checkpoint.json"}  # a release folder's own files, written beside the harness
+MAX_NAME_BYTES, MAX_DEPTH = 200, 8  # per path part (filesystems stop at 255), parts per path
 
 
 def check_files(files: object) -> dict[str, str]:
@@ -33,27 +35,51 @@ def check_files(files: object) -> dict[str, str]:
         raise BadRequest(f"a harness holds at most {MAX_FILES} files")
     total = 0
     for path, text in files.items():
-        p = PurePosixPath(path) if isinstance(path, str) else None
-        if p is None or p.is_absolute() or ".." in p.parts or not path or path.endswith("/") or "\\" in path:
-            raise BadRequest(f"harness path {path!r} must be a relative path like 'rules.md' or 'skills/x.md'")
+        check_path(path)
         if not isinstance(text, str):
             raise BadRequest(f"harness file {path!r} must hold text")
-        total += len(text.encode())
+        try:
+            total += len(text.encode())
+        except UnicodeEncodeError:
+            raise BadRequest(f"harness file {path!r} holds an unpaired surrogate; send UTF-8 text") from None
+        if "\x00" in text:
+            raise BadRequest(f"harness file {path!r} holds a NUL character; send plain text")
     if total > MAX_BYTES:
         raise BadRequest(f"the harness holds {total} bytes; at most {MAX_BYTES}")
+    dirs = {str(parent) for path in files for parent in PurePosixPath(path).parents if str(parent) != "."}
+    clash = sorted(dirs & set(files))
+    if clash:
+        raise BadRequest(f"harness path {clash[0]!r} is both a file and a folder of other files; rename one")
     return dict(files)
+
+
+def check_path(path: object) -> None:
+    """A path every filesystem we run on can hold, inside the release folder, that reads back as written."""
+    shown = repr(path)[:80] + ("..." if len(repr(path)) > 80 else "")
+    rule = (f"must be a relative path like 'rules.md' or 'skills/x.md': printable, '/' between at most {MAX_DEPTH} "
+            f"parts of at most {MAX_NAME_BYTES} bytes, no '.', '..' or '\\', and not {sorted(RESERVED)}")
+    if not isinstance(path, str) or not path:
+        raise BadRequest(f"harness path {shown} {rule}")
+    try:
+        sizes = [len(p.encode()) for p in path.split("/")]
+    except UnicodeEncodeError:
+        raise BadRequest(f"harness path {shown} holds an unpaired surrogate") from None
+    parts = path.split("/")
+    if (len(parts) > MAX_DEPTH or path in RESERVED or max(sizes) > MAX_NAME_BYTES or "\\" in path
+            or any(p in ("", ".", "..") for p in parts) or not path.isprintable()):
+        raise BadRequest(f"harness path {shown} {rule}")
 
 
 def write_tree(folder: Path, files: dict[str, str]) -> None:
     for path, text in files.items():
         target = folder / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        target.write_text(text, encoding="utf-8")
 
 
 def read_tree(folder: Path) -> dict[str, str]:
     skip = {"README.md", "reef_checkpoint.json"}
-    return {str(p.relative_to(folder).as_posix()): p.read_text() for p in sorted(Path(folder).rglob("*"))
+    return {str(p.relative_to(folder).as_posix()): p.read_text(encoding="utf-8") for p in sorted(Path(folder).rglob("*"))
             if p.is_file() and p.name not in skip}
 
 
@@ -76,7 +102,10 @@ def apply(dialect: str, body: dict, files: dict[str, str]) -> dict:
         return body
     out = copy.copy(body)
     if dialect == dialects.OPENAI_CHAT:
-        out["messages"] = [{"role": "system", "content": text}] + list(body.get("messages") or [])
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return body  # not a chat request: the dialect's parser (or the provider) answers 400
+        out["messages"] = [{"role": "system", "content": text}] + messages
     elif dialect == dialects.OPENAI_RESPONSES:
         own = body.get("instructions")
         out["instructions"] = text + (f"\n\n{own}" if isinstance(own, str) and own else "")

@@ -15,8 +15,11 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from reef_lab.schema import check_fields
 
 
 class LM(Protocol):
@@ -103,6 +106,26 @@ class ReplayLM:
             raise UnseenCall(f"{self.path.name} holds no answer for this call (last message: {str(last)[:120]!r}); "
                              "record it again with RecordingLM")
         return self.answers[key]
+
+
+@dataclass
+class LMSpec:
+    """The keys of an LM spec (what `make_lm` reads), so a config that names an LM is checked at load."""
+
+    kind: str = field(default="engine", metadata={"help": "engine (the embedded model) or openai (an endpoint)"})
+    release: str | None = field(default=None, metadata={"help": "engine: a loaded release to call"})
+    base_url: str | None = field(default=None, metadata={"help": "openai: the endpoint"})
+    model: str | None = field(default=None, metadata={"help": "openai: the model name"})
+    key_env: str = field(default="REEF_UPSTREAM_API_KEY", metadata={"help": "openai: env var holding the key"})
+    record: str | None = field(default=None, metadata={"help": "append every call to this cassette"})
+    replay: str | None = field(default=None, metadata={"help": "answer from this cassette"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.kind not in ("engine", "openai"):
+            raise ValueError(f"kind must be 'engine' or 'openai', got {self.kind!r}")
+        if self.kind == "openai" and not self.replay and not (self.base_url and self.model):
+            raise ValueError("an LM of kind 'openai' needs base_url and model")
 
 
 def make_lm(spec: dict | None, engine=None) -> LM:

@@ -13,14 +13,24 @@ A deployment names its recipe by a `module:Class` path, or by a bare name `x` me
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from reef_lab.errors import BadRequest
 from reef_lab.samples import Sample
+from reef_lab.schema import check_fields
+from reef_lab.tasks import TaskConfig
 
 MODES = ("auto", "manual", "hybrid")
+
+
+def _trainer_config():
+    from reef_lab.trainers.torch_trainer import TrainerConfig  # torch loads only where a config names a trainer
+
+    return TrainerConfig
 SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 
 
@@ -63,13 +73,16 @@ class LearnConfig:
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
     steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
     eval_task: dict | None = field(default=None, metadata={
-        "help": "held-out task (reef_lab.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
+        "help": "held-out task (reef_lab.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation",
+        "schema": TaskConfig})
     eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
-    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.torch_trainer.TrainerConfig"})
+    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.torch_trainer.TrainerConfig",
+                                                          "schema": _trainer_config})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selection not in SELECTIONS:
@@ -99,6 +112,46 @@ def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[s
         return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>=' if ok else '<'} serving {s:.4f}"
     ok = c > s
     return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>' if ok else '<='} serving {s:.4f}"
+
+
+_FOLDER_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def shipped_recipes() -> list[str]:
+    """The recipe folders this installation ships (`recipes/<name>/`): the names any client may choose."""
+    spec = importlib.util.find_spec("recipes")
+    names = set()
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        for p in Path(loc).iterdir():
+            if p.is_dir() and _FOLDER_RE.match(p.name) and (p / "__init__.py").is_file():
+                names.add(p.name)
+    return sorted(names)
+
+
+class RecipeNotOffered(BadRequest):
+    pass
+
+
+def check_offered(spec: object, offered: set[str]) -> str:
+    """`spec` when the deployment offers it; clients never name code of their own (a `module:Class` path runs
+    code at import), only the shipped folders and what the operator allowed."""
+    if not isinstance(spec, str) or spec not in offered:
+        raise RecipeNotOffered(f"recipe {spec!r} is not offered by this deployment; choose one of "
+                               f"{sorted(offered)} (the server's operator can allow more with --allowed-recipes)")
+    return spec
+
+
+class RecordOnly:
+    """Stands in for a scenario's recipe that cannot be built (a stored name this deployment does not offer, or a
+    config it now refuses): the scenario keeps serving and recording, its error shows in /reef/status."""
+
+    trains = False
+
+    def __init__(self, error: str):
+        self.name, self.error = "record-only", error
+
+    def validate_report(self, report: dict) -> None:
+        return None
 
 
 def recipe_path(spec: str) -> str:

@@ -30,7 +30,9 @@ class Scenario:
     config: dict = field(default_factory=dict)
 
 
-def check_name(name: str | None) -> str:
+def check_name(name: object) -> str:
+    if name is not None and not isinstance(name, str):
+        raise BadRequest(f"the scenario name must be a string, got {type(name).__name__}")
     if not name:
         raise BadRequest("the x-reef-scenario header is required: name the scenario this traffic belongs to")
     if not NAME_RE.match(name):

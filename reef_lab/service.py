@@ -29,4 +29,5 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     tracking = TrackingConfig(project=cfg.wandb_project, entity=cfg.wandb_entity, group=cfg.wandb_group,
                               mode=cfg.wandb_mode)
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
-                   default_config=cfg.recipe_settings(), hub=hub, tracking=tracking)
+                   default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
+                   allowed_recipes=cfg.allowed_recipe_list())

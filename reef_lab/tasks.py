@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+from reef_lab.schema import check_fields
+
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
@@ -48,6 +50,7 @@ class TaskConfig:
                 "as when a program parses the agent's reply. '' reads the last number anywhere"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.answer_format and self.answer_format.count("{answer}") != 1:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
         if self.name not in ("arithmetic", "jsonl", "choice"):

@@ -14,7 +14,7 @@ from flask import Flask, Response, g, request
 
 from reef_lab.errors import ReefError
 from reef_lab.gateway import Gateway
-from server.common import check_token, error_body
+from server.common import DEFAULT_LIMITS, Limits, admit, error_body
 from server.hot import HotRoutes, whole_bodies
 from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
@@ -22,16 +22,16 @@ from server.reef import bp as reef_bp
 log = logging.getLogger("reef_lab.server")
 
 
-def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
+def create_app(gateway: Gateway, tokens: list[str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Flask:
     app = Flask("reef_lab")
     app.config["GATEWAY"] = gateway
     tokens_b = [t.encode() for t in (tokens or []) if t]
 
     @app.before_request
     def authenticate():
-        g.gateway = gateway
+        g.gateway, g.limits = gateway, limits
         if request.path != "/healthz":
-            check_token(tokens_b, request.headers.get("Authorization", ""), request.headers.get("x-api-key", ""))
+            admit(request.environ, tokens_b, limits)
 
     @app.errorhandler(ReefError)
     def reef_error(err: ReefError):
@@ -61,5 +61,5 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None) -> Flask:
 
     app.register_blueprint(inference_bp)
     app.register_blueprint(reef_bp)
-    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tokens_b)
+    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tokens_b, limits=limits)
     return app

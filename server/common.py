@@ -1,26 +1,134 @@
-"""Request helpers shared by the Flask blueprints and the hot-route middleware."""
+"""Request helpers shared by the Flask blueprints, the hot-route middleware and relay workers.
+
+Every request passes `admit` before its body is read (auth, browser origin, media type, declared size) and
+reads its body through `read_body` (size bound, chunked bodies too) and `parse_json` (nesting bound), so a
+request is judged the same in every worker and on every route.
+"""
 
 from __future__ import annotations
 
 import hmac
+import urllib.parse
+from dataclasses import dataclass
 
 import orjson
-from flask import Response, request
+from flask import Response, g, request
 
-from reef_lab.errors import BadRequest, ReefError, Unauthorized
+from reef_lab.errors import (BadRequest, Forbidden, PayloadTooLarge, ReefError, Unauthorized,
+                             UnsupportedMediaType)
 from reef_lab.gateway import Reply, StreamReply
 
 TAG_PREFIX = "x-reef-tag-"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REPORT_PATH, IMPORT_PATH = "/reef/report", "/reef/records/batch"
 
 
-def parse_json(data: bytes):
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold. Defaults fit chat traffic: long conversations and tool schemas pass, a body
+    that would cost the server hundreds of MB to parse and record does not."""
+
+    body_bytes: int = 10 << 20  # inference and every other JSON body
+    report_bytes: int = 1 << 20  # POST /reef/report
+    import_bytes: int = 32 << 20  # POST /reef/records/batch
+    json_depth: int = 64  # nesting of objects and arrays
+
+    def for_path(self, path: str) -> int:
+        return self.report_bytes if path == REPORT_PATH else self.import_bytes if path == IMPORT_PATH \
+            else self.body_bytes
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def limits_from(cfg) -> Limits:
+    """The limits a ServeConfig sets."""
+    return Limits(body_bytes=int(cfg.max_body_mb * (1 << 20)), report_bytes=int(cfg.max_report_kb * 1024),
+                  import_bytes=int(cfg.max_import_mb * (1 << 20)), json_depth=cfg.max_json_depth)
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):g} MB" if n >= 1 << 20 else f"{n / 1024:g} KB"
+
+
+def admit(environ, tokens: list[bytes], limits: Limits) -> None:
+    """Refuse a request before its body is read: a missing token (401); with auth off, a browser page of another
+    site (403, so no web page can drive a loopback server); a body that is not JSON (415); a declared length over
+    the route's limit (413)."""
+    path = environ.get("PATH_INFO", "")
+    check_token(tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
+    if not tokens:
+        check_same_origin(environ)
+    length = environ.get("CONTENT_LENGTH") or ""
+    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if length not in ("", "0") or chunked:
+        media = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+            raise UnsupportedMediaType(f"the request body must be JSON sent as 'Content-Type: application/json', "
+                                       f"got {media or 'no Content-Type'!r}")
+        if length and not length.isdigit():
+            raise BadRequest(f"Content-Length {length!r} is not a number")
+        limit = limits.for_path(path)
+        if length and int(length) > limit:
+            raise PayloadTooLarge(f"the request body is {int(length)} bytes; {path} takes at most {_mb(limit)} "
+                                  "(the server's --max-*-mb / --max-report-kb settings)")
+
+
+def check_same_origin(environ) -> None:
+    """With no token required, only non-browser clients and pages of this server itself may call it."""
+    site = environ.get("HTTP_SEC_FETCH_SITE")
+    origin = environ.get("HTTP_ORIGIN")
+    cross = site in ("cross-site", "same-site")
+    if not cross and origin is not None:
+        cross = origin == "null" or urllib.parse.urlsplit(origin).netloc.lower() != environ.get("HTTP_HOST",
+                                                                                            "").lower()
+    if cross:
+        raise Forbidden(f"a browser page from {origin or 'another site'} may not call this server while it runs "
+                        "without auth; set REEF_TOKEN on the server and send 'Authorization: Bearer <token>'")
+
+
+def read_body(environ, limit: int) -> bytes:
+    """The whole request body, at most `limit` bytes (413 beyond; `admit` refused a declared length already)."""
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        if not length.isdigit():
+            raise BadRequest(f"Content-Length {length!r} is not a number")
+        return environ["wsgi.input"].read(int(length))
+    if not environ.get("wsgi.input_terminated"):
+        return b""  # no length and no terminated stream: no body
+    data = environ["wsgi.input"].read(limit + 1)  # a chunked body: read to its end, or just past the limit
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the request body is over {_mb(limit)}, the most {environ.get('PATH_INFO')} takes")
+    return data
+
+
+def parse_json(data: bytes, max_depth: int = DEFAULT_LIMITS.json_depth):
     if not data:
         raise BadRequest("the request body is empty; send a JSON object")
     try:
-        return orjson.loads(data)
+        obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    # Nesting can be no deeper than the count of brackets: most bodies are judged by that count alone (in C).
+    if data.count(b"{") + data.count(b"[") > max_depth and json_depth(obj, max_depth) > max_depth:
+        raise BadRequest(f"the request body nests objects and arrays deeper than {max_depth} levels")
+    return obj
+
+
+def json_depth(obj, stop: int) -> int:
+    """How deeply `obj` nests containers, counted up to just past `stop`."""
+    if not isinstance(obj, (dict, list)):
+        return 0
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        o, d = todo.pop()
+        if d > deepest:
+            deepest = d
+            if deepest > stop:
+                break
+        items = o.values() if isinstance(o, dict) else o
+        todo.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return deepest
 
 
 def check_token(tokens: list[bytes], authorization: str, api_key: str) -> None:
@@ -47,7 +155,9 @@ def error_body(path: str, err: ReefError) -> bytes:
 
 
 def json_body():
-    return parse_json(request.get_data(cache=False))
+    """The request's JSON body within the app's limits (`admit` ran in before_request)."""
+    limits: Limits = g.limits
+    return parse_json(read_body(request.environ, limits.for_path(request.path)), limits.json_depth)
 
 
 def tags() -> dict[str, str]:

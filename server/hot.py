@@ -17,7 +17,7 @@ import orjson
 from reef_lab import dialects
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import Gateway, StreamReply
-from server.common import SSE_HEADERS, check_token, error_body, parse_json
+from server.common import DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, error_body, parse_json, read_body
 
 log = logging.getLogger("reef_lab.server")
 
@@ -63,22 +63,14 @@ def whole_bodies(app):
     return wrapped
 
 
-def read_body(environ) -> bytes:
-    length = environ.get("CONTENT_LENGTH")
-    if length:
-        if not length.isdigit():
-            raise BadRequest(f"Content-Length {length!r} is not a number")
-        return environ["wsgi.input"].read(int(length))
-    # No length: a chunked body, readable to its end only where the server says the stream is terminated.
-    return environ["wsgi.input"].read() if environ.get("wsgi.input_terminated") else b""
-
-
 class HotRoutes:
     """`local(environ, dialect)`, when given, decides which hot requests are served here; the rest go on to
     `flask_wsgi` (a relay worker passes them to its primary, see server/workers.py)."""
 
-    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes], local=None):
+    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes], local=None,
+                 limits: Limits = DEFAULT_LIMITS):
         self.flask_wsgi, self.gateway, self.tokens, self.local = flask_wsgi, gateway, tokens, local
+        self.limits = limits
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -89,8 +81,8 @@ class HotRoutes:
             if environ.get("REQUEST_METHOD") != "POST":
                 raise ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
                                 status=405)
-            check_token(self.tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
-            body = parse_json(read_body(environ))
+            admit(environ, self.tokens, self.limits)
+            body = parse_json(read_body(environ, self.limits.for_path(path)), self.limits.json_depth)
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)
             if dialect is None:
                 created, rid = self.gateway.report(scenario, body, tags)

@@ -34,6 +34,7 @@ import struct
 import sys
 import threading
 import time
+from http import HTTPStatus
 from pathlib import Path
 from typing import Iterator
 
@@ -44,7 +45,7 @@ from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.scenarios import check_name
 from reef_lab.store import RelayLog
-from server.hot import read_body
+from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
 
 log = logging.getLogger("reef_lab.server")
 
@@ -319,9 +320,10 @@ class PrimaryBridge:
 class PrimaryClient:
     """A relay's keep-alive connections to its primary, reused last-in first-out by any thread."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, tokens: list[bytes] | None = None, limits: Limits = DEFAULT_LIMITS):
         self.address = socket_address(data_dir)
         self._idle: list[socket.socket] = []
+        self.tokens, self.limits = tokens or [], limits
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -358,11 +360,18 @@ class PrimaryClient:
         return out
 
     def forward(self, environ, start_response) -> Iterator[bytes] | list[bytes]:
-        """Hand a whole HTTP request to the primary; its answer (streams included) goes back as it comes."""
+        """Hand a whole HTTP request to the primary; its answer (streams included) goes back as it comes. The
+        request is admitted and its body read here under the same rules the primary applies."""
+        path = environ.get("PATH_INFO", "")
         try:
-            body = read_body(environ)
-        except BadRequest:  # a non-numeric Content-Length: passed on as an empty body
-            body = b""
+            if path != "/healthz":
+                admit(environ, self.tokens, self.limits)
+            body = read_body(environ, self.limits.for_path(path))
+        except ReefError as e:
+            msg = error_body(path, e)
+            start_response(f"{e.status} {HTTPStatus(e.status).phrase}", [("Content-Type", "application/json"),
+                                                                        ("Content-Length", str(len(msg)))])
+            return [msg]
         cgi = {k: v for k, v in environ.items() if isinstance(v, str) and not k.startswith("wsgi.")}
         cgi["wsgi.url_scheme"] = environ.get("wsgi.url_scheme", "http")
         try:

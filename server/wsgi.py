@@ -20,6 +20,7 @@ from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.service import build_engine, build_gateway
 from server import workers
 from server.app import create_app
+from server.common import limits_from
 from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
@@ -37,7 +38,8 @@ def _die_with_parent() -> None:
 def build_relay(cfg: ServeConfig, tokens: list[str]):
     """A relay worker (see server/workers.py): inference of known scenarios here, everything else to the
     primary."""
-    client = workers.PrimaryClient(cfg.data_dir)
+    tokens_b, limits = [t.encode() for t in tokens], limits_from(cfg)
+    client = workers.PrimaryClient(cfg.data_dir, tokens_b, limits)
     client.wait_ready()
     gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
 
@@ -46,7 +48,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
             gw.serving(environ.get("HTTP_X_REEF_SCENARIO")) is not None
     logging.getLogger("reef_lab.server").info("relay worker %d ready (primary: the worker holding %s)",
                                               os.getpid(), os.path.join(cfg.data_dir, ".primary.lock"))
-    return HotRoutes(client.forward, gw, [t.encode() for t in tokens], local=local)
+    return HotRoutes(client.forward, gw, tokens_b, local=local, limits=limits)
 
 
 def build():
@@ -73,11 +75,13 @@ def build():
     multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
     if not tokens:
         logging.getLogger("reef_lab.server").warning(
-            "REEF_TOKEN is not set: the API takes requests without a token (fine on loopback)")
+            "REEF_TOKEN is not set: the API takes requests without a token, from local programs only (browser pages "
+            "of other sites are refused). To require a token, start with REEF_TOKEN=<secret> and have clients send "
+            "'Authorization: Bearer <secret>'")
     logging.getLogger("reef_lab.server").info(
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)
-    app = create_app(gateway, tokens)
+    app = create_app(gateway, tokens, limits_from(cfg))
     if primary:
         workers.PrimaryBridge(app, gateway, cfg.data_dir)
     return app

@@ -107,7 +107,7 @@ def test_scenarios_crud_and_records_paging(proxy):
     assert r.status_code == 201 and r.json()["recipe"] == "basic"
     assert requests.post(u + "/reef/scenarios", json={"name": "made"}).status_code == 409
     r = requests.post(u + "/reef/scenarios", json={"name": "x2", "recipe": "nosuch"})
-    assert r.status_code == 400 and "cannot be loaded" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "is not offered" in r.json()["error"]["message"]
     r = requests.post(u + "/reef/scenarios", json={"name": "x3", "recipe": "basic", "config": {"nope": 1}})
     assert r.status_code == 400 and "config does not fit" in r.json()["error"]["message"]
     ids = [infer(u, "made", f"m{i}") for i in range(5)]

@@ -7,11 +7,15 @@ finite and the references are known receipts of the scenario) and never produces
 from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
+from reef_lab.schema import check_fields
 
 
 @dataclass
 class BasicConfig:
     require_score: bool = field(default=False, metadata={"help": "refuse reports without a score"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class BasicRecipe:

@@ -16,7 +16,9 @@ from reef_lab.errors import BadRequest
 from reef_lab.gepa_experiment import DEFAULT_SEED_HARNESS
 from reef_lab.gepa_search import GEPAConfig
 from reef_lab.harness import check_files
+from reef_lab.lm import LMSpec
 from reef_lab.recipe import MODES
+from reef_lab.schema import check_fields
 from reef_lab.tasks import TaskConfig
 
 
@@ -29,20 +31,22 @@ class GEPARecipeConfig:
     seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
     val_task: dict = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
-        "help": "validation task (reef_lab.tasks.TaskConfig fields) candidates are scored on"})
+        "help": "validation task (reef_lab.tasks.TaskConfig fields) candidates are scored on", "schema": TaskConfig})
     val_size: int = field(default=16, metadata={"help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={
         "help": "report metadata key holding the reference answer of the referenced inference"})
     task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of a candidate's answers (greedy)"})
     search: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.gepa_search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget"})
+        "help": "reef_lab.gepa_search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
+        "schema": GEPAConfig})
     task_lm: dict | None = field(default=None, metadata={
-        "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model"})
+        "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec})
     reflection_lm: dict | None = field(default=None, metadata={
-        "help": "the reflection model (reef_lab.lm.make_lm spec); default: the task model"})
+        "help": "the reflection model (reef_lab.lm.make_lm spec); default: the task model", "schema": LMSpec})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selection not in ("always", "no_regression", "strict_gain"):

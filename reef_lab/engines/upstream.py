@@ -12,7 +12,7 @@ import os
 import socket
 import ssl
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import httptools
@@ -23,11 +23,21 @@ from reef_lab.errors import UpstreamError
 ANTHROPIC_VERSION = "2023-06-01"
 
 
+# Provider headers a client needs to act on an answer (back off, see its quota, quote the provider's request id).
+PASSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
+PASSED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+
+
 @dataclass
 class UpstreamReply:
     status: int
     body: bytes
     content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def passed_headers(headers: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k in PASSED_HEADERS or k.startswith(PASSED_PREFIXES)}
 
 
 class _Conn:
@@ -217,7 +227,8 @@ class UpstreamEngine:
         conn = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
         data = self._read(conn)
         self._check_5xx(conn.status, data)
-        return UpstreamReply(conn.status, data, conn.headers.get("content-type", "application/json"))
+        return UpstreamReply(conn.status, data, conn.headers.get("content-type", "application/json"),
+                             passed_headers(conn.headers))
 
     def get(self, path: str) -> UpstreamReply:
         conn = self._request("GET", path, None, self._headers(path, {}))
@@ -231,14 +242,17 @@ class UpstreamEngine:
                                 f"{data[:300].decode(errors='replace')}")
 
     def open_stream(self, path: str, body: dict, client_headers: dict[str, str]):
-        """Start a streaming request. Returns (status, events) where events yields raw SSE events (bytes,
-        each ending in a blank line) as they arrive; a non-2xx answer comes back as (status, [body])."""
+        """Start a streaming request. Returns (reply, events): `reply` is the answer's status and passed headers
+        with an empty body, and `events` yields raw SSE events (bytes, each ending in a blank line) as they
+        arrive; a non-2xx answer comes back whole as (reply with its body, None)."""
         conn = self._request("POST", path, self.prepare(body), self._headers(path, client_headers))
+        head = UpstreamReply(conn.status, b"", conn.headers.get("content-type", "application/json"),
+                             passed_headers(conn.headers))
         if conn.status >= 300:
-            data = self._read(conn)
-            self._check_5xx(conn.status, data)
-            return conn.status, iter([data])
-        return conn.status, self._events(conn)
+            head.body = self._read(conn)
+            self._check_5xx(conn.status, head.body)
+            return head, None
+        return head, self._events(conn)
 
     def _events(self, conn: _Conn) -> Iterator[bytes]:
         buf, done = b"", False

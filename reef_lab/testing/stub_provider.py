@@ -2,8 +2,8 @@
 
 It answers `echo: <last user text>` so tests can check what reached it (`!system` instead answers with the
 system text it received: OpenAI system messages, `instructions`, or Anthropic `system`), and misbehaves on
-request: a last user message containing `!500`, `!400` or `!sleep=<s>` gets an HTTP 500, an HTTP 400, or a
-late answer. For harness-learning tests it is also a predictable task and reflection model: asked to write a new
+request: a last user message containing `!500`, `!400`, `!429`, `!notjson` or `!sleep=<s>` gets an HTTP 500,
+an HTTP 400, a rate limit (429 with retry-after), a 200 whose body is not JSON, or a late answer. For harness-learning tests it is also a predictable task and reflection model: asked to write a new
 version of an instruction file ("Write a new version of" in the last user text) it answers with an instruction
 that holds the marker REEF-SOLVE; a "Calculate <expression>." question under a system text holding REEF-SOLVE gets
 the right number, and otherwise the echo (which is wrong). It is a plain WSGI app (no framework) so benchmarks
@@ -150,6 +150,13 @@ def app(environ, start_response):
     if b"!500" in raw:
         start_response("500 Internal Server Error", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"stub exploded","type":"server_error"}}']
+    if b"!429" in raw:  # rate limited, as OpenAI and Anthropic answer it: retry-after in seconds
+        start_response("429 Too Many Requests", [("Content-Type", "application/json"), ("retry-after", "7"),
+                                                 ("x-ratelimit-remaining-requests", "0")])
+        return [b'{"error":{"message":"rate limit reached","type":"rate_limit_error"}}']
+    if b"!notjson" in raw:  # a broken provider (or a proxy's HTML page) with a success status
+        start_response("200 OK", [("Content-Type", "text/html")])
+        return [b"<html>gateway hiccup</html>"]
     if b"!400" in raw:
         start_response("400 Bad Request", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"stub refuses this request","type":"invalid_request_error"}}']

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from reef_lab.samples import Sample
+from reef_lab.schema import check_fields
 
 log = logging.getLogger("reef_lab.trainer")
 
@@ -47,6 +48,7 @@ class TrainerConfig:
     seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.lr <= 0 or self.micro_batch_size < 1 or self.lora_rank < 0:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
         if len(self.betas) != 2:
