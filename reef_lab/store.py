@@ -6,7 +6,10 @@ writes everybody's frames with one `write` and one `fsync`, and wakes the rest. 
 records are on disk, so a receipt is never handed out for a record that `kill -9` (or a power cut) could lose.
 
 When a log grows past `roll_records`/`roll_bytes` it is closed and a background thread rolls it into a Parquet
-segment (`records/seg-NNNNNN.parquet`, written via polars, fsynced, renamed into place), then deletes the log.
+segment (`records/seg-NNNNNN.parquet`, written via polars, fsynced, renamed into place), indexes the segment's rows
+(reef_lab/record_index.py, on disk) and deletes the log. Memory holds no record itself: a record not yet rolled is
+indexed by its place in its log and read back with one `pread`, a rolled one by its segment and row, so resident
+memory stays flat under steady traffic and a read by id costs the same before and after a restart.
 Opening a store recovers from any crash point: a torn log tail is cut at the last good frame, a log whose segment
 exists is deleted, a closed log without one is rolled. `scan_records(data_dir)` gives a polars LazyFrame over
 segments plus logs and is safe to call from another process while a server writes.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import heapq
 import io
 import logging
 import os
@@ -32,6 +36,7 @@ import orjson
 import polars as pl
 
 from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.record_index import SegmentIndex
 from reef_lab.records import JSON_COLUMNS, PARQUET_SCHEMA, Record, frame_row_to_dict
 
 log = logging.getLogger("reef_lab.store")
@@ -39,6 +44,7 @@ log = logging.getLogger("reef_lab.store")
 _HEADER = struct.Struct("<II")
 _ROWS = 1 << 31  # set in a frame's length: its payload is row texts joined by newlines (encode_frame)
 PREALLOCATE = 1 << 20  # bytes of zeros written ahead of a log's data (see RecordStore._commit)
+SEGMENT_ROW_GROUP = 1024  # rows per Parquet row group: a read by id decodes one (0.8 ms), a scan hardly notices
 _FILE_RE = re.compile(r"^(log|seg)-(\d{6,})\.(bin|parquet)$")
 
 
@@ -65,9 +71,11 @@ def encode_frame(rows: list[bytes]) -> bytes:
     return _HEADER.pack(len(payload) | _ROWS, zlib.crc32(payload)) + payload
 
 
-def _frames(data: bytes) -> tuple[list[bytes], int]:
-    """The row texts of a log's intact frames, and the offset where intact data ends (a torn tail starts there)."""
-    out, pos, n = [], 0, len(data)
+def _frames(data: bytes) -> tuple[list[bytes], list[int], int, bool]:
+    """The row texts of a log's intact frames, each one's byte offset in `data`, the offset where intact data ends
+    (a torn tail starts there), and whether any frame was in the layout of before 2026-12 (JSON, re-encoded here as
+    row texts, so their offsets are -1)."""
+    out, offsets, pos, n, legacy = [], [], 0, len(data), False
     while pos + _HEADER.size <= n:
         length, crc = _HEADER.unpack_from(data, pos)
         rows, length = length & _ROWS, length & ~_ROWS
@@ -78,12 +86,19 @@ def _frames(data: bytes) -> tuple[list[bytes], int]:
         if zlib.crc32(payload) != crc:
             break
         if rows:
-            out += payload.split(b"\n")
+            at = pos + _HEADER.size
+            for line in payload.split(b"\n"):
+                out.append(line)
+                offsets.append(at)
+                at += len(line) + 1
         else:  # written before 2026-12: one record's JSON, or a JSON array of them, with JSON-valued fields as JSON
             records = orjson.loads(payload)
-            out += [row_text(r) for r in (records if isinstance(records, list) else [records])]
+            for r in records if isinstance(records, list) else [records]:
+                out.append(row_text(r))
+                offsets.append(-1)
+            legacy = True
         pos = end
-    return out, pos
+    return out, offsets, pos, legacy
 
 
 # What the index needs of a record, read from its JSON text without parsing it: Record.to_dict puts id, scenario
@@ -105,7 +120,8 @@ def record_key(line: bytes) -> Key:
 
 def log_lines(path: Path) -> tuple[list[bytes], int]:
     """The row text of every intact record of a log, and the byte offset where intact data ends."""
-    return _frames(path.read_bytes())
+    lines, _, good, _ = _frames(path.read_bytes())
+    return lines, good
 
 
 def read_log(path: Path) -> tuple[list[dict], int]:
@@ -223,20 +239,19 @@ class _Follow:
     offset: int = 0
 
 
-@dataclass
 class _Chunk:
-    """The records of one log file that are not yet in a Parquet segment, as the row texts the log holds.
+    """The records of one log file that are not yet in a Parquet segment: their ids in log order, and a read-only
+    descriptor of the log, from which a record is read by the place its index entry names.
 
-    Why text, not dicts: parsing every record a relay writes (the primary follows their logs) and keeping it as
-    Python objects took 37% of the primary's GIL time at saturation (py-spy); text is parsed only when a record is
-    asked for, and the garbage collector never walks it (+4.6% requests/s, wrk A/B, 2026-12-01).
+    Why not the records themselves: held in memory until their roll (20,000 records), a busy server's resident
+    memory grew by about 10 MB a minute and fell back at each roll; in the log they are in the page cache anyway.
     """
 
-    no: int
-    records: list[bytes] = field(default_factory=list)
-    ids: list[str] = field(default_factory=list)
-    frame: pl.DataFrame | None = None
-    framed: int = 0  # how many of `records` `frame` covers (see RecordStore.scan)
+    __slots__ = ("no", "ids", "fd")
+
+    def __init__(self, no: int, path: Path | None = None):
+        self.no, self.ids = no, []
+        self.fd = os.open(path, os.O_RDONLY) if path is not None else -1
 
 
 class _Batch:
@@ -253,19 +268,23 @@ class _Batch:
     def __init__(self):
         self.frames: list[bytes] = []
         self.keys: list[Key] = []
-        self.lines: list[bytes] = []
+        self.lines: list[list[bytes]] = []  # each frame's row texts
         self.waiters: list = []  # one acquired lock per parked appender
         self.durable = False
         self.error: str | None = None
 
 
-@dataclass
 class IndexEntry:
-    scenario: str
-    kind: str
-    content_hash: str
-    stored_at: float  # server write time: decides which incarnation of a scenario a record belongs to
-    chunk: int  # log/segment number that holds the record
+    """Where a record is and what the index needs of it. `chunk` is the log (not yet rolled) or the segment
+    that holds it, -1 while its write is in flight; `pos`/`size` its row text's place in a log, or `pos` its row
+    in a segment."""
+
+    __slots__ = ("scenario", "kind", "content_hash", "stored_at", "chunk", "pos", "size")
+
+    def __init__(self, scenario: str, kind: str, content_hash: str, stored_at: float, chunk: int, pos: int = -1,
+                 size: int = 0):
+        self.scenario, self.kind, self.content_hash, self.stored_at = scenario, kind, content_hash, stored_at
+        self.chunk, self.pos, self.size = chunk, pos, size
 
 
 class RecordStore:
@@ -276,11 +295,12 @@ class RecordStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.roll_records, self.roll_bytes = roll_records, roll_bytes
         self._lock = threading.Lock()
-        self._index: dict[str, IndexEntry] = {}
-        self._scenario_ids: dict[str, list[str]] = {}  # durable ids per scenario, sorted
+        self._read_lock = threading.Lock()  # a log's read descriptor closes only while no read uses it
+        self._index: dict[str, IndexEntry] = {}  # records not yet rolled (and writes in flight)
+        self._scenario_ids: dict[str, list[str]] = {}  # their durable ids per scenario, sorted
         self._tail: dict[int, _Chunk] = {}
-        self._tail_by_id: dict[str, bytes] = {}  # id -> row text, for records not yet in a segment
         self._segments: dict[int, Path] = {}
+        self._rolled: SegmentIndex | None = None
         self._open = _Batch()
         self._idle = threading.Condition(self._lock)  # notified when no commit is running
         self._flushing = False
@@ -304,9 +324,14 @@ class RecordStore:
         for no in [no for no in logs if no in segs]:  # rolled before the crash; the log's deletion was lost
             logs.pop(no).unlink()
         self._segments = dict(sorted(segs.items()))
-        texts = {}
+        self._rolled = SegmentIndex(self.folder / "index.sqlite")
+        indexed = self._rolled.segments()
+        self._rolled.drop_segments(indexed - set(self._segments))
+        for no in sorted(set(self._segments) - indexed):  # a crash before its index commit, or an older data dir
+            self._index_segment(no)
+        parsed = {}
         for no, path in sorted(logs.items()):
-            lines, good = log_lines(path)
+            lines, offsets, good, legacy = _frames(path.read_bytes())
             if good < path.stat().st_size:
                 if _is_torn(path, good):
                     log.warning("record log %s: cutting a torn tail of %d bytes", path.name,
@@ -314,36 +339,44 @@ class RecordStore:
                 with open(path, "r+b") as f:
                     f.truncate(good)
                     os.fsync(f.fileno())
-            texts[no] = lines
-        if self._segments:
-            for no, path in self._segments.items():
-                has = pl.read_parquet_schema(path)
-                written = "stored_at" if "stored_at" in has else "created_at"  # schema 1 had no stored_at
-                df = pl.read_parquet(path, columns=["id", "scenario", "kind", "content_hash", written])
-                for rid, sc, kind, h, ts in df.iter_rows():
-                    self._index[rid] = IndexEntry(sc, kind, h, ts, no)
-                    self._scenario_ids.setdefault(sc, []).append(rid)
-        for lst in self._scenario_ids.values():
-            lst.sort()
-        for no, lines in texts.items():
-            self._tail[no] = _Chunk(no)
-            self._index_durable(no, [record_key(line) for line in lines], lines)
-        # Every log but the newest is closed: roll them now so only one log is ever open.
-        nos = sorted(self._tail)
-        for no in nos[:-1]:
-            self._write_segment(self._tail[no])
-            self._publish_segment(self._tail[no])
-        last = nos[-1] if nos else max(self._segments, default=0) + 1
-        if last in self._segments:
-            last += 1
-        self._tail.setdefault(last, _Chunk(last))
+            parsed[no] = (lines, offsets, legacy)
+        # Every log but the newest is closed: roll them now so only one log is ever open. A log with frames of
+        # the old layout is rolled too (its records have no row text in place to be read from).
+        nos = sorted(parsed)
+        for no in nos:
+            lines, offsets, legacy = parsed[no]
+            if no != nos[-1] or legacy:
+                self._roll_now(no, lines)
+                continue
+            self._tail[no] = _Chunk(no, logs[no])
+            keys = [record_key(line) for line in lines]
+            self._index_durable(no, keys, lines, offsets)
+        last = nos[-1] if nos and nos[-1] in self._tail else max([*self._segments, *nos], default=0) + 1
+        if last not in self._tail:
+            self._tail[last] = _Chunk(last)
         self._open_log(last)
+
+    def _roll_now(self, no: int, lines: list[bytes]) -> None:
+        """At start: roll a closed log whose records were read back, then drop it."""
+        path = self._write_segment(no, lines)
+        self._segments[no] = path
+        self._index_segment(no)
+        (self.folder / f"log-{no:06d}.bin").unlink(missing_ok=True)
+        _fsync_dir(self.folder)
+
+    def _index_segment(self, no: int) -> None:
+        df = _conform(pl.scan_parquet(self._segments[no])).select(
+            "id", "scenario", "kind", "content_hash", pl.coalesce("stored_at", "created_at")).collect()
+        self._rolled.add_segment(no, [(rid, sc, kind, h or "", ts, no, row)
+                                      for row, (rid, sc, kind, h, ts) in enumerate(df.iter_rows())])
 
     def _open_log(self, no: int) -> None:
         path = self.folder / f"log-{no:06d}.bin"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         self._log_no, self._log_size = no, os.fstat(self._fd).st_size
         self._alloc = self._log_size
+        if self._tail[no].fd < 0:
+            self._tail[no].fd = os.open(path, os.O_RDONLY)
         _fsync_dir(self.folder)
 
     # ---- writing --------------------------------------------------------------------------------------------
@@ -364,18 +397,22 @@ class RecordStore:
         return fresh
 
     def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
-        """Check ids against the index and reserve the new ones, so a concurrent duplicate sees them."""
-        with self._lock:
+        """Check ids against the index and reserve the new ones, so a concurrent duplicate sees them. Server ids
+        (no content hash: 80 random bits, never repeated) are not looked up among rolled records."""
+        chosen = [d["id"] for d in dicts if d["content_hash"]]
+        with self._lock:  # the rolled index is asked under the lock too: a roll cannot move an id in between
+            rolled = self._rolled.get_many(chosen) if chosen else {}
             if self._broken:
                 raise StoreUnavailable(self._broken)
             fresh, seen = [], set()
             for d in dicts:
                 e = self._index.get(d["id"])
-                if e is None and d["id"] in seen:
+                h = e.content_hash if e is not None else rolled[d["id"]][3] if d["id"] in rolled else None
+                if h is None and d["id"] in seen:
                     raise Conflict(f"record id {d['id']!r} appears twice in one write")
-                if e is not None and e.content_hash != d["content_hash"]:
+                if h is not None and h != d["content_hash"]:
                     raise Conflict(f"record id {d['id']!r} already exists with different content")
-                fresh.append(e is None)
+                fresh.append(h is None)
                 seen.add(d["id"])
             new = [d for d, is_new in zip(dicts, fresh, strict=True) if is_new]
             for d in new:
@@ -388,7 +425,7 @@ class RecordStore:
             batch = self._open
             batch.frames.append(frame)
             batch.keys += keys
-            batch.lines += lines
+            batch.lines.append(lines)
             if not self._flushing:
                 self._flushing = True
                 self._open = _Batch()
@@ -437,7 +474,15 @@ class RecordStore:
         with self._lock:
             if err is None:
                 self._log_size += len(data)
-                self._committed(batch.keys, batch.lines)
+                lines, offsets, at = [], [], start
+                for frame, rows in zip(batch.frames, batch.lines, strict=True):
+                    pos = at + _HEADER.size
+                    for line in rows:
+                        lines.append(line)
+                        offsets.append(pos)
+                        pos += len(line) + 1
+                    at += len(frame)
+                self._committed(batch.keys, lines, offsets)
             else:
                 for k in batch.keys:
                     self._index.pop(k[0], None)
@@ -453,11 +498,11 @@ class RecordStore:
         for gate in batch.waiters:
             gate.release()
 
-    def _committed(self, keys: list[Key], lines: list[bytes]) -> None:
+    def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
-        self._index_durable(self._log_no, keys, lines)
+        self._index_durable(self._log_no, keys, lines, offsets)
         self._count_commit(len(keys))
-        if len(self._tail[self._log_no].records) >= self.roll_records or self._log_size >= self.roll_bytes:
+        if len(self._tail[self._log_no].ids) >= self.roll_records or self._log_size >= self.roll_bytes:
             self._rotate()
 
     def _count_commit(self, n: int) -> None:
@@ -465,53 +510,68 @@ class RecordStore:
         self.stats["records_written"] += n
         self.stats["max_group"] = max(self.stats["max_group"], n)
 
-    def _index_durable(self, no: int, keys: list[Key], lines: list[bytes]) -> None:
-        """Lock held: serve these records (durable in log `no`) from the tail."""
-        for (rid, scenario, kind, h, stored_at), line in zip(keys, lines, strict=True):
+    def _index_durable(self, no: int, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
+        """Lock held: serve these records (durable in log `no` at `offsets`) from the log."""
+        for (rid, scenario, kind, h, stored_at), line, at in zip(keys, lines, offsets, strict=True):
             e = self._index.get(rid)
             if e is None:  # a relay's record (see follow_relays), or one read back at recovery
-                self._index[rid] = IndexEntry(scenario, kind, h, stored_at, no)
+                self._index[rid] = IndexEntry(scenario, kind, h, stored_at, no, at, len(line))
             else:
-                e.chunk = no
-            self._tail_by_id[rid] = line
+                e.chunk, e.pos, e.size = no, at, len(line)
             ids = self._scenario_ids.setdefault(scenario, [])
             if ids and ids[-1] > rid:
                 bisect.insort(ids, rid)  # a client-chosen id, or ids minted out of order
             else:
                 ids.append(rid)
-        chunk = self._tail[no]
-        chunk.records += lines
-        chunk.ids += [k[0] for k in keys]
+        self._tail[no].ids += [k[0] for k in keys]
 
     def _rotate(self) -> None:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
         chunk = self._tail[self._log_no]
         os.close(self._fd)
         nxt, self._fd = create_log(self.folder)
-        self._tail[nxt] = _Chunk(nxt)
+        self._tail[nxt] = _Chunk(nxt, self.folder / f"log-{nxt:06d}.bin")
         self._log_no, self._log_size, self._alloc = nxt, 0, 0
         self._roll_queue.append(chunk)
         self._roll_wake.notify()
 
     # ---- rolling into Parquet -------------------------------------------------------------------------------
-    def _write_segment(self, chunk: _Chunk) -> Path:
-        path = self.folder / f"seg-{chunk.no:06d}.parquet"
+    def _write_segment(self, no: int, lines: list[bytes]) -> Path:
+        path = self.folder / f"seg-{no:06d}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
-        # The chunk's text is the log's intact records (what was fsynced, or read back from it); closed, it no
-        # longer grows.
-        lines_to_frame(chunk.records).write_parquet(tmp, compression="zstd", statistics=True)
+        # Row groups of SEGMENT_ROW_GROUP rows: a read by id decodes one group, not the whole segment.
+        lines_to_frame(lines).write_parquet(tmp, compression="zstd", statistics=True,
+                                            row_group_size=SEGMENT_ROW_GROUP)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(self.folder)
         return path
 
-    def _publish_segment(self, chunk: _Chunk) -> None:
-        """Lock held (or single-threaded at start): serve the chunk from its segment, drop its log."""
-        self._segments[chunk.no] = self.folder / f"seg-{chunk.no:06d}.parquet"
-        self._tail.pop(chunk.no, None)
-        for rid in chunk.ids:
-            self._tail_by_id.pop(rid, None)
+    def _roll(self, chunk: _Chunk) -> None:
+        """Roller thread: the closed log's records into a segment and the on-disk index; then serve them from
+        there and drop the log."""
+        lines, _ = log_lines(self.folder / f"log-{chunk.no:06d}.bin")
+        with self._lock:
+            ids = list(chunk.ids)
+        if len(lines) != len(ids):
+            raise RuntimeError(f"log {chunk.no:06d} holds {len(lines)} records, its index {len(ids)}")
+        keys = [record_key(line) for line in lines]
+        self._write_segment(chunk.no, lines)
+        self._rolled.add_segment(chunk.no, [(rid, sc, kind, h, at, chunk.no, row)
+                                            for row, (rid, sc, kind, h, at) in enumerate(keys)])
+        with self._read_lock, self._lock:
+            self._segments[chunk.no] = self.folder / f"seg-{chunk.no:06d}.parquet"
+            self._tail.pop(chunk.no, None)
+            gone = set(ids)
+            for rid in ids:
+                self._index.pop(rid, None)
+            for scenario in {k[1] for k in keys}:
+                lst = self._scenario_ids.get(scenario)
+                if lst is not None:
+                    lst[:] = [rid for rid in lst if rid not in gone]
+            os.close(chunk.fd)
+            chunk.fd = -1
         (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
         self.stats["rolls"] += 1
 
@@ -531,7 +591,7 @@ class RecordStore:
                     continue
                 chunk = self._roll_queue[0]
             try:
-                self._write_segment(chunk)
+                self._roll(chunk)
             except Exception:  # the log stays on disk and is rolled again at the next start
                 log.exception("rolling log %06d into Parquet failed; will retry", chunk.no)
                 self.stats["roll_errors"] += 1
@@ -539,7 +599,6 @@ class RecordStore:
                 continue
             with self._lock:
                 self._roll_queue.pop(0)
-                self._publish_segment(chunk)
 
     # ---- following relay workers' logs ----------------------------------------------------------------------
     def follow_relays(self) -> None:
@@ -564,24 +623,25 @@ class RecordStore:
                 if f is None:
                     try:
                         f = _Follow(os.open(path, os.O_RDONLY))
+                        chunk = _Chunk(no, path)
                     except FileNotFoundError:
                         continue
                     with self._lock:
                         self._followed[no] = f
-                        self._tail[no] = _Chunk(no)
+                        self._tail[no] = chunk
                 try:  # a free lock means the relay is done with this log: read its last frames and roll it
                     fcntl.flock(f.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     closed = True
                 except BlockingIOError:
                     closed = False
                 size = os.fstat(f.fd).st_size
-                lines = []
+                lines, offsets = [], []
                 want = 1 << 16
                 while f.offset + _HEADER.size <= size:  # in slices: a relay's log ends in preallocated zeros
                     if not _HEADER.unpack(os.pread(f.fd, _HEADER.size, f.offset))[0]:
                         break  # nothing new: one 8-byte read, not a slice of zeros, per look
                     data = os.pread(f.fd, min(size - f.offset, want), f.offset)
-                    rows, good = _frames(data)
+                    rows, at, good, _ = _frames(data)
                     if not good:
                         length = _HEADER.unpack_from(data)[0] & ~_ROWS if len(data) >= _HEADER.size else 0
                         if length and _HEADER.size + length > want:  # a frame larger than the slice
@@ -590,11 +650,12 @@ class RecordStore:
                         break
                     want = 1 << 16
                     lines += rows
+                    offsets += [f.offset + a for a in at]
                     f.offset += good
                 if lines:
                     keys = [record_key(line) for line in lines]
                     with self._lock:
-                        self._index_durable(no, keys, lines)
+                        self._index_durable(no, keys, lines, offsets)
                 if closed:
                     if f.offset < size and _is_torn(path, f.offset):
                         # the relay died mid-write: nothing past here was acknowledged
@@ -609,65 +670,58 @@ class RecordStore:
 
     # ---- reading --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._index)
+        with self._lock:
+            tail = sum(len(c.ids) for c in self._tail.values())
+        return tail + self._rolled.count
 
     def entry(self, record_id: str) -> IndexEntry | None:
+        """What the index knows of a durable record (None if there is none)."""
         e = self._index.get(record_id)
         if e is None and self._following:
             self.follow()
             e = self._index.get(record_id)
-        return None if e is None or e.chunk < 0 else e
+        if e is not None:
+            return None if e.chunk < 0 else e
+        row = self._rolled.get(record_id)
+        return None if row is None else IndexEntry(row[1], row[2], row[3], row[4], row[5], row[6])
 
     def get(self, record_id: str) -> dict | None:
-        if self._following and record_id not in self._index:
-            self.follow()
-        with self._lock:
-            e = self._index.get(record_id)
-            if e is None or e.chunk < 0:
-                return None
-            text = self._tail_by_id.get(record_id)
-            seg = self._segments.get(e.chunk)
-        if text is not None:
-            return parse_row(text)
-        df = scan_segments([seg]).filter(pl.col("id") == record_id).collect()
-        return frame_row_to_dict(df.row(0, named=True)) if len(df) else None
+        found = self.get_many([record_id])
+        return found[0] if found else None
 
     def get_many(self, record_ids: list[str]) -> list[dict]:
-        """Records by id, in the order given (unknown ids are skipped); one Parquet scan per segment touched."""
-        found: dict[str, dict] = {}
-        texts: dict[str, bytes] = {}
-        by_segment: dict[Path, list[str]] = {}
+        """Records by id, in the order given (unknown ids are skipped): a `pread` each from the logs, one read of
+        the row groups that hold them from each segment."""
         if self._following and any(rid not in self._index for rid in record_ids):
             self.follow()
-        with self._lock:
-            for rid in record_ids:
-                e = self._index.get(rid)
-                if e is None or e.chunk < 0:
-                    continue
-                if rid in self._tail_by_id:
-                    texts[rid] = self._tail_by_id[rid]
-                elif e.chunk in self._segments:
-                    by_segment.setdefault(self._segments[e.chunk], []).append(rid)
-        found.update((rid, parse_row(text)) for rid, text in texts.items())
-        for seg, ids in by_segment.items():
-            for row in scan_segments([seg]).filter(pl.col("id").is_in(ids)).collect().iter_rows(named=True):
-                found[row["id"]] = frame_row_to_dict(row)
+        found: dict[str, dict] = {}
+        missing = []
+        with self._read_lock:
+            with self._lock:
+                places = []
+                for rid in record_ids:
+                    e = self._index.get(rid)
+                    if e is None:
+                        missing.append(rid)
+                    elif e.chunk >= 0:
+                        places.append((rid, self._tail[e.chunk].fd, e.pos, e.size))
+            for rid, fd, pos, size in places:
+                found[rid] = parse_row(os.pread(fd, size, pos))
+        by_segment: dict[int, list[tuple[int, str]]] = {}
+        for rid, row in self._rolled.get_many(missing).items():
+            by_segment.setdefault(row[5], []).append((row[6], rid))
+        for no, rows in by_segment.items():
+            found.update(read_rows(self.folder / f"seg-{no:06d}.parquet", rows))
         return [found[rid] for rid in record_ids if rid in found]
 
     def scan(self) -> pl.LazyFrame:
-        """A consistent LazyFrame over all records (segments plus the in-memory tail of unrolled logs)."""
+        """A consistent LazyFrame over all records (segments plus the unrolled logs, read from disk)."""
         self.follow()
-        with self._lock:  # a snapshot: segments never change and a chunk's records only grow
-            paths = [p for _, p in sorted(self._segments.items())]
-            parts = [(c, c.frame, c.framed, c.records[c.framed:]) for _, c in sorted(self._tail.items()) if c.records]
-        tails = []
-        for chunk, frame, framed, new in parts:  # framed outside the lock: appends go on meanwhile
-            if new:
-                frame = lines_to_frame(new) if frame is None else pl.concat([frame, lines_to_frame(new)])
-                with self._lock:
-                    if chunk.framed == framed:
-                        chunk.frame, chunk.framed = frame, framed + len(new)
-            tails.append(frame)
+        with self._read_lock:
+            with self._lock:  # a snapshot: segments never change and a log's indexed records only grow
+                paths = [p for _, p in sorted(self._segments.items())]
+                parts = [(c.fd, [self._index[rid] for rid in c.ids]) for _, c in sorted(self._tail.items()) if c.ids]
+            tails = [lines_to_frame([os.pread(fd, e.size, e.pos) for e in entries]) for fd, entries in parts]
         return scan_segments(paths, tails)
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
@@ -676,22 +730,30 @@ class RecordStore:
 
     def page(self, scenario: str | None, kind: str | None, since: float, after: str | None,
              limit: int | None) -> tuple[list[str], str | None]:
-        """Up to `limit` ids after `after` and the cursor of the next page (None at the end). Walks one
-        scenario's sorted ids from the cursor, so a page costs about `limit` steps, not the store's size."""
+        """Up to `limit` ids after `after` and the cursor of the next page (None at the end): the rolled ones from
+        the on-disk index and the others from memory, merged in id order."""
         self.follow()
+        want = None if limit is None else limit + 1
         with self._lock:
             if scenario is None:
                 ids = sorted(rid for rid, e in self._index.items() if e.chunk >= 0)
             else:
                 ids = self._scenario_ids.get(scenario, [])
-            idx, out = self._index, []
+            idx, recent = self._index, []
             for i in range(bisect.bisect_right(ids, after) if after else 0, len(ids)):
-                e = idx[ids[i]]
-                if (kind is None or e.kind == kind) and e.stored_at >= since:
-                    if limit is not None and len(out) == limit:
-                        return out, out[-1]
-                    out.append(ids[i])
-            return out, None
+                e = idx.get(ids[i])
+                if e is not None and e.chunk >= 0 and (kind is None or e.kind == kind) and e.stored_at >= since:
+                    recent.append(ids[i])
+                    if want is not None and len(recent) == want:
+                        break
+        rolled = self._rolled.page(scenario, kind, since, after, want)
+        out: list[str] = []
+        for rid in heapq.merge(rolled, recent):
+            if not out or out[-1] != rid:  # rolled between the two reads: listed by both
+                out.append(rid)
+        if limit is not None and len(out) > limit:
+            return out[:limit], out[limit - 1]
+        return out, None
 
     def forget(self, scenario: str) -> int:
         """Drop a deleted scenario's records from the index (they stay on disk, append-only)."""
@@ -700,14 +762,14 @@ class RecordStore:
             gone += [rid for rid, e in self._index.items() if e.scenario == scenario and e.chunk < 0]
             for rid in gone:
                 self._index.pop(rid, None)
-        return len(gone)
+        return len(gone) + self._rolled.forget(scenario)
 
     def info(self) -> dict:
         self.follow()
         with self._lock:
-            return {"records": len(self._index), "segments": len(self._segments),
-                    "log_records": sum(len(c.records) for c in self._tail.values()), "log_bytes": self._log_size,
-                    "broken": self._broken, **self.stats}
+            tail = sum(len(c.ids) for c in self._tail.values())
+            return {"records": tail + self._rolled.count, "segments": len(self._segments), "log_records": tail,
+                    "log_bytes": self._log_size, "broken": self._broken, **self.stats}
 
     def _settle(self) -> bool:
         """Lock held: wait until no commit runs; False when the store is closed already."""
@@ -722,7 +784,7 @@ class RecordStore:
         with self._lock:
             if not self._settle():
                 return
-            if self._tail.get(self._log_no) and self._tail[self._log_no].records:
+            if self._tail.get(self._log_no) and self._tail[self._log_no].ids:
                 self._rotate()
             self._closed = True
             self._roll_wake.notify()
@@ -730,6 +792,31 @@ class RecordStore:
         os.close(self._fd)
         for f in self._followed.values():
             os.close(f.fd)
+        for c in self._tail.values():
+            if c.fd >= 0:
+                os.close(c.fd)
+        self._rolled.close()
+
+
+def read_rows(path: Path, rows: list[tuple[int, str]]) -> dict[str, dict]:
+    """Records at the given rows of one segment: each run of nearby rows is one slice, which decodes only the row
+    groups it touches."""
+    rows = sorted(rows)
+    lf = scan_segments([path])
+    out, i = {}, 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][0] - rows[i][0] < SEGMENT_ROW_GROUP:
+            j += 1
+        start = rows[i][0]
+        df = lf.slice(start, rows[j][0] - start + 1).collect()
+        for row, rid in rows[i:j + 1]:
+            d = frame_row_to_dict(df.row(row - start, named=True))
+            if d["id"] != rid:
+                raise RuntimeError(f"segment {path.name} row {row} holds {d['id']!r}, its index says {rid!r}")
+            out[rid] = d
+        i = j + 1
+    return out
 
 
 class RelayLog(RecordStore):
@@ -764,7 +851,7 @@ class RelayLog(RecordStore):
             raise StoreUnavailable(self._broken)
         return [True] * len(dicts), dicts
 
-    def _committed(self, keys: list[Key], lines: list[bytes]) -> None:
+    def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         self._count += len(keys)
         self._count_commit(len(keys))
         if self._count >= self.roll_records or self._log_size >= self.roll_bytes:
