@@ -64,13 +64,14 @@ class SegmentIndex:
         with self._lock:
             self._db.execute("BEGIN")
             try:
+                gone = self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount  # a re-index
                 self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 self._db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?)", (no, len(rows)))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self.count += len(rows)
+            self.count += len(rows) - gone
 
     def drop_segments(self, nos: set[int]) -> None:
         with self._lock:
