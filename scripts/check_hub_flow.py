@@ -45,8 +45,9 @@ def main() -> None:
     py, bin_dir = sys.executable, Path(sys.executable).parent
     hub_port = free_port()
     hub_url = f"http://127.0.0.1:{hub_port}"
-    env = {**os.environ, "HF_ENDPOINT": hub_url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
-           "HF_HOME": str(out / "hf-home"), "WANDB_MODE": "offline"}
+    # Only what the README tells a user to set (HF_ENDPOINT, HF_TOKEN); HF_HOME keeps this check's cache apart.
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))},
+           "HF_ENDPOINT": hub_url, "HF_TOKEN": TOKEN, "HF_HOME": str(out / "hf-home"), "WANDB_MODE": "offline"}
     log = []
     hub = subprocess.Popen([py, "-m", "reef_lab.testing.hub_server", "--root", str(out / "hub"), "--port",
                             str(hub_port), "--token", TOKEN], cwd=ROOT, env=env)

@@ -25,7 +25,8 @@ from reef_lab.config import parse_serve_config  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_serve_config(argv)
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # No HF_HUB_OFFLINE here: local models load with local_files_only, and --hub-repo pushes need the Hub client
+    # online (its offline flag blocks every request, pushes included).
     from granian import Granian
     from granian.constants import Interfaces
 

@@ -203,3 +203,55 @@ def test_harness_release_is_a_file_tree_on_the_hub(live, hub, tmp_path):
     assert (folder / "system_prompt.md").read_text() == "Be brief."
     assert (folder / "skills" / "sum.md").read_text() == "Add the numbers."
     assert "| recipe | manual |" in (folder / "README.md").read_text()
+
+
+def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_model_dir, tmp_path):
+    """`HF_ENDPOINT=... HF_TOKEN=... python scripts/serve.py --hub-repo me/reef-{scenario}`, nothing else set: the
+    local model loads without the Hub and each release is pushed (serve.py once forced the Hub client offline)."""
+    import http.client
+    import signal
+
+    from reef_lab.testing import free_port
+
+    _, url = hub
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=url, HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "hf-home"))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir",
+                             str(tmp_path / "data"), "--model-path", str(tiny_model_dir), "--hub-repo",
+                             "me/reef-{scenario}", "--log-level", "warning"], cwd=root, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                c.request("GET", "/healthz")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.2)
+        u = f"http://127.0.0.1:{port}"
+        r = requests.post(u + "/reef/scenarios/s/harness", json={"files": {"system_prompt.md": "Be brief."}})
+        assert r.status_code == 201, r.text
+        deadline = time.time() + 60
+        while True:
+            rel = requests.get(u + "/reef/scenarios/s/releases").json()["releases"][0]
+            state = (rel.get("hub") or {}).get("state")
+            if state in ("pushed", "failed"):
+                break
+            assert time.time() < deadline, f"the push never ended: {rel}"
+            time.sleep(0.1)
+        assert state == "pushed", rel["hub"]
+        tags = {t.name for t in HfApi(endpoint=url, token=TOKEN).list_repo_refs("me/reef-s").tags}
+        assert tags == {"v1"}
+        out = subprocess.run([str(Path(sys.executable).parent / "hf"), "download", "me/reef-s", "--revision", "v1",
+                              "--local-dir", str(tmp_path / "v1")], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert (tmp_path / "v1" / "system_prompt.md").read_text() == "Be brief."
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

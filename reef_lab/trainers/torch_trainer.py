@@ -67,7 +67,7 @@ def load_causal_lm(model_dir: str | Path, init_folder: str | Path | None, device
 
     from reef_lab.engines.embedded import load_checkpoint
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     if init_folder is not None:
         load_checkpoint(model, Path(init_folder))
     return model.to(device)
@@ -124,7 +124,7 @@ class TorchTrainer:
         self.model = load_causal_lm(model_dir, init_folder, self.device)
         if tokenizer is None:
             from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.config.lora_rank:
