@@ -104,15 +104,19 @@ def apply(dialect: str, body: dict, files: dict[str, str]) -> dict:
     if dialect == dialects.OPENAI_CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list):
-            return body  # not a chat request: the dialect's parser (or the provider) answers 400
+            raise BadRequest("'messages' must be a list of message objects")
         out["messages"] = [{"role": "system", "content": text}] + messages
     elif dialect == dialects.OPENAI_RESPONSES:
         own = body.get("instructions")
-        out["instructions"] = text + (f"\n\n{own}" if isinstance(own, str) and own else "")
+        if own is not None and not isinstance(own, str):
+            raise BadRequest("'instructions' must be a string")
+        out["instructions"] = text + (f"\n\n{own}" if own else "")
     elif dialect == dialects.ANTHROPIC:
         own = body.get("system")
         if isinstance(own, list):
             out["system"] = [{"type": "text", "text": text}] + own
+        elif own is None or isinstance(own, str):
+            out["system"] = text + (f"\n\n{own}" if own else "")
         else:
-            out["system"] = text + (f"\n\n{own}" if isinstance(own, str) and own else "")
+            raise BadRequest("'system' must be a string or a list of text blocks")
     return out
