@@ -51,7 +51,14 @@ class ServeConfig:
                 "default SmolLM2-135M-Instruct"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
-        "help": "request threads of the WSGI server (each open stream holds one)"})
+        "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
+    http_server: str = field(default="threads", metadata={
+        "help": "threads: reef_lab's HTTP/1.1 server (server/httpd.py: a thread per connection, bodies read whole "
+                "with a timeout before the app runs); granian: the granian WSGI server, which has no body read "
+                "timeout (a client that never sends its declared body holds a request thread)"})
+    read_timeout: float = field(default=30.0, metadata={
+        "help": "seconds a request's body (or its headers) may take to arrive before the answer is 408 "
+                "(threads server)"})
     workers: int = field(default=0, metadata={
         "help": "worker processes; 0: one per CPU (at most 8) with --upstream-url, else 1. Several need "
                 "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
@@ -96,6 +103,10 @@ class ServeConfig:
             raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
         if self.workers < 0:
             raise ValueError(f"workers must be 0 (automatic) or more, got {self.workers}")
+        if self.http_server not in ("threads", "granian"):
+            raise ValueError(f"http_server must be threads or granian, got {self.http_server!r}")
+        if not 1 <= self.read_timeout <= 600:
+            raise ValueError(f"read_timeout must be 1..600 seconds, got {self.read_timeout}")
         if self.workers > 1 and not self.upstream_url:
             raise ValueError("workers above 1 need upstream_url: the embedded model and its batching live in one "
                              "process (use --workers 1, or proxy a provider with --upstream-url)")

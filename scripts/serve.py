@@ -2,10 +2,12 @@
 
 Flags (or the same names in a YAML file given with -c) choose the address, the data dir, the recipe of new
 scenarios, an upstream provider to proxy instead of the embedded model, or another local model; --help lists
-them. The Flask app runs under granian (a Rust HTTP server with a thread pool for WSGI): one worker process that
+them. The Flask app runs under reef_lab's HTTP/1.1 server (server/httpd.py: worker processes sharing the port, a
+thread per connection that reads each request whole, with a timeout, before the app runs): one worker process that
 holds the engine and the record store, or with --upstream-url one per CPU, the others relaying inference to the
-provider and their records to the first (server/workers.py). granian's single-threaded runtime per worker
-("st") measured about 10% faster than its default on these machines.
+provider and their records to the first (server/workers.py). `--http-server granian` runs it under granian instead
+(its single-threaded runtime per worker, "st", measured about 10% faster than granian's default here), which has no
+timeout on request bodies.
 """
 
 from __future__ import annotations
@@ -27,15 +29,26 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
     # No HF_HUB_OFFLINE here: local models load with local_files_only, and --hub-repo pushes need the Hub client
     # online (its offline flag blocks every request, pushes included).
-    from granian import Granian
-    from granian.constants import Interfaces
-
     print(f"[serve] starting reef_lab on http://{cfg.host}:{cfg.port} (data dir {cfg.data_dir}); "
           "the model loads before the first request is answered", file=sys.stderr, flush=True)
-    Granian("server.wsgi:app", address=cfg.host, port=cfg.port, interface=Interfaces.WSGI, workers=cfg.worker_count(),
-            blocking_threads=cfg.threads, backlog=2048, log_level=cfg.log_level, working_dir=ROOT,
-            respawn_failed_workers=False,
-            runtime_mode="st").serve()
+    if cfg.http_server == "granian":
+        from granian import Granian
+        from granian.constants import Interfaces
+
+        Granian("server.wsgi:app", address=cfg.host, port=cfg.port, interface=Interfaces.WSGI,
+                workers=cfg.worker_count(), blocking_threads=cfg.threads, backlog=2048, log_level=cfg.log_level,
+                working_dir=ROOT, respawn_failed_workers=False, runtime_mode="st").serve()
+        return
+    import logging
+
+    from server import httpd
+    from server.common import limits_from
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    body = limits_from(cfg)
+    sys.exit(httpd.run("server.wsgi:app", cfg.host, cfg.port, cfg.worker_count(), httpd.Limits(
+        max_requests=cfg.threads, body_bytes=max(body.body_bytes, body.report_bytes, body.import_bytes),
+        header_timeout=cfg.read_timeout, read_timeout=cfg.read_timeout)))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
 _governor = None  # this worker's workers.SliceGovernor, when it asks for a short time slice
+role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
 
 
 def _die_with_parent() -> None:
@@ -56,7 +57,7 @@ def build():
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
     tokens = tokens_from_env()
-    global _governor
+    global _governor, role
     primary = False
     if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
         # before any thread this worker starts: they inherit it
@@ -68,9 +69,10 @@ def build():
             _held.append(slot)
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
+            role = "relay"
             return build_relay(cfg, tokens)
         _held.append(lock)
-        primary = True
+        primary, role = True, "primary"
     gateway = build_gateway(cfg)
     multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
     if not tokens:
