@@ -309,9 +309,9 @@ class RecordStore:
         self._followed: dict[int, _Follow] = {}
         self._following = False
         self._follow_lock = threading.Lock()
-        self._recover()
         self._roll_queue: list[_Chunk] = []
         self._roll_wake = threading.Condition(self._lock)
+        self._recover()
         self._closed = False
         self._roller = threading.Thread(target=self._roll_loop, name="reef-roller", daemon=True)
         self._roller.start()
@@ -340,17 +340,18 @@ class RecordStore:
                     f.truncate(good)
                     os.fsync(f.fileno())
             parsed[no] = (lines, offsets, legacy)
-        # Every log but the newest is closed: roll them now so only one log is ever open. A log with frames of
-        # the old layout is rolled too (its records have no row text in place to be read from).
+        # Every log's records serve from the log as before the restart; all but the newest are closed and go to
+        # the roller. A log with frames of the old layout is rolled now (its records have no row text to read).
         nos = sorted(parsed)
         for no in nos:
             lines, offsets, legacy = parsed[no]
-            if no != nos[-1] or legacy:
+            if legacy:
                 self._roll_now(no, lines)
                 continue
             self._tail[no] = _Chunk(no, logs[no])
-            keys = [record_key(line) for line in lines]
-            self._index_durable(no, keys, lines, offsets)
+            self._index_durable(no, [record_key(line) for line in lines], lines, offsets)
+            if no != nos[-1]:
+                self._roll_queue.append(self._tail[no])
         last = nos[-1] if nos and nos[-1] in self._tail else max([*self._segments, *nos], default=0) + 1
         if last not in self._tail:
             self._tail[last] = _Chunk(last)
@@ -779,13 +780,26 @@ class RecordStore:
             self._idle.wait()
         return True
 
-    def close(self) -> None:
-        """Roll the open log into Parquet and stop the roller (a crash instead of close loses nothing either)."""
+    def roll_open_log(self, timeout: float = 60) -> None:
+        """Close the open log now (if it holds records) and wait until every closed log is in Parquet: for tools
+        and tests that want segments; serving never needs it."""
         with self._lock:
             if not self._settle():
                 return
-            if self._tail.get(self._log_no) and self._tail[self._log_no].ids:
+            if self._tail[self._log_no].ids:
                 self._rotate()
+        deadline = time.monotonic() + timeout
+        while self._roll_queue:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self._roll_queue)} logs still wait to be rolled")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        """Finish the rolls under way and stop the roller. The open log stays a log: the next start serves its
+        records from it as this one did, and rolls it once full (a crash instead of close loses nothing either)."""
+        with self._lock:
+            if not self._settle():
+                return
             self._closed = True
             self._roll_wake.notify()
         self._roller.join(timeout=60)

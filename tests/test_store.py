@@ -26,9 +26,9 @@ def test_append_get_and_reopen(tmp_path):
     st.close()
     st2 = RecordStore(tmp_path)
     assert len(st2) == 1
-    again = st2.get("r00001")  # now served from the Parquet segment the close rolled
+    again = st2.get("r00001")  # served from the log, as before the restart: a close does not roll it
     assert again["response"] == {"o": 1} and again["token_ids"] == [1, 2]
-    assert list((tmp_path / "records").glob("seg-*.parquet"))
+    assert not list((tmp_path / "records").glob("seg-*.parquet"))
     st2.close()
 
 
@@ -173,7 +173,8 @@ def test_rolled_segment_equals_the_records_written(tmp_path):
     def rows(df):
         return sorted((frame_row_to_dict(r) for r in df.to_dicts()), key=lambda r: r["id"])
     expected = rows(st.scan().collect())  # before the roll: built from the records in memory
-    st.close()  # rolls the log into a segment
+    st.roll_open_log()
+    st.close()
     assert st.stats["rolls"] == 1 and st.stats["roll_errors"] == 0
     assert rows(scan_records(tmp_path).collect()) == expected
     st2 = RecordStore(tmp_path)
@@ -209,7 +210,8 @@ def test_json_values_of_every_kind_survive_the_roll_and_reopen(tmp_path):
     def from_frame(df):
         return exact({r["id"]: {k: r[k] for k in fields} for r in map(frame_row_to_dict, df.to_dicts())})
     assert from_frame(st.scan().collect()) == expect
-    st.close()  # rolls the log into a segment
+    st.roll_open_log()
+    st.close()
     assert st.stats["rolls"] == 1 and st.stats["roll_errors"] == 0
     assert from_frame(scan_records(tmp_path).collect()) == expect
     st2 = RecordStore(tmp_path)
@@ -289,6 +291,7 @@ def test_rolled_records_are_read_through_the_on_disk_index(tmp_path):
     st = RecordStore(tmp_path, roll_records=100)
     for i in range(350):
         st.append([rec(i, scenario="a" if i % 3 else "b")])
+    st.roll_open_log()
     st.close()
     st = RecordStore(tmp_path)
     assert not st._index  # every record rolled: nothing about them is held in memory
@@ -310,6 +313,7 @@ def test_paging_merges_rolled_and_unrolled_records_in_id_order(tmp_path):
     st = RecordStore(tmp_path, roll_records=10)
     for i in range(0, 60, 2):
         st.append([rec(i)])
+    st.roll_open_log()
     st.close()
     st = RecordStore(tmp_path, roll_records=1000)
     for i in range(1, 60, 2):  # interleaved ids, still in the open log
@@ -330,6 +334,7 @@ def test_a_missing_damaged_or_stale_index_is_rebuilt_from_the_segments(tmp_path,
     st = RecordStore(tmp_path, roll_records=50)
     for i in range(120):
         st.append([rec(i)])
+    st.roll_open_log()
     st.close()
     index = tmp_path / "records" / "index.sqlite"
     if damage == "delete":
