@@ -128,7 +128,7 @@ class Gateway:
         name = check_name(scenario)
         if not self.scenarios.exists(name):
             return None
-        if name not in self._harness and self._evolves_harness(name):
+        if name not in self._harness and name not in self._errors and self._evolves_harness(name):
             self._start_learner(name)  # its seed harness serves from the first request on
         release, files = self._harness.get(name, (None, None))
         return {"release_id": release, "files": files}
@@ -180,7 +180,7 @@ class Gateway:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         self.scenarios.ensure(name)
-        if name not in self._harness and self._evolves_harness(name):
+        if name not in self._harness and name not in self._errors and self._evolves_harness(name):
             self._start_learner(name)  # serves the recipe's seed harness from the first request on
         harness = self._harness.get(name)
         sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
@@ -603,8 +603,8 @@ class Gateway:
             raise BadRequest(f"'dialect' must be one of {list(dialects.PARSERS)} or empty")
         for key in ("prompt_token_ids", "token_ids"):
             v = item.get(key)
-            if v is not None and not (isinstance(v, list) and all(type(t) is int and t >= 0 for t in v)):
-                raise BadRequest(f"'{key}' must be a list of non-negative integers")
+            if v is not None and not (isinstance(v, list) and all(type(t) is int and 0 <= t < 2**31 for t in v)):
+                raise BadRequest(f"'{key}' must be a list of token ids (integers in 0..2^31-1)")
         lp = item.get("logprobs")
         if lp is not None:
             if not isinstance(lp, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -593,13 +593,17 @@ class RecordStore:
                 chunk = self._roll_queue[0]
             try:
                 self._roll(chunk)
-            except Exception:  # the log stays on disk and is rolled again at the next start
+            except Exception:  # noqa: BLE001 - its records still serve from the log; the others roll meanwhile
                 log.exception("rolling log %06d into Parquet failed; will retry", chunk.no)
                 self.stats["roll_errors"] += 1
-                time.sleep(5)
+                with self._lock:
+                    self._roll_queue.remove(chunk)
+                    if not self._closed:  # closed: left for the next start, which serves it and tries again
+                        self._roll_queue.append(chunk)
+                        self._roll_wake.wait(5)
                 continue
             with self._lock:
-                self._roll_queue.pop(0)
+                self._roll_queue.remove(chunk)
 
     # ---- following relay workers' logs ----------------------------------------------------------------------
     def follow_relays(self) -> None:

@@ -60,8 +60,7 @@ def admit(environ, tokens: list[bytes], limits: Limits) -> None:
     if not tokens:
         check_same_origin(environ)
     length = environ.get("CONTENT_LENGTH") or ""
-    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if length not in ("", "0") or chunked:
+    if has_body(environ):
         media = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
         if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
             raise UnsupportedMediaType(f"the request body must be JSON sent as 'Content-Type: application/json', "
@@ -72,6 +71,11 @@ def admit(environ, tokens: list[bytes], limits: Limits) -> None:
         if length and int(length) > limit:
             raise PayloadTooLarge(f"the request body is {int(length)} bytes; {path} takes at most {_mb(limit)} "
                                   "(the server's --max-*-mb / --max-report-kb settings)")
+
+
+def has_body(environ) -> bool:
+    return (environ.get("CONTENT_LENGTH") or "0") != "0" or "chunked" in environ.get("HTTP_TRANSFER_ENCODING",
+                                                                                    "").lower()
 
 
 def check_same_origin(environ) -> None:

@@ -79,8 +79,10 @@ class HotRoutes:
             return self.flask_wsgi(environ, start_response)
         try:
             if environ.get("REQUEST_METHOD") != "POST":
-                raise ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
+                err = ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
                                 status=405)
+                err.type = "invalid_request_error"
+                raise err
             admit(environ, self.tokens, self.limits)
             body = parse_json(read_body(environ, self.limits.for_path(path)), self.limits.json_depth)
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, g, request
 
 from reef_lab.errors import BadRequest
-from server.common import json_body, json_response, scenario
+from server.common import has_body, json_body, json_response, scenario
 
 bp = Blueprint("reef", __name__, url_prefix="/reef")
 
@@ -65,7 +65,7 @@ def status():
 @bp.post("/train")
 def train():
     """Train one round now (scenarios in mode manual or hybrid): x-reef-scenario header or {"scenario": ...}."""
-    body = json_body() if request.content_length else {}
+    body = json_body() if has_body(request.environ) else {}
     name = scenario() or (body.get("scenario") if isinstance(body, dict) else None)
     return json_response(g.gateway.train(name), 202)
 

@@ -110,6 +110,7 @@ def test_bodies_over_the_limits_are_413(proxy):
     ("/reef/records/batch", {"records": [{"scenario": "h", "kind": {"a": 1}}]}, "'kind'"),
     ("/reef/records/batch", {"records": [{"scenario": "h", "timing": 3}]}, "'timing'"),
     ("/reef/records/batch", {"records": [{"scenario": "h", "release_id": ["x"]}]}, "'release_id'"),
+    ("/reef/records/batch", {"records": [{"scenario": "h", "token_ids": [2**63]}]}, "token ids"),
     ("/reef/scenarios", {"name": "n", "recipe": "basic", "extra": 1}, "unknown field"),
     ("/reef/report", {"score": "1"}, "'score'"),
     ("/reef/scenarios/h/rollback", {"release_id": 3}, "release_id"),

@@ -256,6 +256,10 @@ ODD_NAMES = ("", "-a", ".a", "_a", "a b", "a/b", "..", ".", "café", "漢字", "
              "%2F", "a%00b", "fz-a;b", "null", "0", " fz-a")
 ODD_IDS = ("rec_nope", "..", "...", "rec_" + "0" * 300, "%2e%2e%2fscenarios.json", "%00", "%ff", "caf%C3%A9",
            "a%2Fb", "rec_%0A", "@@R:fz-b:0@@", "@@P:fz-a:0@@", "x" * 2000, "-1", "0")
+EDGE_NUMBERS = [("token_ids", b"9223372036854775808"), ("prompt_token_ids", b"18446744073709551615"),
+                ("created_at", b"1e308"), ("token_ids", b"9223372036854775807"), ("logprobs", b"-1e308"),
+                ("score", b"5e-324"), ("token_ids", b"18446744073709551616"), ("created_at", b"253402300800"),
+                ("prompt_token_ids", b"4294967296"), ("score", b"-0.0"), ("logprobs", b"1e-400")]
 BAD_HARNESS_PATHS = ("a" * 300, "a\u0000b", "..", "../x.md", "/abs.md", "a/../b.md", "./a.md", "a//b.md", "a\\b.md",
                      "", "README.md", "reef_checkpoint.json", "/".join("d" * 9) + ".md", "\t.md", "a\nb.md",
                      "é" * 101, "x" * 201 + "/y.md", "skills/" + "s" * 250 + ".md", "\u202e.md", "con\u0000")
@@ -298,7 +302,8 @@ class _Gen:
             name = rng.choice(list(INFERENCE))
             path, make = INFERENCE[name]
             stream = rng.random() < 0.3
-            return self.case("POST", path, self.headers(s), make(rng, stream), f"{name}/valid{'-stream' if stream else ''}")
+            label = f"{name}/valid-stream" if stream else f"{name}/valid"
+            return self.case("POST", path, self.headers(s), make(rng, stream), label)
         if k < 0.6:
             return self.case("POST", "/reef/report", self.headers(s), report_body(rng, s, i), "report/valid")
         choices = [
@@ -713,6 +718,17 @@ class _Gen:
                                      {"name": f"fzc-{self.i}", "recipe": "gepa", "config": nest(60, kind="obj")},
                                      {"name": f"fzc-{self.i}", "extra": 1})), "scenarios/create-bad")
 
+    def edge_numbers(self, k: int | None = None) -> FuzzCase:
+        """An imported record with numbers at the edges of what the store's columns hold (int64, float64)."""
+        rng, s, i = self.rng, self.scen(), self.i
+        key, value = EDGE_NUMBERS[k % len(EDGE_NUMBERS)] if k is not None else rng.choice(EDGE_NUMBERS)
+        item = record_item(rng, s, i)
+        if key == "logprobs":
+            item["token_ids"] = [1]
+        item[key] = [Raw(value)] if key in ("token_ids", "prompt_token_ids", "logprobs") else Raw(value)
+        return self.case("POST", "/reef/records/batch", self.headers(s), {"records": [item]},
+                         f"batch/edge-number:{key}={value.decode()}")
+
     def big_body(self) -> FuzzCase:
         rng, s = self.rng, self.scen()
         name, path, _, body = self.post_template()
@@ -730,7 +746,7 @@ class _Gen:
                              (0.08, self.bad_bytes), (0.05, self.media_type), (0.07, self.scenario_name),
                              (0.06, self.record_and_query), (0.09, self.report_mutation),
                              (0.07, self.inference_mutation), (0.04, self.harness_mutation),
-                             (0.05, self.batch_mutation), (0.14, self.misc)):
+                             (0.05, self.batch_mutation), (0.02, self.edge_numbers), (0.12, self.misc)):
             if r < weight:
                 return make()
             r -= weight
@@ -775,7 +791,8 @@ def _set(obj, spot, value):
 
 def generate(seed: int, n: int) -> list[FuzzCase]:
     """n requests, the same for the same seed: first a few well-formed ones (so scenarios and receipts exist and a
-    code-running recipe is tried), then a mix of well-formed and hostile ones; every 311th an 11 MB body."""
+    code-running recipe is tried), then a mix of well-formed and hostile ones; every 311th an 11 MB body, and every
+    97th a code-naming recipe and a record with edge numbers (in turn), so short runs hold them too."""
     g = _Gen(seed)
     out: list[FuzzCase] = []
     for i in range(n):
@@ -797,6 +814,8 @@ def generate(seed: int, n: int) -> list[FuzzCase]:
             c = g.big_body()
         elif i % 97 == 40:
             c = g.popen()
+        elif i % 97 == 70:
+            c = g.edge_numbers(i // 97)
         else:
             c = g.one()
         out.append(c)

@@ -32,9 +32,31 @@ def _last_user_text(body: dict) -> str:
         return inp if isinstance(inp, str) else str(inp[-1].get("content")) if inp else ""
     for m in reversed(msgs):
         if m.get("role") == "user":
-            c = m.get("content")
-            return c if isinstance(c, str) else "".join(p.get("text", "") for p in c if isinstance(p, dict))
+            c = m.get("content") or ""
+            return c if isinstance(c, str) else "".join(str(p.get("text", "")) for p in c)
     return ""
+
+
+def _malformed(path: str, body) -> str | None:
+    """Why a body is not a request of this route's shape (None when it is), checked as far as the stub reads it."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    key = "input" if path == "/v1/responses" else "messages"
+    msgs = body.get(key)
+    if path == "/v1/responses" and isinstance(msgs, str):
+        msgs = []
+    if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+        return f"'{key}' must be a list of message objects"
+    for m in msgs:
+        c = m.get("content")
+        if not isinstance(c, (str, list, type(None))) or isinstance(c, list) and not all(isinstance(p, dict)
+                                                                                       for p in c):
+            return "a message's 'content' must be a string or a list of content blocks"
+    system = body.get("system", body.get("instructions"))
+    if system is not None and not isinstance(system, (str, list)) or isinstance(system, list) and not all(
+            isinstance(b, dict) for b in system):
+        return "'system' must be a string or a list of text blocks"
+    return None
 
 
 def _system_text(body: dict) -> str:
@@ -42,7 +64,7 @@ def _system_text(body: dict) -> str:
         return body["instructions"]
     system = body.get("system")
     if system is not None:
-        return system if isinstance(system, str) else "\n".join(b.get("text", "") for b in system)
+        return system if isinstance(system, str) else "\n".join(str(b.get("text", "")) for b in system)
     return "\n".join(m["content"] for m in body.get("messages") or []
                      if m.get("role") == "system" and isinstance(m.get("content"), str))
 
@@ -143,7 +165,14 @@ def app(environ, start_response):
         start_response("404 Not Found", [("Content-Type", "application/json")])
         return [b'{"error":{"message":"no such route","type":"not_found"}}']
     raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0) or -1)
-    body = orjson.loads(raw)
+    try:
+        body = orjson.loads(raw)
+        problem = _malformed(path, body)
+    except orjson.JSONDecodeError as e:
+        problem = f"the body is not JSON: {e}"
+    if problem:  # what OpenAI and Anthropic answer a request of the wrong shape
+        start_response("400 Bad Request", [("Content-Type", "application/json")])
+        return [orjson.dumps({"type": "error", "error": {"message": problem, "type": "invalid_request_error"}})]
     m = _SLEEP.search(raw)
     if m or DELAY_S:
         time.sleep(float(m.group(1)) if m else DELAY_S)

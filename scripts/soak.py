@@ -1,0 +1,311 @@
+"""Soak test: the real server under a steady mixed load for minutes; memory, latency and errors as they go, then
+reads by id before and after a restart.
+
+    .venv/bin/python scripts/soak.py                                 # 10 minutes; writes results/soak.{md,json,png}
+    .venv/bin/python scripts/soak.py --minutes 2 --out /tmp/soak     # a quick look
+
+Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
+processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
+keep-alive clients paced to `--rate` requests/s in all: each cycle is a chat completion (every fourth streamed)
+and a report that references its receipt; every tenth cycle also reads a record back by id. Every 5 s the resident
+memory (VmRSS) of each worker process is sampled. What it shows, per minute: each worker's memory, the requests'
+p50/p99 and the errors. Afterwards: `--reads` records read by id one at a time (GET /reef/scenarios/{s}/records/{id})
+before a restart and after it (the restart rolls every log into Parquet, so afterwards each read comes from a
+segment through the on-disk index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reef_lab.testing import free_port  # noqa: E402
+
+SCENARIO = "soak"
+HEADERS = {"Content-Type": "application/json", "x-reef-scenario": SCENARIO}
+
+
+def wait_ready(port: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/healthz")
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answered on port {port}")
+
+
+def start(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "ab"))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def workers_of(pid: int) -> list[int]:
+    """The server's worker processes: the children of serve.py's process."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(out))
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+# ---- the load (a child process, so its CPU use does not share a GIL with the sampler) ------------------------
+def _load(port: int, clients: int, rate: float, seconds: float, q) -> None:
+    interval = clients * 2 / rate  # each cycle is two requests (a chat and its report), or three
+    lock, events, receipts = threading.Lock(), [], []
+
+    def call(c, method, path, body=None) -> tuple[int, bytes, dict]:
+        c.request(method, path, None if body is None else json.dumps(body).encode(), HEADERS)
+        r = c.getresponse()
+        return r.status, r.read(), {k.lower(): v for k, v in r.getheaders()}
+
+    def run(i: int) -> None:
+        rng = random.Random(i)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        t_start = time.perf_counter()
+        nxt, end, cycle, mine, got = t_start + rng.uniform(0, interval), t_start + seconds, 0, [], []
+        while True:
+            now = time.perf_counter()
+            if nxt > now:
+                time.sleep(nxt - now)
+            if time.perf_counter() > end:
+                break
+            cycle += 1
+            stream = cycle % 4 == 0
+            body = {"model": "m", "stream": stream,
+                    "messages": [{"role": "user", "content": f"soak {i}-{cycle}: " + "words " * rng.randint(5, 60)}]}
+            try:
+                t0 = time.perf_counter()
+                status, data, headers = call(c, "POST", "/v1/chat/completions", body)
+                ok = status == 200
+                rid = headers.get("x-reef-agent-record-id")
+                if stream and ok:
+                    tail = data.rsplit(b'"agent_record_id":"', 1)
+                    rid = tail[1].split(b'"', 1)[0].decode() if len(tail) == 2 else None
+                mine.append((t0, time.perf_counter() - t0, "chat", ok and rid is not None))
+                if rid:
+                    got.append(rid)
+                    t0 = time.perf_counter()
+                    status, _, _ = call(c, "POST", "/reef/report", {"score": rng.random(), "feedback": "fine",
+                                                                   "references": [rid]})
+                    mine.append((t0, time.perf_counter() - t0, "report", status == 200))
+                if cycle % 10 == 0 and got:
+                    t0 = time.perf_counter()
+                    status, _, _ = call(c, "GET", f"/reef/scenarios/{SCENARIO}/records/{rng.choice(got)}")
+                    mine.append((t0, time.perf_counter() - t0, "read", status == 200))
+            except OSError as e:
+                mine.append((time.perf_counter(), 0.0, f"error {type(e).__name__}", False))
+                c.close()
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            nxt += interval
+        with lock:
+            events.extend(mine)
+            receipts.extend(got)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    q.put((events, receipts))
+
+
+def read_latencies(port: int, ids: list[str], rounds: int = 2) -> list[float]:
+    """Each record read by id, one at a time on one keep-alive connection; the last round's times."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    out = []
+    for _ in range(rounds):
+        out = []
+        for rid in ids:
+            t0 = time.perf_counter()
+            c.request("GET", f"/reef/scenarios/{SCENARIO}/records/{rid}", headers=HEADERS)
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"reading {rid} answered {r.status}")
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0, help="length of the steady load")
+    ap.add_argument("--rate", type=float, default=120.0, help="requests per second in all")
+    ap.add_argument("--clients", type=int, default=8, help="concurrent keep-alive clients")
+    ap.add_argument("--warmup-minutes", type=float, default=2.0, help="minutes left out of the flatness judgement")
+    ap.add_argument("--reads", type=int, default=500, help="records read by id before and after the restart")
+    ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.json, soak.png")
+    ap.add_argument("--server-args", default="", help="extra scripts/serve.py flags, e.g. '--http-server granian'")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="reef-soak-"))
+    stub_port, port = free_port(), free_port()
+    py = sys.executable
+    stub = start([py, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)], work / "stub.log")
+    serve_cmd = [py, "scripts/serve.py", "--port", str(port), "--data-dir", str(work / "data"), "--upstream-url",
+                 f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *args.server_args.split()]
+    server = start(serve_cmd, work / "server.log")
+    try:
+        wait_ready(port)
+        time.sleep(1.0)
+        pids = workers_of(server.pid)
+        print(f"[soak] server ready, workers {pids}; {args.minutes:g} min at {args.rate:g} requests/s, "
+              f"{args.clients} clients", file=sys.stderr, flush=True)
+        q = mp.get_context("spawn").Queue()
+        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate,
+                                                                    args.minutes * 60, q))
+        t0 = time.time()
+        load.start()
+        samples = []  # (seconds since start, {pid: rss MB})
+        while load.is_alive() and time.time() - t0 < args.minutes * 60 + 30:
+            samples.append((round(time.time() - t0, 1), {p: rss_mb(p) for p in pids}))
+            if len(samples) % 12 == 0:
+                print(f"[soak] {samples[-1][0] / 60:4.1f} min  rss MB " +
+                      " ".join(f"{p}:{v:.1f}" for p, v in samples[-1][1].items() if v), file=sys.stderr, flush=True)
+            time.sleep(5)
+        events, receipts = q.get()
+        load.join()
+        t_load = min(e[0] for e in events)
+        print(f"[soak] load done: {len(events)} requests; reading {args.reads} records by id", file=sys.stderr,
+              flush=True)
+        ids = random.Random(0).sample(receipts, min(args.reads, len(receipts)))
+        before = read_latencies(port, ids)
+        stop(server)
+        server = start(serve_cmd, work / "server.log")
+        wait_ready(port)
+        after = read_latencies(port, ids)
+    finally:
+        stop(server)
+        stop(stub)
+    report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
+    (out / "soak.json").write_text(json.dumps({**report, "samples": samples}, indent=1))
+    (out / "soak.md").write_text(render(report))
+    plot(samples, report, out / "soak.png")
+    print(render(report))
+
+
+def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
+    minutes = []
+    for m in range(int(args.minutes + 0.999)):
+        lat = [e[1] for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and e[3]]
+        errs = [e for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and not e[3]]
+        minutes.append({"minute": m + 1, "requests": len(lat) + len(errs), "errors": len(errs),
+                        "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2)})
+    warm = args.warmup_minutes * 60
+    rss = {}
+    for p in pids:
+        after_warm = [(t, s[p]) for t, s in samples if t >= warm and s.get(p)]
+        if not after_warm:
+            continue
+        ts, vs = [t for t, _ in after_warm], [v for _, v in after_warm]
+        slope = statistics.linear_regression(ts, vs).slope * 60 if len(ts) > 2 else float("nan")
+        rss[str(p)] = {"start_mb": round(next(s[p] for _, s in samples if s.get(p)), 1),
+                       "at_warmup_mb": round(vs[0], 1), "end_mb": round(vs[-1], 1),
+                       "min_after_warmup_mb": round(min(vs), 1), "max_after_warmup_mb": round(max(vs), 1),
+                       "spread_after_warmup_mb": round(max(vs) - min(vs), 1),
+                       "slope_mb_per_min": round(slope, 3)}
+    by_kind = {}
+    for kind in ("chat", "report", "read"):
+        lat = [e[1] for e in events if e[2] == kind and e[3]]
+        by_kind[kind] = {"n": len(lat), "p50_ms": round(pct(lat, 0.5) * 1e3, 2),
+                         "p99_ms": round(pct(lat, 0.99) * 1e3, 2)}
+    errors = [e for e in events if not e[3]]
+    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": f"scripts/soak.py {argv}",
+            "minutes": args.minutes, "rate": args.rate, "clients": args.clients,
+            "warmup_minutes": args.warmup_minutes, "requests": len(events), "errors": len(errors),
+            "error_kinds": sorted({e[2] for e in errors}), "by_kind": by_kind, "by_minute": minutes, "rss": rss,
+            "reads": {"n": len(before), "before_p50_ms": round(pct(before, 0.5) * 1e3, 3),
+                      "before_p99_ms": round(pct(before, 0.99) * 1e3, 3),
+                      "after_p50_ms": round(pct(after, 0.5) * 1e3, 3),
+                      "after_p99_ms": round(pct(after, 0.99) * 1e3, 3),
+                      "ratio_p50": round(pct(after, 0.5) / pct(before, 0.5), 3)}}
+
+
+def render(r: dict) -> str:
+    lines = [f"# Soak: {r['minutes']:g} minutes at {r['rate']:g} requests/s ({r['started']})", "",
+             f"Command: `.venv/bin/python {r['command'].strip()}` (plot: soak.png). A cycle is a chat completion "
+             "(every fourth streamed) and a report on its receipt; every tenth cycle also reads a record by id.", "",
+             f"- requests: {r['requests']:,}, errors: {r['errors']} {r['error_kinds'] or ''}",
+             *(f"- {k}: n={v['n']:,}, p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms" for k, v in r["by_kind"].items()),
+             "", f"## Resident memory per worker (warm-up: first {r['warmup_minutes']:g} min)", "",
+             "| worker pid | at start | after warm-up | at the end | min-max after warm-up | spread | slope |",
+             "|---|---|---|---|---|---|---|"]
+    for p, v in r["rss"].items():
+        lines.append(f"| {p} | {v['start_mb']} MB | {v['at_warmup_mb']} MB | {v['end_mb']} MB | "
+                     f"{v['min_after_warmup_mb']}-{v['max_after_warmup_mb']} MB | {v['spread_after_warmup_mb']} MB | "
+                     f"{v['slope_mb_per_min']:+.3f} MB/min |")
+    lines += ["", "## Latency and errors per minute", "", "| minute | requests | errors | p50 | p99 |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {m['minute']} | {m['requests']:,} | {m['errors']} | {m['p50_ms']} ms | {m['p99_ms']} ms |"
+              for m in r["by_minute"]]
+    rd = r["reads"]
+    lines += ["", "## Reads by id before and after a restart", "",
+              f"{rd['n']} records read one at a time (GET /reef/scenarios/soak/records/{{id}}, one keep-alive client):",
+              f"before the restart p50 {rd['before_p50_ms']} ms (p99 {rd['before_p99_ms']}), after it p50 "
+              f"{rd['after_p50_ms']} ms (p99 {rd['after_p99_ms']}): **{rd['ratio_p50']}x**.", ""]
+    return "\n".join(lines)
+
+
+def plot(samples, r, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for p in r["rss"]:
+        pts = [(t / 60, s[int(p)]) for t, s in samples if s.get(int(p))]
+        a.plot([x for x, _ in pts], [y for _, y in pts], label=f"worker {p}")
+    a.axvline(r["warmup_minutes"], color="grey", ls=":", label="end of warm-up")
+    a.set(xlabel="minutes", ylabel="resident memory, MB", title="memory per worker")
+    a.legend()
+    ms = r["by_minute"]
+    b.plot([m["minute"] for m in ms], [m["p99_ms"] for m in ms], marker="o", label="p99")
+    b.plot([m["minute"] for m in ms], [m["p50_ms"] for m in ms], marker="o", label="p50")
+    b.set(xlabel="minute", ylabel="ms", title=f"latency ({r['errors']} errors)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
