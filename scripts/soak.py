@@ -1,15 +1,17 @@
 """Soak test: the real server under a steady mixed load for minutes; memory, latency and errors as they go, then
 reads by id before and after a restart.
 
-    .venv/bin/python scripts/soak.py                                 # 10 minutes; writes results/soak.{md,json,png}
-    .venv/bin/python scripts/soak.py --minutes 2 --out /tmp/soak     # a quick look
+    .venv/bin/python scripts/soak.py                      # 5 min warm-up + 10 measured; results/soak.{md,json,png}
+    .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out /tmp/soak     # a quick look
 
 Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
 processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
 keep-alive clients paced to `--rate` requests/s in all: each cycle is a chat completion (every fourth streamed)
 and a report that references its receipt; every tenth cycle also reads a record back by id. Every 5 s the resident
-memory (VmRSS) of each worker process is sampled. What it shows, per minute: each worker's memory, the requests'
-p50/p99 and the errors. Afterwards: `--reads` records read by id one at a time (GET /reef/scenarios/{s}/records/{id})
+memory of each worker process is sampled. The warm-up (`--warmup-minutes`) runs the same load before the measured
+`--minutes`; it lasts past the first roll of a log into Parquet, which maps polars' and pyarrow's writer code and
+their allocators' arenas into the process once (tens of MB). What it shows, per minute: each worker's memory, the
+requests' p50/p99 and the errors. Afterwards: `--reads` records read by id one at a time (GET /reef/scenarios/{s}/records/{id})
 before a restart and after it (the restart rolls every log into Parquet, so afterwards each read comes from a
 segment through the on-disk index).
 """
@@ -75,14 +77,17 @@ def workers_of(pid: int) -> list[int]:
     return sorted(set(out))
 
 
-def rss_mb(pid: int) -> float | None:
+def rss_mb(pid: int) -> dict | None:
+    """Resident memory in MB: all of it, its anonymous part (heaps: what a leak grows) and its file-backed part
+    (pages of mapped files, shared libraries' code among them: polars' Parquet writer first touched at the first
+    roll adds tens of MB here, once)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     except OSError:
         return None
-    return None
+    kb = {k: int(fields[k].split()[0]) for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+    return {"rss": round(kb["VmRSS"] / 1024, 1), "anon": round(kb["RssAnon"] / 1024, 1),
+            "file": round((kb["RssFile"] + kb["RssShmem"]) / 1024, 1)}
 
 
 # ---- the load (a child process, so its CPU use does not share a GIL with the sampler) ------------------------
@@ -167,10 +172,11 @@ def pct(xs: list[float], p: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=10.0, help="length of the steady load")
+    ap.add_argument("--minutes", type=float, default=10.0, help="length of the measured steady load")
     ap.add_argument("--rate", type=float, default=120.0, help="requests per second in all")
     ap.add_argument("--clients", type=int, default=8, help="concurrent keep-alive clients")
-    ap.add_argument("--warmup-minutes", type=float, default=2.0, help="minutes left out of the flatness judgement")
+    ap.add_argument("--warmup-minutes", type=float, default=5.0,
+                    help="minutes of the same load before the measured ones (past the first roll at 120 requests/s)")
     ap.add_argument("--reads", type=int, default=500, help="records read by id before and after the restart")
     ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.json, soak.png")
     ap.add_argument("--server-args", default="", help="extra scripts/serve.py flags, e.g. '--http-server granian'")
@@ -188,19 +194,20 @@ def main() -> None:
         wait_ready(port)
         time.sleep(1.0)
         pids = workers_of(server.pid)
-        print(f"[soak] server ready, workers {pids}; {args.minutes:g} min at {args.rate:g} requests/s, "
-              f"{args.clients} clients", file=sys.stderr, flush=True)
+        total = args.warmup_minutes + args.minutes
+        print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
+              f"requests/s, {args.clients} clients", file=sys.stderr, flush=True)
         q = mp.get_context("spawn").Queue()
-        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate,
-                                                                    args.minutes * 60, q))
+        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate, total * 60, q))
         t0 = time.time()
         load.start()
         samples = []  # (seconds since start, {pid: rss MB})
-        while load.is_alive() and time.time() - t0 < args.minutes * 60 + 30:
+        while load.is_alive() and time.time() - t0 < total * 60 + 30:
             samples.append((round(time.time() - t0, 1), {p: rss_mb(p) for p in pids}))
             if len(samples) % 12 == 0:
-                print(f"[soak] {samples[-1][0] / 60:4.1f} min  rss MB " +
-                      " ".join(f"{p}:{v:.1f}" for p, v in samples[-1][1].items() if v), file=sys.stderr, flush=True)
+                print(f"[soak] {samples[-1][0] / 60:4.1f} min  MB (all/anon) " +
+                      " ".join(f"{p}:{v['rss']}/{v['anon']}" for p, v in samples[-1][1].items() if v),
+                      file=sys.stderr, flush=True)
             time.sleep(5)
         events, receipts = q.get()
         load.join()
@@ -225,34 +232,38 @@ def main() -> None:
 
 def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
     minutes = []
-    for m in range(int(args.minutes + 0.999)):
+    for m in range(int(args.warmup_minutes + args.minutes + 0.999)):
         lat = [e[1] for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and e[3]]
         errs = [e for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and not e[3]]
-        minutes.append({"minute": m + 1, "requests": len(lat) + len(errs), "errors": len(errs),
+        minutes.append({"minute": m + 1, "warmup": m < args.warmup_minutes, "requests": len(lat) + len(errs),
+                        "errors": len(errs),
                         "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2)})
     warm = args.warmup_minutes * 60
     rss = {}
     for p in pids:
-        after_warm = [(t, s[p]) for t, s in samples if t >= warm and s.get(p)]
-        if not after_warm:
-            continue
-        ts, vs = [t for t, _ in after_warm], [v for _, v in after_warm]
-        slope = statistics.linear_regression(ts, vs).slope * 60 if len(ts) > 2 else float("nan")
-        rss[str(p)] = {"start_mb": round(next(s[p] for _, s in samples if s.get(p)), 1),
-                       "at_warmup_mb": round(vs[0], 1), "end_mb": round(vs[-1], 1),
-                       "min_after_warmup_mb": round(min(vs), 1), "max_after_warmup_mb": round(max(vs), 1),
-                       "spread_after_warmup_mb": round(max(vs) - min(vs), 1),
-                       "slope_mb_per_min": round(slope, 3)}
+        for part in ("anon", "rss"):
+            after_warm = [(t, s[p][part]) for t, s in samples if t >= warm and s.get(p)]
+            if not after_warm:
+                continue
+            ts, vs = [t for t, _ in after_warm], [v for _, v in after_warm]
+            slope = statistics.linear_regression(ts, vs).slope * 60 if len(ts) > 2 else float("nan")
+            rss[f"{p} {part}"] = {
+                "start_mb": next(s[p][part] for _, s in samples if s.get(p)), "at_warmup_mb": vs[0],
+                "end_mb": vs[-1], "min_after_warmup_mb": min(vs), "max_after_warmup_mb": max(vs),
+                "spread_after_warmup_mb": round(max(vs) - min(vs), 1), "slope_mb_per_min": round(slope, 3)}
     by_kind = {}
     for kind in ("chat", "report", "read"):
         lat = [e[1] for e in events if e[2] == kind and e[3]]
         by_kind[kind] = {"n": len(lat), "p50_ms": round(pct(lat, 0.5) * 1e3, 2),
                          "p99_ms": round(pct(lat, 0.99) * 1e3, 2)}
     errors = [e for e in events if not e[3]]
+    measured = [m for m in minutes if not m["warmup"]]
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": f"scripts/soak.py {argv}",
             "minutes": args.minutes, "rate": args.rate, "clients": args.clients,
             "warmup_minutes": args.warmup_minutes, "requests": len(events), "errors": len(errors),
             "error_kinds": sorted({e[2] for e in errors}), "by_kind": by_kind, "by_minute": minutes, "rss": rss,
+            "measured_p99_ms": [min(m["p99_ms"] for m in measured), max(m["p99_ms"] for m in measured)]
+            if measured else None,
             "reads": {"n": len(before), "before_p50_ms": round(pct(before, 0.5) * 1e3, 3),
                       "before_p99_ms": round(pct(before, 0.99) * 1e3, 3),
                       "after_p50_ms": round(pct(after, 0.5) * 1e3, 3),
@@ -261,22 +272,26 @@ def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = [f"# Soak: {r['minutes']:g} minutes at {r['rate']:g} requests/s ({r['started']})", "",
+    lines = [f"# Soak: {r['minutes']:g} minutes at {r['rate']:g} requests/s after {r['warmup_minutes']:g} of warm-up "
+             f"({r['started']})", "",
              f"Command: `.venv/bin/python {r['command'].strip()}` (plot: soak.png). A cycle is a chat completion "
              "(every fourth streamed) and a report on its receipt; every tenth cycle also reads a record by id.", "",
              f"- requests: {r['requests']:,}, errors: {r['errors']} {r['error_kinds'] or ''}",
              *(f"- {k}: n={v['n']:,}, p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms" for k, v in r["by_kind"].items()),
              "", f"## Resident memory per worker (warm-up: first {r['warmup_minutes']:g} min)", "",
-             "| worker pid | at start | after warm-up | at the end | min-max after warm-up | spread | slope |",
+             "`anon`: the process's own heap pages (what a leak grows); `rss`: all resident pages, including those "
+             "of mapped files and shared libraries (polars' and pyarrow's code, touched once by the first roll).", "",
+             "| worker, part | at start | after warm-up | at the end | min-max after warm-up | spread | slope |",
              "|---|---|---|---|---|---|---|"]
     for p, v in r["rss"].items():
         lines.append(f"| {p} | {v['start_mb']} MB | {v['at_warmup_mb']} MB | {v['end_mb']} MB | "
                      f"{v['min_after_warmup_mb']}-{v['max_after_warmup_mb']} MB | {v['spread_after_warmup_mb']} MB | "
                      f"{v['slope_mb_per_min']:+.3f} MB/min |")
-    lines += ["", "## Latency and errors per minute", "", "| minute | requests | errors | p50 | p99 |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {m['minute']} | {m['requests']:,} | {m['errors']} | {m['p50_ms']} ms | {m['p99_ms']} ms |"
-              for m in r["by_minute"]]
+    lines += ["", "## Latency and errors per minute", "",
+              f"p99 over the measured minutes: {r['measured_p99_ms'][0]}-{r['measured_p99_ms'][1]} ms.", "",
+              "| minute | requests | errors | p50 | p99 |", "|---|---|---|---|---|"]
+    lines += [f"| {m['minute']}{' (warm-up)' if m['warmup'] else ''} | {m['requests']:,} | {m['errors']} | "
+              f"{m['p50_ms']} ms | {m['p99_ms']} ms |" for m in r["by_minute"]]
     rd = r["reads"]
     lines += ["", "## Reads by id before and after a restart", "",
               f"{rd['n']} records read one at a time (GET /reef/scenarios/soak/records/{{id}}, one keep-alive client):",
@@ -292,9 +307,11 @@ def plot(samples, r, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for p in r["rss"]:
-        pts = [(t / 60, s[int(p)]) for t, s in samples if s.get(int(p))]
-        a.plot([x for x, _ in pts], [y for _, y in pts], label=f"worker {p}")
+    for key in r["rss"]:
+        p, part = key.split()
+        pts = [(t / 60, s[int(p)][part]) for t, s in samples if s.get(int(p))]
+        a.plot([x for x, _ in pts], [y for _, y in pts], label=f"worker {p} {part}",
+               ls="-" if part == "anon" else ":")
     a.axvline(r["warmup_minutes"], color="grey", ls=":", label="end of warm-up")
     a.set(xlabel="minutes", ylabel="resident memory, MB", title="memory per worker")
     a.legend()
