@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from reef_lab.recipe import Recipe, RecordOnly, check_offered, load_recipe, ship
 from reef_lab.releases import BASE, ReleaseStore
 from reef_lab.records import KINDS, Record, content_hash, new_record_id
 from reef_lab.scenarios import ScenarioRegistry, check_name
+from reef_lab.schema import check_client_fields
 from reef_lab.store import RecordStore
 
 log = logging.getLogger("reef_lab.gateway")
@@ -677,7 +678,12 @@ class Gateway:
         if body.get("recipe") is not None:
             check_offered(body["recipe"], self.offered)
         if body.get("recipe") is not None or config:
-            self._check_engine_fits(load_recipe(body.get("recipe") or self.scenarios.default_recipe, config))
+            recipe = load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
+            try:
+                check_client_fields(type(recipe.config), config or {})
+            except ValueError as e:
+                raise BadRequest(str(e)) from None
+            self._check_engine_fits(recipe)
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
         if self._evolves_harness(s.name):
             self._start_learner(s.name)

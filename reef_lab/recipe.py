@@ -37,6 +37,7 @@ SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 class Recipe(Protocol):
     name: str
     trains: bool
+    config: Any  # its config dataclass (help text per field; `operator` fields are never a client's to set)
 
     def validate_report(self, report: dict) -> None:
         """Raise BadRequest naming the problem when a report does not fit this recipe's schema."""
@@ -146,6 +147,7 @@ class RecordOnly:
     config it now refuses): the scenario keeps serving and recording, its error shows in /reef/status."""
 
     trains = False
+    config = None
 
     def __init__(self, error: str):
         self.name, self.error = "record-only", error

@@ -47,6 +47,25 @@ def build(cls: type, data: Any, where: str):
     return obj
 
 
+def check_client_fields(cls: type, data: Any, where: str = "config") -> None:
+    """Refuse a config a client sent (POST /reef/scenarios) that sets a field only the operator may set: one marked
+    `field(metadata={"operator": True})`, at any depth (a file to read or write, an endpoint and the environment
+    variable whose value is sent to it as a key). The operator sets those in --recipe-config."""
+    if not isinstance(data, dict):
+        return
+    by_name = {f.name: f for f in fields(cls)}
+    for key, value in data.items():
+        f = by_name.get(key)
+        if f is None:
+            continue  # unknown keys are refused when the config is built, with the allowed ones listed
+        if f.metadata.get("operator"):
+            raise ValueError(f"{where}.{key} can be set only by the server's operator (--recipe-config), not by "
+                             "a client")
+        schema = f.metadata.get("schema")
+        if schema is not None and isinstance(value, dict):
+            check_client_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")
+
+
 def check_type(value: Any, tp: Any, where: str) -> None:
     if tp is Any or tp is object:
         return

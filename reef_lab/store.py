@@ -31,7 +31,7 @@ import threading
 import time
 import zlib
 from _thread import allocate_lock as _allocate_lock
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -607,7 +607,10 @@ class RecordStore:
             raise RuntimeError(f"log {chunk.no:06d} holds {len(keys)} records, its index {len(ids)}")
         self._rolled.add_segment(chunk.no, [(rid, sc, kind, h, at, chunk.no, row)
                                             for row, (rid, sc, kind, h, at) in enumerate(keys)])
-        with self._read_lock, self._lock:
+        # The follower's lock too: it lists the logs and follows any it does not hold, so the log must leave the
+        # tail and the disk in one step (followed again in between, its records were indexed twice and the
+        # duplicate roll failed for good).
+        with self._follow_lock, self._read_lock, self._lock:
             self._segments[chunk.no] = self.folder / f"seg-{chunk.no:06d}.parquet"
             self._tail.pop(chunk.no, None)
             gone = set(ids)
@@ -619,7 +622,7 @@ class RecordStore:
                     lst[:] = [rid for rid in lst if rid not in gone]
             os.close(chunk.fd)
             chunk.fd = -1
-        (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
+            (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
         self.stats["rolls"] += 1
 
     def _roll_loop(self) -> None:

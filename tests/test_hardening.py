@@ -209,3 +209,17 @@ def test_a_data_dir_naming_recipes_this_deployment_does_not_offer_still_serves(t
     finally:
         s.stop()
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("config,field", [
+    ({"task_lm": {"kind": "openai", "base_url": "http://attacker.example", "model": "m", "key_env": "REEF_TOKEN"}},
+     "config.task_lm"),
+    ({"reflection_lm": {"kind": "engine", "record": "/tmp/cassette.jsonl"}}, "config.reflection_lm"),
+    ({"val_task": {"name": "jsonl", "path": "/etc/passwd"}}, "config.val_task.path"),
+])
+def test_a_client_config_cannot_set_files_endpoints_or_keys(proxy, config, field):
+    """Fields that read or write files, or send an environment variable's value to an endpoint, are the operator's
+    (--recipe-config): a client that sets them is refused and nothing is created."""
+    r = post(proxy.url, "/reef/scenarios", {"name": "g", "recipe": "gepa", "config": config})
+    assert r.status_code == 400 and f"{field} can be set only by the server's operator" in r.text, r.text
+    assert requests.get(proxy.url + "/reef/scenarios").json()["scenarios"] == []

@@ -366,3 +366,40 @@ def test_unrolled_records_are_read_from_the_log_not_memory(tmp_path):
         assert f.read(e.size).startswith(b'{"id":"r00002"')
     assert st.get("r00002")["response"] == {"o": 2}
     st.close()
+
+
+def test_relay_logs_rolled_while_the_primary_follows_are_indexed_once(tmp_path):
+    """Many short relay logs rolled while other threads keep asking the primary to follow: every record is indexed
+    once, every roll succeeds, nothing is followed again after its roll (a soak found a log followed a second time
+    between its roll and its deletion: its records were indexed twice and the second roll failed for good)."""
+    from reef_lab.store import RelayLog
+
+    primary = RecordStore(tmp_path)
+    primary.follow_relays()
+    relay = RelayLog(tmp_path, roll_records=20)
+    stop, errors = threading.Event(), []
+
+    def look():
+        while not stop.is_set():
+            try:
+                primary.follow()
+                primary.entry("nope")
+            except Exception as e:  # noqa: BLE001 - collected, asserted below
+                errors.append(e)
+    lookers = [threading.Thread(target=look) for _ in range(3)]
+    [t.start() for t in lookers]
+    for i in range(0, 2000, 4):
+        relay.append([rec(j) for j in range(i, i + 4)])
+    relay.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and (primary._roll_queue or any(no in primary._followed for no in list(
+            primary._followed))):
+        time.sleep(0.05)
+    stop.set()
+    [t.join() for t in lookers]
+    assert not errors
+    assert primary.stats["roll_errors"] == 0 and primary.stats["rolls"] >= 99
+    assert len(primary) == 2000 and len(primary.ids()) == 2000
+    assert not primary._index  # every relay log was rolled; nothing left indexed in memory
+    assert primary.get("r01999")["request"] == {"i": 1999}
+    primary.close()

@@ -41,9 +41,11 @@ class GEPARecipeConfig:
         "help": "reef_lab.gepa_search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
         "schema": GEPAConfig})
     task_lm: dict | None = field(default=None, metadata={
-        "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec})
+        "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec,
+        "operator": True})
     reflection_lm: dict | None = field(default=None, metadata={
-        "help": "the reflection model (reef_lab.lm.make_lm spec); default: the task model", "schema": LMSpec})
+        "help": "the reflection model (reef_lab.lm.make_lm spec); default: the task model", "schema": LMSpec,
+        "operator": True})
 
     def __post_init__(self) -> None:
         check_fields(self)

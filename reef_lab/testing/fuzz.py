@@ -507,7 +507,7 @@ class _Gen:
                          f"records/query:{q[:40]}", expect)
 
     def report_mutation(self) -> FuzzCase:
-        rng, s, i = self.rng, self.scen(), self.i
+        rng, s = self.rng, self.scen()
         body: dict = {"score": 0.5, "references": [f"@@R:{s}:0@@"]}
         how = rng.choice(("score", "score", "refs", "refs", "refs", "feedback", "metadata", "id", "none",
                           "repeat-id"))
@@ -518,7 +518,7 @@ class _Gen:
             body["score"] = v
             label = f"score={bytes(v).decode() if isinstance(v, Raw) else json.dumps(v)}"
         elif how == "refs":
-            v = rng.choice(([f"@@R:{rng.choice(SCENARIOS)}:0@@", "rec_nope"], [f"@@R:fz-b:0@@"], ["rec_nope"],
+            v = rng.choice(([f"@@R:{rng.choice(SCENARIOS)}:0@@", "rec_nope"], ["@@R:fz-b:0@@"], ["rec_nope"],
                             [f"@@R:{s}:0@@", f"@@R:{s}:0@@"], [f"@@P:{s}:0@@"], "rec_x", [1], [None], {"a": 1},
                             [f"@@R:{s}:{k}@@" for k in range(rng.choice((50, 500)))], [""], ["x" * 5000]))
             body["references"] = v
