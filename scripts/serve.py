@@ -27,6 +27,10 @@ from reef_lab.config import parse_serve_config  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_serve_config(argv)
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
+    # glibc gives every thread that allocates its own heap (up to 8 per CPU), and a heap keeps what it once held: a
+    # worker with a thread per connection crept up by about 1 MB a minute under steady load (scripts/soak.py); two
+    # heaps kept it flat. The workers are new processes, so they read this as they start.
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     # No HF_HUB_OFFLINE here: local models load with local_files_only, and --hub-repo pushes need the Hub client
     # online (its offline flag blocks every request, pushes included).
     print(f"[serve] starting reef_lab on http://{cfg.host}:{cfg.port} (data dir {cfg.data_dir}); "

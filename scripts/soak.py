@@ -1,7 +1,7 @@
 """Soak test: the real server under a steady mixed load for minutes; memory, latency and errors as they go, then
 reads by id before and after a restart.
 
-    .venv/bin/python scripts/soak.py                      # 5 min warm-up + 10 measured; results/soak.{md,json,png}
+    .venv/bin/python scripts/soak.py                      # 8 min warm-up + 10 measured; results/soak.{md,json,png}
     .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out /tmp/soak     # a quick look
 
 Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
@@ -175,8 +175,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0, help="length of the measured steady load")
     ap.add_argument("--rate", type=float, default=120.0, help="requests per second in all")
     ap.add_argument("--clients", type=int, default=8, help="concurrent keep-alive clients")
-    ap.add_argument("--warmup-minutes", type=float, default=5.0,
-                    help="minutes of the same load before the measured ones (past the first roll at 120 requests/s)")
+    ap.add_argument("--warmup-minutes", type=float, default=8.0,
+                    help="minutes of the same load before the measured ones: past the first roll of the primary's "
+                         "own log and of a relay's (about 3.5 and 6.5 min at 120 requests/s)")
     ap.add_argument("--reads", type=int, default=500, help="records read by id before and after the restart")
     ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.json, soak.png")
     ap.add_argument("--server-args", default="", help="extra scripts/serve.py flags, e.g. '--http-server granian'")
