@@ -203,7 +203,7 @@ def main() -> None:
         t0 = time.time()
         load.start()
         samples = []  # (seconds since start, {pid: rss MB})
-        while load.is_alive() and time.time() - t0 < total * 60 + 30:
+        while load.is_alive() and time.time() - t0 < total * 60:  # not the load's wind-down
             samples.append((round(time.time() - t0, 1), {p: rss_mb(p) for p in pids}))
             if len(samples) % 12 == 0:
                 print(f"[soak] {samples[-1][0] / 60:4.1f} min  MB (all/anon) " +
@@ -231,15 +231,9 @@ def main() -> None:
     print(render(report))
 
 
-def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
-    minutes = []
-    for m in range(int(args.warmup_minutes + args.minutes + 0.999)):
-        lat = [e[1] for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and e[3]]
-        errs = [e for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and not e[3]]
-        minutes.append({"minute": m + 1, "warmup": m < args.warmup_minutes, "requests": len(lat) + len(errs),
-                        "errors": len(errs),
-                        "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2)})
-    warm = args.warmup_minutes * 60
+def memory_table(samples, pids, warm: float) -> dict:
+    """Per worker and part (anon, rss): where it stood at start, after warm-up and at the end, its range after
+    warm-up and the slope of a line fitted to that range."""
     rss = {}
     for p in pids:
         for part in ("anon", "rss"):
@@ -252,6 +246,18 @@ def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
                 "start_mb": next(s[p][part] for _, s in samples if s.get(p)), "at_warmup_mb": vs[0],
                 "end_mb": vs[-1], "min_after_warmup_mb": min(vs), "max_after_warmup_mb": max(vs),
                 "spread_after_warmup_mb": round(max(vs) - min(vs), 1), "slope_mb_per_min": round(slope, 3)}
+    return rss
+
+
+def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
+    minutes = []
+    for m in range(int(args.warmup_minutes + args.minutes + 0.999)):
+        lat = [e[1] for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and e[3]]
+        errs = [e for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and not e[3]]
+        minutes.append({"minute": m + 1, "warmup": m < args.warmup_minutes, "requests": len(lat) + len(errs),
+                        "errors": len(errs),
+                        "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2)})
+    rss = memory_table(samples, pids, args.warmup_minutes * 60)
     by_kind = {}
     for kind in ("chat", "report", "read"):
         lat = [e[1] for e in events if e[2] == kind and e[3]]
