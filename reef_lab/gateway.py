@@ -407,7 +407,7 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs:
+        if created and refs and (self._evolves_harness(name) or getattr(self.recipe(name), "trains", False)):
             self._start_learner(name, rec.to_dict())
         return created, rec.id
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("reef_lab.store")
@@ -30,6 +31,8 @@ CREATE TABLE IF NOT EXISTS segments (no INTEGER PRIMARY KEY, rows INTEGER NOT NU
 """
 
 Row = tuple[str, str, str, str, float, int, int]  # id, scenario, kind, content_hash, stored_at, segment, row
+CACHED = 16_384  # rows kept in memory, most recently asked first (~3 MB): a report names recent receipts again and
+# again, and a query of this file costs ~10 us where a dict costs 0.1 (reports/s, wrk: 13% fewer without it)
 
 
 class SegmentIndex:
@@ -38,6 +41,7 @@ class SegmentIndex:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Row] = OrderedDict()
         try:
             self._db = self._connect()
         except sqlite3.DatabaseError as e:
@@ -59,12 +63,17 @@ class SegmentIndex:
         with self._lock:
             return {no for (no,) in self._db.execute("SELECT no FROM segments")}
 
-    def add_segment(self, no: int, rows: list[Row]) -> None:
-        """Index one segment's records in one transaction (after the segment is durable)."""
+    def add_segment(self, no: int, rows: list[Row], reindex: bool = False) -> None:
+        """Index one segment's records in one transaction (after the segment is durable). `reindex` (at start, for
+        a segment the index may half know) first drops any rows it holds of it: a scan of the table, so a roll
+        does not ask for it."""
         with self._lock:
             self._db.execute("BEGIN")
             try:
-                gone = self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount  # a re-index
+                gone = 0
+                if reindex:
+                    self._cache.clear()
+                    gone = self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount
                 self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 self._db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?)", (no, len(rows)))
                 self._db.execute("COMMIT")
@@ -75,13 +84,23 @@ class SegmentIndex:
 
     def drop_segments(self, nos: set[int]) -> None:
         with self._lock:
+            self._cache.clear()
             for no in nos:
                 self.count -= self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount
                 self._db.execute("DELETE FROM segments WHERE no = ?", (no,))
 
     def get(self, record_id: str) -> Row | None:
         with self._lock:
-            return self._db.execute("SELECT * FROM records WHERE id = ?", (record_id,)).fetchone()
+            row = self._cache.get(record_id)
+            if row is not None:
+                self._cache.move_to_end(record_id)
+                return row
+            row = self._db.execute("SELECT * FROM records WHERE id = ?", (record_id,)).fetchone()
+            if row is not None:
+                self._cache[record_id] = row
+                if len(self._cache) > CACHED:
+                    self._cache.popitem(last=False)
+            return row
 
     def get_many(self, ids: list[str]) -> dict[str, Row]:
         out: dict[str, Row] = {}
@@ -113,6 +132,7 @@ class SegmentIndex:
 
     def forget(self, scenario: str) -> int:
         with self._lock:
+            self._cache.clear()
             n = self._db.execute("DELETE FROM records WHERE scenario = ?", (scenario,)).rowcount
             self.count -= n
         return n
