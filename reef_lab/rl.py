@@ -115,3 +115,23 @@ def split_by_staleness(pool: list, trainer_step: int, release_steps: dict[str, i
         (fresh if ok else stale).append(s)
     return fresh, stale
 
+
+def dis_token_loss(low: float, high: float):
+    """The trainer loss of a DIS policy-gradient step: per-token advantages from each sample's
+    `extra["advantages"]`, the rollout's logprobs as the behaviour policy (shared by grpo and sao)."""
+    def loss(logp, batch, chunk):
+        adv = torch.zeros_like(batch["mask"])
+        for i, s in enumerate(chunk):
+            a = s.extra["advantages"]
+            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
+        return dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
+    return loss
+
+
+def dis_metrics(m: dict) -> dict:
+    """A DIS step's counters as fractions of its tokens."""
+    tokens = m.get("tokens") or 1
+    return {"masked_fraction": 1 - m.get("kept", tokens) / tokens,
+            "masked_low_fraction": m.get("masked_low", 0) / tokens,
+            "masked_high_fraction": m.get("masked_high", 0) / tokens,
+            "ratio_mean": m.get("ratio_sum", tokens) / tokens}

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from reef_lab import rl
 from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
@@ -33,24 +31,6 @@ class GRPOConfig(LearnConfig):
             raise ValueError("group_size must be >= 2 and batch_size a multiple of it")
         if not 0 < self.dis_low < 1 < self.dis_high:
             raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
-
-
-def dis_token_loss(low: float, high: float):
-    def loss(logp, batch, chunk):
-        adv = torch.zeros_like(batch["mask"])
-        for i, s in enumerate(chunk):
-            a = s.extra["advantages"]
-            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
-        return rl.dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
-    return loss
-
-
-def dis_metrics(m: dict) -> dict:
-    tokens = m.get("tokens") or 1
-    return {"masked_fraction": 1 - m.get("kept", tokens) / tokens,
-            "masked_low_fraction": m.get("masked_low", 0) / tokens,
-            "masked_high_fraction": m.get("masked_high", 0) / tokens,
-            "ratio_mean": m.get("ratio_sum", tokens) / tokens}
 
 
 class GRPORecipe:
@@ -93,6 +73,6 @@ class GRPORecipe:
         return TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
 
     def train(self, trainer: TorchTrainer, batch: list[Sample]) -> dict:
-        m = trainer.step(batch, dis_token_loss(self.config.dis_low, self.config.dis_high))
-        return {**m, **dis_metrics(m), "policy_step": True,
+        m = trainer.step(batch, rl.dis_token_loss(self.config.dis_low, self.config.dis_high))
+        return {**m, **rl.dis_metrics(m), "policy_step": True,
                 "reward_mean": sum(s.score for s in batch) / len(batch)}

@@ -21,7 +21,6 @@ from reef_lab import rl
 from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig, ValueConfig, ValueModel
-from recipes.grpo.recipe import dis_metrics, dis_token_loss
 
 
 @dataclass
@@ -133,7 +132,7 @@ class SAORecipe:
         critic_metrics = {**updates[-1], "value_abs_error": updates[0]["value_abs_error"]}  # before this batch
         for s, a in zip(batch, adv, strict=True):
             s.extra["advantages"] = a
-        m = trainer.policy.step(batch, dis_token_loss(cfg.dis_low, cfg.dis_high))
+        m = trainer.policy.step(batch, rl.dis_token_loss(cfg.dis_low, cfg.dis_high))
         flat = [a for row in adv for a in row]
-        return {**m, **dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
+        return {**m, **rl.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
                 "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

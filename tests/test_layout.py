@@ -1,0 +1,60 @@
+"""Imports flow one way (DESIGN.md): the core imports no server, recipe, app or script; recipes import the core only,
+and never one another; the server, apps and scripts sit on top. Checked on every module's import statements."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = ("reef_lab", "server", "recipes", "apps", "scripts")
+FORBIDDEN = {  # importer -> top-level names it may not import
+    "reef_lab": {"server", "recipes", "apps", "scripts"},
+    "recipes": {"server", "apps", "scripts"},
+    "server": {"recipes", "apps", "scripts"},
+    "apps": {"server", "scripts"},
+}
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every absolute import in a file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    found = []
+    for top in TOP:
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root)
+            for line, module in imports(path):
+                head = module.split(".")[0]
+                if head in FORBIDDEN.get(top, set()):
+                    found.append(f"{rel}:{line} imports {module} ({top} must not import {head})")
+                if top == "recipes" and head == "recipes":
+                    own, other = rel.parts[1], module.split(".")[1] if "." in module else ""
+                    if other != own:
+                        found.append(f"{rel}:{line} imports {module} (a recipe must not import another recipe)")
+    return found
+
+
+def test_imports_flow_one_way():
+    assert violations(ROOT) == []
+
+
+def test_the_check_fails_on_a_forbidden_import(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "reef_lab" / "core.py").write_text("import os\nfrom server.app import create_app\n")
+    (tmp_path / "recipes" / "a").mkdir()
+    (tmp_path / "recipes" / "a" / "recipe.py").write_text("from recipes.a.helper import x\nfrom recipes.b import y\n")
+    (tmp_path / "server" / "x.py").write_text("from reef_lab import gateway\nimport recipes.sft\n")
+    found = violations(tmp_path)
+    assert found == ["reef_lab/core.py:2 imports server.app (reef_lab must not import server)",
+                     "server/x.py:2 imports recipes.sft (server must not import recipes)",
+                     "recipes/a/recipe.py:2 imports recipes.b (a recipe must not import another recipe)"]
