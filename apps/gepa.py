@@ -28,7 +28,7 @@ with app.setup:
     import polars as pl
 
     from reef_lab.experiment import launch_detached, run_choices
-    from reef_lab.gepa_search import read_events
+    from recipes.gepa.search import read_events
 
     ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from reef_lab.engines import engine_class
+from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
 from reef_lab.recipe import load_recipe
 
@@ -39,6 +41,12 @@ class ServeConfig:
     wandb_group: str = field(default="live", metadata={"help": "W&B group of the live scenarios' runs"})
     wandb_mode: str | None = field(default=None, metadata={
         "help": "offline, online or disabled (default: WANDB_MODE, else online with WANDB_API_KEY, else offline)"})
+    engine: str | None = field(default=None, metadata={
+        "help": "the engine: embedded (a local model in this process), upstream (relay a provider) or a "
+                "module:Class path of a reef_lab.engines.base.Engine; default: upstream with --upstream-url, else "
+                "embedded"})
+    engine_options: str | dict | None = field(default=None, metadata={
+        "help": "a module:Class engine's own settings: a YAML/JSON mapping (inline or a file)"})
     upstream_url: str | None = field(default=None, metadata={
         "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
                 "the embedded model; its key comes from REEF_UPSTREAM_API_KEY"})
@@ -123,6 +131,19 @@ class ServeConfig:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 
+    def engine_name(self) -> str:
+        return self.engine or ("upstream" if self.upstream_url else "embedded")
+
+    def engine_settings(self) -> dict:
+        """The engine's own settings as a mapping (read from the file when a path was given)."""
+        value = self.engine_options
+        if value is None or isinstance(value, dict):
+            return dict(value or {})
+        data = yaml.safe_load(Path(value).read_text() if Path(value).is_file() else value)
+        if not isinstance(data, dict):
+            raise ValueError(f"engine_options must be a mapping of the engine's settings, got {value!r}")
+        return data
+
     def worker_count(self) -> int:
         if self.workers:
             return self.workers
@@ -182,9 +203,14 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(str(e))
     except ReefError as e:
         p.error(e.message)
-    if cfg.upstream_url and getattr(recipe, "trains", False):
-        p.error(f"recipe {cfg.recipe!r} trains model weights, which an upstream provider cannot serve: drop "
-                "--upstream-url to serve (and train) the embedded model, or choose a recipe that does not train")
+    try:
+        engine = engine_class(cfg.engine_name())
+    except ValueError as e:
+        p.error(str(e))
+    if recipe.evolves == "weights" and not issubclass(engine, ReleaseHost):
+        p.error(f"recipe {cfg.recipe!r} trains model weights, which engine {cfg.engine_name()!r} cannot serve (an "
+                "upstream provider): drop --upstream-url to serve (and train) the embedded model, or choose a "
+                "recipe that does not train")
     return cfg
 
 

@@ -386,3 +386,36 @@ class StreamAccumulator:
 
 def now() -> int:
     return int(time.time())
+
+
+# ---- text of stored records (one home for reading a dialect's request and answer as text) ----------------
+def request_messages(dialect: str, request: dict) -> list[dict]:
+    """The client's conversation as plain {role, content: str} messages, without system text."""
+    def text(content) -> str:
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return ""
+
+    if dialect == OPENAI_RESPONSES:
+        inp = request.get("input")
+        if isinstance(inp, str):
+            return [{"role": "user", "content": inp}]
+        items = inp if isinstance(inp, list) else []
+    else:
+        items = request.get("messages") or []
+    return [{"role": m.get("role"), "content": text(m.get("content"))} for m in items
+            if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+
+
+def response_text(dialect: str, response) -> str:
+    if not isinstance(response, dict):
+        return ""
+    if dialect == OPENAI_CHAT:
+        choices = response.get("choices") or [{}]
+        return (choices[0].get("message") or {}).get("content") or ""
+    if dialect == OPENAI_RESPONSES:
+        return "".join(c.get("text", "") for o in response.get("output") or [] if isinstance(o, dict)
+                       for c in o.get("content") or [] if isinstance(c, dict))
+    return "".join(c.get("text", "") for c in response.get("content") or [] if isinstance(c, dict))

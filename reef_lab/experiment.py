@@ -27,8 +27,10 @@ from pathlib import Path
 
 import orjson
 
+from reef_lab.errors import ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.learner import read_metrics
+from reef_lab.recipe import load_recipe
 from reef_lab.tasks import Task
 
 log = logging.getLogger("reef_lab.experiment")
@@ -41,7 +43,9 @@ class ExperimentConfig:
     recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
     task: dict = field(default_factory=dict, metadata={"help": "reef_lab.tasks.TaskConfig fields"})
     rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
-    group_size: int = field(default=1, metadata={"help": "rollouts per prompt (1 for SAO; G for GRPO)"})
+    group_size: int = field(default=0, metadata={
+        "help": "rollouts per prompt; 0: as many as the recipe compares (its rollouts_per_prompt: 1 for SAO, "
+                "group_size for GRPO)"})
     concurrency: int = field(default=16, metadata={"help": "requests in flight"})
     max_pool: int = field(default=16, metadata={"help": "pause new requests while this many samples wait"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
@@ -57,12 +61,18 @@ class ExperimentConfig:
         "help": "publish releases to the Hub: reef_lab.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
 
     def __post_init__(self) -> None:
-        if self.rollouts < 1 or self.group_size < 1 or self.concurrency < 1 or self.max_pool < 1:
-            raise ValueError("rollouts, group_size, concurrency and max_pool must be at least 1")
+        if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
+            raise ValueError("rollouts, concurrency and max_pool must be at least 1, group_size at least 0")
+        try:  # the recipe and its config are checked before any model loads
+            compared = load_recipe(self.recipe, self.recipe_config).rollouts_per_prompt
+        except ReefError as e:
+            raise ValueError(e.message) from None
+        if compared > 1 and self.group_size not in (0, compared):
+            raise ValueError(f"group_size must equal the {compared} rollouts per prompt recipe {self.recipe!r} "
+                             "compares; leave it at 0")
+        self.group_size = self.group_size or compared
         if self.rollouts % self.group_size:
-            raise ValueError("rollouts must be a multiple of group_size")
-        if self.recipe == "grpo" and self.recipe_config.get("group_size", 4) != self.group_size:
-            raise ValueError("for grpo, group_size must equal recipe_config.group_size")
+            raise ValueError(f"rollouts ({self.rollouts}) must be a multiple of group_size ({self.group_size})")
 
     @property
     def run_dir(self) -> Path:
@@ -86,7 +96,8 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
 
     tracking = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}",
                                  "extra_config": {"experiment": asdict(cfg)}, **cfg.wandb})
-    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub, tracking=tracking)
+    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub, tracking=tracking,
+                 allowed_recipes=[cfg.recipe])
     started = time.time()
     try:
         name = cfg.name
@@ -96,8 +107,9 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         if name not in {s.name for s in gw.scenarios.list()}:
             gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config})
         learner = gw.learner(name)
+        group_size = cfg.group_size
         task = Task(cfg.task)
-        prompts = task.items(cfg.rollouts // cfg.group_size, seed=cfg.seed)
+        prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
         done = _reported_indices(gw, name)
         todo = [k for k in range(cfg.rollouts) if k not in done]
         base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releases.index(name)["releases"] \
@@ -110,12 +122,12 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         def one(k: int) -> None:
             while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
                 time.sleep(0.05)
-            item = prompts[k // cfg.group_size]
+            item = prompts[k // group_size]
             body = {"model": engine.model_name, "messages": item["messages"], "max_tokens": cfg.max_tokens,
                     "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k}
             tags = {"exp_index": str(k)}
-            if cfg.group_size > 1:
-                tags["group"] = f"p{k // cfg.group_size}"
+            if group_size > 1:
+                tags["group"] = f"p{k // group_size}"
             reply = gw.infer("openai.chat", body, name, tags=tags)
             text = orjson.loads(reply.body)["choices"][0]["message"]["content"]
             score = task.score(item, text)
@@ -192,3 +204,8 @@ def _postfix(learner) -> dict:
     if cands:
         out["heldout"] = round(cands[-1]["accuracy"], 3)
     return out
+
+
+def run_weight_experiment(data: dict, progress: bool = True) -> dict:
+    """A weight recipe's experiment from its YAML mapping (scripts/run_experiment.py)."""
+    return run_experiment(ExperimentConfig(**data), progress=progress)

@@ -24,12 +24,12 @@ import orjson
 from reef_lab import dialects
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
+from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
 from reef_lab.hub import HubConfig, HubPublisher
-from reef_lab.harness_learner import HarnessLearner
-from reef_lab.learner import Learner
 from reef_lab.lm import make_lm
 from reef_lab.tracking import Tracker, TrackingConfig
-from reef_lab.recipe import Recipe, RecordOnly, check_offered, load_recipe, shipped_recipes
+from reef_lab.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe, \
+    shipped_recipes
 from reef_lab.releases import BASE, ReleaseStore
 from reef_lab.records import KINDS, Record, content_hash, new_record_id
 from reef_lab.scenarios import ScenarioRegistry, check_name
@@ -63,7 +63,7 @@ class StreamReply:
 class Gateway:
     """Serves, records and reports for one data dir with one engine."""
 
-    def __init__(self, data_dir: str | Path, engine: Any, default_recipe: str = "basic",
+    def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None):
         self.data_dir = Path(data_dir)
@@ -77,10 +77,9 @@ class Gateway:
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
         self.releases = ReleaseStore(self.data_dir)
-        self._learners: dict[str, Learner] = {}
-        self._harness_learners: dict[str, HarnessLearner] = {}
+        self._learners: dict[str, ScenarioLearner] = {}
         self._learn_lock = threading.Lock()
-        self.hub = HubPublisher(hub, self.releases, getattr(engine, "hub_id", None) or engine.model_name) \
+        self.hub = HubPublisher(hub, self.releases, engine.hub_id or engine.model_name) \
             if hub is not None and hub.repo else None
         self.tracking = tracking
         self._harness: dict[str, tuple[str, dict[str, str]]] = {}  # scenario -> (release id, files) serving
@@ -89,12 +88,12 @@ class Gateway:
         self.started_at = time.time()
         self._restore_releases()
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
-            if self._evolves_harness(s.name) or (getattr(self.recipe(s.name), "trains", False)
-                                                 and self.store.ids(s.name, "report")):
+            evolves = self.recipe(s.name).evolves
+            if evolves == "harness" or (evolves == "weights" and self.store.ids(s.name, "report")):
                 self._start_learner(s.name)
 
     def _check_engine_fits(self, recipe) -> None:
-        if getattr(recipe, "trains", False) and not hasattr(self.engine, "load_release"):
+        if recipe.evolves == "weights" and not isinstance(self.engine, ReleaseHost):
             raise Conflict(f"recipe {recipe.name!r} trains model weights, which this engine (an upstream provider) "
                            "cannot serve: use the embedded model (no --upstream-url) or a recipe that does not "
                            "train weights")
@@ -107,7 +106,7 @@ class Gateway:
                 continue
             if rel.get("kind") == "harness":
                 self._set_harness(name, (rel["release_id"], harness_mod.read_tree(Path(rel["folder"]))))
-            elif hasattr(self.engine, "load_release"):
+            elif isinstance(self.engine, ReleaseHost):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
 
@@ -186,7 +185,7 @@ class Gateway:
         harness = self._harness.get(name)
         sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
         release = harness[0] if harness else None
-        if getattr(self.engine, "relays", False):
+        if isinstance(self.engine, Relay):
             return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
         return self._generate(dialect, body, name, tags or {}, sent, release)
 
@@ -239,7 +238,7 @@ class Gateway:
         def events():
             done = False
             try:
-                prompt_tokens = len(getattr(handle, "prompt_ids", None) or [])
+                prompt_tokens = len(handle.prompt_ids)
                 yield from dialects.stream(dialect, deltas(), lambda: finish()[:2], model, rid, created,
                                            prompt_tokens)
                 done = True
@@ -325,14 +324,14 @@ class Gateway:
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
-        if getattr(self.engine, "relays", False):
+        if isinstance(self.engine, Relay):
             up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
             return Reply(up.status, up.body, up.content_type)
         messages = dialects.parse_count_tokens(body)
         return Reply(200, orjson.dumps({"input_tokens": self.engine.count_tokens(messages)}))
 
     def models(self) -> Reply:
-        if getattr(self.engine, "relays", False) and not self.engine.model:
+        if isinstance(self.engine, Relay) and not self.engine.model:
             up = self.engine.get("/v1/models")
             return Reply(up.status, up.body, up.content_type)
         m = self.engine.model_name
@@ -361,16 +360,12 @@ class Gateway:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
         learner that cannot be built is the scenario's error (in /reef/status), never the client's."""
         try:
-            if self._evolves_harness(name):
-                ln = self.harness_learner(name)
-                if record is not None:
-                    ln.on_report(record)
-            elif getattr(self.recipe(name), "trains", False) and hasattr(self.engine, "load_release"):
+            if self.recipe(name).evolves != "nothing":
                 ln = self.learner(name)
                 if record is not None:
-                    (ln.on_demonstration if record["kind"] == "train" else ln.on_report)(record)
+                    ln.on_record(record)
         except Exception as e:  # noqa: BLE001 - kept as the scenario's error; serving and recording go on
-            self._errors[name] = f"the learner cannot run: {type(e).__name__}: {getattr(e, 'message', e)}"
+            self._errors[name] = f"the learner cannot run: {type(e).__name__}: {e.message if isinstance(e, ReefError) else e}"
             log.exception("scenario %s: %s", name, self._errors[name])
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None) -> tuple[bool, str]:
@@ -407,42 +402,30 @@ class Gateway:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and (self._evolves_harness(name) or getattr(self.recipe(name), "trains", False)):
+        if created and refs and self.recipe(name).evolves != "nothing":
             self._start_learner(name, rec.to_dict())
         return created, rec.id
 
     # ---- learning and releases ------------------------------------------------------------------------------
-    def learner(self, name: str) -> Learner:
+    def learner(self, name: str) -> ScenarioLearner:
+        """The scenario's learner, built by its recipe on first use (a harness recipe's publishes its seed)."""
         ln = self._learners.get(name)
         if ln is None:
-            recipe = self.recipe(name)
-            if not getattr(recipe, "trains", False):
-                raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train")
-            tracker = self._tracker(name, recipe)
-            ln = self._learners[name] = Learner(name, recipe, store=self.store, engine=self.engine,
-                                                releases=self.releases, data_dir=self.data_dir,
-                                                on_release=self._released, tracker=tracker)
+            with self._learn_lock:
+                ln = self._learners.get(name)
+                if ln is None:
+                    recipe = self.recipe(name)
+                    ln = recipe.learner(LearnContext(
+                        scenario=name, data_dir=self.data_dir, store=self.store, releases=self.releases,
+                        engine=self.engine, gateway=self, make_lm=self._make_lm,
+                        tracker=self._tracker(name, recipe), on_release=self._released))
+                    if ln is None:
+                        raise BadRequest(f"scenario {name!r} uses recipe {recipe.name!r}, which does not train (it learns nothing)")
+                    self._learners[name] = ln
         return ln
 
     def _evolves_harness(self, name: str) -> bool:
-        return getattr(self.recipe(name), "evolves", None) == "harness"
-
-    def harness_learner(self, name: str) -> HarnessLearner:
-        """The scenario's GEPA learner (started on first use; it publishes the seed harness if none serves)."""
-        ln = self._harness_learners.get(name)
-        if ln is None:
-            with self._learn_lock:
-                ln = self._harness_learners.get(name)
-                if ln is None:
-                    recipe = self.recipe(name)
-                    task_lm = make_lm(recipe.config.task_lm, self.engine) if recipe.config.task_lm \
-                        else self._default_lm()
-                    reflection_lm = make_lm(recipe.config.reflection_lm, self.engine) \
-                        if recipe.config.reflection_lm else task_lm
-                    tracker = self._tracker(name, recipe)
-                    ln = self._harness_learners[name] = HarnessLearner(name, recipe, gateway=self, task_lm=task_lm,
-                                                                       reflection_lm=reflection_lm, tracker=tracker)
-        return ln
+        return self.recipe(name).evolves == "harness"
 
     def _tracker(self, name: str, recipe) -> Tracker | None:
         """A W&B run for a learning scenario (None when tracking is off)."""
@@ -458,11 +441,14 @@ class Gateway:
             self.hub.links[name] = lambda t=tracker: t.link
         return tracker
 
-    def _default_lm(self):
-        """The deployment's own model as a plain LM: the embedded engine, or the upstream provider (OpenAI API)."""
-        if hasattr(self.engine, "submit"):
+    def _make_lm(self, spec: dict | None):
+        """An LM a recipe calls (judge, reflection, task model); None: the deployment's own model, i.e. the
+        generating engine, or the upstream provider through its OpenAI API."""
+        if spec:
+            return make_lm(spec, self.engine)
+        if isinstance(self.engine, Generator):
             return make_lm({"kind": "engine"}, self.engine)
-        if not getattr(self.engine, "model", None):
+        if not self.engine.model:
             raise Conflict("the gepa recipe calls the upstream model itself: start with --upstream-model, or give "
                            "the recipe a task_lm {kind: openai, base_url, model}")
         return make_lm({"kind": "openai", "base_url": self.engine.base_url, "model": self.engine.model})
@@ -479,8 +465,6 @@ class Gateway:
         self.scenarios.get(name)
         if name in self._errors:
             raise Conflict(f"scenario {name!r} cannot train: {self._errors[name]}")
-        if self._evolves_harness(name):
-            return self.harness_learner(name).request_training()
         return self.learner(name).request_training()
 
     def list_releases(self, name: str) -> dict:
@@ -492,8 +476,6 @@ class Gateway:
                "hub_main": idx.get("hub_main")}
         if name in self._learners:
             out["learner"] = self._learners[name].status()
-        if name in self._harness_learners:
-            out["learner"] = self._harness_learners[name].status()
         return out
 
     def rollback(self, name: str, body: Any) -> dict:
@@ -508,7 +490,7 @@ class Gateway:
             if self.hub is not None:
                 self.hub.serving(name, rel["version"] if rel else None)
             return self.list_releases(name)
-        if not hasattr(self.engine, "route"):
+        if not isinstance(self.engine, ReleaseHost):
             raise Conflict("this engine serves no weights of its own (upstream provider)")
         if rel and target not in self.engine.loaded_releases():
             self.engine.load_release(target, rel["folder"])
@@ -517,7 +499,7 @@ class Gateway:
         if self.hub is not None:
             self.hub.serving(name, rel["version"] if rel else None)
         if name in self._learners:
-            self._learners[name].reset_trainer()
+            self._learners[name].on_rollback()
         return self.list_releases(name)
 
     def promote(self, name: str, body: Any) -> dict:
@@ -528,7 +510,7 @@ class Gateway:
         if cand["status"] != "pending_review":
             raise Conflict(f"candidate {cand['id']} is {cand['status']}; only candidates pending review can be "
                            "promoted")
-        rel = self.learner(name).publish(cand["id"])
+        rel = self.learner(name).promote(cand["id"])
         return {"promoted": cand["id"], "release": rel}
 
     def _client_id(self, rid: Any) -> str:
@@ -580,7 +562,7 @@ class Gateway:
             self.scenarios.ensure(rec.scenario)
         created = self.store.append(records)
         for rec, c in zip(records, created, strict=True):
-            if c and rec.kind in ("report", "train") and getattr(self.recipe(rec.scenario), "trains", False):
+            if c and rec.kind in ("report", "train") and self.recipe(rec.scenario).evolves != "nothing":
                 self._start_learner(rec.scenario, rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
@@ -693,10 +675,9 @@ class Gateway:
         s = self.scenarios.delete(name)
         self._recipes.pop(name, None)
         self._errors.pop(name, None)
-        for learners in (self._learners, self._harness_learners):
-            ln = learners.pop(name, None)
-            if ln is not None:
-                ln.close()
+        ln = self._learners.pop(name, None)
+        if ln is not None:
+            ln.close()
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
 
@@ -720,7 +701,7 @@ class Gateway:
         return {"repo": self.hub.config.repo, "queued": self.hub._jobs.unfinished_tasks, "scenarios": scenarios}
 
     def close(self, close_engine: bool = True) -> None:
-        for ln in [*self._learners.values(), *self._harness_learners.values()]:
+        for ln in list(self._learners.values()):
             ln.close()
         if self.hub is not None:
             self.hub.close()

@@ -19,27 +19,82 @@ import logging
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import orjson
 
+from reef_lab.engines.base import ReleaseHost
 from reef_lab.evaluation import evaluate
 from reef_lab.errors import Conflict
 from reef_lab.learner_loop import LearnerLoop
-from reef_lab.recipe import select
-from reef_lab.releases import BASE, ReleaseStore, release_key
+from reef_lab.recipe import LearnConfig, LearnContext, select
+from reef_lab.releases import BASE, release_key
 from reef_lab.samples import Sample, sample_from_records
 from reef_lab.tasks import Task
 
 log = logging.getLogger("reef_lab.learner")
 
 
+class WeightRecipe(ABC):
+    """The base of recipes that train the served model's weights: the shared learner below drives these hooks.
+    `config` is a LearnConfig subclass (mode, selection, held-out task, trainer)."""
+
+    name: str
+    evolves = "weights"
+    config: LearnConfig
+
+    def validate_report(self, report: dict) -> None:
+        return None
+
+    def learner(self, ctx: LearnContext) -> Learner:
+        return Learner(ctx, self)
+
+    @staticmethod
+    def run_experiment(data: dict, progress: bool = True) -> dict:
+        """An experiment of a weight recipe: reef_lab.experiment (a task stream through the gateway in-process)."""
+        from reef_lab.experiment import run_weight_experiment
+
+        return run_weight_experiment(data, progress)
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        """How many rollouts of one prompt the recipe compares (experiments send this many per prompt)."""
+        return 1
+
+    @abstractmethod
+    def accepts(self, sample: Sample) -> bool:
+        """Whether a scored sample may join the pool."""
+
+    @abstractmethod
+    def ready(self, pool: list[Sample], trainer_step: int, release_steps: dict[str, int]) -> bool:
+        """Whether the pool holds a batch."""
+
+    @abstractmethod
+    def build_batch(self, pool: list[Sample], trainer_step: int,
+                    release_steps: dict[str, int]) -> tuple[list[Sample], list[Sample]]:
+        """(batch to train on now, samples to drop for good, e.g. too stale). Both leave the pool."""
+
+    def make_trainer(self, model_dir: Path, init_folder: Path | None):
+        """The trainer state (a reef_lab.trainers.base.Trainer, or an object holding one): needs `steps` and
+        `export(folder, metadata)`. Default: the backend the config's `trainer` names."""
+        from reef_lab.trainers.base import make_trainer
+
+        return make_trainer(self.config.trainer, model_dir, init_folder)
+
+    @abstractmethod
+    def train(self, trainer, batch: list[Sample]) -> dict:
+        """One training step on the batch; metrics (with `policy_step`: whether the policy's weights moved)."""
+
+
 class Learner(LearnerLoop):
-    def __init__(self, scenario: str, recipe, *, store, engine, releases: ReleaseStore, data_dir: str | Path,
-                 on_release=None, tracker=None):
-        if not hasattr(engine, "load_release") or getattr(engine, "model_dir", None) is None:
+    def __init__(self, ctx: LearnContext, recipe: WeightRecipe):
+        engine = ctx.engine
+        if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
+        scenario, store, releases, data_dir = ctx.scenario, ctx.store, ctx.releases, ctx.data_dir
+        on_release, tracker = ctx.on_release, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         self.store, self.engine, self.releases = store, engine, releases
         self.dir = Path(data_dir) / "learn" / scenario
@@ -64,11 +119,17 @@ class Learner(LearnerLoop):
         self._start(f"reef-learner-{scenario}")
 
     # ---- inputs (request threads) ---------------------------------------------------------------------------
+    def on_record(self, record: dict) -> None:
+        self._queue(("demo" if record.get("kind") == "train" else "report", record))
+
     def on_report(self, report: dict) -> None:
         self._queue(("report", report))
 
-    def on_demonstration(self, record: dict) -> None:
-        self._queue(("demo", record))
+    def promote(self, candidate: str) -> dict:
+        return self.publish(candidate)
+
+    def on_rollback(self) -> None:
+        self.reset_trainer()
 
     def request_training(self) -> dict:
         def check() -> dict:

@@ -137,8 +137,10 @@ def make_lm(spec: dict | None, engine=None) -> LM:
         return ReplayLM(spec["replay"])
     kind = spec.get("kind", "engine")
     if kind == "engine":
-        if engine is None or not hasattr(engine, "submit"):
-            raise ValueError("an LM of kind 'engine' needs the embedded engine; with an upstream provider give "
+        from reef_lab.engines.base import Generator
+
+        if not isinstance(engine, Generator):
+            raise ValueError("an LM of kind 'engine' needs a generating engine (the embedded one); with an upstream provider give "
                              "{kind: openai, base_url: ..., model: ...}")
         lm: LM = EngineLM(engine, spec.get("release"))
     elif kind == "openai":

@@ -1,11 +1,12 @@
 """The Recipe protocol: how a scenario turns reported traffic into an improvement.
 
-Every recipe checks the reports it is given against its own schema (`validate_report`). A recipe that trains
-(`trains = True`) also declares which scored samples it learns from (`accepts`), when it is ready (`ready`), how it
-builds a batch from the pool of eligible samples (`build_batch`), how it makes its trainer and takes one training
-step (`make_trainer`, `train`); its config (a `LearnConfig` subclass) says how often a step becomes a candidate,
-how a candidate is judged (held-out task, selection policy) and when training runs (mode). The learner
-(reef_lab/learner.py) drives these hooks; experiments and live traffic share it.
+A recipe declares what it `evolves`: "weights" (a trained release the engine serves), "harness" (the prompts,
+rules and skills applied to each request) or "nothing" (it records and validates only). Every recipe checks the
+reports it is given against its own schema (`validate_report`) and, when it learns, builds the scenario's learner
+from a `LearnContext` (the store, releases, engine, gateway and LMs of the deployment): the learner is the recipe's
+own. Weight recipes derive from reef_lab.learner.WeightRecipe, which drives their hooks (`accepts`, `ready`,
+`build_batch`, `make_trainer`, `train`) with the shared weight learner; a harness recipe (recipes/gepa) brings its
+own learner.
 
 A deployment names its recipe by a `module:Class` path, or by a bare name `x` meaning `recipes.x:Recipe`.
 """
@@ -17,50 +18,84 @@ import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
-from reef_lab.samples import Sample
 from reef_lab.schema import check_fields
 from reef_lab.tasks import TaskConfig
 
 MODES = ("auto", "manual", "hybrid")
+EVOLVES = ("weights", "harness", "nothing")
 
 
 def _trainer_config():
-    from reef_lab.trainers.torch_trainer import TrainerConfig  # torch loads only where a config names a trainer
+    from reef_lab.trainers.base import TrainerConfig  # torch loads only where a config names a trainer
 
     return TrainerConfig
 SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 
 
+@dataclass
+class LearnContext:
+    """What a scenario's learner is given by the deployment that runs it."""
+
+    scenario: str
+    data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
+    store: Any  # reef_lab.store.RecordStore: the scenario's records
+    releases: Any  # reef_lab.releases.ReleaseStore: its candidates and releases
+    engine: Any  # reef_lab.engines.base.Engine serving it
+    gateway: Any  # reef_lab.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
+    make_lm: Callable[[dict | None], Any]  # a reef_lab.lm spec -> LM; None: the deployment's own model
+    tracker: Any = None  # reef_lab.tracking.Tracker (None: tracking off)
+    on_release: Callable[[str, dict], dict] | None = None  # call once a release serves (queues its Hub push)
+
+
+class ScenarioLearner(Protocol):
+    """A scenario's learner, running on its own thread. Request threads only hand it records."""
+
+    def on_record(self, record: dict) -> None:
+        """A stored report (or `train` demonstration) that references this scenario's inferences."""
+
+    def request_training(self) -> dict:
+        """POST /reef/train: queue a round (Conflict when there is nothing to learn from, or mode is auto)."""
+
+    def promote(self, candidate: str) -> dict:
+        """POST /reef/scenarios/{s}/promote: publish a candidate waiting for review (Conflict if not offered)."""
+
+    def on_rollback(self) -> None:
+        """The serving release was set back: the next round starts from it."""
+
+    def status(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
 class Recipe(Protocol):
     name: str
-    trains: bool
+    evolves: str  # one of EVOLVES
     config: Any  # its config dataclass (help text per field; `operator` fields are never a client's to set)
 
     def validate_report(self, report: dict) -> None:
         """Raise BadRequest naming the problem when a report does not fit this recipe's schema."""
 
+    def learner(self, ctx: LearnContext) -> ScenarioLearner | None:
+        """The scenario's learner (None for a recipe that evolves nothing)."""
 
-class TrainingRecipe(Recipe, Protocol):
-    config: LearnConfig
+    @staticmethod
+    def run_experiment(data: dict, progress: bool = True) -> dict:
+        """Run (or resume) an experiment of this recipe from its YAML mapping (scripts/run_experiment.py); its
+        summary. Weight recipes share reef_lab.experiment; a recipe with another shape brings its own."""
 
-    def accepts(self, sample: Sample) -> bool:
-        """Whether a scored sample may join the pool."""
 
-    def ready(self, pool: list[Sample], trainer_step: int, release_steps: dict[str, int]) -> bool:
-        """Whether the pool holds a batch."""
-
-    def build_batch(self, pool: list[Sample], trainer_step: int,
-                    release_steps: dict[str, int]) -> tuple[list[Sample], list[Sample]]:
-        """(batch to train on now, samples to drop for good, e.g. too stale). Both leave the pool."""
-
-    def make_trainer(self, model_dir: Path, init_folder: Path | None) -> Any:
-        """The trainer state: needs `.steps` (policy steps taken) and `.export(folder, metadata)`."""
-
-    def train(self, trainer: Any, batch: list[Sample]) -> dict:
-        """One training step on the batch; metrics (with `policy_step`: whether the policy's weights moved)."""
+def recipe_class(spec: str) -> type:
+    """The class a recipe name or module:Class path names (no config is checked)."""
+    path = recipe_path(spec)
+    module, _, cls = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as e:
+        raise BadRequest(f"recipe {spec!r} cannot be loaded from {path!r} ({e}); name one of the folders in "
+                         "recipes/ or give a module:Class path") from e
 
 
 @dataclass
@@ -79,7 +114,7 @@ class LearnConfig:
     eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
-    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.torch_trainer.TrainerConfig",
+    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.base.TrainerConfig",
                                                           "schema": _trainer_config})
 
     def __post_init__(self) -> None:
@@ -146,7 +181,7 @@ class RecordOnly:
     """Stands in for a scenario's recipe that cannot be built (a stored name this deployment does not offer, or a
     config it now refuses): the scenario keeps serving and recording, its error shows in /reef/status."""
 
-    trains = False
+    evolves = "nothing"
     config = None
 
     def __init__(self, error: str):
@@ -155,20 +190,20 @@ class RecordOnly:
     def validate_report(self, report: dict) -> None:
         return None
 
+    def learner(self, ctx: LearnContext) -> None:
+        return None
+
 
 def recipe_path(spec: str) -> str:
     return spec if ":" in spec else f"recipes.{spec}:Recipe"
 
 
 def load_recipe(spec: str, config: dict | None = None) -> Recipe:
-    path = recipe_path(spec)
-    module, _, cls = path.partition(":")
+    klass = recipe_class(spec)
     try:
-        klass = getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as e:
-        raise BadRequest(f"recipe {spec!r} cannot be loaded from {path!r} ({e}); name one of the folders in "
-                         "recipes/ or give a module:Class path") from e
-    try:
-        return klass(**(config or {}))
+        recipe = klass(**(config or {}))
     except (TypeError, ValueError) as e:
         raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e
+    if recipe.evolves not in EVOLVES:
+        raise BadRequest(f"recipe {spec!r} declares evolves={recipe.evolves!r}; it must be one of {EVOLVES}")
+    return recipe

@@ -12,11 +12,10 @@ log = logging.getLogger("reef_lab.service")
 
 
 def build_engine(cfg: ServeConfig):
-    if cfg.upstream_url:
-        from reef_lab.engines.upstream import UpstreamEngine
-        return UpstreamEngine(cfg.upstream_url, cfg.upstream_model, timeout=cfg.upstream_timeout)
-    from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir
-    return EmbeddedEngine.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)
+    """The engine the config names (reef_lab.engines: a short name or module:Class), built by its from_config."""
+    from reef_lab.engines import engine_class
+
+    return engine_class(cfg.engine_name()).from_config(cfg)
 
 
 def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:

@@ -148,7 +148,7 @@ def main() -> None:
         model.zero_grad()
 
     def reef_step() -> None:
-        m = reef.step(samples, loss_fn)
+        m = reef.step_fn(samples, loss_fn)
         last["reef_lab"] = {"loss": m["loss"], "grad_norm": m["grad_norm"]}
 
     sides = {"trl": trl_step, "reef_lab": reef_step}

@@ -27,8 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import yaml  # noqa: E402
 
-from reef_lab.gepa_experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment, score_on  # noqa: E402
-from reef_lab.gepa_search import TaskSystem  # noqa: E402
+from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment, score_on  # noqa: E402
+from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.lm import make_lm  # noqa: E402
 from reef_lab.tasks import Task  # noqa: E402
 

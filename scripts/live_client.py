@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from reef_lab.gepa_search import verifier_feedback  # noqa: E402
+from recipes.gepa.search import verifier_feedback  # noqa: E402
 from reef_lab.tasks import Task  # noqa: E402
 
 

@@ -2,8 +2,9 @@
 
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
-The YAML holds reef_lab.experiment.ExperimentConfig fields (or, for `recipe: gepa`,
-reef_lab.gepa_experiment.GEPAExperimentConfig fields); `--set key=value` overrides one (dotted keys reach into
+The YAML names its `recipe` (a folder of recipes/ or module:Class) and holds that recipe's experiment fields: the
+weight recipes share reef_lab.experiment.ExperimentConfig, gepa has recipes/gepa/experiment.py's
+GEPAExperimentConfig (each recipe runs its own experiments: `Recipe.run_experiment`); `--set key=value` overrides one (dotted keys reach into
 recipe_config/task, values parsed as YAML), `--seed` and `--out` are shortcuts. Progress shows as a bar with the
 trainer step, the last batch's reward and the last held-out accuracy; the run folder holds everything (see
 reef_lab/experiment.py), and apps/sao.py plots it.
@@ -22,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from reef_lab.experiment import ExperimentConfig, run_experiment  # noqa: E402
-from reef_lab.gepa_experiment import GEPAExperimentConfig, run_gepa_experiment  # noqa: E402
+from reef_lab.errors import ReefError  # noqa: E402
+from reef_lab.recipe import recipe_class  # noqa: E402
 
 
 def apply_override(d: dict, key: str, value) -> None:
@@ -35,7 +36,7 @@ def apply_override(d: dict, key: str, value) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("config", help="YAML file of ExperimentConfig fields")
+    p.add_argument("config", help="YAML file: recipe and its experiment fields")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--seed", type=int, help="seed (prompts, sampling, trainer)")
     p.add_argument("--out", help="run folder")
@@ -49,10 +50,13 @@ def main(argv=None) -> None:
     if args.out:
         data["out_dir"] = args.out
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if data.get("recipe") == "gepa":  # harness evolution: train/validation/test splits, a metric-call budget
-        summary = run_gepa_experiment(GEPAExperimentConfig(**data))
-    else:
-        summary = run_experiment(ExperimentConfig(**data))
+    if not isinstance(data.get("recipe"), str):
+        p.error(f"{args.config} must name its recipe (recipe: sao, grpo, sft, gepa or module:Class)")
+    try:
+        run = recipe_class(data["recipe"]).run_experiment
+    except ReefError as e:
+        p.error(e.message)
+    summary = run(data)
     print(json.dumps(summary, indent=2))
 
 

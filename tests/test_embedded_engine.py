@@ -230,7 +230,8 @@ def test_info_describes_the_engine(engine):
     assert info["release_id"] == engine.release_id == "r0"
     assert info["device"] == "cpu" and info["dtype"] == "float32" and info["max_batch"] == 8
     assert info["params"] > 0 and info["tokens_generated"] > 0 and info["queue_depth"] == 0
-    assert engine.relays is False
+    from reef_lab.engines.base import Generator, Relay, ReleaseHost
+    assert isinstance(engine, Generator) and isinstance(engine, ReleaseHost) and not isinstance(engine, Relay)
 
 
 def test_close_fails_waiting_callers_and_refuses_new_requests(tiny_model, tokenizer):

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 import requests
 
-from reef_lab.engines.base import Generation
+from reef_lab.engines.base import Generation, Generator
 
 
 class Boom(RuntimeError):
@@ -14,7 +14,7 @@ class Boom(RuntimeError):
 
 
 class FailingStream:
-    release_id = "base"
+    release_id, prompt_ids = "base", [1]
 
     def __init__(self):
         self.cancelled = False
@@ -30,8 +30,15 @@ class FailingStream:
         self.cancelled = True
 
 
-class FailingEngine:
-    relays, model_name, release_id = False, "failing", "base"
+class FailingEngine(Generator):
+    model_name, release_id = "failing", "base"
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls()
+
+    def release_for(self, scenario):
+        return "base"
 
     def submit(self, request):
         return FailingStream()

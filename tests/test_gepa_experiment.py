@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reef_lab.gepa_experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment
+from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment
 from reef_lab.tasks import Task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_bad_gepa_experiment_config_says_what_to_fix():
 def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_dir):
     """The embedded engine answers the tasks; the stub (an OpenAI-compatible endpoint) reflects."""
     from reef_lab.engines.embedded import EmbeddedEngine
-    from reef_lab.gepa_search import read_events
+    from recipes.gepa.search import read_events
     from reef_lab.testing.stub_provider import IMPROVED_INSTRUCTION
 
     engine = EmbeddedEngine.from_path(str(tiny_model_dir))
@@ -92,7 +92,7 @@ def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_di
 
 
 def test_answer_format_verifier_and_its_feedback():
-    from reef_lab.gepa_search import verifier_feedback
+    from recipes.gepa.search import verifier_feedback
 
     item = Task({"name": "arithmetic", "answer_format": "Answer: {answer}"}).items(1, seed=1)[0]
     assert item["answer"] == "2"
@@ -105,7 +105,7 @@ def test_answer_format_verifier_and_its_feedback():
 
 
 def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
-    from reef_lab.gepa_search import verifier_feedback
+    from recipes.gepa.search import verifier_feedback
 
     rows = [{"question": "Which is a mammal?", "answerKey": "B",
              "choices": {"text": ["trout", "whale", "frog"], "label": ["A", "B", "C"]}},
@@ -160,7 +160,7 @@ def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_pa
 
 
 def test_open_choice_reads_the_option_the_reply_names_first(tmp_path):
-    from reef_lab.gepa_search import verifier_feedback
+    from recipes.gepa.search import verifier_feedback
 
     rows = [{"question": "Snow is white. What color is snow?", "answer": "B",
              "choices": {"text": ["black", "white", "grey"], "label": ["A", "B", "C"]}}]

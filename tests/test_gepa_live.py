@@ -102,7 +102,7 @@ def test_manual_mode_runs_on_request(serve, stub_url, tmp_path):
         reply = gw.infer("openai.chat", body, "calc")
         gw.report("calc", {"score": 0, "feedback": "wrong", "references": [reply.headers["x-reef-agent-record-id"]],
                            "metadata": {"answer": "42"}})
-        ln = gw.harness_learner("calc")
+        ln = gw.learner("calc")
         assert ln.wait_idle(30) and ln.status()["rounds"] == 0
         assert gw.train("calc")["queued"] is True
         assert ln.wait_idle(60) and ln.status()["rounds"] == 1

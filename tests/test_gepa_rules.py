@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from reef_lab.gepa import Candidate, accept, dominates, merge_pair, next_component, pareto_counts, select_parent
+from recipes.gepa.pareto import Candidate, accept, dominates, merge_pair, next_component, pareto_counts, select_parent
 
 
 def test_dominance():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from reef_lab.gepa_search import GEPAConfig, Rollout, Search, extract_text, read_events
+from recipes.gepa.search import GEPAConfig, Rollout, Search, extract_text, read_events
 
 SEED = {"system_prompt.md": "You are a helpful assistant.", "rules.md": "Be accurate."}
 
@@ -84,7 +84,7 @@ def test_mutations_rewrite_one_component_round_robin_and_reach_the_best(tmp_path
 
 
 def test_merge_takes_each_component_from_the_lineage_that_changed_it(tmp_path):
-    from reef_lab.gepa import Candidate
+    from recipes.gepa.pareto import Candidate
 
     s, system, _ = make(tmp_path)
     s.start()

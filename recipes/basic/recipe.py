@@ -20,7 +20,7 @@ class BasicConfig:
 
 class BasicRecipe:
     name = "basic"
-    trains = False
+    evolves = "nothing"
 
     def __init__(self, **config):
         self.config = BasicConfig(**config)
@@ -28,3 +28,11 @@ class BasicRecipe:
     def validate_report(self, report: dict) -> None:
         if self.config.require_score and report.get("score") is None:
             raise BadRequest("this scenario's recipe requires a 'score' in every report")
+
+    def learner(self, ctx) -> None:
+        return None
+
+    @staticmethod
+    def run_experiment(data: dict, progress: bool = True) -> dict:
+        raise ValueError("the basic recipe records and learns nothing: an experiment needs a learning recipe "
+                         "(sft, sao, grpo, gepa)")

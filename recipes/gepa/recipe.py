@@ -1,7 +1,7 @@
 """`gepa`: evolve the scenario's harness (system prompt, rules, skills) from reported traffic with GEPA.
 
 No weights change: any model endpoint serves (the embedded model or an upstream provider). Reports feed the search
-(reef_lab/harness_learner.py): `feedback` text is what the reflection model reads, `metadata.answer` (the reference
+(recipes/gepa/learner.py): `feedback` text is what the reflection model reads, `metadata.answer` (the reference
 answer, key set by `answer_key`) lets the task's verifier score a candidate harness on the same request. Candidates
 are scored on a validation set drawn from `val_task`; a kept candidate that passes the selection policy becomes a
 harness release. Experiments use the same search on a task set: scripts/run_experiment.py
@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
-from reef_lab.gepa_experiment import DEFAULT_SEED_HARNESS
-from reef_lab.gepa_search import GEPAConfig
 from reef_lab.harness import check_files
 from reef_lab.lm import LMSpec
-from reef_lab.recipe import MODES
+from reef_lab.recipe import MODES, LearnContext
 from reef_lab.schema import check_fields
 from reef_lab.tasks import TaskConfig
+
+from .experiment import DEFAULT_SEED_HARNESS
+from .search import GEPAConfig
 
 
 @dataclass
@@ -38,7 +39,7 @@ class GEPARecipeConfig:
         "help": "report metadata key holding the reference answer of the referenced inference"})
     task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of a candidate's answers (greedy)"})
     search: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.gepa_search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
+        "help": "recipes.gepa.search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
         "schema": GEPAConfig})
     task_lm: dict | None = field(default=None, metadata={
         "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec,
@@ -68,8 +69,7 @@ class GEPARecipeConfig:
 
 class GEPARecipe:
     name = "gepa"
-    trains = False  # no weights: serving with an upstream provider is fine
-    evolves = "harness"
+    evolves = "harness"  # no weights: serving with an upstream provider is fine
 
     def __init__(self, **config):
         self.config = GEPARecipeConfig(**config)
@@ -78,3 +78,16 @@ class GEPARecipe:
         answer = (report.get("metadata") or {}).get(self.config.answer_key)
         if answer is not None and (not isinstance(answer, (str, int, float)) or isinstance(answer, bool)):
             raise BadRequest(f"metadata.{self.config.answer_key} must be the reference answer (a string or number)")
+
+    def learner(self, ctx: LearnContext):
+        from .learner import HarnessLearner
+
+        return HarnessLearner(ctx, self)
+
+    @staticmethod
+    def run_experiment(data: dict, progress: bool = True) -> dict:
+        """An experiment of this recipe (scripts/run_experiment.py): train/validation/test splits, a budget of
+        metric calls (recipes/gepa/experiment.py)."""
+        from .experiment import GEPAExperimentConfig, run_gepa_experiment
+
+        return run_gepa_experiment(GEPAExperimentConfig(**data), progress=progress)

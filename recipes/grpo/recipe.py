@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab import rl
+from reef_lab.learner import WeightRecipe
 from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
-from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
+from reef_lab.trainers.base import Loss, Trainer
 
 
 @dataclass
@@ -33,12 +34,15 @@ class GRPOConfig(LearnConfig):
             raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
 
 
-class GRPORecipe:
+class GRPORecipe(WeightRecipe):
     name = "grpo"
-    trains = True
 
     def __init__(self, **config):
         self.config = GRPOConfig(**config)
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        return self.config.group_size
 
     def validate_report(self, report: dict) -> None:
         require_score(self.name, report)
@@ -69,10 +73,7 @@ class GRPORecipe:
             s.extra["advantages"] = [a] * len(s.completion_ids)
         return batch, stale
 
-    def make_trainer(self, model_dir, init_folder):
-        return TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
-
-    def train(self, trainer: TorchTrainer, batch: list[Sample]) -> dict:
-        m = trainer.step(batch, rl.dis_token_loss(self.config.dis_low, self.config.dis_high))
+    def train(self, trainer: Trainer, batch: list[Sample]) -> dict:
+        m = trainer.step(batch, Loss("dis", self.config.dis_low, self.config.dis_high))
         return {**m, **rl.dis_metrics(m), "policy_step": True,
                 "reward_mean": sum(s.score for s in batch) / len(batch)}

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import torch
 
 from reef_lab import rl
+from reef_lab.learner import WeightRecipe
 from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
-from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig, ValueConfig, ValueModel
+from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, make_trainer
 
 
 @dataclass
@@ -51,9 +52,9 @@ class SAOConfig(LearnConfig):
 
 
 class SAOTrainer:
-    """The policy (TorchTrainer) and its value model."""
+    """The policy and its value model (both from the backend the config's `trainer` names)."""
 
-    def __init__(self, policy: TorchTrainer, critic: ValueModel):
+    def __init__(self, policy: Trainer, critic: Critic):
         self.policy, self.critic = policy, critic
         self.warmup_done = 0
 
@@ -88,9 +89,8 @@ def advantages_and_targets(samples: list[Sample], values: list[list[float]], cfg
             [targets[i, : len(s.completion_ids)].tolist() for i, s in enumerate(samples)])
 
 
-class SAORecipe:
+class SAORecipe(WeightRecipe):
     name = "sao"
-    trains = True
 
     def __init__(self, **config):
         self.config = SAOConfig(**config)
@@ -112,11 +112,8 @@ class SAORecipe:
         return fresh[: self.config.batch_size], stale
 
     def make_trainer(self, model_dir, init_folder):
-        policy = TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
-        critic = ValueModel(model_dir, ValueConfig(lr=self.config.critic_lr,
-                                                   micro_batch_size=policy.config.micro_batch_size),
-                            init_folder, policy.device, policy.pad_id)
-        return SAOTrainer(policy, critic)
+        policy = make_trainer(self.config.trainer, model_dir, init_folder)
+        return SAOTrainer(policy, policy.critic(CriticConfig(lr=self.config.critic_lr)))
 
     def train(self, trainer: SAOTrainer, batch: list[Sample]) -> dict:
         cfg = self.config
@@ -132,7 +129,7 @@ class SAORecipe:
         critic_metrics = {**updates[-1], "value_abs_error": updates[0]["value_abs_error"]}  # before this batch
         for s, a in zip(batch, adv, strict=True):
             s.extra["advantages"] = a
-        m = trainer.policy.step(batch, rl.dis_token_loss(cfg.dis_low, cfg.dis_high))
+        m = trainer.policy.step(batch, Loss("dis", cfg.dis_low, cfg.dis_high))
         flat = [a for row in adv for a in row]
         return {**m, **rl.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
                 "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

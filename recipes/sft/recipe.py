@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reef_lab.learner import WeightRecipe
 from reef_lab.recipe import LearnConfig, require_score
 from reef_lab.samples import Sample
-from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
+from reef_lab.trainers.base import Loss, Trainer
 
 
 @dataclass
@@ -25,13 +26,8 @@ class SFTConfig(LearnConfig):
             raise ValueError("batch_size must be at least 1")
 
 
-def nll_loss(logp, batch, chunk):
-    return -(logp * batch["mask"]).sum(), {}
-
-
-class SFTRecipe:
+class SFTRecipe(WeightRecipe):
     name = "sft"
-    trains = True
 
     def __init__(self, **config):
         self.config = SFTConfig(**config)
@@ -49,11 +45,8 @@ class SFTRecipe:
     def build_batch(self, pool, trainer_step, release_steps):
         return pool[: self.config.batch_size], []
 
-    def make_trainer(self, model_dir, init_folder):
-        return TorchTrainer(model_dir, TrainerConfig(**self.config.trainer), init_folder)
-
-    def train(self, trainer: TorchTrainer, batch: list[Sample]) -> dict:
-        m = trainer.step(batch, nll_loss)
+    def train(self, trainer: Trainer, batch: list[Sample]) -> dict:
+        m = trainer.step(batch, Loss("nll"))
         return {**m, "policy_step": True, "reward_mean": _mean([s.score for s in batch if s.score is not None])}
 
 

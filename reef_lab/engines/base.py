@@ -7,7 +7,9 @@ callers submit one request each and block on its result or iterate its text delt
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Protocol
 
 
@@ -48,9 +50,11 @@ class Generation:
 
 class GenerationStream(Protocol):
     """A submitted request. Iterating yields text deltas as they are decoded; `result()` blocks until done.
-    `release_id` is the release it was pinned to at submit (known before the first token)."""
+    `release_id` is the release it was pinned to at submit (known before the first token); `prompt_ids` the
+    prompt's token ids (known at submit: a stream reports its prompt size before the first token)."""
 
     release_id: str
+    prompt_ids: list[int]
 
     def __iter__(self) -> Iterator[str]: ...
 
@@ -59,26 +63,94 @@ class GenerationStream(Protocol):
     def cancel(self) -> None: ...
 
 
-class Engine(Protocol):
-    """Serving backend. `relays` is False for engines that generate from ChatRequests (embedded, SGLang).
+class Engine(ABC):
+    """What every engine is: a named model the gateway serves through. An engine also derives from one (or more) of
+    the capability classes below, and the gateway and learners ask for a capability with `isinstance`:
 
-    Engines that serve trainable weights also offer `load_release(release_id, folder)` (load a checkpoint beside
-    what is serving; raises and changes nothing if it is broken), `route(scenario, release_id)` (new requests of
-    the scenario get that release; requests already running finish on theirs) and `unload(release_id)`.
+    - `Generator`: generates from ChatRequests and reports token ids and logprobs (embedded, vLLM, SGLang);
+    - `Relay`: passes provider-format bodies to a provider as they are (an OpenAI/Anthropic-compatible API);
+    - `ReleaseHost`: loads trained releases beside the base weights and routes scenarios to them.
+
+    A deployment names its engine (`--engine`) by a short name of `ENGINES` (reef_lab/engines/__init__.py) or a
+    `module:Class` path; the class builds itself from the deployment's config with `from_config`.
     """
 
-    relays: bool
     model_name: str
+    hub_id: str | None = None  # the base model's Hub id, named in release model cards (None: model_name)
 
-    @property
-    def release_id(self) -> str: ...
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg) -> Engine:
+        """Build from a reef_lab.config.ServeConfig (its `engine_options` mapping holds this engine's own settings)."""
 
-    def submit(self, request: ChatRequest) -> GenerationStream: ...
-
-    def release_for(self, scenario: str | None) -> str: ...
-
-    def count_tokens(self, messages: list[dict]) -> int: ...
-
+    @abstractmethod
     def info(self) -> dict: ...
 
+    @abstractmethod
     def close(self) -> None: ...
+
+
+class Generator(Engine):
+    """An engine that generates: batching is its own; callers submit one request each."""
+
+    @property
+    @abstractmethod
+    def release_id(self) -> str:
+        """The base weights' release id (scenarios without a route are served by it)."""
+
+    @abstractmethod
+    def submit(self, request: ChatRequest) -> GenerationStream: ...
+
+    @abstractmethod
+    def release_for(self, scenario: str | None) -> str: ...
+
+    @abstractmethod
+    def count_tokens(self, messages: list[dict]) -> int: ...
+
+
+class ReleaseHost(ABC):
+    """An engine whose weights can be trained: releases load beside what serves, scenarios are routed to them.
+    `model_dir` is the Hugging Face folder of the base weights (trainers start there)."""
+
+    model_dir: Path | None = None
+
+    @abstractmethod
+    def load_release(self, release_id: str, folder: str | Path) -> None:
+        """Load a checkpoint beside what is serving; raise and change nothing if it is broken."""
+
+    @abstractmethod
+    def route(self, scenario: str, release_id: str) -> None:
+        """New requests of the scenario get that release; requests already running finish on theirs."""
+
+    @abstractmethod
+    def unload(self, release_id: str) -> None: ...
+
+    @abstractmethod
+    def loaded_releases(self) -> list[str]: ...
+
+    @abstractmethod
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The token ids the engine would prompt with (its chat template), for training on demonstrations."""
+
+    @abstractmethod
+    def completion_ids(self, text: str) -> list[int]:
+        """A completion's token ids, ending as the model ends a turn."""
+
+
+class Relay(Engine):
+    """An engine that passes provider-format bodies through. `model` replaces the client's model name when set;
+    `base_url` is the provider's (an OpenAI-compatible one also serves as a plain LM, reef_lab.lm)."""
+
+    model: str | None
+    base_url: str
+
+    @abstractmethod
+    def forward(self, path: str, body: dict, client_headers: dict[str, str]):
+        """One non-streaming call: an UpstreamReply (status, body bytes, content type, passed headers)."""
+
+    @abstractmethod
+    def open_stream(self, path: str, body: dict, client_headers: dict[str, str]):
+        """(reply head, iterator of raw SSE events)."""
+
+    @abstractmethod
+    def get(self, path: str): ...

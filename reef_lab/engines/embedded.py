@@ -55,7 +55,8 @@ from pathlib import Path
 
 import torch
 
-from reef_lab.engines.base import ChatRequest, Generation, SamplingParams
+from reef_lab.checkpoints import load_checkpoint
+from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, SamplingParams
 
 log = logging.getLogger("reef_lab.engines.embedded")
 
@@ -464,10 +465,8 @@ def _check_params(params: SamplingParams) -> None:
 # The engine
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Generator, ReleaseHost):
     """In-process Engine: one scheduler thread runs the model and batches concurrent requests continuously."""
-
-    relays = False
 
     def __init__(self, model, tokenizer, model_name: str, release_id: str = "base", max_batch: int = 16,
                  device: str | torch.device | None = None):
@@ -507,6 +506,11 @@ class EmbeddedEngine:
         self._thread.start()
         log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
                  self._param_count, max_batch, release_id)
+
+    @classmethod
+    def from_config(cls, cfg) -> EmbeddedEngine:
+        """`--model-path` (default: the embedded SmolLM2), `--max-batch`."""
+        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)
 
     @classmethod
     def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None,
@@ -838,41 +842,6 @@ class EmbeddedEngine:
 
     def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
         self._stats["failed"] += sum(stream._fail(exc) for stream in streams)
-
-
-def load_checkpoint(model, folder: Path) -> None:
-    """Load the safetensors weights in `folder` into `model` after checking them: every parameter the model has
-    (tied copies aside) is present with its shape, nothing unknown, all values finite. Raises ValueError naming the
-    problem; the model is untouched unless every check passed."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no .safetensors file in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            state.update(load_file(str(f)))
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"checkpoint {f} cannot be read: {e}") from e
-    own = model.state_dict()
-    unknown = sorted(set(state) - set(own))
-    if unknown:
-        raise ValueError(f"checkpoint {folder} has tensors this model does not: {unknown[:5]}")
-    tied = {k for k in own if k.endswith("lm_head.weight")} if getattr(model.config, "tie_word_embeddings",
-                                                                         False) else set()
-    missing = sorted(set(own) - set(state) - tied)
-    if missing:
-        raise ValueError(f"checkpoint {folder} lacks tensors: {missing[:5]}")
-    for k, v in state.items():
-        if v.shape != own[k].shape:
-            raise ValueError(f"checkpoint {folder}: {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"checkpoint {folder}: {k} holds non-finite values")
-    model.load_state_dict(state, strict=False)
-    if tied:
-        model.tie_weights()
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

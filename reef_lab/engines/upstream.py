@@ -18,6 +18,7 @@ from typing import Iterator
 import httptools
 import orjson
 
+from reef_lab.engines.base import Relay
 from reef_lab.errors import UpstreamError
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -163,10 +164,8 @@ class _Pool:
             self._idle.pop().close()
 
 
-class UpstreamEngine:
+class UpstreamEngine(Relay):
     """Proxies requests to `base_url` (for example https://api.openai.com or http://127.0.0.1:8000)."""
-
-    relays = True
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0, connect_timeout: float = 5.0, pool_size: int = 64):
@@ -179,9 +178,12 @@ class UpstreamEngine:
         self.read_timeout = timeout
         self.pool = _Pool(self.base_url, connect_timeout, timeout, pool_size)
 
-    @property
-    def release_id(self) -> str:
-        return "upstream"
+    @classmethod
+    def from_config(cls, cfg) -> UpstreamEngine:
+        """`--upstream-url`, `--upstream-model`, `--upstream-timeout`; the key from REEF_UPSTREAM_API_KEY."""
+        if not cfg.upstream_url:
+            raise ValueError("the upstream engine needs --upstream-url: the provider to relay to")
+        return cls(cfg.upstream_url, cfg.upstream_model, timeout=cfg.upstream_timeout)
 
     def _headers(self, path: str, client_headers: dict[str, str]) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

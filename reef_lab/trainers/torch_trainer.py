@@ -14,7 +14,6 @@ A `ValueModel` (the policy's trunk plus a scalar head) serves recipes with a cri
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import time
@@ -24,35 +23,11 @@ from typing import Callable
 
 import torch
 
+from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.samples import Sample
-from reef_lab.schema import check_fields
+from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
 
 log = logging.getLogger("reef_lab.trainer")
-
-
-@dataclass
-class TrainerConfig:
-    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the policy"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
-    micro_batch_size: int = field(default=8, metadata={
-        "help": "samples per forward/backward; gradients accumulate over the batch"})
-    lora_rank: int = field(default=0, metadata={"help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
-    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                             "up_proj", "down_proj"],
-                                    metadata={"help": "module names LoRA adapts"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
-    seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.lr <= 0 or self.micro_batch_size < 1 or self.lora_rank < 0:
-            raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
-        if len(self.betas) != 2:
-            raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,8 +39,6 @@ def resolve_device(name: str) -> torch.device:
 def load_causal_lm(model_dir: str | Path, init_folder: str | Path | None, device: torch.device):
     """The base model from `model_dir`, with the weights of `init_folder` (a release) when given."""
     from transformers import AutoModelForCausalLM
-
-    from reef_lab.engines.embedded import load_checkpoint
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     if init_folder is not None:
@@ -109,11 +82,20 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return logp * batch["mask"]
 
 
+def loss_function(loss: Loss) -> LossFn:
+    """The torch form of a recipe's Loss."""
+    from reef_lab import rl
+
+    if loss.kind == "nll":
+        return lambda logp, batch, chunk: (-(logp * batch["mask"]).sum(), {})
+    return rl.dis_token_loss(loss.dis_low, loss.dis_high)
+
+
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], list[Sample]], tuple[torch.Tensor, dict]]
 
 
-class TorchTrainer:
-    """The policy being trained. `step(samples, loss_fn)` is one optimizer step; `export` writes a checkpoint."""
+class TorchTrainer(Trainer):
+    """The policy being trained. `step(samples, loss)` is one optimizer step; `export` writes a checkpoint."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
                  init_folder: str | Path | None = None, tokenizer=None):
@@ -121,6 +103,7 @@ class TorchTrainer:
         self.model_dir = Path(model_dir)
         self.device = resolve_device(self.config.device)
         torch.manual_seed(self.config.seed)
+        self.init_folder = init_folder
         self.model = load_causal_lm(model_dir, init_folder, self.device)
         if tokenizer is None:
             from transformers import AutoTokenizer
@@ -145,15 +128,30 @@ class TorchTrainer:
             yield chunk, pack(chunk, self.pad_id, self.device)
 
     @torch.no_grad()
-    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
-        """Each sample's completion-token logprobs under the current policy (no gradient)."""
+    def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
+        """Each sample's completion-token logprobs under the current policy (no gradient); `base`: under the
+        starting weights (LoRA adapters switched off; a full fine-tune keeps no frozen copy and refuses)."""
+        if base and not self.config.lora_rank:
+            raise ValueError("base logprobs need a frozen copy of the starting weights: train with lora_rank > 0")
         out = []
         for chunk, batch in self.micro_batches(samples):
-            logp = token_logprobs(self.model, batch)
+            if base:
+                with self.model.disable_adapter():
+                    logp = token_logprobs(self.model, batch)
+            else:
+                logp = token_logprobs(self.model, batch)
             out += [logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(chunk)]
         return out
 
-    def step(self, samples: list[Sample], loss_fn: LossFn) -> dict:
+    def critic(self, config: CriticConfig) -> ValueModel:
+        return ValueModel(self.model_dir, ValueConfig(lr=config.lr, micro_batch_size=self.config.micro_batch_size),
+                          self.init_folder, self.device, self.pad_id)
+
+    def step(self, samples: list[Sample], loss: Loss) -> dict:
+        """One optimizer step on the recipe's loss (reef_lab.trainers.base.Loss)."""
+        return self.step_fn(samples, loss_function(loss))
+
+    def step_fn(self, samples: list[Sample], loss_fn: LossFn) -> dict:
         """One optimizer step: loss_fn(logp, batch, chunk) -> (loss summed over tokens, stats summed) per
         micro-batch; the loss is divided by the batch's real completion tokens."""
         started = time.perf_counter()
@@ -196,17 +194,6 @@ class TorchTrainer:
         return folder
 
 
-def stamp_checkpoint(folder: Path, metadata: dict) -> None:
-    """Put reef_lab's metadata into the checkpoint's safetensors header (string values) and beside it as JSON."""
-    from safetensors.torch import load_file, save_file
-
-    for f in sorted(folder.glob("*.safetensors")):
-        tensors = load_file(str(f))
-        header = {"format": "pt", "reef_lab": json.dumps(metadata, default=str)}
-        save_file(tensors, str(f), metadata=header)
-    (folder / "reef_checkpoint.json").write_text(json.dumps(metadata, indent=2, default=str))
-
-
 def _clip(params, max_norm: float) -> float:
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -221,7 +208,7 @@ class ValueConfig:
     micro_batch_size: int = field(default=8, metadata={"help": "samples per forward/backward"})
 
 
-class ValueModel:
+class ValueModel(Critic):
     """A critic: the policy's transformer trunk (its own copy) and a scalar head read at the position that
     predicts each completion token, i.e. V(state before token t)."""
 

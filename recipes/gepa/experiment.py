@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab.gepa_search import GEPAConfig, Search, TaskSystem
+from .search import GEPAConfig, Search, TaskSystem
 from reef_lab.lm import make_lm
 from reef_lab.tasks import Task
 

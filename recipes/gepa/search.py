@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from reef_lab import harness as harness_mod
-from reef_lab.gepa import Candidate, accept, merge_pair, pareto_counts, select_parent
+from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
 from reef_lab.schema import check_fields
 from reef_lab.tasks import Task, extract_answer, last_number
 

@@ -5,7 +5,7 @@ answer in `metadata.<answer_key>`, makes one training example: the client's requ
 answer. The rollout the client saw is observed under the harness release that served it, so when that harness is the
 parent GEPA draws, its minibatch score and the feedback reflection reads are the user's own and cost no metric call.
 Every `minibatch_size` new examples (mode auto/hybrid) or on POST /reef/train (manual/hybrid) the learner runs one
-GEPA iteration on the newest examples (reef_lab.gepa_search.Search); a child it keeps is scored on the validation
+GEPA iteration on the newest examples (recipes/gepa/search.py); a child it keeps is scored on the validation
 set, and when the selection policy passes it (strict_gain: its validation mean beats the serving harness's) it is
 published as a harness release: the scenario's next requests are served with it, `GET /reef/harness` returns it.
 
@@ -23,53 +23,26 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab import dialects
 from reef_lab import harness as harness_mod
+from reef_lab.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
-from reef_lab.gepa_search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 from reef_lab.learner_loop import LearnerLoop
+from reef_lab.recipe import LearnContext
 from reef_lab.tasks import Task
 
-log = logging.getLogger("reef_lab.harness_learner")
+from .search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 
-
-def request_messages(dialect: str, request: dict) -> list[dict]:
-    """The client's conversation as plain {role, content: str} messages, without system text."""
-    def text(content) -> str:
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return ""
-
-    if dialect == dialects.OPENAI_RESPONSES:
-        inp = request.get("input")
-        if isinstance(inp, str):
-            return [{"role": "user", "content": inp}]
-        items = inp if isinstance(inp, list) else []
-    else:
-        items = request.get("messages") or []
-    return [{"role": m.get("role"), "content": text(m.get("content"))} for m in items
-            if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
-
-
-def response_text(dialect: str, response) -> str:
-    if not isinstance(response, dict):
-        return ""
-    if dialect == dialects.OPENAI_CHAT:
-        choices = response.get("choices") or [{}]
-        return (choices[0].get("message") or {}).get("content") or ""
-    if dialect == dialects.OPENAI_RESPONSES:
-        return "".join(c.get("text", "") for o in response.get("output") or [] if isinstance(o, dict)
-                       for c in o.get("content") or [] if isinstance(c, dict))
-    return "".join(c.get("text", "") for c in response.get("content") or [] if isinstance(c, dict))
+log = logging.getLogger("recipes.gepa.learner")
 
 
 class HarnessLearner(LearnerLoop):
-    def __init__(self, scenario: str, recipe, *, gateway, task_lm, reflection_lm, tracker=None):
+    def __init__(self, ctx: LearnContext, recipe):
+        scenario, tracker = ctx.scenario, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
-        self.gw = gateway
-        self.dir = Path(gateway.data_dir) / "learn" / scenario
+        task_lm = ctx.make_lm(self.config.task_lm)
+        reflection_lm = ctx.make_lm(self.config.reflection_lm) if self.config.reflection_lm else task_lm
+        self.gw = ctx.gateway
+        self.dir = Path(ctx.data_dir) / "learn" / scenario
         self.dir.mkdir(parents=True, exist_ok=True)
         self._state_path = self.dir / "state.json"
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
@@ -92,8 +65,19 @@ class HarnessLearner(LearnerLoop):
         self._start(f"reef-gepa-{scenario}")
 
     # ---- inputs ---------------------------------------------------------------------------------------------
+    def on_record(self, record: dict) -> None:
+        if record.get("kind") == "report":
+            self._queue(record)
+
     def on_report(self, report: dict) -> None:
         self._queue(report)
+
+    def promote(self, candidate: str) -> dict:
+        raise Conflict("a GEPA scenario publishes kept candidates itself (selection always, no_regression or "
+                       "strict_gain); there is no review queue")
+
+    def on_rollback(self) -> None:
+        return None  # the search goes on from its candidates; the rolled-back harness serves until the next release
 
     def request_training(self) -> dict:
         def check() -> dict:

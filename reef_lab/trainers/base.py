@@ -1,0 +1,134 @@
+"""The Trainer protocol: what a weight recipe asks of whatever trains its policy.
+
+A recipe hands a trainer a batch of samples and its loss *as data* (`Loss`: which objective, its constants; per-token
+advantages ride on the samples as `extra["advantages"]`), never a closure over one trainer's tensors, so the
+in-process torch trainer and a distributed backend run the same recipe unchanged. A trainer reports the current
+policy's logprobs (and the frozen base's, for a KL term), exports a candidate as a Hugging Face folder the engines
+load, and starts from a release's weights (`init_folder`) to resume a scenario. Critics (SAO's value model) come
+from the same backend (`critic`).
+
+`TrainerConfig.backend` names the class: `torch` or a `module:Class` path (an operator's choice, never a client's).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reef_lab.samples import Sample
+from reef_lab.schema import check_fields
+
+LOSSES = ("nll", "dis")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A policy loss, summed over completion tokens and divided by the batch's real-token count by the trainer.
+
+    - `nll`: negative log-likelihood of the completion (SFT);
+    - `dis`: the DIS policy gradient: token ratio pi_theta / pi_rollout (the engine's recorded logprob) times the
+      sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO).
+    """
+
+    kind: str
+    dis_low: float = 0.3
+    dis_high: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSSES:
+            raise ValueError(f"loss kind must be one of {LOSSES}, got {self.kind!r}")
+        if self.kind == "dis" and not 0 < self.dis_low < 1 < self.dis_high:
+            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the policy"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "samples per forward/backward; gradients accumulate over the batch"})
+    lora_rank: int = field(default=0, metadata={"help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
+    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"],
+                                    metadata={"help": "module names LoRA adapts"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
+    seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
+    backend: str = field(default="torch", metadata={
+        "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA) or a module:Class "
+                "path of a reef_lab.trainers.base.Trainer", "operator": True, "code": True})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.lr <= 0 or self.micro_batch_size < 1 or self.lora_rank < 0:
+            raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
+        if len(self.betas) != 2:
+            raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
+
+
+
+@dataclass
+class CriticConfig:
+    lr: float = field(default=1e-5, metadata={"help": "value model learning rate"})
+
+
+class Critic(ABC):
+    """A value model beside the policy: per completion token, the expected final reward."""
+
+    @abstractmethod
+    def values(self, samples: list[Sample]) -> list[list[float]]: ...
+
+    @abstractmethod
+    def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
+        """One optimizer step towards the targets; metrics (value_loss, value_abs_error before the step)."""
+
+
+class Trainer(ABC):
+    """The policy being trained. `steps` counts policy steps taken (a scenario's releases remember theirs)."""
+
+    steps: int
+
+    @abstractmethod
+    def __init__(self, model_dir: str | Path, config: TrainerConfig, init_folder: str | Path | None = None):
+        """Load the base model in `model_dir`, with a release's weights from `init_folder` when given."""
+
+    @abstractmethod
+    def step(self, samples: list[Sample], loss: Loss) -> dict:
+        """One optimizer step; metrics (loss, grad_norm, tokens, samples, and the loss's own counters)."""
+
+    @abstractmethod
+    def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
+        """Completion-token logprobs under the current policy (`base`: under the frozen starting weights)."""
+
+    @abstractmethod
+    def export(self, folder: str | Path, metadata: dict) -> Path:
+        """Write the policy as a Hugging Face model folder stamped with `metadata` (reef_lab.checkpoints)."""
+
+    @abstractmethod
+    def critic(self, config: CriticConfig) -> Critic:
+        """A value model on the same base and device (recipes with a learned baseline)."""
+
+
+BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer"}
+
+
+def trainer_class(spec: str) -> type[Trainer]:
+    path = BACKENDS.get(spec, spec)
+    module, sep, name = path.partition(":")
+    if not sep:
+        raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
+    klass = getattr(importlib.import_module(module), name)
+    if not (isinstance(klass, type) and issubclass(klass, Trainer)):
+        raise ValueError(f"trainer backend {spec!r} ({path}) is not a reef_lab.trainers.base.Trainer subclass")
+    return klass
+
+
+def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:
+    """The trainer a recipe's `trainer` config names, on the base model and a release's weights."""
+    cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
+    return trainer_class(cfg.backend)(model_dir, cfg, init_folder)
