@@ -18,5 +18,5 @@ def evaluate(engine, release: str, task: Task, items: list[dict], max_tokens: in
     scores = [task.score(it, t) for it, t in zip(items, texts, strict=True)]
     return {"accuracy": sum(scores) / len(scores), "n": len(scores), "correct": int(sum(scores)),
             "release": release, "eval_s": round(time.perf_counter() - started, 2),
-            "examples": [{"id": it["id"], "answer": it["answer"], "text": t, "score": sc}
+            "examples": [{"id": it["id"], "answer": it.get("answer"), "text": t, "score": sc}
                          for it, t, sc in list(zip(items, texts, scores, strict=True))[:8]]}

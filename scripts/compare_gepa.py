@@ -30,7 +30,7 @@ import yaml  # noqa: E402
 from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment, score_on  # noqa: E402
 from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.lm import make_lm  # noqa: E402
-from reef_lab.tasks import Task  # noqa: E402
+from reef_lab.tasks import make_task  # noqa: E402
 
 
 class ReferenceAdapter:
@@ -57,7 +57,7 @@ class ReferenceAdapter:
 def run_reference(cfg: GEPAExperimentConfig, engine, progress: bool) -> dict:
     import gepa
 
-    task = Task({"system_prompt": "", **cfg.task})
+    task = make_task({"system_prompt": "", **cfg.task})
     train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
     system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
     sc = cfg.search_config()

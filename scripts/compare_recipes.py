@@ -81,7 +81,7 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
     from reef_lab.engines.embedded import EmbeddedEngine
     from reef_lab.evaluation import evaluate
     from reef_lab.releases import ReleaseStore
-    from reef_lab.tasks import Task
+    from reef_lab.tasks import make_task
 
     out, engine = {}, None
     try:
@@ -92,7 +92,7 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
                 out[r["dir"]] = out.pop("run")
                 continue
             cfg = json.loads((Path(r["dir"]) / "config.json").read_text())["recipe_config"]
-            task = Task(cfg["eval_task"])
+            task = make_task(cfg["eval_task"])
             items = task.items(cfg.get("eval_size", 64), cfg.get("eval_seed", 999_983))
             engine = engine or EmbeddedEngine.from_path(max_batch=16)
             if "base" not in out:

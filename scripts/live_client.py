@@ -29,7 +29,7 @@ import requests  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from recipes.gepa.search import verifier_feedback  # noqa: E402
-from reef_lab.tasks import Task  # noqa: E402
+from reef_lab.tasks import make_task  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
     token = os.environ.get("REEF_TOKEN", "").split(",")[0] or "none"
     client = OpenAI(base_url=args.url + "/v1", api_key=token, default_headers={"x-reef-scenario": args.scenario})
     auth = {"Authorization": f"Bearer {token}", "x-reef-scenario": args.scenario}
-    task = Task({"operators": ["+", "-"], "min_digits": 1, "max_digits": 2})
+    task = make_task({"operators": ["+", "-"], "min_digits": 1, "max_digits": 2})
     items = task.items(args.rollouts, seed=args.seed)
 
     def learner() -> dict:

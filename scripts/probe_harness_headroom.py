@@ -23,7 +23,7 @@ import yaml  # noqa: E402
 from recipes.gepa.experiment import GEPAExperimentConfig, make_splits  # noqa: E402
 from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.lm import make_lm  # noqa: E402
-from reef_lab.tasks import Task  # noqa: E402
+from reef_lab.tasks import make_task  # noqa: E402
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
         from reef_lab.engines.embedded import EmbeddedEngine
         engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
     try:
-        task = Task({"system_prompt": "", **cfg.task})
+        task = make_task({"system_prompt": "", **cfg.task})
         _, _, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
         system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
         print(f"| system prompt | test accuracy ({len(test)} items) |\n|---|---|")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task, score_item
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_gepa_experiment_evolves_publishes_and_tests(tmp_path, stub_url, monkeyp
 
 
 def test_splits_are_disjoint_and_fixed_by_the_data_seed():
-    task = Task({"name": "arithmetic", "system_prompt": ""})
+    task = make_task({"name": "arithmetic", "system_prompt": ""})
     train, val, test = make_splits(task, 20, 10, 30, seed=5)
     qs = [[it["messages"][-1]["content"] for it in split] for split in (train, val, test)]
     assert len(set(qs[0]) | set(qs[1]) | set(qs[2])) == 60
@@ -94,14 +94,14 @@ def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_di
 def test_answer_format_verifier_and_its_feedback():
     from recipes.gepa.search import verifier_feedback
 
-    item = Task({"name": "arithmetic", "answer_format": "Answer: {answer}"}).items(1, seed=1)[0]
+    item = make_task({"name": "arithmetic", "answer_format": "Answer: {answer}"}).items(1, seed=1)[0]
     assert item["answer"] == "2"
     assert verifier_feedback(item, "Answer: 2") == (1.0, "Correct: the answer 2 is the expected answer.")
     score, text = verifier_feedback(item, "5 - 3 = 2")
     assert score == 0.0 and "must be written as 'Answer: <number>' (here: 'Answer: 2')" in text
     assert verifier_feedback(item, "Answer: 3\nso Answer: 2")[0] == 1.0  # the last one written counts
     with pytest.raises(ValueError, match="exactly once"):
-        Task({"answer_format": "Answer"})
+        make_task({"answer_format": "Answer"})
 
 
 def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
@@ -112,22 +112,22 @@ def test_multiple_choice_task_reads_the_label_the_reply_starts_with(tmp_path):
             {"question": "2 + 2?", "choices": ["3", "4"], "answerKey": "1"}]  # plain options, index answer
     path = tmp_path / "mc.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    task = Task({"name": "choice", "path": str(path), "answer_field": "answerKey", "system_prompt": ""})
+    task = make_task({"name": "choice", "path": str(path), "answer_field": "answerKey", "system_prompt": ""})
     items = {it["messages"][0]["content"].split("\n")[0]: it for it in task.items(2, seed=0)}
     mc = items["Which is a mammal?"]
     assert mc["messages"][0]["content"] == "Which is a mammal?\n\nA. trout\nB. whale\nC. frog"
     assert mc["answer"] == "B" and mc["choices"] == ["A", "B", "C"]
     assert items["2 + 2?"]["answer"] == "B"
     for reply in ("B", "B. whale", " (B) whale", "b) whale", "B: whale"):
-        assert Task.score(mc, reply) == 1.0, reply
+        assert score_item(mc, reply) == 1.0, reply
     for reply in ("The answer is B.", "A", "Bwhale", "D", "whale"):
-        assert Task.score(mc, reply) == 0.0, reply
+        assert score_item(mc, reply) == 0.0, reply
     assert verifier_feedback(mc, "B. whale") == (1.0, "Correct: the reply starts with the expected option B.")
     assert verifier_feedback(mc, "A. trout") == (0.0, "Incorrect: the reply chose A, but the expected answer is B.")
     score, text = verifier_feedback(mc, "The answer is B.")
     assert score == 0.0 and "must start with the label of the chosen option (A, B or C)" in text
     with pytest.raises(ValueError, match="not installed"):
-        Task({"name": "choice", "path": "pkg:no_such_package_xyz/data"}).items(1, seed=0)
+        make_task({"name": "choice", "path": "pkg:no_such_package_xyz/data"}).items(1, seed=0)
 
 
 def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_path):
@@ -144,13 +144,13 @@ def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_pa
              for i in range(12) for order in (["red", "blue", "green"], ["green", "red", "blue"])]
     path = tmp_path / "requests.jsonl.gz"
     path.write_bytes(gzip.compress("\n".join(json.dumps(x) for x in lines).encode()))
-    task = Task({"name": "choice", "path": str(path), "system_prompt": ""})
+    task = make_task({"name": "choice", "path": str(path), "system_prompt": ""})
     items = task.items(24, seed=0)
     first = next(it for it in items if it["key"] == "Thing 0 is red. What color is thing 0?"
                  and it["messages"][0]["content"].endswith("C. green"))
     assert first["messages"][0]["content"] == ("Thing 0 is red. What color is thing 0?\n\nA. red\nB. blue\nC. green")
     assert first["answer"] == "A" and first["choices"] == ["A", "B", "C"]
-    assert all(Task.score(it, it["answer"]) == 1.0 for it in items)
+    assert all(score_item(it, it["answer"]) == 1.0 for it in items)
     train, val, test = make_splits(task, 6, 4, 6, seed=3)
     keys = [{it["key"] for it in split} for split in (train, val, test)]
     assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
@@ -166,12 +166,12 @@ def test_open_choice_reads_the_option_the_reply_names_first(tmp_path):
              "choices": {"text": ["black", "white", "grey"], "label": ["A", "B", "C"]}}]
     path = tmp_path / "mc.jsonl"
     path.write_text(json.dumps(rows[0]))
-    item = Task({"name": "choice", "path": str(path), "show_options": False, "system_prompt": ""}).items(1, 0)[0]
+    item = make_task({"name": "choice", "path": str(path), "show_options": False, "system_prompt": ""}).items(1, 0)[0]
     assert item["messages"][0]["content"] == "Snow is white. What color is snow?"
     for reply in ("Snow is white.", "WHITE", "white, not grey", "A snowman is white."):
-        assert Task.score(item, reply) == 1.0, reply
+        assert score_item(item, reply) == 1.0, reply
     for reply in ("Snow is grey, not white.", "B", "whitish", "It is cold."):
-        assert Task.score(item, reply) == 0.0, reply
+        assert score_item(item, reply) == 0.0, reply
     assert verifier_feedback(item, "Snow is white.") == (1.0, "Correct: the reply names 'white', the expected answer.")
     assert verifier_feedback(item, "It is grey and white.")[1].startswith(
         "Incorrect: the reply names 'grey' first, but the expected answer is 'white'.")

@@ -18,12 +18,12 @@ from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway import Gateway
 from reef_lab.hub import HubConfig
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task
 from reef_lab.testing.hub_server import serve_in_thread
 from tests.conftest import Running
 
 TOKEN = "hub-test-token"
-PROMPTS = [it["messages"] for it in Task().items(3, seed=21)]
+PROMPTS = [it["messages"] for it in make_task().items(3, seed=21)]
 SFT = {"batch_size": 2, "mode": "manual", "trainer": {"lr": 3e-3, "micro_batch_size": 2}}
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway import Gateway
 from reef_lab.learner import read_metrics
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task
 
 EVAL = {"eval_task": {"name": "arithmetic"}, "eval_size": 4, "eval_max_tokens": 4}
 TRAINER = {"lr": 1e-3, "micro_batch_size": 4}
@@ -42,7 +42,7 @@ def ask(gw, scenario, item, *, temperature=1.0, seed=0, group=None):
 
 
 def drive(gw, scenario, n, *, group_size=1, score=lambda i, text: float(i % 2)):
-    items = Task().items(n // group_size, seed=5)
+    items = make_task().items(n // group_size, seed=5)
     k = 0
     for j, item in enumerate(items):
         for g in range(group_size):
@@ -69,11 +69,11 @@ def check_trained(gw, scenario, base_dir: Path):
     meta = json.loads((Path(rel["folder"]) / "reef_checkpoint.json").read_text())
     assert meta["scenario"] == scenario and meta["trainer_step"] >= 1
     # the next request of the scenario is served by the release, and its record says so
-    receipt, release, _ = ask(gw, scenario, Task().items(1, seed=99)[0])
+    receipt, release, _ = ask(gw, scenario, make_task().items(1, seed=99)[0])
     assert release == f"{scenario}:v1"
     assert gw.get_record(scenario, receipt)["release_id"] == f"{scenario}:v1"
     # another scenario still gets the base weights
-    assert ask(gw, "other", Task().items(1, seed=99)[0])[1] == "base"
+    assert ask(gw, "other", make_task().items(1, seed=99)[0])[1] == "base"
     return rels
 
 
@@ -127,7 +127,7 @@ def test_restart_serves_the_release_and_resumes_learning(tiny_model_dir, tmp_pat
     gw.close()
     gw = Gateway(data, EmbeddedEngine.from_path(str(tiny_model_dir)))
     try:
-        assert ask(gw, "s", Task().items(1, seed=99)[0])[1] == "s:v1"
+        assert ask(gw, "s", make_task().items(1, seed=99)[0])[1] == "s:v1"
         ln = gw.learner("s")
         assert ln.wait_idle(60) and ln.status()["pool"] == 2  # replayed, not trained twice
         drive(gw, "s", 4)  # two more: a full batch again, trained from v1's weights

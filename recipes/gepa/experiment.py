@@ -21,7 +21,7 @@ import orjson
 
 from .search import GEPAConfig, Search, TaskSystem
 from reef_lab.lm import make_lm
-from reef_lab.tasks import Task
+from reef_lab.tasks import Task, make_task
 
 log = logging.getLogger("reef_lab.gepa_experiment")
 
@@ -102,7 +102,7 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
     if own_engine:
         from reef_lab.engines.embedded import EmbeddedEngine
         engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
-    task = Task({"system_prompt": "", **cfg.task})
+    task = make_task({"system_prompt": "", **cfg.task})
     train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
     system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
     reflection = make_lm(cfg.reflection_lm, engine)

@@ -28,7 +28,7 @@ from reef_lab.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
 from reef_lab.learner_loop import LearnerLoop
 from reef_lab.recipe import LearnContext
-from reef_lab.tasks import Task
+from reef_lab.tasks import make_task
 
 from .search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 
@@ -56,7 +56,7 @@ class HarnessLearner(LearnerLoop):
             self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
                                     {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
             serving = dict(self.config.seed_harness)
-        val = Task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
+        val = make_task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
         self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8)
         self.tracker = tracker  # a reef_lab.tracking.Tracker mirroring every search event to W&B
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,

@@ -35,7 +35,7 @@ from typing import Protocol
 from reef_lab import harness as harness_mod
 from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
 from reef_lab.schema import check_fields
-from reef_lab.tasks import Task, extract_answer, last_number
+from reef_lab.tasks import extract_answer, last_number, score_item
 
 log = logging.getLogger("reef_lab.gepa")
 
@@ -87,7 +87,7 @@ def _opening(text: str, n: int) -> str:
 
 def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
     """The task verifier's score and its textual feedback (what reflection reads)."""
-    score = Task.score(item, text)
+    score = score_item(item, text)
     got = extract_answer(item, text)
     if "options" in item:
         want = item["options"][item["answer"]]
