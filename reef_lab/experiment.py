@@ -105,7 +105,7 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         recipe_config.setdefault("trainer", {})
         recipe_config["trainer"] = {"seed": cfg.seed, **recipe_config["trainer"]}
         if name not in {s.name for s in gw.scenarios.list()}:
-            gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config})
+            gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config}, operator=True)
         learner = gw.learner(name)
         group_size = cfg.group_size
         task = make_task(cfg.task)

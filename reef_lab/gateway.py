@@ -648,7 +648,9 @@ class Gateway:
         return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
                 "records": counts, "error": self._errors.get(name)}
 
-    def create_scenario(self, body: Any) -> dict:
+    def create_scenario(self, body: Any, operator: bool = False) -> dict:
+        """A new scenario from a client's body; `operator` (in-process callers such as experiments, never HTTP)
+        may also set operator-only fields and name code (module:Class) in the recipe's config."""
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
         config = body.get("config")
@@ -662,7 +664,8 @@ class Gateway:
         if body.get("recipe") is not None or config:
             recipe = load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
             try:
-                check_client_fields(type(recipe.config), config or {})
+                if not operator:
+                    check_client_fields(type(recipe.config), config or {})
             except ValueError as e:
                 raise BadRequest(str(e)) from None
             self._check_engine_fits(recipe)
