@@ -277,3 +277,34 @@ def test_a_module_class_task_from_a_client_is_refused(tmp_path):
     with pytest.raises(ValueError, match="names code to import"):
         check_client_fields(LearnConfig, {"eval_task": {"name": "os:system"}})
     check_client_fields(LearnConfig, {"eval_task": {"name": "arithmetic"}})  # short names are the client's
+
+
+def test_a_data_dir_of_the_version_before_the_seams_opens_cleanly(tmp_path, stub_url):
+    """tests/fixtures/datadir-c35e473 was written by reef_lab at commit c35e473 (records rolled to Parquet and in
+    the log, a harness release, two scenarios, reports); this version serves it as it was."""
+    import shutil
+
+    from reef_lab.engines.upstream import UpstreamEngine
+
+    src = Path(__file__).parent / "fixtures" / "datadir-c35e473"
+    shutil.copytree(src, tmp_path / "data")
+    expect = json.loads((src / "EXPECT.json").read_text())
+    server = Running(Gateway(tmp_path / "data", UpstreamEngine(stub_url, timeout=2.0)))
+    try:
+        u = server.url
+        status = requests.get(u + "/reef/status").json()
+        assert status["scenario_errors"] == {} and status["scenarios"] == 2
+        info = requests.get(u + "/reef/scenarios/plain").json()
+        assert info["records"]["inference"] == expect["n_plain_inference"] and info["records"]["report"] == 1
+        first = requests.get(f"{u}/reef/scenarios/plain/records/{expect['first']}").json()
+        assert first["request"]["messages"][0]["content"] == "q0"  # read back from the rolled Parquet segment
+        assert requests.get(u + "/reef/harness", headers={"x-reef-scenario": "plain"}).json()["release_id"] == \
+            "plain:v1"
+        r = requests.post(u + "/v1/chat/completions", headers={"x-reef-scenario": "plain"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "new"}]})
+        assert r.status_code == 200 and r.headers["x-reef-release-id"] == "plain:v1"
+        graded = requests.post(u + "/reef/report", headers={"x-reef-scenario": "graded"},
+                               json={"feedback": "no score", "references": []})
+        assert graded.status_code == 400  # the stored config (require_score) still applies
+    finally:
+        server.stop()
