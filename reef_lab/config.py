@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+import orjson
 import yaml
 
 from reef_lab.engines import engine_class
@@ -28,9 +29,10 @@ class ServeConfig:
     recipe: str = field(default="basic", metadata={
         "help": "recipe of new scenarios: a folder name in recipes/ (basic, sft, sao, grpo, gepa) or a "
                 "module:Class path"})
-    recipe_config: str | dict | None = field(default=None, metadata={
-        "help": "config of new scenarios' recipe: a YAML/JSON file (in a -c file also a mapping), e.g. "
-                "recipes/sao/examples/live.yaml"})
+    recipe_config: str | None = field(default=None, metadata={
+        "help": "config of new scenarios' recipe: a YAML/JSON file, e.g. recipes/sao/examples/live.yaml, or "
+                "an inline mapping '{batch_size: 8}' (in a -c file also a mapping); --help with --recipe lists its "
+                "fields"})
     hub_repo: str | None = field(default=None, metadata={
         "help": "publish each release to this Hub model repo, e.g. me/reef-{scenario} (HF_ENDPOINT, HF_TOKEN); "
                 "off by default"})
@@ -45,7 +47,7 @@ class ServeConfig:
         "help": "the engine: embedded (a local model in this process), upstream (relay a provider) or a "
                 "module:Class path of a reef_lab.engines.base.Engine; default: upstream with --upstream-url, else "
                 "embedded"})
-    engine_options: str | dict | None = field(default=None, metadata={
+    engine_options: str | None = field(default=None, metadata={
         "help": "a module:Class engine's own settings: a YAML/JSON mapping (inline or a file)"})
     upstream_url: str | None = field(default=None, metadata={
         "help": "proxy this OpenAI- or Anthropic-compatible provider (e.g. https://api.openai.com) instead of "
@@ -105,8 +107,8 @@ class ServeConfig:
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
-        if isinstance(self.recipe_config, str) and not Path(self.recipe_config).is_file():
-            raise ValueError(f"recipe_config file {self.recipe_config!r} does not exist")
+        self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
+        self.engine_settings()
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
             raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
         if self.workers < 0:
@@ -135,14 +137,8 @@ class ServeConfig:
         return self.engine or ("upstream" if self.upstream_url else "embedded")
 
     def engine_settings(self) -> dict:
-        """The engine's own settings as a mapping (read from the file when a path was given)."""
-        value = self.engine_options
-        if value is None or isinstance(value, dict):
-            return dict(value or {})
-        data = yaml.safe_load(Path(value).read_text() if Path(value).is_file() else value)
-        if not isinstance(data, dict):
-            raise ValueError(f"engine_options must be a mapping of the engine's settings, got {value!r}")
-        return data
+        """The engine's own settings as a mapping."""
+        return _mapping(self.engine_options, "engine_options", "the engine's settings")
 
     def worker_count(self) -> int:
         if self.workers:
@@ -150,13 +146,8 @@ class ServeConfig:
         return min(os.cpu_count() or 1, 8) if self.upstream_url else 1
 
     def recipe_settings(self) -> dict:
-        """The recipe config as a mapping (read from the file when a path was given)."""
-        if self.recipe_config is None or isinstance(self.recipe_config, dict):
-            return dict(self.recipe_config or {})
-        data = yaml.safe_load(Path(self.recipe_config).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{self.recipe_config} must hold a mapping of the recipe's config fields")
-        return data
+        """The recipe config as a mapping."""
+        return _mapping(self.recipe_config, "recipe_config", "the recipe's config fields")
 
     def allowed_recipe_list(self) -> list[str]:
         return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
@@ -165,53 +156,165 @@ class ServeConfig:
         return asdict(self)
 
 
-def _type_of(f) -> type:
-    t = f.type if isinstance(f.type, str) else f.type.__name__
-    return {"int": int, "float": float}.get(t.split(" ")[0], str)
+def _mapping(value, name: str, what: str) -> dict:
+    """A mapping given as itself (in code), as a YAML/JSON file's path, or inline as YAML/JSON text."""
+    if value is None or isinstance(value, dict):
+        return dict(value or {})
+    if value.lstrip().startswith("{"):
+        try:
+            data = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{name} is not a YAML/JSON mapping: {e}") from None
+    else:
+        if not Path(value).is_file():
+            raise ValueError(f"{name} file {value!r} does not exist (give a YAML/JSON file or an inline mapping "
+                             "'{key: value}')")
+        data = yaml.safe_load(Path(value).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{name} ({value!r}) must hold a mapping of {what}")
+    return data
+
+
+DESCRIPTION = (
+    "Run the reef_lab gateway: the providers' APIs (OpenAI chat/responses, Anthropic messages) in front of the "
+    "embedded model or an upstream provider; every interaction recorded, reports taken at /reef/report. Auth: set "
+    "REEF_TOKEN (comma-separated for several tokens); unset means no auth (loopback use).")
+
+
+class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
 
 
 def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
-    """ServeConfig from `-c file.yaml` plus flags; flags win."""
-    p = argparse.ArgumentParser(prog="scripts/serve.py", description=(
-        "Run the reef_lab gateway: the providers' APIs (OpenAI chat/responses, Anthropic messages) in front of "
-        "the embedded model or an upstream provider; every interaction recorded, reports taken at /reef/report. "
-        "Auth: set REEF_TOKEN (comma-separated for several tokens); unset means no auth (loopback use)."))
-    p.add_argument("-c", "--config", help="YAML file with any of the options below (command line wins)")
-    for f in fields(ServeConfig):
-        default = f.default if f.default is not MISSING else None
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_type_of(f), default=None,
-                       help=f"{f.metadata['help']} (default: {default})")
-    args = p.parse_args(argv)
-    values: dict = {}
-    if args.config:
-        data = yaml.safe_load(Path(args.config).read_text()) or {}
-        if not isinstance(data, dict):
-            p.error(f"{args.config} must hold a mapping of option names to values")
-        names = {f.name for f in fields(ServeConfig)}
-        for k, v in data.items():
-            key = k.replace("-", "_")
-            if key not in names:
-                p.error(f"{args.config}: unknown option {k!r}; known: {sorted(names)}")
-            values[key] = v
-    values.update({k: v for k, v in vars(args).items() if k != "config" and v is not None})
+    """ServeConfig from `-c file.yaml` plus flags (flags win), parsed by transformers' HfArgumentParser. The recipe
+    config is checked at every depth before anything starts; `--help` lists the chosen recipe's own fields, and
+    `--print-config` prints the whole effective configuration as a YAML file `-c` reads back."""
+    import sys
+
+    from transformers import HfArgumentParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("-c", "--config")
+    pre.add_argument("--recipe")
+    known, _ = pre.parse_known_args(argv)
+    file_values, file_error = {}, None
+    if known.config:
+        try:
+            file_values = _read_config_file(known.config)
+        except ValueError as e:
+            file_error = str(e)
+    spec = known.recipe or file_values.get("recipe") or "basic"
+    p = HfArgumentParser(ServeConfig, prog="scripts/serve.py", description=DESCRIPTION, formatter_class=_HelpFormat,
+                         epilog=_recipe_help(spec))
+    p.add_argument("-c", "--config", help="YAML file with any of the options below (the command line wins)")
+    p.add_argument("--print-config", action="store_true", help=(
+        "print the effective configuration (the deployment's options and the recipe's config, every field with "
+        "its help) as YAML that -c reads back, and exit"))
+    if file_error:
+        p.error(file_error)
+    p.set_defaults(**file_values)
     try:
-        cfg = ServeConfig(**values)
+        cfg, extra = p.parse_args_into_dataclasses(argv, look_for_args_file=False)
         recipe = load_recipe(cfg.recipe, cfg.recipe_settings())
-        for extra in cfg.allowed_recipe_list():
-            load_recipe(extra)
+        for name in cfg.allowed_recipe_list():
+            load_recipe(name)
+        engine = engine_class(cfg.engine_name())
     except (ValueError, TypeError) as e:
         p.error(str(e))
     except ReefError as e:
         p.error(e.message)
-    try:
-        engine = engine_class(cfg.engine_name())
-    except ValueError as e:
-        p.error(str(e))
     if recipe.evolves == "weights" and not issubclass(engine, ReleaseHost):
         p.error(f"recipe {cfg.recipe!r} trains model weights, which engine {cfg.engine_name()!r} cannot serve (an "
                 "upstream provider): drop --upstream-url to serve (and train) the embedded model, or choose a "
                 "recipe that does not train")
+    if extra.print_config:
+        print(describe_config(cfg, recipe.config), end="")
+        raise SystemExit(0)
     return cfg
+
+
+def _read_config_file(path: str) -> dict:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of option names to values")
+    names = {f.name for f in fields(ServeConfig)}
+    values = {}
+    for k, v in data.items():
+        key = k.replace("-", "_")
+        if key not in names:
+            raise ValueError(f"{path}: unknown option {k!r}; known: {sorted(names)}")
+        # a mapping in the file (recipe_config, engine_options) travels as its JSON text, as on the command line
+        values[key] = orjson.dumps(v).decode() if isinstance(v, dict) else v
+    return values
+
+
+def _config_fields(cls: type, prefix: str = "") -> list[tuple[str, object, str]]:
+    """(dotted key, default, help) of a config dataclass and the dataclasses its mapping fields name (`schema`)."""
+    out = []
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else None)
+        schema = f.metadata.get("schema")
+        if schema is not None:
+            schema = schema if is_dataclass(schema) else schema()
+            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+            out += _config_fields(schema, f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+    return out
+
+
+def _recipe_help(spec: str) -> str:
+    try:
+        recipe = load_recipe(spec)
+    except ReefError as e:
+        return f"recipe {spec!r}: {e.message}"
+    if recipe.config is None or not is_dataclass(recipe.config):
+        return f"recipe {spec!r} has no config fields"
+    lines = [f"config of recipe {spec!r} ({type(recipe.config).__name__}; set them in --recipe-config, a YAML "
+             "file or inline YAML, e.g. --recipe-config '{batch_size: 8, trainer: {lr: 1.0e-5}}'):"]
+    for key, default, help_text in _config_fields(type(recipe.config)):
+        lines.append(f"  {key} (default: {_inline(default)}): {help_text}")
+    return "\n".join(lines)
+
+
+def _inline(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def describe_config(cfg: ServeConfig, recipe_config) -> str:
+    """The effective configuration as commented YAML: every option and every recipe field, with its help."""
+    out = ["# reef_lab deployment: scripts/serve.py -c <this file>"]
+    for f in fields(ServeConfig):
+        if f.name == "recipe_config":
+            out.append(f"# {f.metadata['help']}")
+            out.append("recipe_config:" + ("" if recipe_config is not None else " null"))
+            if recipe_config is not None:
+                out += _describe(recipe_config, "  ")
+        elif f.name == "engine_options":
+            out.append(f"# {f.metadata['help']}")
+            out.append(f"engine_options: {_inline(cfg.engine_settings() or None)}")
+        else:
+            out.append(f"# {f.metadata['help']}")
+            out.append(f"{f.name}: {_inline(getattr(cfg, f.name))}")
+    return "\n".join(out) + "\n"
+
+
+def _describe(obj, indent: str) -> list[str]:
+    from reef_lab.schema import build
+
+    lines = []
+    for f in fields(obj):
+        value, schema = getattr(obj, f.name), f.metadata.get("schema")
+        lines.append(f"{indent}# {f.metadata.get('help', '')}")
+        if schema is not None and isinstance(value, dict):
+            schema = schema if is_dataclass(schema) else schema()
+            lines.append(f"{indent}{f.name}:")
+            lines += _describe(build(schema, value, f.name), indent + "  ")
+        else:
+            lines.append(f"{indent}{f.name}: {_inline(value)}")
+    return lines
 
 
 def tokens_from_env() -> list[str]:

@@ -66,3 +66,34 @@ def test_recipe_and_its_config_are_checked_at_the_command_line(tmp_path, capsys)
     with _pytest.raises(SystemExit):
         parse_serve_config(["--recipe", "sao", "--recipe-config", str(bad)])
     assert "not_a_field" in capsys.readouterr().err
+
+
+def test_help_lists_the_chosen_recipes_own_fields(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_serve_config(["--recipe", "sao", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "config of recipe 'sao'" in out
+    assert "critic_updates (default: 2): value-model steps per policy step" in out
+    assert "trainer.lr (default: 1.0e-05): AdamW learning rate" in out  # nested configs too
+
+
+def test_print_config_is_a_file_that_reads_back(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_serve_config(["--recipe", "sft", "--port", "8123", "--recipe-config",
+                            "{batch_size: 4, eval_task: {name: arithmetic, max_digits: 3}}", "--print-config"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "# rollouts per policy step" not in text and "# samples per optimizer step" in text  # sft's help
+    (tmp_path / "c.yaml").write_text(text)
+    cfg = parse_serve_config(["-c", str(tmp_path / "c.yaml")])
+    settings = cfg.recipe_settings()
+    assert cfg.port == 8123 and cfg.recipe == "sft"
+    assert settings["batch_size"] == 4 and settings["eval_task"]["max_digits"] == 3
+    assert settings["trainer"]["lr"] == 1e-5  # defaults written out in full
+
+
+def test_a_mistyped_nested_key_is_refused_at_start_with_its_path(capsys):
+    with pytest.raises(SystemExit):
+        parse_serve_config(["--recipe", "sao", "--recipe-config", "{eval_task: {name: arithmetic, max_digit: 3}}"])
+    assert "eval_task.max_digit is not a TaskConfig field" in capsys.readouterr().err
