@@ -27,7 +27,7 @@ with app.setup:
     import matplotlib.pyplot as plt
     import polars as pl
 
-    from reef_lab.experiment import launch_detached, run_choices
+    from reef_lab.learning.experiment import launch_detached, run_choices
     from recipes.gepa.search import read_events
 
     ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@
     marimo run apps/records.py         # as an app
     REEF_LAB_DATA_DIR=/path/to/data marimo export html apps/records.py -o out.html   # headless
 
-Read-only and safe while a server writes to the data dir: everything comes from `reef_lab.store.scan_records`
+Read-only and safe while a server writes to the data dir: everything comes from `reef_lab.records.store.scan_records`
 (one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
 registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
 "include hidden records" to see everything on disk.
@@ -26,8 +26,8 @@ with app.setup:
     import orjson
     import polars as pl
 
-    from reef_lab.records import KINDS, PARQUET_SCHEMA, frame_row_to_dict
-    from reef_lab.store import scan_records
+    from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
+    from reef_lab.records.store import scan_records
 
     SNIPPET = 80
     ALL = "(all)"

@@ -4,7 +4,7 @@
     marimo run apps/sao.py             # as an app
     REEF_LAB_RUN=runs/compare/sao-arithmetic-seed0 marimo export html apps/sao.py -o out.html   # headless
 
-A run is a folder written by scripts/run_experiment.py (reef_lab/experiment.py): `config.json`, `summary.json`
+A run is a folder written by scripts/run_experiment.py (reef_lab/learning/experiment.py): `config.json`, `summary.json`
 when finished, and the learner's `data/learn/<scenario>/metrics.jsonl`, which is all this app reads. Plots per
 policy step: batch reward, held-out accuracy (each candidate), loss, masked-token fraction (DIS) and value error
 (SAO), with a dashed line where a release went live. Launching starts the experiment as a child process that keeps
@@ -27,8 +27,8 @@ with app.setup:
     import orjson
     import polars as pl
 
-    from reef_lab.experiment import launch_detached, run_choices
-    from reef_lab.learner import read_metrics
+    from reef_lab.learning.experiment import launch_detached, run_choices
+    from reef_lab.learning.learner import read_metrics
 
     ROOT = Path(__file__).resolve().parents[1]
     PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out accuracy"), ("loss", "policy loss"),

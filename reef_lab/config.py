@@ -17,7 +17,7 @@ import yaml
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
-from reef_lab.recipe import load_recipe
+from reef_lab.learning.recipe import load_recipe
 
 
 @dataclass

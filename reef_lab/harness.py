@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path, PurePosixPath
 
-from reef_lab import dialects
+from reef_lab.gateway import dialects
 from reef_lab.errors import BadRequest
 
 SYSTEM_PROMPT, RULES, SKILLS = "system_prompt.md", "rules.md", "skills/"

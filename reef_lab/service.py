@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from reef_lab.config import ServeConfig
-from reef_lab.gateway import Gateway
+from reef_lab.gateway.gateway import Gateway
 
 log = logging.getLogger("reef_lab.service")
 
@@ -20,10 +20,10 @@ def build_engine(cfg: ServeConfig):
 
 def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
-    from reef_lab.hub import HubConfig
+    from reef_lab.publishing.hub import HubConfig
 
     hub = HubConfig(repo=cfg.hub_repo, private=bool(cfg.hub_private)) if cfg.hub_repo else None
-    from reef_lab.tracking import TrackingConfig
+    from reef_lab.publishing.tracking import TrackingConfig
 
     tracking = TrackingConfig(project=cfg.wandb_project, entity=cfg.wandb_entity, group=cfg.wandb_group,
                               mode=cfg.wandb_mode)

@@ -412,7 +412,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             p.wait(timeout=60)
-    from reef_lab.store import scan_records
+    from reef_lab.records.store import scan_records
     import polars as pl
     failed = scan_records(data_dir).filter(pl.col("status") != "ok").select("error").collect()["error"].to_list()
     log_tail = [line for line in Path(data_dir + "-serve.log").read_text(errors="replace").splitlines()

@@ -8,7 +8,7 @@ It exists to test the claim "the reef_lab trainer is at least as fast per token 
 reef_lab model cache) is saved to a temp folder and both trainers load it (fp32, CPU, 2 threads).
 TRL generates ONE batch of completions with its own `_generate_and_score_completions` (untimed); the same
 prompt/completion ids, stripped of TRL's padding, become reef_lab Samples with TRL's advantages (GRPO loss:
-`reef_lab.rl.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
+`reef_lab.learning.rl.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
 steps on that batch and is timed around the update only (forward + backward over micro-batches + clip + AdamW):
   TRL:     trainer.training_step(model, chunk, n) per micro-batch, _clip_grad_norm, optimizer.step(),
            lr_scheduler.step(), model.zero_grad()   -- GRPO's generating `_prepare_inputs` is bypassed (identity).
@@ -79,8 +79,8 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import split_tensor_dict
 
-    from reef_lab.rl import dis_token_loss
-    from reef_lab.samples import Sample
+    from reef_lab.learning.rl import dis_token_loss
+    from reef_lab.learning.samples import Sample
     from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
     tok_dir = Path.home() / ".cache" / "reef_lab" / "models" / "SmolLM2-135M-Instruct"
@@ -233,7 +233,7 @@ Command: `{meta['command']}`
 
 ## What is timed
 
-- **reef_lab**: `TorchTrainer.step(samples, reef_lab.rl.dis_token_loss(0.3, 5.0))`: zero_grad, per
+- **reef_lab**: `TorchTrainer.step(samples, reef_lab.learning.rl.dis_token_loss(0.3, 5.0))`: zero_grad, per
   micro-batch packing (right padding to the micro-batch's longest sequence), forward with full logits,
   log_softmax/gather, DIS loss, backward; grad clip; `AdamW.step()`.
 - **TRL**: per micro-batch `GRPOTrainer.training_step(model, inputs, num_items_in_batch)` (TRL's `compute_loss`:

@@ -29,8 +29,8 @@ import yaml  # noqa: E402
 
 from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment, score_on  # noqa: E402
 from recipes.gepa.search import TaskSystem  # noqa: E402
-from reef_lab.lm import make_lm  # noqa: E402
-from reef_lab.tasks import make_task  # noqa: E402
+from reef_lab.engines.lm import make_lm  # noqa: E402
+from reef_lab.learning.tasks import make_task  # noqa: E402
 
 
 class ReferenceAdapter:

@@ -24,7 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reef_lab.learner import read_metrics  # noqa: E402
+from reef_lab.learning.learner import read_metrics  # noqa: E402
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -79,9 +79,9 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
     """Held-out accuracy of the base model and of each run's final release with a longer answer budget (greedy,
     the same 64 items), cached in each run folder. Returns {"base": acc, run_dir: acc}."""
     from reef_lab.engines.embedded import EmbeddedEngine
-    from reef_lab.evaluation import evaluate
-    from reef_lab.releases import ReleaseStore
-    from reef_lab.tasks import make_task
+    from reef_lab.learning.evaluation import evaluate
+    from reef_lab.publishing.releases import ReleaseStore
+    from reef_lab.learning.tasks import make_task
 
     out, engine = {}, None
     try:

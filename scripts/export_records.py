@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reef_lab.export import export_parquet, push_records  # noqa: E402
+from reef_lab.records.export import export_parquet, push_records  # noqa: E402
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import requests  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from recipes.gepa.search import verifier_feedback  # noqa: E402
-from reef_lab.tasks import make_task  # noqa: E402
+from reef_lab.learning.tasks import make_task  # noqa: E402
 
 
 def main() -> None:

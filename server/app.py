@@ -1,6 +1,6 @@
 """The Flask app: HTTP in, gateway calls, HTTP out. Nothing else lives here.
 
-`create_app(gateway, tokens)` builds the app around a ready `reef_lab.gateway.Gateway`; `scripts/serve.py` runs
+`create_app(gateway, tokens)` builds the app around a ready `reef_lab.gateway.gateway.Gateway`; `scripts/serve.py` runs
 it under granian. Routes: the hot ones (inference, reports) in server/hot.py, installed as the app's WSGI
 middleware; the rest of the providers' APIs in server/inference.py and reef_lab's resources in server/reef.py.
 Every route but /healthz needs a token when tokens are configured.
@@ -13,7 +13,7 @@ import logging
 from flask import Flask, Response, g, request
 
 from reef_lab.errors import ReefError
-from reef_lab.gateway import Gateway
+from reef_lab.gateway.gateway import Gateway
 from server.common import DEFAULT_LIMITS, Limits, admit, error_body
 from server.hot import HotRoutes, whole_bodies
 from server.inference import bp as inference_bp

@@ -16,7 +16,7 @@ from flask import Response, g, request
 
 from reef_lab.errors import (BadRequest, Forbidden, PayloadTooLarge, ReefError, Unauthorized,
                              UnsupportedMediaType)
-from reef_lab.gateway import Reply, StreamReply
+from reef_lab.gateway.gateway import Reply, StreamReply
 
 TAG_PREFIX = "x-reef-tag-"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -14,9 +14,9 @@ from http import HTTPStatus
 
 import orjson
 
-from reef_lab import dialects
+from reef_lab.gateway import dialects
 from reef_lab.errors import ReefError
-from reef_lab.gateway import Gateway, StreamReply
+from reef_lab.gateway.gateway import Gateway, StreamReply
 from server.common import DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, error_body, parse_json, read_body
 
 log = logging.getLogger("reef_lab.server")

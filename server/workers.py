@@ -9,7 +9,7 @@ in one place.
   store, scenarios, releases, learners. It also listens on a private unix socket for its relays.
 - A **relay** serves inference of existing scenarios itself: the serving harness (asked of the primary once and
   kept until the change counter in `<data dir>/.serving-gen` moves), the upstream call, the record. It writes its
-  records to a log of its own (`reef_lab.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
+  records to a log of its own (`reef_lab.records.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
   record to the primary instead measured no faster than one process. A report is checked for auth and parsed
@@ -42,9 +42,9 @@ import orjson
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, ReefError
-from reef_lab.gateway import Gateway
-from reef_lab.scenarios import check_name
-from reef_lab.store import RelayLog
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.gateway.scenarios import check_name
+from reef_lab.records.store import RelayLog
 from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
 
 log = logging.getLogger("reef_lab.server")

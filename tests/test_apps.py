@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from reef_lab.records import Record
-from reef_lab.store import RecordStore
+from reef_lab.records.record import Record
+from reef_lab.records.store import RecordStore
 
 APP_PATH = Path(__file__).resolve().parents[1] / "apps" / "records.py"
 T0 = time.time() - 3600  # records an hour old; scenarios registered before them
@@ -172,7 +172,7 @@ def test_records_app_empty_or_missing_dir(tmp_path, monkeypatch, make):
 def test_launch_detached_runs_the_experiment_script_with_its_log(tmp_path):
     """The apps' launch path: scripts/run_experiment.py as a detached child, output in <out>/run.log. A config
     file that does not exist makes the child fail at once, with the script's own message in the log."""
-    from reef_lab.experiment import launch_detached
+    from reef_lab.learning.experiment import launch_detached
 
     out = tmp_path / "run"
     proc = launch_detached(tmp_path / "missing.yaml", 3, out, {"search.max_metric_calls": 20})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reef_lab.store import RecordStore, scan_records
+from reef_lab.records.store import RecordStore, scan_records
 from reef_lab.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

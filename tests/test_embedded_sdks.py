@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.gateway import Gateway
+from reef_lab.gateway.gateway import Gateway
 
 H = {"x-reef-scenario": "embedded", "x-reef-tag-run": "t1"}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.experiment import ExperimentConfig, run_experiment
-from reef_lab.learner import read_metrics
+from reef_lab.learning.experiment import ExperimentConfig, run_experiment
+from reef_lab.learning.learner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ import requests
 import recipes
 from reef_lab.config import parse_serve_config, ServeConfig
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.experiment import ExperimentConfig, run_experiment
-from reef_lab.gateway import Gateway
-from reef_lab.learner import read_metrics
+from reef_lab.learning.experiment import ExperimentConfig, run_experiment
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.learner import read_metrics
 from reef_lab.service import build_gateway
 from tests.conftest import Running
 
@@ -25,7 +25,7 @@ RECIPE_INIT = "from .recipe import CloseRecipe as Recipe\n"
 RECIPE_TASK = '''
 import re
 
-from reef_lab.tasks import Task
+from reef_lab.learning.tasks import Task
 
 
 class NearTarget(Task):
@@ -46,8 +46,8 @@ RECIPE = '''
 
 from dataclasses import dataclass, field
 
-from reef_lab.learner import WeightRecipe
-from reef_lab.recipe import LearnConfig, require_score
+from reef_lab.learning.learner import WeightRecipe
+from reef_lab.learning.recipe import LearnConfig, require_score
 from reef_lab.trainers.base import Loss
 
 
@@ -118,7 +118,7 @@ def test_a_recipe_in_one_folder_trains_releases_and_serves(recipe_folder, tiny_m
         assert r.status_code == 400 and "eval_task.name" in r.json()["error"]["message"]
 
         from recipes.closeness.task import NearTarget
-        from reef_lab.tasks import TaskConfig
+        from reef_lab.learning.tasks import TaskConfig
         task = NearTarget(TaskConfig(name="recipes.closeness.task:NearTarget", options={"target": 7}))
         client = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "near"})
         scores = []
@@ -239,7 +239,7 @@ def test_a_bad_engine_name_is_refused_at_start(tmp_path, capsys):
 
 
 TASK = '''
-from reef_lab.tasks import Task
+from reef_lab.learning.tasks import Task
 
 
 class Parity(Task):
@@ -272,7 +272,7 @@ def test_a_task_named_by_module_class_drives_an_experiment(tmp_path, monkeypatch
 def test_a_module_class_task_from_a_client_is_refused(tmp_path):
     cfg = ServeConfig(data_dir=str(tmp_path / "data"))
     assert cfg.engine_name() == "embedded"
-    from reef_lab.recipe import LearnConfig
+    from reef_lab.learning.recipe import LearnConfig
     from reef_lab.schema import check_client_fields
     with pytest.raises(ValueError, match="names code to import"):
         check_client_fields(LearnConfig, {"eval_task": {"name": "os:system"}})

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from reef_lab.store import read_log
+from reef_lab.records.store import read_log
 from reef_lab.testing import free_port
 from reef_lab.testing.fuzz import FuzzReport, generate, run, stalled_body
 

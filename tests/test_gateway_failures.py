@@ -107,6 +107,6 @@ def test_full_disk_is_503_without_a_receipt_and_serving_goes_on(proxy, monkeypat
     ids = {x["id"] for x in proxy.gateway.list_records("disk", "inference")["records"]}
     assert ids == {ok.headers["x-reef-agent-record-id"], again.headers["x-reef-agent-record-id"]}
     assert proxy.gateway.store.info()["broken"] is None
-    from reef_lab.store import scan_records  # the log on disk as a reader after a restart sees it
+    from reef_lab.records.store import scan_records  # the log on disk as a reader after a restart sees it
     on_disk = scan_records(store.folder.parent).filter(pl.col("scenario") == "disk").collect()
     assert set(on_disk["id"]) == ids

@@ -92,7 +92,7 @@ def test_restart_resumes_the_search_and_the_serving_harness(serve, stub_url, tmp
 
 
 def test_manual_mode_runs_on_request(serve, stub_url, tmp_path):
-    from reef_lab.gateway import Gateway
+    from reef_lab.gateway.gateway import Gateway
 
     gw = Gateway(tmp_path / "data", UpstreamEngine(stub_url, model="stub-model", timeout=5.0))
     try:

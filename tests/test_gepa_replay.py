@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reef_lab.lm import ReplayLM, UnseenCall
+from reef_lab.engines.lm import ReplayLM, UnseenCall
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))

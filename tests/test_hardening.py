@@ -13,8 +13,8 @@ import requests
 
 from reef_lab.config import parse_serve_config
 from reef_lab.engines.upstream import UpstreamEngine
-from reef_lab.gateway import Gateway
-from reef_lab.store import scan_records
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.records.store import scan_records
 from tests.conftest import Running
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -16,9 +16,9 @@ from huggingface_hub import HfApi, constants
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.gateway import Gateway
-from reef_lab.hub import HubConfig
-from reef_lab.tasks import make_task
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.publishing.hub import HubConfig
+from reef_lab.learning.tasks import make_task
 from reef_lab.testing.hub_server import serve_in_thread
 from tests.conftest import Running
 
@@ -167,7 +167,7 @@ def test_records_as_datasets_pushed_to_a_dataset_repo(live, hub, tmp_path):
     import polars as pl
     from huggingface_hub import hf_hub_download
 
-    from reef_lab.export import export_parquet, push_records, scenario_datasets
+    from reef_lab.records.export import export_parquet, push_records, scenario_datasets
 
     _, url = hub
     u, gw = live.url, live.gateway

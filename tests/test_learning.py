@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.gateway import Gateway
-from reef_lab.learner import read_metrics
-from reef_lab.tasks import make_task
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.learner import read_metrics
+from reef_lab.learning.tasks import make_task
 
 EVAL = {"eval_task": {"name": "arithmetic"}, "eval_size": 4, "eval_max_tokens": 4}
 TRAINER = {"lr": 1e-3, "micro_batch_size": 4}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reef_lab.lm import OpenAICompatLM, RecordingLM, ReplayLM, UnseenCall
+from reef_lab.engines.lm import OpenAICompatLM, RecordingLM, ReplayLM, UnseenCall
 
 
 def test_record_then_replay_against_a_provider(stub_url, tmp_path):

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from reef_lab import rl
-from reef_lab.samples import Sample
+from reef_lab.learning import rl
+from reef_lab.learning.samples import Sample
 from recipes.sao.recipe import SAORecipe, advantages_and_targets
 
 R = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])

@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 
 from reef_lab.errors import Conflict
-from reef_lab.records import Record, content_hash
-from reef_lab.store import RecordStore, read_log, scan_records
+from reef_lab.records.record import Record, content_hash
+from reef_lab.records.store import RecordStore, read_log, scan_records
 
 
 def rec(i, scenario="s", **kw):
@@ -125,7 +125,7 @@ def test_failed_write_raises_and_loses_nothing_acknowledged(tmp_path):
 
 def test_segments_of_an_older_schema_stay_readable(tmp_path):
     """A schema-1 segment (no stored_at column) opens, scans and serves its records."""
-    from reef_lab.records import PARQUET_SCHEMA, records_to_frame
+    from reef_lab.records.record import PARQUET_SCHEMA, records_to_frame
     folder = tmp_path / "records"
     folder.mkdir()
     old = records_to_frame([rec(1).to_dict()]).drop("stored_at").with_columns(schema_version=pl.lit(1, pl.Int32))
@@ -161,7 +161,7 @@ def test_pages_walk_one_scenario_in_id_order(tmp_path):
 
 def test_rolled_segment_equals_the_records_written(tmp_path):
     """The Parquet roll (polars' JSON reader over the log) keeps every value, string feedback included."""
-    from reef_lab.records import frame_row_to_dict
+    from reef_lab.records.record import frame_row_to_dict
     st = RecordStore(tmp_path, roll_records=1000)
     written = [Record(id="f1", scenario="s", kind="report", score=0.5, feedback="plain text", references=[]),
                Record(id="f2", scenario="s", kind="report", score=None, feedback={"why": ["a", 1]}, metadata={"k": 1}),
@@ -206,7 +206,7 @@ def test_json_values_of_every_kind_survive_the_roll_and_reopen(tmp_path):
         return exact({r.id: {k: get(r.id)[k] for k in fields} for r in written})
     assert seen(st.get) == expect
     assert seen(lambda rid: st.get_many([rid])[0]) == expect
-    from reef_lab.records import frame_row_to_dict
+    from reef_lab.records.record import frame_row_to_dict
     def from_frame(df):
         return exact({r["id"]: {k: r[k] for k in fields} for r in map(frame_row_to_dict, df.to_dicts())})
     assert from_frame(st.scan().collect()) == expect
@@ -224,7 +224,7 @@ def test_record_keys_read_from_text_match_the_parsed_record():
     text the fast path cannot vouch for is parsed instead."""
     import orjson
 
-    from reef_lab.store import record_key
+    from reef_lab.records.store import record_key
     samples = [rec(1).to_dict(), Record(id="rec_0190abc", scenario="a.b-c_d", kind="report", score=0.5).to_dict(),
                Record(id='odd"id', scenario="s", kind="train", metadata={"stored_at": 1}).to_dict(),
                {**rec(2).to_dict(), "content_hash": ""}]
@@ -257,7 +257,7 @@ def test_logs_that_batch_records_as_a_json_array_still_open(tmp_path):
 
 def test_primary_follows_relay_logs_and_rolls_them_once_closed(tmp_path):
     """A relay worker's log (RelayLog) read by the primary's store as it grows, rolled once the relay moves on."""
-    from reef_lab.store import RelayLog
+    from reef_lab.records.store import RelayLog
 
     primary = RecordStore(tmp_path)
     primary.follow_relays()
@@ -372,7 +372,7 @@ def test_relay_logs_rolled_while_the_primary_follows_are_indexed_once(tmp_path):
     """Many short relay logs rolled while other threads keep asking the primary to follow: every record is indexed
     once, every roll succeeds, nothing is followed again after its roll (a soak found a log followed a second time
     between its roll and its deletion: its records were indexed twice and the second roll failed for good)."""
-    from reef_lab.store import RelayLog
+    from reef_lab.records.store import RelayLog
 
     primary = RecordStore(tmp_path)
     primary.follow_relays()

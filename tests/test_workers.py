@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from reef_lab.store import RecordStore, read_log
+from reef_lab.records.store import RecordStore, read_log
 from reef_lab.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

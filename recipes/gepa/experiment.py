@@ -20,8 +20,8 @@ from pathlib import Path
 import orjson
 
 from .search import GEPAConfig, Search, TaskSystem
-from reef_lab.lm import make_lm
-from reef_lab.tasks import Task, make_task
+from reef_lab.engines.lm import make_lm
+from reef_lab.learning.tasks import Task, make_task
 
 log = logging.getLogger("reef_lab.gepa_experiment")
 
@@ -33,7 +33,7 @@ class GEPAExperimentConfig:
     name: str = field(default="gepa", metadata={"help": "run name (also the scenario's name)"})
     recipe: str = field(default="gepa", metadata={"help": "always 'gepa' here"})
     task: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.tasks.TaskConfig fields; its system_prompt defaults to '' (the harness supplies one)"})
+        "help": "reef_lab.learning.tasks.TaskConfig fields; its system_prompt defaults to '' (the harness supplies one)"})
     train_size: int = field(default=32, metadata={"help": "training examples (reflection minibatches)"})
     val_size: int = field(default=16, metadata={"help": "validation examples (the Pareto pool's scores)"})
     test_size: int = field(default=64, metadata={"help": "held-out test examples, scored only at the end"})
@@ -50,8 +50,8 @@ class GEPAExperimentConfig:
     concurrency: int = field(default=16, metadata={"help": "task answers in flight"})
     model_path: str | None = field(default=None, metadata={"help": "embedded model (default: SmolLM2)"})
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
-    wandb: dict = field(default_factory=dict, metadata={"help": "reef_lab.tracking.TrackingConfig fields"})
-    hub: dict = field(default_factory=dict, metadata={"help": "reef_lab.hub.HubConfig fields to push releases"})
+    wandb: dict = field(default_factory=dict, metadata={"help": "reef_lab.publishing.tracking.TrackingConfig fields"})
+    hub: dict = field(default_factory=dict, metadata={"help": "reef_lab.publishing.hub.HubConfig fields to push releases"})
 
     def __post_init__(self) -> None:
         if min(self.train_size, self.val_size, self.test_size) < 1:
@@ -113,14 +113,14 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
 
         serving_engine = UpstreamEngine(cfg.task_lm["base_url"], cfg.task_lm["model"])
     if serving_engine is not None:  # releases go to a data dir like a live scenario's (none when replaying)
-        from reef_lab.gateway import Gateway
-        from reef_lab.hub import HubConfig
+        from reef_lab.gateway.gateway import Gateway
+        from reef_lab.publishing.hub import HubConfig
 
         gw = Gateway(run_dir / "data", serving_engine, hub=HubConfig(**cfg.hub) if cfg.hub.get("repo") else None)
         if cfg.name not in {s.name for s in gw.scenarios.list()}:
             gw.create_scenario({"name": cfg.name})
     if cfg.wandb:
-        from reef_lab.tracking import Tracker, TrackingConfig
+        from reef_lab.publishing.tracking import Tracker, TrackingConfig
 
         tc = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}", **cfg.wandb})
         tracker = Tracker(tc.name, {"experiment": asdict(cfg)}, tc, run_dir)

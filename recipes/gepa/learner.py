@@ -24,11 +24,11 @@ from pathlib import Path
 import orjson
 
 from reef_lab import harness as harness_mod
-from reef_lab.dialects import request_messages, response_text
+from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
-from reef_lab.learner_loop import LearnerLoop
-from reef_lab.recipe import LearnContext
-from reef_lab.tasks import make_task
+from reef_lab.learning.loop import LearnerLoop
+from reef_lab.learning.recipe import LearnContext
+from reef_lab.learning.tasks import make_task
 
 from .search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 
@@ -58,7 +58,7 @@ class HarnessLearner(LearnerLoop):
             serving = dict(self.config.seed_harness)
         val = make_task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
         self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8)
-        self.tracker = tracker  # a reef_lab.tracking.Tracker mirroring every search event to W&B
+        self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every search event to W&B
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
 from reef_lab.harness import check_files
-from reef_lab.lm import LMSpec
-from reef_lab.recipe import MODES, LearnContext
+from reef_lab.engines.lm import LMSpec
+from reef_lab.learning.recipe import MODES, LearnContext
 from reef_lab.schema import check_fields
-from reef_lab.tasks import TaskConfig
+from reef_lab.learning.tasks import TaskConfig
 
 from .experiment import DEFAULT_SEED_HARNESS
 from .search import GEPAConfig
@@ -32,7 +32,7 @@ class GEPARecipeConfig:
     seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
     val_task: dict = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
-        "help": "validation task (reef_lab.tasks.TaskConfig fields) candidates are scored on", "schema": TaskConfig})
+        "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on", "schema": TaskConfig})
     val_size: int = field(default=16, metadata={"help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={
@@ -42,10 +42,10 @@ class GEPARecipeConfig:
         "help": "recipes.gepa.search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
         "schema": GEPAConfig})
     task_lm: dict | None = field(default=None, metadata={
-        "help": "the task model (reef_lab.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec,
+        "help": "the task model (reef_lab.engines.lm.make_lm spec); default: the deployment's own model", "schema": LMSpec,
         "operator": True})
     reflection_lm: dict | None = field(default=None, metadata={
-        "help": "the reflection model (reef_lab.lm.make_lm spec); default: the task model", "schema": LMSpec,
+        "help": "the reflection model (reef_lab.engines.lm.make_lm spec); default: the task model", "schema": LMSpec,
         "operator": True})
 
     def __post_init__(self) -> None:

@@ -35,7 +35,7 @@ from typing import Protocol
 from reef_lab import harness as harness_mod
 from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
 from reef_lab.schema import check_fields
-from reef_lab.tasks import extract_answer, last_number, score_item
+from reef_lab.learning.tasks import extract_answer, last_number, score_item
 
 log = logging.getLogger("reef_lab.gepa")
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reef_lab import rl
-from reef_lab.learner import WeightRecipe
-from reef_lab.recipe import LearnConfig, require_score
-from reef_lab.samples import Sample
+from reef_lab.learning import rl
+from reef_lab.learning.learner import WeightRecipe
+from reef_lab.learning.recipe import LearnConfig, require_score
+from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, make_trainer
 
 

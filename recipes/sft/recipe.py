@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reef_lab.learner import WeightRecipe
-from reef_lab.recipe import LearnConfig, require_score
-from reef_lab.samples import Sample
+from reef_lab.learning.learner import WeightRecipe
+from reef_lab.learning.recipe import LearnConfig, require_score
+from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import Loss, Trainer
 
 

@@ -139,7 +139,7 @@ class ReleaseHost(ABC):
 
 class Relay(Engine):
     """An engine that passes provider-format bodies through. `model` replaces the client's model name when set;
-    `base_url` is the provider's (an OpenAI-compatible one also serves as a plain LM, reef_lab.lm)."""
+    `base_url` is the provider's (an OpenAI-compatible one also serves as a plain LM, reef_lab.engines.lm)."""
 
     model: str | None
     base_url: str

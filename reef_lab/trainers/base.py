@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reef_lab.samples import Sample
+from reef_lab.learning.samples import Sample
 from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis")

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
-from reef_lab.samples import Sample
+from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
 
 log = logging.getLogger("reef_lab.trainer")
@@ -84,7 +84,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def loss_function(loss: Loss) -> LossFn:
     """The torch form of a recipe's Loss."""
-    from reef_lab import rl
+    from reef_lab.learning import rl
 
     if loss.kind == "nll":
         return lambda logp, batch, chunk: (-(logp * batch["mask"]).sum(), {})

@@ -4,7 +4,7 @@ A recipe declares what it `evolves`: "weights" (a trained release the engine ser
 rules and skills applied to each request) or "nothing" (it records and validates only). Every recipe checks the
 reports it is given against its own schema (`validate_report`) and, when it learns, builds the scenario's learner
 from a `LearnContext` (the store, releases, engine, gateway and LMs of the deployment): the learner is the recipe's
-own. Weight recipes derive from reef_lab.learner.WeightRecipe, which drives their hooks (`accepts`, `ready`,
+own. Weight recipes derive from reef_lab.learning.learner.WeightRecipe, which drives their hooks (`accepts`, `ready`,
 `build_batch`, `make_trainer`, `train`) with the shared weight learner; a harness recipe (recipes/gepa) brings its
 own learner.
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
 from reef_lab.schema import check_fields
-from reef_lab.tasks import TaskConfig
+from reef_lab.learning.tasks import TaskConfig
 
 MODES = ("auto", "manual", "hybrid")
 EVOLVES = ("weights", "harness", "nothing")
@@ -41,12 +41,12 @@ class LearnContext:
 
     scenario: str
     data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
-    store: Any  # reef_lab.store.RecordStore: the scenario's records
-    releases: Any  # reef_lab.releases.ReleaseStore: its candidates and releases
+    store: Any  # reef_lab.records.store.RecordStore: the scenario's records
+    releases: Any  # reef_lab.publishing.releases.ReleaseStore: its candidates and releases
     engine: Any  # reef_lab.engines.base.Engine serving it
-    gateway: Any  # reef_lab.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
-    make_lm: Callable[[dict | None], Any]  # a reef_lab.lm spec -> LM; None: the deployment's own model
-    tracker: Any = None  # reef_lab.tracking.Tracker (None: tracking off)
+    gateway: Any  # reef_lab.gateway.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
+    make_lm: Callable[[dict | None], Any]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
+    tracker: Any = None  # reef_lab.publishing.tracking.Tracker (None: tracking off)
     on_release: Callable[[str, dict], dict] | None = None  # call once a release serves (queues its Hub push)
 
 
@@ -84,7 +84,7 @@ class Recipe(Protocol):
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
         """Run (or resume) an experiment of this recipe from its YAML mapping (scripts/run_experiment.py); its
-        summary. Weight recipes share reef_lab.experiment; a recipe with another shape brings its own."""
+        summary. Weight recipes share reef_lab.learning.experiment; a recipe with another shape brings its own."""
 
 
 def recipe_class(spec: str) -> type:
@@ -109,7 +109,7 @@ class LearnConfig:
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
     steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
     eval_task: dict | None = field(default=None, metadata={
-        "help": "held-out task (reef_lab.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation",
+        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation",
         "schema": TaskConfig})
     eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})

@@ -1,4 +1,4 @@
-"""What the weight learner (reef_lab.learner) and the harness learner (reef_lab.harness_learner) share.
+"""What the weight learner (reef_lab.learning.learner) and the harness learner (reef_lab.harness_learner) share.
 
 Request threads only queue (a report costs them microseconds); one thread per scenario drains the queue and runs a
 round when the recipe says one is due (mode auto/hybrid) or a client asked (manual/hybrid, POST /reef/train).
@@ -17,7 +17,7 @@ from reef_lab.errors import Conflict
 class LearnerLoop:
     scenario: str
     config: object  # the recipe's config: `mode` is read here
-    tracker = None  # a reef_lab.tracking.Tracker, closed with the learner
+    tracker = None  # a reef_lab.publishing.tracking.Tracker, closed with the learner
 
     def _init_loop(self) -> None:
         self._cv = threading.Condition()

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from reef_lab.releases import ReleaseStore
+from reef_lab.publishing.releases import ReleaseStore
 
-log = logging.getLogger("reef_lab.hub")
+log = logging.getLogger("reef_lab.publishing.hub")
 
 
 @dataclass

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("reef_lab.tracking")
+log = logging.getLogger("reef_lab.publishing.tracking")
 
 
 @dataclass

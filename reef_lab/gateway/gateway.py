@@ -21,22 +21,22 @@ from typing import Any, Iterator
 
 import orjson
 
-from reef_lab import dialects
+from reef_lab.gateway import dialects
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
 from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
-from reef_lab.hub import HubConfig, HubPublisher
-from reef_lab.lm import make_lm
-from reef_lab.tracking import Tracker, TrackingConfig
-from reef_lab.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe, \
+from reef_lab.publishing.hub import HubConfig, HubPublisher
+from reef_lab.engines.lm import make_lm
+from reef_lab.publishing.tracking import Tracker, TrackingConfig
+from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe, \
     shipped_recipes
-from reef_lab.releases import BASE, ReleaseStore
-from reef_lab.records import KINDS, Record, content_hash, new_record_id
-from reef_lab.scenarios import ScenarioRegistry, check_name
+from reef_lab.publishing.releases import BASE, ReleaseStore
+from reef_lab.records.record import KINDS, Record, content_hash, new_record_id
+from reef_lab.gateway.scenarios import ScenarioRegistry, check_name
 from reef_lab.schema import check_client_fields
-from reef_lab.store import RecordStore
+from reef_lab.records.store import RecordStore
 
-log = logging.getLogger("reef_lab.gateway")
+log = logging.getLogger("reef_lab.gateway.gateway")
 
 RECEIPT_HEADER = "x-reef-agent-record-id"
 RELEASE_HEADER = "x-reef-release-id"

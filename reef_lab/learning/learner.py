@@ -25,15 +25,15 @@ from pathlib import Path
 import orjson
 
 from reef_lab.engines.base import ReleaseHost
-from reef_lab.evaluation import evaluate
+from reef_lab.learning.evaluation import evaluate
 from reef_lab.errors import Conflict
-from reef_lab.learner_loop import LearnerLoop
-from reef_lab.recipe import LearnConfig, LearnContext, select
-from reef_lab.releases import BASE, release_key
-from reef_lab.samples import Sample, sample_from_records
-from reef_lab.tasks import make_task
+from reef_lab.learning.loop import LearnerLoop
+from reef_lab.learning.recipe import LearnConfig, LearnContext, select
+from reef_lab.publishing.releases import BASE, release_key
+from reef_lab.learning.samples import Sample, sample_from_records
+from reef_lab.learning.tasks import make_task
 
-log = logging.getLogger("reef_lab.learner")
+log = logging.getLogger("reef_lab.learning.learner")
 
 
 class WeightRecipe(ABC):
@@ -52,8 +52,8 @@ class WeightRecipe(ABC):
 
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
-        """An experiment of a weight recipe: reef_lab.experiment (a task stream through the gateway in-process)."""
-        from reef_lab.experiment import run_weight_experiment
+        """An experiment of a weight recipe: reef_lab.learning.experiment (a task stream through the gateway in-process)."""
+        from reef_lab.learning.experiment import run_weight_experiment
 
         return run_weight_experiment(data, progress)
 
@@ -109,7 +109,7 @@ class Learner(LearnerLoop):
         self._reset = False
         self._publish_lock = threading.Lock()
         self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
-        self.tracker = tracker  # a reef_lab.tracking.Tracker mirroring every metrics row to W&B
+        self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0

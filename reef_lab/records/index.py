@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-log = logging.getLogger("reef_lab.store")
+log = logging.getLogger("reef_lab.records.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (

@@ -33,7 +33,7 @@ NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
         "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
-                "choice rows, e.g. ARC) or a module:Class path of a reef_lab.tasks.Task (operator only)",
+                "choice rows, e.g. ARC) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
     system_prompt: str = field(default="Answer with the final number only.", metadata={
@@ -197,7 +197,7 @@ def make_task(config: TaskConfig | dict | None = None) -> Task:
         except (ImportError, AttributeError) as e:
             raise ValueError(f"task {cfg.name!r} cannot be loaded: {e}") from e
         if not (isinstance(klass, type) and issubclass(klass, Task)):
-            raise ValueError(f"task {cfg.name!r} is not a reef_lab.tasks.Task subclass")
+            raise ValueError(f"task {cfg.name!r} is not a reef_lab.learning.tasks.Task subclass")
     return klass(cfg)
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 import orjson
 
 from reef_lab.errors import ReefError
-from reef_lab.gateway import Gateway
-from reef_lab.learner import read_metrics
-from reef_lab.recipe import load_recipe
-from reef_lab.tasks import make_task
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.learner import read_metrics
+from reef_lab.learning.recipe import load_recipe
+from reef_lab.learning.tasks import make_task
 
-log = logging.getLogger("reef_lab.experiment")
+log = logging.getLogger("reef_lab.learning.experiment")
 
 
 @dataclass
@@ -41,7 +41,7 @@ class ExperimentConfig:
     name: str = field(default="experiment", metadata={"help": "run name (also the scenario's name)"})
     recipe: str = field(default="sao", metadata={"help": "recipe: a folder in recipes/ or module:Class"})
     recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
-    task: dict = field(default_factory=dict, metadata={"help": "reef_lab.tasks.TaskConfig fields"})
+    task: dict = field(default_factory=dict, metadata={"help": "reef_lab.learning.tasks.TaskConfig fields"})
     rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
     group_size: int = field(default=0, metadata={
         "help": "rollouts per prompt; 0: as many as the recipe compares (its rollouts_per_prompt: 1 for SAO, "
@@ -55,10 +55,10 @@ class ExperimentConfig:
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
     wandb: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.tracking.TrackingConfig fields (project, entity, group, mode); the run is named after the "
+        "help": "reef_lab.publishing.tracking.TrackingConfig fields (project, entity, group, mode); the run is named after the "
                 "experiment and seed, grouped by the experiment's name"})
     hub: dict = field(default_factory=dict, metadata={
-        "help": "publish releases to the Hub: reef_lab.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
+        "help": "publish releases to the Hub: reef_lab.publishing.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
 
     def __post_init__(self) -> None:
         if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
@@ -89,10 +89,10 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
     if engine is None:
         from reef_lab.engines.embedded import EmbeddedEngine
         engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
-    from reef_lab.hub import HubConfig
+    from reef_lab.publishing.hub import HubConfig
 
     hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
-    from reef_lab.tracking import TrackingConfig
+    from reef_lab.publishing.tracking import TrackingConfig
 
     tracking = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}",
                                  "extra_config": {"experiment": asdict(cfg)}, **cfg.wandb})
@@ -167,7 +167,7 @@ def launch_detached(config: str | Path, seed: int, out_dir: str | Path, override
                     root: str | Path | None = None) -> subprocess.Popen:
     """Start `scripts/run_experiment.py <config> --seed N --out DIR [--set k=v ...]` as a detached child whose
     output goes to `<out_dir>/run.log`: the apps launch runs this way so a run outlives the notebook."""
-    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    root = Path(root) if root else Path(__file__).resolve().parents[2]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(root / "scripts/run_experiment.py"), str(config), "--seed", str(seed),

@@ -20,9 +20,9 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from reef_lab.releases import ReleaseStore
-from reef_lab.scenarios import ScenarioRegistry
-from reef_lab.store import scan_records
+from reef_lab.publishing.releases import ReleaseStore
+from reef_lab.gateway.scenarios import ScenarioRegistry
+from reef_lab.records.store import scan_records
 
 TABLES = ("inferences", "reports", "training")
 

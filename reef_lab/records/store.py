@@ -7,7 +7,7 @@ records are on disk, so a receipt is never handed out for a record that `kill -9
 
 When a log grows past `roll_records`/`roll_bytes` it is closed and a background thread rolls it into a Parquet
 segment (`records/seg-NNNNNN.parquet`, written via polars, fsynced, renamed into place), indexes the segment's rows
-(reef_lab/record_index.py, on disk) and deletes the log. Memory holds no record itself: a record not yet rolled is
+(reef_lab/records/index.py, on disk) and deletes the log. Memory holds no record itself: a record not yet rolled is
 indexed by its place in its log and read back with one `pread`, a rolled one by its segment and row, so resident
 memory stays flat under steady traffic and a read by id costs the same before and after a restart.
 Opening a store recovers from any crash point: a torn log tail is cut at the last good frame, a log whose segment
@@ -39,10 +39,10 @@ import orjson
 import polars as pl
 
 from reef_lab.errors import Conflict, StoreUnavailable
-from reef_lab.record_index import SegmentIndex
-from reef_lab.records import JSON_COLUMNS, PARQUET_SCHEMA, Record, frame_row_to_dict
+from reef_lab.records.index import SegmentIndex
+from reef_lab.records.record import JSON_COLUMNS, PARQUET_SCHEMA, Record, frame_row_to_dict
 
-log = logging.getLogger("reef_lab.store")
+log = logging.getLogger("reef_lab.records.store")
 
 _HEADER = struct.Struct("<II")
 _ROWS = 1 << 31  # set in a frame's length: its payload is row texts joined by newlines (encode_frame)
