@@ -23,7 +23,8 @@ class Running:
         self.gateway = gateway
         self.server = make_server("127.0.0.1", 0, create_app(gateway, tokens), threaded=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # a short poll: shutdown() waits up to one poll interval (werkzeug's default 0.5 s, once per test)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()

@@ -22,6 +22,9 @@ import pytest
 from reef_lab.records.store import RecordStore, scan_records
 from reef_lab.testing import free_port
 
+# Kill -9 of the real server under load, seconds each: not in the default run (.ci/run runs `pytest -m heavy`).
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

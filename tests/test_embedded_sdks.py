@@ -15,6 +15,9 @@ import requests
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 
+# The real SmolLM2 loaded and generating on CPU: not in the default run (.ci/run runs `pytest -m heavy`).
+pytestmark = pytest.mark.heavy
+
 H = {"x-reef-scenario": "embedded", "x-reef-tag-run": "t1"}
 
 

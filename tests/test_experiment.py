@@ -28,6 +28,7 @@ def config(tmp_path, **kw) -> ExperimentConfig:
     return ExperimentConfig(**base)
 
 
+@pytest.mark.heavy
 def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     cfg = config(tmp_path)
     summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
@@ -74,6 +75,7 @@ def test_bad_experiment_configs_say_what_to_fix():
         ExperimentConfig(recipe="grpo", group_size=2, recipe_config={"group_size": 4}, rollouts=8)
 
 
+@pytest.mark.heavy
 def test_experiment_is_an_offline_wandb_run(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

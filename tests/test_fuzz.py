@@ -175,6 +175,7 @@ def test_fuzz_10k(server):
     check(report, server)
 
 
+@pytest.mark.heavy
 def test_stalled_body_gets_408(server):
     """A client that declares 100 bytes and sends 5 must not hold a server thread: 408 within the body timeout."""
     status, waited = stalled_body("127.0.0.1", server.port, declared=100, sent=5, wait=BODY_TIMEOUT_S + SLACK_S)

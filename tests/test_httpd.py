@@ -239,6 +239,7 @@ def test_stop_lets_a_request_in_progress_finish(server):
         late.getresponse()
 
 
+@pytest.mark.heavy
 def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record_lost(tmp_path, stub_url):
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
@@ -278,6 +279,7 @@ def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record
     assert b"starting another" in err and b"restarting all workers" in err and b"Traceback" not in err
 
 
+@pytest.mark.heavy
 def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path):
     port = free_port()
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",

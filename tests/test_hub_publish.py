@@ -98,6 +98,7 @@ def greedy(engine, release=None, scenario=None):
                                       scenario=scenario)).result(60).token_ids for p in PROMPTS]
 
 
+@pytest.mark.heavy
 def test_releases_on_the_hub_download_load_and_rollback(live, hub, tmp_path):
     _, url = hub
     u, gw = live.url, live.gateway
@@ -138,6 +139,7 @@ def test_releases_on_the_hub_download_load_and_rollback(live, hub, tmp_path):
     assert requests.get(u + "/reef/scenarios/s/releases").json()["hub_main"]["state"] == "pushed"
 
 
+@pytest.mark.heavy
 def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
     server, url = hub
     u, gw = live.url, live.gateway
@@ -162,6 +164,7 @@ def test_a_dead_hub_never_stops_serving(live, hub, tmp_path):
         restarted.stop()
 
 
+@pytest.mark.heavy
 def test_records_as_datasets_pushed_to_a_dataset_repo(live, hub, tmp_path):
     import datasets
     import polars as pl
@@ -205,6 +208,7 @@ def test_harness_release_is_a_file_tree_on_the_hub(live, hub, tmp_path):
     assert "| recipe | manual |" in (folder / "README.md").read_text()
 
 
+@pytest.mark.heavy
 def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_model_dir, tmp_path):
     """`HF_ENDPOINT=... HF_TOKEN=... python scripts/serve.py --hub-repo me/reef-{scenario}`, nothing else set: the
     local model loads without the Hub and each release is pushed (serve.py once forced the Hub client offline)."""

@@ -125,6 +125,7 @@ def test_corrupt_candidate_leaves_serving_alone(server, monkeypatch):
     assert "cannot be read" in requests.get(u + "/reef/status").json()["learners"]["c"]["last_error"]
 
 
+@pytest.mark.heavy
 def test_swap_under_load(server):
     u, engine = server.url, server.gateway.engine
     requests.post(u + "/reef/scenarios", json={"name": "w", "recipe": "sft", "config": SFT})

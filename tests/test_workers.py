@@ -112,6 +112,7 @@ def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
     assert json.loads(data)["records"] == {"inference": 60, "report": 30, "train": 0}
 
 
+@pytest.mark.heavy
 def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
     port, data_dir, _ = two_workers
     for i in range(4):  # the scenario exists from here on, so both workers serve its requests
@@ -152,6 +153,7 @@ def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
     assert status == 200, data
 
 
+@pytest.mark.heavy
 def test_records_survive_a_restart_with_relay_logs(tmp_path, two_workers):
     port, data_dir, proc = two_workers
     receipts = [chat(port, f"r{i}")[1]["x-reef-agent-record-id"] for i in range(40)]
@@ -170,6 +172,7 @@ def test_several_workers_need_an_upstream_provider():
     assert out.returncode == 2 and "workers above 1 need upstream_url" in out.stderr
 
 
+@pytest.mark.heavy
 def test_every_route_needs_the_token_on_either_worker(tmp_path, stub_url):
     port, proc = start(tmp_path / "data", stub_url, {"REEF_TOKEN": "sekrit"})
     try:
@@ -188,6 +191,7 @@ def test_every_route_needs_the_token_on_either_worker(tmp_path, stub_url):
         stop(proc)
 
 
+@pytest.mark.heavy
 def test_workers_threads_ask_for_a_short_time_slice(two_workers):
     """Every thread of both workers, those started after the worker was built included, carries the 100 us slice
     (`--sched-slice-us`); skipped where the kernel has no custom slices (before Linux 6.12)."""
