@@ -25,6 +25,11 @@ from reef_lab.config import parse_serve_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A module:Class the operator names (--engine, --recipe, tasks, trainers) imports in the worker processes too,
+    # which start in the repository root: they get the launching folder and PYTHONPATH, made absolute.
+    paths = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    sys.path[1:1] = [os.getcwd(), *paths]
     cfg = parse_serve_config(argv)
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
     # glibc gives every thread that allocates its own heap (up to 8 per CPU), and a heap keeps what it once held: a
