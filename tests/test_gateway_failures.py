@@ -90,7 +90,7 @@ def test_full_disk_is_503_without_a_receipt_and_serving_goes_on(proxy, monkeypat
     assert ok.status_code == 200
 
     def full(fd, data, offset):
-        if fd == store._fd:
+        if fd == store._log.fd:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_pwrite(fd, data, offset)
     monkeypatch.setattr(os, "pwrite", full)

@@ -115,8 +115,8 @@ def test_failed_write_raises_and_loses_nothing_acknowledged(tmp_path):
     from reef_lab.errors import StoreUnavailable
     st = RecordStore(tmp_path)
     st.append([rec(1)])
-    os.close(st._fd)  # make the next write fail
-    st._fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(st._log.fd)  # make the next write fail
+    st._log.fd = os.open(os.devnull, os.O_RDONLY)
     with pytest.raises(StoreUnavailable):
         st.append([rec(2)])
     assert st.entry("r00002") is None
@@ -276,9 +276,9 @@ def test_primary_follows_relay_logs_and_rolls_them_once_closed(tmp_path):
     assert primary.info()["rolls"] >= 1
     assert primary.get("r00001")["response"] == {"o": 1}
     # The relay dies mid-write: its torn tail is cut, everything acknowledged before it stays.
-    log_path = tmp_path / "records" / f"log-{relay._log_no:06d}.bin"
+    log_path = tmp_path / "records" / f"log-{relay._log.no:06d}.bin"
     with open(log_path, "r+b") as f:
-        f.seek(relay._log_size)
+        f.seek(relay._log.size)
         f.write(b"\x40\x00\x00\x00\x12\x34torn")
     relay.close()
     primary.follow()
@@ -359,9 +359,9 @@ def test_unrolled_records_are_read_from_the_log_not_memory(tmp_path):
     st = RecordStore(tmp_path)
     st.append([rec(1), rec(2)])
     e = st.entry("r00002")
-    assert e.chunk == st._log_no and e.pos > 0 and e.size > 0
-    assert not hasattr(st._tail[st._log_no], "records")  # the chunk keeps ids and a descriptor, no record text
-    with open(tmp_path / "records" / f"log-{st._log_no:06d}.bin", "rb") as f:
+    assert e.chunk == st._log.no and e.pos > 0 and e.size > 0
+    assert not hasattr(st._tail[st._log.no], "records")  # the chunk keeps ids and a descriptor, no record text
+    with open(tmp_path / "records" / f"log-{st._log.no:06d}.bin", "rb") as f:
         f.seek(e.pos)
         assert f.read(e.size).startswith(b'{"id":"r00002"')
     assert st.get("r00002")["response"] == {"o": 2}

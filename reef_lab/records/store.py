@@ -20,254 +20,27 @@ from __future__ import annotations
 import bisect
 import fcntl
 import heapq
-import io
-import itertools
 import logging
-import mmap
 import os
-import re
-import struct
 import threading
 import time
-import zlib
-from _thread import allocate_lock as _allocate_lock
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
-import orjson
 import polars as pl
 
 from reef_lab.errors import Conflict, StoreUnavailable
 from reef_lab.records.index import SegmentIndex
-from reef_lab.records.record import JSON_COLUMNS, PARQUET_SCHEMA, Record, frame_row_to_dict
+from reef_lab.records.logfile import (_HEADER, _ROWS, GroupCommitLog, Key, _fsync_dir, _frames, _is_torn,
+                                      _list_files, create_log, encode_frame, iter_log_rows, log_lines, parse_row,
+                                      read_log, record_key, row_text)
+from reef_lab.records.record import Record
+from reef_lab.records.segments import _conform, lines_to_frame, read_rows, scan_records, scan_segments, write_segment
+
+__all__ = ["RecordStore", "RelayLog", "IndexEntry", "scan_records", "read_log", "log_lines", "record_key",
+           "row_text", "encode_frame"]
 
 log = logging.getLogger("reef_lab.records.store")
-
-_HEADER = struct.Struct("<II")
-_ROWS = 1 << 31  # set in a frame's length: its payload is row texts joined by newlines (encode_frame)
-PREALLOCATE = 1 << 20  # bytes of zeros written ahead of a log's data (see RecordStore._commit)
-SEGMENT_ROW_GROUP = 1024  # rows per Parquet row group: a read by id decodes one (0.8 ms), a scan hardly notices
-ROLL_BATCH = 4096  # records parsed at once by a roll: 65 ms per 20,000 records against 153 ms in groups of 1,024
-_FILE_RE = re.compile(r"^(log|seg)-(\d{6,})\.(bin|parquet)$")
-
-
-def row_text(d: dict) -> bytes:
-    """A record dict as the JSON text of its Parquet row: JSON-valued fields (request, response, ...) as their
-    JSON text in a string. The log holds records this way so rolling it is one pass of polars' JSON reader."""
-    row = dict(d)
-    for k in JSON_COLUMNS:
-        if (v := row[k]) is not None:
-            row[k] = orjson.dumps(v).decode()
-    return orjson.dumps(row)
-
-
-def parse_row(text: bytes) -> dict:
-    """A record dict from its row's JSON text (see row_text)."""
-    return frame_row_to_dict(orjson.loads(text))
-
-
-def encode_frame(rows: list[bytes]) -> bytes:
-    """One frame for one write: several records share a frame (and its CRC), so they land all or nothing. The
-    payload is the records' row texts (row_text) joined by newlines (orjson's JSON text holds none), so a reader
-    splits a frame into records without parsing them. The length's top bit marks this layout."""
-    payload = b"\n".join(rows)
-    return _HEADER.pack(len(payload) | _ROWS, zlib.crc32(payload)) + payload
-
-
-def _frames(data: bytes) -> tuple[list[bytes], list[int], int, bool]:
-    """The row texts of a log's intact frames, each one's byte offset in `data`, the offset where intact data ends
-    (a torn tail starts there), and whether any frame was in the layout of before 2026-12 (JSON, re-encoded here as
-    row texts, so their offsets are -1)."""
-    out, offsets, pos, n, legacy = [], [], 0, len(data), False
-    while pos + _HEADER.size <= n:
-        length, crc = _HEADER.unpack_from(data, pos)
-        rows, length = length & _ROWS, length & ~_ROWS
-        end = pos + _HEADER.size + length
-        if length == 0 or end > n:  # zeros: the log's preallocated, not yet written space
-            break
-        payload = data[pos + _HEADER.size:end]
-        if zlib.crc32(payload) != crc:
-            break
-        if rows:
-            at = pos + _HEADER.size
-            for line in payload.split(b"\n"):
-                out.append(line)
-                offsets.append(at)
-                at += len(line) + 1
-        else:  # written before 2026-12: one record's JSON, or a JSON array of them, with JSON-valued fields as JSON
-            records = orjson.loads(payload)
-            for r in records if isinstance(records, list) else [records]:
-                out.append(row_text(r))
-                offsets.append(-1)
-            legacy = True
-        pos = end
-    return out, offsets, pos, legacy
-
-
-# What the index needs of a record, read from its JSON text without parsing it: Record.to_dict puts id, scenario
-# and kind first and stored_at, content_hash, schema_version last, and orjson writes no spaces. Anchored at both
-# ends and without quotes or backslashes inside the strings, a match can only be those top-level members; any
-# record that does not match (an escaped id, an old schema) is parsed instead.
-_KEY_HEAD = re.compile(rb'\{"id":"([^"\\]*)","scenario":"([^"\\]*)","kind":"([^"\\]*)",')
-_KEY_TAIL = re.compile(rb',"stored_at":(-?[0-9][0-9.eE+-]*),"content_hash":"([^"\\]*)","schema_version":[0-9]+\}\Z')
-Key = tuple[str, str, str, str, float]  # id, scenario, kind, content_hash, stored_at
-
-
-def _known_key(line: bytes, known: dict | None) -> Key:
-    """A row's index key: from the in-memory index entry when there is one (no parsing), else from its text."""
-    e = known.get(line[7:line.index(b'"', 7)].decode()) if known and line.startswith(b'{"id":"') else None
-    return (line[7:line.index(b'"', 7)].decode(), e.scenario, e.kind, e.content_hash, e.stored_at) if e else \
-        record_key(line)
-
-
-def record_key(line: bytes) -> Key:
-    head, tail = _KEY_HEAD.match(line), _KEY_TAIL.search(line, len(line) - 160)
-    if head and tail:
-        return (head[1].decode(), head[2].decode(), head[3].decode(), tail[2].decode(), float(tail[1]))
-    d = orjson.loads(line)
-    return d["id"], d["scenario"], d["kind"], d.get("content_hash") or "", d.get("stored_at") or d["created_at"]
-
-
-def iter_log_rows(path: Path) -> Iterator[bytes]:
-    """The row texts of a log's intact frames, one at a time from a memory map: a roll holds one row group's
-    records in memory, not the log's."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < _HEADER.size:
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            pos = 0
-            while pos + _HEADER.size <= size:
-                length = _HEADER.unpack_from(mm, pos)[0] & ~_ROWS
-                end = pos + _HEADER.size + length
-                if length == 0 or end > size:
-                    return
-                rows, _, good, _ = _frames(mm[pos:end])  # one frame: checked, split, old layout re-encoded
-                if not good:
-                    return
-                yield from rows
-                pos = end
-
-
-def _batched(items: Iterable, n: int) -> Iterator[list]:
-    it = iter(items)
-    while group := list(itertools.islice(it, n)):
-        yield group
-
-
-def log_lines(path: Path) -> tuple[list[bytes], int]:
-    """The row text of every intact record of a log, and the byte offset where intact data ends."""
-    lines, _, good, _ = _frames(path.read_bytes())
-    return lines, good
-
-
-def read_log(path: Path) -> tuple[list[dict], int]:
-    """All intact records of a log and the byte offset where intact data ends."""
-    lines, good = log_lines(path)
-    return [parse_row(line) for line in lines], good
-
-
-def lines_to_frame(lines: list[bytes]) -> pl.DataFrame:
-    """Records' row texts (row_text) in the Parquet layout, parsed by polars' JSON reader in Rust, off the GIL:
-    rolling a 20,000-record log holds the GIL for milliseconds, not the ~0.3 s of building the frame in Python.
-    (JSON-valued fields are text in the log because polars, asked to read a nested value as text, does not always
-    write back the same JSON: a backslash or tab in a string comes out unescaped, 1.5e300 as an integer.)"""
-    if not lines:
-        return pl.DataFrame(schema=PARQUET_SCHEMA)
-    return pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=PARQUET_SCHEMA)
-
-
-def _is_torn(path: Path, good: int) -> bool:
-    """Whether a log holds more than zeros (its preallocated space) after its last intact frame."""
-    with open(path, "rb") as f:
-        f.seek(good)
-        while chunk := f.read(1 << 20):
-            if chunk.count(0) != len(chunk):
-                return True
-    return False
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _list_files(folder: Path) -> tuple[dict[int, Path], dict[int, Path]]:
-    logs, segs = {}, {}
-    for p in folder.iterdir() if folder.exists() else []:
-        m = _FILE_RE.match(p.name)
-        if m:
-            (logs if m.group(1) == "log" else segs)[int(m.group(2))] = p
-    return logs, segs
-
-
-def scan_segments(paths: list[Path], tail: pl.DataFrame | list[pl.DataFrame] | None = None) -> pl.LazyFrame:
-    """Segments (and in-memory tail frames) as one LazyFrame. Segments written by an older schema version lack
-    newer columns; they read as nulls there, so old data dirs stay readable."""
-    parts = [_conform(pl.scan_parquet(str(p))) for p in paths]
-    tails = [] if tail is None else tail if isinstance(tail, list) else [tail]
-    parts += [t.lazy() for t in tails]
-    if not parts:
-        return pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
-    return pl.concat(parts, how="vertical_relaxed")
-
-
-def _conform(lf: pl.LazyFrame) -> pl.LazyFrame:
-    names = set(lf.collect_schema().names())
-    missing = [pl.lit(None, dtype).alias(k) for k, dtype in PARQUET_SCHEMA.items() if k not in names]
-    return (lf.with_columns(missing) if missing else lf).select(list(PARQUET_SCHEMA))
-
-
-def scan_records(data_dir: str | Path) -> pl.LazyFrame:
-    """A LazyFrame over every record in a data dir (Parquet segments and not-yet-rolled logs).
-
-    Safe while a server writes: logs are read before segments are listed, and a log whose segment exists is
-    skipped, so a roll that happens in between neither hides nor doubles a record.
-    """
-    folder = Path(data_dir) / "records"
-    logs, _ = _list_files(folder)
-    log_texts = {}
-    for no, path in sorted(logs.items()):
-        try:
-            log_texts[no] = log_lines(path)[0]
-        except FileNotFoundError:  # rolled away meanwhile: its segment is listed below
-            continue
-    _, segs = _list_files(folder)
-    tail = [line for no, lines in sorted(log_texts.items()) if no not in segs for line in lines]
-    return scan_segments([segs[no] for no in sorted(segs)], lines_to_frame(tail) if tail else None)
-
-
-def create_log(folder: Path) -> tuple[int, int]:
-    """A new log under a number no writer has used, open for appending and flock-ed from the moment it appears
-    (made under a temporary name, locked, then hard-linked into place): a log whose lock is free is closed, which
-    is how the primary knows a relay has moved on from it (or died)."""
-    logs, segs = _list_files(folder)
-    no = max([*logs, *segs], default=0) + 1
-    tmp = folder / f".log-creating-{os.getpid()}-{threading.get_ident()}"
-    while True:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        path = folder / f"log-{no:06d}.bin"
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            os.close(fd)
-            no += 1
-            continue
-        finally:
-            tmp.unlink(missing_ok=True)
-        if (folder / f"seg-{no:06d}.parquet").exists():  # that log was rolled and deleted meanwhile
-            path.unlink()
-            os.close(fd)
-            no += 1
-            continue
-        _fsync_dir(folder)
-        return no, fd
-
 
 @dataclass
 class _Follow:
@@ -292,26 +65,6 @@ class _Chunk:
         self.fd = os.open(path, os.O_RDONLY) if path is not None else -1
 
 
-class _Batch:
-    """Appends that share one write and one fsync.
-
-    Each appender that does not lead parks on its own pre-acquired lock; the committer releases exactly those
-    locks when the batch is durable (or releases one of them to promote its owner to leader of the next batch).
-    A shared Condition instead made every woken waiter queue again for the store's lock, one after another, and
-    under the GIL that herd cost more CPU than the fsync it waited for (scripts/bench_gateway.py).
-    """
-
-    __slots__ = ("frames", "keys", "lines", "waiters", "durable", "error")
-
-    def __init__(self):
-        self.frames: list[bytes] = []
-        self.keys: list[Key] = []
-        self.lines: list[list[bytes]] = []  # each frame's row texts
-        self.waiters: list = []  # one acquired lock per parked appender
-        self.durable = False
-        self.error: str | None = None
-
-
 class IndexEntry:
     """Where a record is and what the index needs of it. `chunk` is the log (not yet rolled) or the segment
     that holds it, -1 while its write is in flight; `pos`/`size` its row text's place in a log, or `pos` its row
@@ -328,8 +81,6 @@ class IndexEntry:
 class RecordStore:
     """Append-only, group-committed, crash-safe record storage for one data dir."""
 
-    KEEPS_PLACES = True  # indexes each record by its place in the log (a relay's log does not: its primary does)
-
     def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
         self.folder = Path(data_dir) / "records"
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -341,11 +92,8 @@ class RecordStore:
         self._tail: dict[int, _Chunk] = {}
         self._segments: dict[int, Path] = {}
         self._rolled: SegmentIndex | None = None
-        self._open = _Batch()
-        self._idle = threading.Condition(self._lock)  # notified when no commit is running
-        self._flushing = False
-        self._broken: str | None = None
-        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0, "rolls": 0, "roll_errors": 0}
+        self.stats = {"rolls": 0, "roll_errors": 0}
+        self._log = GroupCommitLog(self._lock, self.stats, self._committed, self._failed)
         self._followed: dict[int, _Follow] = {}
         self._following = False
         self._follow_lock = threading.Lock()
@@ -399,7 +147,7 @@ class RecordStore:
 
     def _roll_now(self, no: int, lines: list[bytes]) -> None:
         """At start: roll a closed log whose records were read back, then drop it."""
-        self._write_segment(no, lines)
+        write_segment(self.folder, no, lines)
         self._segments[no] = self.folder / f"seg-{no:06d}.parquet"
         self._index_segment(no)
         (self.folder / f"log-{no:06d}.bin").unlink(missing_ok=True)
@@ -413,9 +161,7 @@ class RecordStore:
 
     def _open_log(self, no: int) -> None:
         path = self.folder / f"log-{no:06d}.bin"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        self._log_no, self._log_size = no, os.fstat(self._fd).st_size
-        self._alloc = self._log_size
+        self._log.switch(no, os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
         if self._tail[no].fd < 0:
             self._tail[no].fd = os.open(path, os.O_RDONLY)
         _fsync_dir(self.folder)
@@ -433,7 +179,7 @@ class RecordStore:
         fresh, new = self._reserve(dicts, now)
         if new:
             lines = [row_text(d) for d in new]
-            self._enqueue(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
+            self._log.append(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
                                                 for d in new], lines)
         return fresh
 
@@ -443,8 +189,8 @@ class RecordStore:
         chosen = [d["id"] for d in dicts if d["content_hash"]]
         with self._lock:  # the rolled index is asked under the lock too: a roll cannot move an id in between
             rolled = self._rolled.get_many(chosen) if chosen else {}
-            if self._broken:
-                raise StoreUnavailable(self._broken)
+            if self._log.broken:
+                raise StoreUnavailable(self._log.broken)
             fresh, seen = [], set()
             for d in dicts:
                 e = self._index.get(d["id"])
@@ -460,99 +206,16 @@ class RecordStore:
                 self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         return fresh, new
 
-    def _enqueue(self, frame: bytes, keys: list[Key], lines: list[bytes]) -> None:
-        """Join the open batch; return once it is durable (raises StoreUnavailable when its write failed)."""
-        with self._lock:
-            batch = self._open
-            batch.frames.append(frame)
-            batch.keys += keys
-            batch.lines.append(lines)
-            if not self._flushing:
-                self._flushing = True
-                self._open = _Batch()
-                gate = None
-            else:
-                gate = _allocate_lock()
-                gate.acquire()
-                batch.waiters.append(gate)
-        if gate is not None:
-            gate.acquire()  # released by the committer: the batch is durable, or this thread now leads it
-        if not batch.durable:
-            self._commit(batch)
-        if batch.error is not None:
-            raise StoreUnavailable(batch.error)
-
-    def _commit(self, batch: "_Batch") -> None:
-        """Write and fsync one batch (lock not held), then wake its waiters and promote the next batch.
-
-        Only one thread commits at a time (`_flushing`); appends that arrive meanwhile gather in the open
-        batch, and one of them is woken to commit it, so each waiter wakes once and one fsync serves them all.
-        """
-        data = b"".join(batch.frames)
-        start, err, t0 = self._log_size, None, time.perf_counter()
-        try:
-            if start + len(data) > self._alloc:
-                # Write zeros ahead: an fdatasync of blocks that already exist changes no metadata, so it skips
-                # writing the new file size an append costs (a journal commit, or the inode on a journal-less
-                # ext4 like this VM's): 0.15 against 0.21 ms on this disk.
-                grow = max(PREALLOCATE, len(data))
-                os.pwrite(self._fd, bytes(grow), self._alloc)
-                self._alloc += grow
-            written = 0
-            while written < len(data):
-                written += os.pwrite(self._fd, data[written:], start + written)
-            os.fdatasync(self._fd)  # data (and size, after growing): all an append needs to survive
-            self.stats["sync_s"] += time.perf_counter() - t0
-        except OSError as e:
-            err = f"record store write failed: {e}"
-            log.error("%s; cutting the log back to %d bytes", err, start)
-            try:
-                os.ftruncate(self._fd, start)
-                self._alloc = start
-                os.fsync(self._fd)
-            except OSError as e2:
-                self._broken = f"record store is unavailable after a failed write ({e}; {e2}); restart the server"
-        if err is None and self.KEEPS_PLACES:  # where each row text landed, worked out before taking the lock
-            lines, offsets, at = [], [], start
-            for frame, rows in zip(batch.frames, batch.lines, strict=True):
-                pos = at + _HEADER.size
-                for line in rows:
-                    lines.append(line)
-                    offsets.append(pos)
-                    pos += len(line) + 1
-                at += len(frame)
-        else:
-            lines = offsets = []
-        with self._lock:
-            if err is None:
-                self._log_size += len(data)
-                self._committed(batch.keys, lines, offsets)
-            else:
-                for k in batch.keys:
-                    self._index.pop(k[0], None)
-                batch.error = err
-            batch.durable = True
-            nxt = self._open
-            if nxt.frames:
-                self._open = _Batch()
-                nxt.waiters.pop(0).release()  # promoted: that appender commits the batch it joined
-            else:
-                self._flushing = False
-                self._idle.notify_all()
-        for gate in batch.waiters:
-            gate.release()
-
     def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
-        self._index_durable(self._log_no, keys, lines, offsets)
-        self._count_commit(len(keys))
-        if len(self._tail[self._log_no].ids) >= self.roll_records or self._log_size >= self.roll_bytes:
+        self._index_durable(self._log.no, keys, lines, offsets)
+        if len(self._tail[self._log.no].ids) >= self.roll_records or self._log.size >= self.roll_bytes:
             self._rotate()
 
-    def _count_commit(self, n: int) -> None:
-        self.stats["commits"] += 1
-        self.stats["records_written"] += n
-        self.stats["max_group"] = max(self.stats["max_group"], n)
+    def _failed(self, keys: list[Key]) -> None:
+        """Lock held: a batch's write failed (nothing of it is in the log): its reserved ids are free again."""
+        for k in keys:
+            self._index.pop(k[0], None)
 
     def _index_durable(self, no: int, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         """Lock held: serve these records (durable in log `no` at `offsets`) from the log."""
@@ -571,52 +234,22 @@ class RecordStore:
 
     def _rotate(self) -> None:
         """Lock held: close the current log, hand its chunk to the roller, open the next log."""
-        chunk = self._tail[self._log_no]
-        os.close(self._fd)
-        nxt, self._fd = create_log(self.folder)
+        chunk = self._tail[self._log.no]
+        os.close(self._log.fd)
+        nxt, fd = create_log(self.folder)
         self._tail[nxt] = _Chunk(nxt, self.folder / f"log-{nxt:06d}.bin")
-        self._log_no, self._log_size, self._alloc = nxt, 0, 0
+        self._log.switch(nxt, fd)
         self._roll_queue.append(chunk)
         self._roll_wake.notify()
 
     # ---- rolling into Parquet -------------------------------------------------------------------------------
-    def _write_segment(self, no: int, rows: Iterable[bytes], known: dict[str, IndexEntry] | None = None
-                       ) -> list[Key]:
-        """Write the segment a few row groups at a time (ROLL_BATCH records parsed at once, SEGMENT_ROW_GROUP to a
-        group), so a roll's memory stays that of one batch (building the whole 20,000-record frame at once left the
-        process ~100 MB larger for good); returns the records' index keys in row order, from `known` where the
-        index holds them. A read by id decodes one group, not the segment."""
-        import pyarrow.parquet as pq  # polars writes no Parquet file a group at a time; pyarrow does
-
-        path = self.folder / f"seg-{no:06d}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        keys: list[Key] = []
-        writer = None
-        try:
-            for group in _batched(rows, ROLL_BATCH):
-                keys += [_known_key(line, known) for line in group]
-                table = lines_to_frame(group).to_arrow()
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd", write_statistics=True)
-                writer.write_table(table, row_group_size=SEGMENT_ROW_GROUP)
-            if writer is None:  # an empty log: an empty segment, so the log's number is taken
-                lines_to_frame([]).write_parquet(tmp)
-        finally:
-            if writer is not None:
-                writer.close()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.folder)
-        return keys
-
     def _roll(self, chunk: _Chunk) -> None:
         """Roller thread: the closed log's records into a segment and the on-disk index; then serve them from
         there and drop the log."""
         with self._lock:
             ids = list(chunk.ids)
             known = {rid: self._index[rid] for rid in ids if rid in self._index}
-        keys = self._write_segment(chunk.no, iter_log_rows(self.folder / f"log-{chunk.no:06d}.bin"), known)
+        keys = write_segment(self.folder, chunk.no, iter_log_rows(self.folder / f"log-{chunk.no:06d}.bin"), known)
         if len(keys) != len(ids):
             (self.folder / f"seg-{chunk.no:06d}.parquet").unlink()
             _fsync_dir(self.folder)
@@ -850,14 +483,13 @@ class RecordStore:
         with self._lock:
             tail = sum(len(c.ids) for c in self._tail.values())
             return {"records": tail + self._rolled.count, "segments": len(self._segments), "log_records": tail,
-                    "log_bytes": self._log_size, "broken": self._broken, **self.stats}
+                    "log_bytes": self._log.size, "broken": self._log.broken, **self.stats}
 
     def _settle(self) -> bool:
         """Lock held: wait until no commit runs; False when the store is closed already."""
         if self._closed:
             return False
-        while self._flushing:
-            self._idle.wait()
+        self._log.settle()
         return True
 
     def roll_open_log(self, timeout: float = 60) -> None:
@@ -866,7 +498,7 @@ class RecordStore:
         with self._lock:
             if not self._settle():
                 return
-            if self._tail[self._log_no].ids:
+            if self._tail[self._log.no].ids:
                 self._rotate()
         deadline = time.monotonic() + timeout
         while self._roll_queue:
@@ -883,7 +515,7 @@ class RecordStore:
             self._closed = True
             self._roll_wake.notify()
         self._roller.join(timeout=60)
-        os.close(self._fd)
+        os.close(self._log.fd)
         for f in self._followed.values():
             os.close(f.fd)
         for c in self._tail.values():
@@ -892,69 +524,47 @@ class RecordStore:
         self._rolled.close()
 
 
-def read_rows(path: Path, rows: list[tuple[int, str]]) -> dict[str, dict]:
-    """Records at the given rows of one segment: each run of nearby rows is one slice, which decodes only the row
-    groups it touches."""
-    rows = sorted(rows)
-    lf = scan_segments([path])
-    out, i = {}, 0
-    while i < len(rows):
-        j = i
-        while j + 1 < len(rows) and rows[j + 1][0] - rows[i][0] < SEGMENT_ROW_GROUP:
-            j += 1
-        start = rows[i][0]
-        df = lf.slice(start, rows[j][0] - start + 1).collect()
-        for row, rid in rows[i:j + 1]:
-            d = frame_row_to_dict(df.row(row - start, named=True))
-            if d["id"] != rid:
-                raise RuntimeError(f"segment {path.name} row {row} holds {d['id']!r}, its index says {rid!r}")
-            out[rid] = d
-        i = j + 1
-    return out
-
-
-class RelayLog(RecordStore):
+class RelayLog:
     """A relay worker's own record log (server/workers.py): group commit and fdatasync as in RecordStore, and
-    nothing else. The primary follows the log (`follow_relays`), indexes and serves its records and rolls it
-    into Parquet once the relay has moved on to a new log (or died)."""
-
-    KEEPS_PLACES = False
+    nothing else. The primary follows the log (`RecordStore.follow_relays`), indexes and serves its records and
+    rolls it into Parquet once the relay has moved on to a new log (or died)."""
 
     def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
         self.folder = Path(data_dir) / "records"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.roll_records, self.roll_bytes = roll_records, roll_bytes
         self._lock = threading.Lock()
-        self._index: dict[str, IndexEntry] = {}  # stays empty: ids here are minted, never client-chosen
-        self._open = _Batch()
-        self._idle = threading.Condition(self._lock)
-        self._flushing = False
-        self._broken: str | None = None
-        self._closed = False
-        self.stats = {"commits": 0, "records_written": 0, "max_group": 0, "sync_s": 0.0}
-        self._fd, self._count = -1, 0
+        self.stats: dict = {}
+        self._log = GroupCommitLog(self._lock, self.stats, self._committed, lambda keys: None, places=False)
+        self._count, self._closed = 0, False
         self._new_log()
 
     def _new_log(self) -> None:
-        old = self._fd
-        self._log_no, self._fd = create_log(self.folder)
-        self._log_size, self._alloc, self._count = 0, 0, 0
+        old = self._log.fd
+        no, fd = create_log(self.folder)
+        self._log.switch(no, fd)
+        self._count = 0
         if old >= 0:
             os.close(old)  # frees its lock: the primary reads it to the end and rolls it
 
-    def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
-        if self._broken:
-            raise StoreUnavailable(self._broken)
-        return [True] * len(dicts), dicts
+    def append(self, records: list[Record]) -> list[bool]:
+        """Write records durably (their ids are minted, never client-chosen: each is new)."""
+        now = time.time()
+        dicts = [{**r.to_dict(), "stored_at": now} for r in records]
+        lines = [row_text(d) for d in dicts]
+        self._log.append(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
+                                               for d in dicts], lines)
+        return [True] * len(dicts)
 
     def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         self._count += len(keys)
-        self._count_commit(len(keys))
-        if self._count >= self.roll_records or self._log_size >= self.roll_bytes:
+        if self._count >= self.roll_records or self._log.size >= self.roll_bytes:
             self._new_log()
 
     def close(self) -> None:
         with self._lock:
-            if self._settle():
-                self._closed = True
-                os.close(self._fd)
+            if self._closed:
+                return
+            self._log.settle()
+            self._closed = True
+            os.close(self._log.fd)
