@@ -29,6 +29,7 @@ from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.recipe import LearnContext
 from reef_lab.learning.tasks import make_task
+from reef_lab.files import write_json
 
 from .search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
 
@@ -148,10 +149,8 @@ class HarnessLearner(LearnerLoop):
             self._new += 1
 
     def _save(self) -> None:
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps({"consumed": sorted(self._consumed), "examples": self.examples,
-                                      "new": self._new}))
-        tmp.replace(self._state_path)
+        write_json(self._state_path, {"consumed": sorted(self._consumed), "examples": self.examples,
+                                      "new": self._new})
 
     # ---- the learner thread ---------------------------------------------------------------------------------
     def _due(self) -> bool:

@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Protocol
 
 from reef_lab import harness as harness_mod
-from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
-from reef_lab.schema import check_fields
+from reef_lab.files import write_atomic
 from reef_lab.learning.tasks import extract_answer, last_number, score_item
+from reef_lab.schema import check_fields
+
+from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
 
 log = logging.getLogger("reef_lab.gepa")
 
@@ -395,9 +397,7 @@ class Search:
                  "next_component": self._next_component, "rng": _rng_state(self.rng),
                  "tried_merges": sorted(self._tried_merges), "order": self._order,
                  "cache": [[k[0], asdict(r)] for k, r in self._cache_items()]}
-        tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.dir / "state.json")
+        write_atomic(self.dir / "state.json", json.dumps(state).encode())
 
     def _cache_items(self) -> list:
         with self._cache_lock:

@@ -523,7 +523,7 @@ class Gateway:
     def _check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
         if refs is None:
             return []
-        born = self.scenarios.ensure(name).created_at - 1e-6
+        owner = self.scenarios.ensure(name)
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise BadRequest("'references' must be a list of receipts (x-reef-agent-record-id values)")
         if len(set(refs)) != len(refs):
@@ -531,7 +531,7 @@ class Gateway:
             raise BadRequest(f"'references' lists {dup!r} more than once")
         for r in refs:
             e = self.store.entry(r)
-            if e is not None and e.scenario == name and e.stored_at < born:
+            if e is not None and e.scenario == name and not owner.owns(e):
                 e = None  # a record of a deleted earlier scenario of the same name
             e = e or (extra or {}).get(r)
             if e is None:
@@ -632,19 +632,18 @@ class Gateway:
             raise BadRequest(f"'kind' must be one of {list(KINDS)}")
         if not 1 <= limit <= 1000:
             raise BadRequest("'limit' must be between 1 and 1000")
-        page, nxt = self.store.page(scenario, kind, s.created_at - 1e-6, after, limit)
+        page, nxt = self.store.page(scenario, kind, s.since, after, limit)
         return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
 
     def get_record(self, scenario: str, record_id: str) -> dict:
-        self.scenarios.get(scenario)
-        e = self.store.entry(record_id)
-        if e is None or e.scenario != scenario:
+        s = self.scenarios.get(scenario)
+        if not s.owns(self.store.entry(record_id)):
             raise NotFound(f"record {record_id!r} not found in scenario {scenario!r}")
         return wire_record(self.store.get(record_id))
 
     def scenario_info(self, name: str) -> dict:
         s = self.scenarios.get(name)
-        counts = {k: len(self.store.ids(name, k, since=s.created_at - 1e-6)) for k in KINDS}
+        counts = {k: len(self.store.ids(name, k, since=s.since)) for k in KINDS}
         return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
                 "records": counts, "error": self._errors.get(name)}
 

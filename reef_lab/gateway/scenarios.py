@@ -8,7 +8,6 @@ under the same name starts empty.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from reef_lab.errors import BadRequest, Conflict, NotFound
+from reef_lab.files import write_json
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -28,6 +28,16 @@ class Scenario:
     recipe: str
     created_at: float = field(default_factory=time.time)
     config: dict = field(default_factory=dict)
+
+    @property
+    def since(self) -> float:
+        """The write time from which records belong to this scenario: a deleted earlier scenario of the same name
+        keeps its records on disk (append-only), and they stay out of this one's reads, counts and references."""
+        return self.created_at - 1e-6
+
+    def owns(self, entry) -> bool:
+        """Whether a record's index entry (scenario, stored_at) is one of this scenario's records."""
+        return entry is not None and entry.scenario == self.name and entry.stored_at >= self.since
 
 
 def check_name(name: object) -> str:
@@ -54,12 +64,7 @@ class ScenarioRegistry:
                 self._items[d["name"]] = Scenario(**d)
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps([asdict(s) for s in self._items.values()], option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_json(self.path, [asdict(s) for s in self._items.values()], indent=True)
         if self.on_change is not None:
             self.on_change()
 

@@ -16,7 +16,6 @@ the apps and trackers read). A restart resumes from the serving release's weight
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -32,6 +31,7 @@ from reef_lab.learning.recipe import LearnConfig, LearnContext, select
 from reef_lab.publishing.releases import BASE, release_key
 from reef_lab.learning.samples import Sample, sample_from_records
 from reef_lab.learning.tasks import make_task
+from reef_lab.files import write_json
 
 log = logging.getLogger("reef_lab.learning.learner")
 
@@ -262,9 +262,7 @@ class Learner(LearnerLoop):
 
     def _consume(self, samples: list[Sample]) -> None:
         self._consumed.update(s.record_id for s in samples)
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps({"consumed": sorted(self._consumed)}))
-        os.replace(tmp, self._state_path)
+        write_json(self._state_path, {"consumed": sorted(self._consumed)})
 
     # ---- candidates and releases ----------------------------------------------------------------------------
     def _candidate(self, metrics: dict) -> None:

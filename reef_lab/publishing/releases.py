@@ -14,7 +14,6 @@ are `<scenario>:vN` (unique across scenarios, so records name them unambiguously
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import orjson
 
 from reef_lab.errors import BadRequest, NotFound
+from reef_lab.files import write_json
 
 BASE = "base"
 
@@ -51,12 +51,7 @@ class ReleaseStore:
     def _save(self, scenario: str, index: dict) -> None:
         p = self._index_path(scenario)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".json.tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(index, option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        write_json(p, index, indent=True)
 
     def serving(self, scenario: str) -> dict | None:
         """The serving release's entry (None: the base weights serve)."""

@@ -31,7 +31,7 @@ def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFra
     """The three tables of a scenario as polars DataFrames."""
     data_dir = Path(data_dir)
     reg = ScenarioRegistry(data_dir, "basic")
-    born = reg.get(scenario).created_at - 1e-6
+    born = reg.get(scenario).since
     records = scan_records(data_dir).filter((pl.col("scenario") == scenario) & (pl.col("stored_at") >= born))
     inferences = records.filter(pl.col("kind") == "inference").sort("created_at").collect()
     reports = records.filter(pl.col("kind") == "report").sort("created_at").collect()
