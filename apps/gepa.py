@@ -27,10 +27,13 @@ with app.setup:
     import matplotlib.pyplot as plt
     import polars as pl
 
-    from reef_lab.learning.experiment import launch_detached, run_choices
-    from recipes.gepa.search import read_events
+    import sys
 
     ROOT = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(ROOT))  # recipes/ ships in the repository, not in the installed package
+
+    from reef_lab.learning.experiment import launch_detached, run_choices
+    from recipes.gepa.search import read_events
 
 
 @app.function
