@@ -74,7 +74,7 @@ class ServeConfig:
                 "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
                 "others relay inference (server/workers.py)"})
     pin_workers: int = field(default=1, metadata={
-        "help": "1: pin each of several workers to a CPU of its own (Linux; about 30%% more requests/s on 2 "
+        "help": "1: pin each of several workers to a CPU of its own (Linux; more requests/s on 2 "
                 "cores); 0: leave placement to the OS scheduler"})
     sched_slice_us: int = field(default=100, metadata={
         "help": "with --upstream-url, the CPU time slice in microseconds each worker thread asks the Linux scheduler "

@@ -6,7 +6,7 @@ them. The Flask app runs under reef_lab's HTTP/1.1 server (server/httpd.py: work
 thread per connection that reads each request whole, with a timeout, before the app runs): one worker process that
 holds the engine and the record store, or with --upstream-url one per CPU, the others relaying inference to the
 provider and their records to the first (server/workers.py). `--http-server granian` runs it under granian instead
-(its single-threaded runtime per worker, "st", measured about 10% faster than granian's default here), which has no
+(its single-threaded runtime per worker, "st", the faster of granian's runtimes here), which has no
 timeout on request bodies.
 """
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_serve_config(argv)
     os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
     # glibc gives every thread that allocates its own heap (up to 8 per CPU), and a heap keeps what it once held: a
-    # worker with a thread per connection crept up by about 1 MB a minute under steady load (scripts/soak.py); two
+    # worker with a thread per connection crept up under steady load (results/soak-notes.md); two
     # heaps kept it flat. The workers are new processes, so they read this as they start.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     # No HF_HUB_OFFLINE here: local models load with local_files_only, and --hub-repo pushes need the Hub client

@@ -1,11 +1,10 @@
 """reef_lab's HTTP/1.1 server: worker processes share one listening socket, and each connection gets a thread that
 reads, runs and answers its own requests.
 
-Why not a server with an event loop in front of a thread pool (granian, which served reef_lab until 2026-11-30, and
+Why not a server with an event loop in front of a thread pool (granian, which served reef_lab before, and
 likewise cheroot, waitress, gunicorn's gthread): there every request crosses threads twice (loop to pool and back),
-and on these VMs each cross-thread wakeup is a trip through the scheduler. Answering a fixed body at 400 requests/s
-over 16 keep-alive connections (wrk), granian took 0.36-0.48 ms p50 and a thread per connection 0.13-0.19 ms;
-`scripts/bench_gateway.py --compare-granian` measures both in front of reef_lab. An idle keep-alive connection holds a
+and on these VMs each cross-thread wakeup is a trip through the scheduler, so a thread per connection answers
+sooner (results/gateway-notes.md); `scripts/bench_gateway.py --compare-granian` measures both in front of reef_lab. An idle keep-alive connection holds a
 thread blocked in `recv` (little memory); every socket and disk wait releases the GIL.
 
 HTTP/1.1 parsing is httptools (llhttp, the parser of Node.js and uvicorn). Supported: keep-alive, pipelining, chunked

@@ -12,7 +12,7 @@ in one place.
   records to a log of its own (`reef_lab.records.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
-  record to the primary instead measured no faster than one process. A report is checked for auth and parsed
+  record to the primary instead was no faster than one process (results/gateway-notes.md). A report is checked for auth and parsed
   here, then validated and stored by the primary (one small message; it knows every receipt). Every other request
   (scenario and record routes, a scenario's first request) is passed to the primary whole and its answer
   streamed back, so there is one index, one scenario registry and one set of learners.
@@ -69,9 +69,8 @@ def pin_worker(data_dir: str | Path, workers: int):
     """Pin this worker (all its threads, and those it starts later) to a CPU of its own; returns the slot lock.
 
     Why: a request crosses several threads of one worker (granian's runtime, a WSGI thread, the record commit);
-    when they share a CPU a wakeup is a run-queue insert, not an interrupt to another (virtual) CPU. With two
-    workers on two cores this measured 2.8-3.1k against 2.3k requests/s unpinned (wrk, 16 connections, instant
-    stub). The slot (0..workers-1) is the first free `<data dir>/.worker-<k>.lock`.
+    when they share a CPU a wakeup is a run-queue insert, not an interrupt to another (virtual) CPU; pinned
+    workers serve more requests/s (results/gateway-notes.md). The slot (0..workers-1) is the first free `<data dir>/.worker-<k>.lock`.
     """
     cpus = sorted(os.sched_getaffinity(0))
     Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -104,11 +103,8 @@ def ask_short_slice(us: int) -> int:
     Why: on a 2-CPU machine a request's thread sleeps twice (the provider's answer, the record's flush) and must then
     win a CPU back from the load generator, the stub or the other worker. Linux's EEVDF scheduler (6.12+) lets a
     thread of the normal class ask for a shorter slice, which gives it an earlier deadline when it wakes, so it runs
-    sooner. A/B on this machine, wrk pacing 400 requests/s (2026-11-30): added p50 1.26 -> 1.04 ms and 1.40 -> 1.26
-    ms, p90 3.5 -> 2.7 and 4.1 -> 3.4 ms; saturating throughput 2,965 -> 2,818 and 3,046 -> 2,922 requests/s. In
-    the recorded scripts/bench_gateway.py run (which measures it beside the kernel's default) p50 went 1.05 -> 1.12
-    ms and p90 3.17 -> 2.74 ms at 2,815 -> 2,810 requests/s: a trimmed tail, the median within noise. Older kernels
-    ignore the field. SliceGovernor decides when to ask.
+    sooner: a trimmed latency tail, the median within noise (scripts/bench_gateway.py measures it beside the
+    kernel's default; the A/B runs are in results/gateway-notes.md). Older kernels ignore the field. SliceGovernor decides when to ask.
     """
     calls = _SCHED_SYSCALLS.get(os.uname().machine)
     if calls is None:
@@ -145,8 +141,7 @@ class SliceGovernor:
 
     Why: the short slice buys latency by letting a woken thread preempt sooner; that only pays while a CPU is
     free to run it. Saturated, every thread is runnable and the short slice only multiplies preemptions: the
-    kernel's default measured 1-10% more requests/s there, switching 9% more than the short slice always
-    (2,692 against 2,468; wrk, 10 alternating rounds; results/gateway-notes.md).
+    kernel's default serves more requests/s there (results/gateway-notes.md).
     """
 
     def __init__(self, short_us: int, busy: float = 0.85, period: float = 0.25):

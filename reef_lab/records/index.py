@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS segments (no INTEGER PRIMARY KEY, rows INTEGER NOT NU
 
 Row = tuple[str, str, str, str, float, int, int]  # id, scenario, kind, content_hash, stored_at, segment, row
 CACHED = 16_384  # rows kept in memory, most recently asked first (~3 MB): a report names recent receipts again and
-# again, and a query of this file costs ~10 us where a dict costs 0.1 (reports/s, wrk: 13% fewer without it)
+# again, and a query of this file costs far more than a dict lookup (results/gateway-notes.md)
 
 
 class SegmentIndex:

@@ -55,7 +55,7 @@ class _Chunk:
     descriptor of the log, from which a record is read by the place its index entry names.
 
     Why not the records themselves: held in memory until their roll (20,000 records), a busy server's resident
-    memory grew by about 10 MB a minute and fell back at each roll; in the log they are in the page cache anyway.
+    memory grew steadily and fell back at each roll (results/soak-notes.md); in the log they are in the page cache.
     """
 
     __slots__ = ("no", "ids", "fd")
