@@ -308,3 +308,37 @@ def test_a_data_dir_of_the_version_before_the_seams_opens_cleanly(tmp_path, stub
         assert graded.status_code == 400  # the stored config (require_score) still applies
     finally:
         server.stop()
+
+
+GEPA_TASK = '''
+from reef_lab.learning.tasks import Task
+
+
+class Brief(Task):
+    """A continuous reward for short replies, and feedback text of the task's own."""
+
+    def items(self, n, seed):
+        return [{"id": f"brief-{seed}-{i}", "messages": [{"role": "user", "content": f"{seed + i} + 1 = ?"}]}
+                for i in range(n)]
+
+    def score(self, item, text):
+        return 1.0 / (1.0 + len(text) / 10)
+
+    def feedback(self, item, text):
+        return f"BRIEF-FEEDBACK: {len(text)} characters"
+'''
+
+
+def test_a_task_named_by_module_class_drives_a_gepa_search(tmp_path, monkeypatch, stub_url):
+    from recipes.gepa.experiment import GEPAExperimentConfig, run_gepa_experiment
+
+    (tmp_path / "brief_task.py").write_text(GEPA_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lm = {"kind": "openai", "base_url": stub_url, "model": "stub-model"}
+    cfg = GEPAExperimentConfig(name="brief", task={"name": "brief_task:Brief"}, train_size=4, val_size=3,
+                               test_size=3, task_lm=lm, out_dir=str(tmp_path / "r"),
+                               reflection_lm={**lm, "record": str(tmp_path / "reflection.jsonl")},
+                               search={"max_metric_calls": 12, "minibatch_size": 2})
+    s = run_gepa_experiment(cfg, progress=False)
+    assert 0.0 < s["seed_val"] < 1.0 and 0.0 < s["seed_test"] < 1.0  # the plug-in's continuous reward
+    assert "BRIEF-FEEDBACK" in (tmp_path / "reflection.jsonl").read_text()  # its feedback reached reflection

@@ -104,7 +104,7 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
         engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
     task = make_task({"system_prompt": "", **cfg.task})
     train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
-    system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency)
+    system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency, task=task)
     reflection = make_lm(cfg.reflection_lm, engine)
     gw, tracker = None, None
     serving_engine = engine

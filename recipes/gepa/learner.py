@@ -31,7 +31,7 @@ from reef_lab.learning.recipe import LearnContext
 from reef_lab.learning.tasks import make_task
 from reef_lab.files import write_json
 
-from .search import Rollout, Search, TaskSystem, harness_hash, verifier_feedback
+from .search import Rollout, Search, TaskSystem, harness_hash
 
 log = logging.getLogger("recipes.gepa.learner")
 
@@ -57,8 +57,9 @@ class HarnessLearner(LearnerLoop):
             self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
                                     {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
             serving = dict(self.config.seed_harness)
-        val = make_task(self.config.val_task).items(self.config.val_size, seed=self.config.val_seed)
-        self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8)
+        task = make_task(self.config.val_task)
+        val = task.items(self.config.val_size, seed=self.config.val_seed)
+        self.system = TaskSystem(task_lm, self.config.task_max_tokens, concurrency=8, task=task)
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every search event to W&B
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
@@ -134,7 +135,7 @@ class HarnessLearner(LearnerLoop):
             return
         item = {"id": inf["id"], "messages": messages, "answer": answer}
         output = response_text(inf.get("dialect"), inf.get("response"))
-        score, verdict = verifier_feedback(item, output)
+        score, verdict = self.system.grade(item, output)
         feedback = report.get("feedback")
         if isinstance(feedback, dict):
             feedback = json.dumps(feedback, ensure_ascii=False)

@@ -34,7 +34,7 @@ from typing import Protocol
 
 from reef_lab import harness as harness_mod
 from reef_lab.files import write_atomic
-from reef_lab.learning.tasks import extract_answer, last_number, score_item
+from reef_lab.learning.tasks import Task, verdict
 from reef_lab.schema import check_fields
 
 from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
@@ -82,46 +82,9 @@ class System(Protocol):
         """Run the harness `components` on the examples; one scored rollout each, in order."""
 
 
-def _opening(text: str, n: int) -> str:
-    """The first n characters of a reply, whitespace folded: what feedback quotes of it."""
-    return " ".join(text.split())[:n]
-
-
 def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
-    """The task verifier's score and its textual feedback (what reflection reads)."""
-    score = score_item(item, text)
-    got = extract_answer(item, text)
-    if "options" in item:
-        want = item["options"][item["answer"]]
-        if score:
-            return score, f"Correct: the reply names {want!r}, the expected answer."
-        if got is None:
-            return score, (f"Incorrect: the reply ({_opening(text, 60)!r}) names none of the options; the expected "
-                           f"answer is {want!r}. The first option the reply names is taken as its answer.")
-        return score, (f"Incorrect: the reply names {item['options'][got]!r} first, but the expected answer is "
-                       f"{want!r}. The first option the reply names is taken as its answer.")
-    if "choices" in item:
-        labels = ", ".join(item["choices"][:-1]) + " or " + item["choices"][-1]
-        if score:
-            return score, f"Correct: the reply starts with the expected option {got}."
-        if got is None:
-            return score, (f"Incorrect: the reply must start with the label of the chosen option ({labels}), "
-                           f"but it starts with {_opening(text, 40)!r}; the expected answer is {item['answer']}.")
-        return score, f"Incorrect: the reply chose {got}, but the expected answer is {item['answer']}."
-    fmt = item.get("answer_format")
-    if score:
-        return score, f"Correct: the {'answer' if fmt else 'final number'} {got} is the expected answer."
-    if fmt and got is None:
-        seen = last_number(text)
-        shown = fmt.replace("{answer}", "<number>")
-        return score, (f"Incorrect: the answer must be written as '{shown}' (here: "
-                       f"'{fmt.format(answer=item['answer'])}'), and the response has no such line"
-                       f"{f' (its last number is {seen})' if seen else ''}; the expected answer is {item['answer']}.")
-    if got is None:
-        return score, f"Incorrect: the response gives no number; the expected answer is {item['answer']}."
-    where = f"answer written as '{fmt.replace('{answer}', '<number>')}'" if fmt else "final number"
-    return score, (f"Incorrect: the response's {where} is {got}, but the expected answer is {item['answer']}."
-                   + ("" if fmt else " The last number in the response is taken as the answer."))
+    """The built-in verifier's score and its textual feedback (reef_lab.learning.tasks.verdict)."""
+    return verdict(item, text)
 
 
 def user_text(messages: list[dict]) -> str:
@@ -129,16 +92,22 @@ def user_text(messages: list[dict]) -> str:
 
 
 class TaskSystem:
-    """A chat model behind a harness, on task items {id, messages, answer}, scored by the task's verifier."""
+    """A chat model behind a harness, on task items, scored by the task (its `score` and `feedback`; without one,
+    the built-in verifier on items {id, messages, answer})."""
 
-    def __init__(self, lm, max_tokens: int = 48, concurrency: int = 16):
-        self.lm, self.max_tokens, self.concurrency = lm, max_tokens, concurrency
+    def __init__(self, lm, max_tokens: int = 48, concurrency: int = 16, task: Task | None = None):
+        self.lm, self.max_tokens, self.concurrency, self.task = lm, max_tokens, concurrency, task
+
+    def grade(self, item: dict, text: str) -> tuple[float, str]:
+        if self.task is None:
+            return verdict(item, text)
+        return float(self.task.score(item, text)), self.task.feedback(item, text)
 
     def run(self, components: dict[str, str], examples: list[dict]) -> list[Rollout]:
         def one(item: dict) -> Rollout:
             sent = harness_mod.apply("openai.chat", {"messages": item["messages"]}, components)["messages"]
             text = self.lm.complete(sent, max_tokens=self.max_tokens, temperature=0.0)
-            score, feedback = verifier_feedback(item, text)
+            score, feedback = self.grade(item, text)
             return Rollout(item["id"], score, text, feedback, user_text(item["messages"]))
 
         with ThreadPoolExecutor(max(1, min(self.concurrency, len(examples)))) as pool:

@@ -88,6 +88,16 @@ class Task(ABC):
         """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
         return f"score {self.score(item, text):g}"
 
+
+class VerifiedTask(Task):
+    """A task with reference answers, scored by the built-in verifier (`score_item`, `verdict`)."""
+
+    def score(self, item: dict, text: str) -> float:
+        return score_item(item, text)
+
+    def feedback(self, item: dict, text: str) -> str:
+        return verdict(item, text)[1]
+
     def _item(self, item_id: str, question: str, answer: str) -> dict:
         messages = [{"role": "user", "content": question}]
         if self.config.system_prompt:
@@ -98,7 +108,7 @@ class Task(ABC):
         return item
 
 
-class ArithmeticTask(Task):
+class ArithmeticTask(VerifiedTask):
     """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier."""
 
     def items(self, n: int, seed: int) -> list[dict]:
@@ -110,11 +120,8 @@ class ArithmeticTask(Task):
                                           max_digits=c.max_digits, operators=tuple(c.operators))
         return [self._item(f"arith-{seed}-{i}", x["question"], str(x["answer"])) for i, x in enumerate(ds)]
 
-    def score(self, item: dict, text: str) -> float:
-        return score_item(item, text)
 
-
-class JsonlTask(Task):
+class JsonlTask(VerifiedTask):
     """Question/answer rows of a json lines file or a `datasets` folder, shuffled by the seed."""
 
     def __init__(self, config: TaskConfig):
@@ -131,9 +138,6 @@ class JsonlTask(Task):
 
     def _row_item(self, item_id: str, row: dict) -> dict:
         return self._item(item_id, row[self.config.question_field], str(row[self.config.answer_field]))
-
-    def score(self, item: dict, text: str) -> float:
-        return score_item(item, text)
 
     def _needed(self) -> set[str]:
         return {self.config.question_field, self.config.answer_field}
@@ -279,3 +283,46 @@ def numbers_equal(a: str | None, b: str | None) -> bool:
         return Fraction(a) == Fraction(b)
     except (ValueError, ZeroDivisionError):
         return a.strip() == b.strip()
+
+
+def _opening(text: str, n: int) -> str:
+    """The first n characters of a reply, whitespace folded: what feedback quotes of it."""
+    return " ".join(text.split())[:n]
+
+
+def verdict(item: dict, text: str) -> tuple[float, str]:
+    """The built-in verifier's score and its feedback text (what a reflection model reads): what the reply
+    answered, what was expected, and the rule that read it."""
+    score = score_item(item, text)
+    got = extract_answer(item, text)
+    if "options" in item:
+        want = item["options"][item["answer"]]
+        if score:
+            return score, f"Correct: the reply names {want!r}, the expected answer."
+        if got is None:
+            return score, (f"Incorrect: the reply ({_opening(text, 60)!r}) names none of the options; the expected "
+                           f"answer is {want!r}. The first option the reply names is taken as its answer.")
+        return score, (f"Incorrect: the reply names {item['options'][got]!r} first, but the expected answer is "
+                       f"{want!r}. The first option the reply names is taken as its answer.")
+    if "choices" in item:
+        labels = ", ".join(item["choices"][:-1]) + " or " + item["choices"][-1]
+        if score:
+            return score, f"Correct: the reply starts with the expected option {got}."
+        if got is None:
+            return score, (f"Incorrect: the reply must start with the label of the chosen option ({labels}), "
+                           f"but it starts with {_opening(text, 40)!r}; the expected answer is {item['answer']}.")
+        return score, f"Incorrect: the reply chose {got}, but the expected answer is {item['answer']}."
+    fmt = item.get("answer_format")
+    if score:
+        return score, f"Correct: the {'answer' if fmt else 'final number'} {got} is the expected answer."
+    if fmt and got is None:
+        seen = last_number(text)
+        shown = fmt.replace("{answer}", "<number>")
+        return score, (f"Incorrect: the answer must be written as '{shown}' (here: "
+                       f"'{fmt.format(answer=item['answer'])}'), and the response has no such line"
+                       f"{f' (its last number is {seen})' if seen else ''}; the expected answer is {item['answer']}.")
+    if got is None:
+        return score, f"Incorrect: the response gives no number; the expected answer is {item['answer']}."
+    where = f"answer written as '{fmt.replace('{answer}', '<number>')}'" if fmt else "final number"
+    return score, (f"Incorrect: the response's {where} is {got}, but the expected answer is {item['answer']}."
+                   + ("" if fmt else " The last number in the response is taken as the answer."))
