@@ -58,3 +58,20 @@ def test_the_check_fails_on_a_forbidden_import(tmp_path):
     assert found == ["reef_lab/core.py:2 imports server.app (reef_lab must not import server)",
                      "server/x.py:2 imports recipes.sft (server must not import recipes)",
                      "recipes/a/recipe.py:2 imports recipes.b (a recipe must not import another recipe)"]
+
+
+def test_no_capability_probes_in_the_gateway_and_learners():
+    """Engines and recipes are asked for what they can do by type (isinstance on the capability classes) and by
+    what their protocol declares (`evolves`), never by probing attributes."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("reef_lab/gateway/*.py"), *root.glob("reef_lab/learning/*.py"),
+             *root.glob("recipes/*/learner.py"), root / "reef_lab/engines/lm.py", root / "reef_lab/config.py",
+             root / "reef_lab/service.py"]
+    probes = []
+    for f in files:
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if re.search(r"\bhasattr\(", line) or re.search(r"\bgetattr\(\s*(self\.)?_?(engine|recipe|learner|ln)\b", line):
+                probes.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
+    assert probes == []
