@@ -8,7 +8,8 @@ import importlib
 from reef_lab.engines.base import Engine
 
 ENGINES = {"embedded": "reef_lab.engines.embedded:EmbeddedEngine",
-           "upstream": "reef_lab.engines.upstream:UpstreamEngine"}
+           "upstream": "reef_lab.engines.upstream:UpstreamEngine",
+           "sglang": "reef_lab.engines.sglang:SGLangEngine"}
 
 
 def engine_class(spec: str) -> type[Engine]:

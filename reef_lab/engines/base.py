@@ -32,6 +32,7 @@ class ChatRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     scenario: str | None = None  # the engine serves the release routed to this scenario (base weights if none)
     release: str | None = None  # or exactly this loaded release (e.g. a candidate under evaluation)
+    prompt_ids: list[int] | None = None  # the prompt as token ids, already templated (then `messages` is unused)
 
 
 @dataclass

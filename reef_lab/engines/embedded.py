@@ -601,7 +601,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request; bad parameters or messages raise here, in the caller's thread."""
         _check_params(request.params)
-        prompt_ids = self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
         if self._max_positions and len(prompt_ids) >= self._max_positions:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model takes at most {self._max_positions}")
         with self._cv:

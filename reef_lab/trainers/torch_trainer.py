@@ -104,13 +104,21 @@ class TorchTrainer(Trainer):
         self.device = resolve_device(self.config.device)
         torch.manual_seed(self.config.seed)
         self.init_folder = init_folder
-        self.model = load_causal_lm(model_dir, init_folder, self.device)
+        # A LoRA run that resumes from a release continues that release's adapter on the base weights, so every
+        # adapter it exports applies to the base (what an engine serving adapters by name loads beside the base).
+        adapter = Path(init_folder) / "adapter" if init_folder is not None and self.config.lora_rank else None
+        resume_adapter = adapter is not None and (adapter / "adapter_config.json").is_file()
+        self.model = load_causal_lm(model_dir, None if resume_adapter else init_folder, self.device)
         if tokenizer is None:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-        if self.config.lora_rank:
+        if resume_adapter:
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(self.model, adapter, is_trainable=True).to(self.device)
+        elif self.config.lora_rank:
             from peft import LoraConfig, get_peft_model
 
             self.model = get_peft_model(self.model, LoraConfig(
@@ -185,6 +193,8 @@ class TorchTrainer(Trainer):
         folder.mkdir(parents=True, exist_ok=True)
         model = self.serving_model()
         model.save_pretrained(folder)
+        if self.config.lora_rank:  # the adapter alone too, for engines that serve releases as LoRA adapters
+            self.model.save_pretrained(folder / "adapter")
         self.tokenizer.save_pretrained(folder)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(folder)

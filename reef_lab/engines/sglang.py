@@ -1,0 +1,332 @@
+"""An SGLang server as the engine, through SGLang's native HTTP API (written against sglang 0.5.23's source).
+
+Why the native API and not its OpenAI one: `/generate` takes the prompt as token ids and returns every generated
+token's id and logprob (`return_logprob`, `meta_info.output_token_logprobs` as `[logprob, token_id, text]`) and
+the weight version that produced it, which is what training on the traffic needs. The chat template is applied
+here with the base model's tokenizer, so the record's prompt ids are exactly what the server saw.
+
+Releases reach the server by one of two transports (`engine_options.transport`):
+- `lora`: each release is a LoRA adapter loaded by name (`/load_lora_adapter`, the release folder's `adapter/`,
+  which the trainer writes when it trains with `lora_rank > 0`); a request names its scenario's adapter
+  (`lora_path`), so several scenarios and releases serve side by side and a candidate is evaluated beside them;
+- `weights`: one set of full weights serves every scenario; routing a scenario to another release pauses the
+  server (`/pause_generation`, mode `retract`: running requests go back to the queue, none is lost), loads the
+  weights (`/update_weights_from_disk` with the release id as weight version) and continues. Answers carry the
+  weight version that produced them, so a record always names its real release.
+
+Launch on a GPU machine: docs/engines.md. Tested here against reef_lab/testing/sglang_server.py, a loopback double
+of this wire format.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import queue
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
+
+log = logging.getLogger("reef_lab.engines.sglang")
+
+TRANSPORTS = ("lora", "weights")
+
+
+class EngineError(RuntimeError):
+    """The engine server refused or failed a call; the message is the server's."""
+
+
+class SGLangStream:
+    """One /generate call streaming on its own thread: text deltas as chunks arrive, the Generation at the end."""
+
+    def __init__(self, engine: SGLangEngine, body: dict, prompt_ids: list[int], release_id: str):
+        self.release_id, self.prompt_ids = release_id, prompt_ids
+        self._engine, self._body = engine, body
+        self._deltas: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._generation: Generation | None = None
+        self._error: BaseException | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._cancelled = False
+        threading.Thread(target=self._run, name="reef-sglang-stream", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            last: dict | None = None
+            sent = ""
+            self._conn = self._engine._connection()
+            for chunk in self._engine._sse(self._conn, "/generate", self._body):
+                if "error" in chunk:
+                    err = chunk["error"]
+                    raise EngineError(err.get("message") if isinstance(err, dict) else str(err))
+                text = chunk.get("text") or ""
+                if text.startswith(sent) and len(text) > len(sent):  # chunks are cumulative (sglang's default)
+                    self._deltas.put(text[len(sent):])
+                    sent = text
+                last = chunk
+            if last is None:
+                raise EngineError("the engine ended the stream without an answer")
+            self._generation = self._engine._generation(last, self.prompt_ids, self.release_id)
+            if len(self._generation.text) > len(sent) and self._generation.text.startswith(sent):
+                self._deltas.put(self._generation.text[len(sent):])
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
+            self._error = e if not self._cancelled else EngineError("cancelled")
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+            self._done.set()
+            self._deltas.put(None)
+
+    def __iter__(self) -> Iterator[str]:
+        while (delta := self._deltas.get()) is not None:
+            yield delta
+        if self._error is not None:
+            raise self._error
+
+    def result(self, timeout: float | None = None) -> Generation:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the engine has not finished this generation")
+        if self._error is not None:
+            raise self._error
+        return self._generation
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            conn.sock.close()  # the server aborts a request whose client went away
+
+
+class SGLangEngine(Generator, ReleaseHost):
+    """Generates through an SGLang server and serves trained releases on it (see the module docstring)."""
+
+    def __init__(self, url: str, model_dir: str | Path, transport: str = "lora", timeout: float = 600.0,
+                 model_name: str | None = None):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        from transformers import AutoTokenizer
+
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"engine url must be http://host:port, got {url!r}")
+        self.url, self._host, self._port = url.rstrip("/"), parts.hostname, parts.port or 80
+        self.timeout, self.transport = timeout, transport
+        self.model_dir = Path(model_dir)
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        self._lock = threading.Lock()
+        self._encode_lock = threading.Lock()
+        self._folders: dict[str, Path] = {}  # loaded releases (lora: adapters on the server; weights: on disk)
+        self._routes: dict[str, str] = {}
+        info = self._call("GET", "/model_info")
+        self.model_name = model_name or Path(str(info.get("served_model_name") or info.get("model_path"))).name
+        self.hub_id = None
+        self._base_version = str(info.get("weight_version") or "default")
+        self._serving_weights = self._base_version  # weights transport: the release the server holds now
+        eos = self._tokenizer.eos_token_id
+        self._eos = [eos] if isinstance(eos, int) else list(eos or [])
+
+    @classmethod
+    def from_config(cls, cfg) -> SGLangEngine:
+        """engine_options: {url: http://host:30000, model_dir: the base model's HF folder (tokenizer, trainer),
+        transport: lora | weights, timeout}."""
+        opts = cfg.engine_settings()
+        unknown = set(opts) - {"url", "model_dir", "transport", "timeout", "model_name"}
+        if unknown or "url" not in opts:
+            raise ValueError(f"the sglang engine takes engine_options url (required), model_dir, transport, timeout, "
+                             f"model_name; got {sorted(opts)}")
+        return cls(opts["url"], opts.get("model_dir") or cfg.model_path, opts.get("transport", "lora"),
+                   float(opts.get("timeout", 600.0)), opts.get("model_name"))
+
+    # ---- HTTP -----------------------------------------------------------------------------------------------
+    def _connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        conn = self._connection()
+        try:
+            conn.request(method, path, body=None if body is None else orjson.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as e:
+            raise EngineError(f"the engine at {self.url} cannot be reached: {e}") from e
+        finally:
+            conn.close()
+        try:
+            out = orjson.loads(data) if data else {}
+        except orjson.JSONDecodeError:
+            out = {"message": data.decode(errors="replace")}
+        if resp.status >= 300 or (isinstance(out, dict) and out.get("success") is False):
+            raise EngineError(f"{path} failed with HTTP {resp.status}: {_message(out)}")
+        return out
+
+    def _sse(self, conn: http.client.HTTPConnection, path: str, body: dict) -> Iterator[dict]:
+        conn.request("POST", path, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status >= 300:
+            data = resp.read()
+            try:
+                msg = _message(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                msg = data.decode(errors="replace")
+            if resp.status == 400:
+                raise ValueError(f"the engine refused the request: {msg}")
+            raise EngineError(f"{path} failed with HTTP {resp.status}: {msg}")
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            yield orjson.loads(data)
+
+    # ---- generating -----------------------------------------------------------------------------------------
+    @property
+    def release_id(self) -> str:
+        return "base"
+
+    def release_for(self, scenario: str | None) -> str:
+        return self._routes.get(scenario, "base") if scenario else "base"
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        with self._encode_lock:
+            encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=True)
+        return list(encoded["input_ids"])
+
+    def completion_ids(self, text: str) -> list[int]:
+        with self._encode_lock:
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return list(ids) + self._eos[:1]
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_ids(messages))
+
+    def submit(self, request: ChatRequest) -> SGLangStream:
+        p = request.params
+        if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
+            raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        release = request.release or self.release_for(request.scenario)
+        sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+        if p.stop:
+            sampling["stop"] = list(p.stop)
+        if p.seed is not None:
+            sampling["sampling_seed"] = p.seed  # honoured by servers started with --enable-deterministic-inference
+        body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True, "stream": True}
+        if release != "base" and release not in self._folders:
+            raise ValueError(f"release {release!r} is not loaded in this engine")
+        if self.transport == "weights":
+            self._hold(release)  # one set of weights serves everything: a request for another release swaps them
+        elif release != "base":
+            body["lora_path"] = release  # sglang reads it as the adapter's name
+        return SGLangStream(self, body, prompt_ids, release)
+
+    def _generation(self, chunk: dict, prompt_ids: list[int], release: str) -> Generation:
+        meta = chunk.get("meta_info") or {}
+        entries = meta.get("output_token_logprobs") or []
+        ids = chunk.get("output_ids") or [e[1] for e in entries]
+        logprobs = [float(e[0]) if e[0] is not None else 0.0 for e in entries]
+        if len(logprobs) != len(ids):
+            raise EngineError(f"the engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
+        fin = meta.get("finish_reason") or {}
+        kind = fin.get("type") if isinstance(fin, dict) else fin
+        if kind == "abort":
+            raise EngineError(f"the engine aborted the request: {fin.get('message')}")
+        stop = fin.get("matched") if isinstance(fin, dict) and isinstance(fin.get("matched"), str) else None
+        version = meta.get("weight_version")
+        if self.transport == "weights" and version is not None:
+            release = "base" if version == self._base_version else str(version)  # what really produced it
+        return Generation(text=chunk.get("text") or "", token_ids=list(ids), logprobs=logprobs,
+                          prompt_token_ids=prompt_ids, finish_reason="length" if kind == "length" else "stop",
+                          release_id=release, stop_sequence=stop)
+
+    # ---- releases -------------------------------------------------------------------------------------------
+    def load_release(self, release_id: str, folder: str | Path) -> None:
+        folder = Path(folder)
+        if self.transport == "lora":
+            adapter = folder / "adapter"
+            if not (adapter / "adapter_config.json").is_file():
+                raise ValueError(f"release folder {folder} holds no LoRA adapter (adapter/): train with "
+                                 "trainer.lora_rank > 0, or serve with transport 'weights'")
+            self._call("POST", "/load_lora_adapter", {"lora_name": release_id, "lora_path": str(adapter)})
+        elif not any(folder.glob("*.safetensors")):
+            raise ValueError(f"release folder {folder} holds no safetensors weights")
+        with self._lock:
+            self._folders[release_id] = folder
+
+    def route(self, scenario: str, release_id: str) -> None:
+        if release_id != "base" and release_id not in self._folders:
+            raise ValueError(f"release {release_id!r} is not loaded: load_release it first")
+        if self.transport == "weights":
+            self._hold(release_id)
+        with self._lock:
+            if release_id == "base":
+                self._routes.pop(scenario, None)
+            else:
+                self._routes[scenario] = release_id
+
+    def _hold(self, release_id: str) -> None:
+        """Weights transport: make the server hold `release_id`'s weights (pause, load, continue)."""
+        with self._lock:
+            if self._serving_weights == release_id:
+                return
+            folder = self.model_dir if release_id == "base" else self._folders[release_id]
+            version = self._base_version if release_id == "base" else release_id
+            self._call("POST", "/pause_generation", {"mode": "retract"})
+            try:
+                self._call("POST", "/update_weights_from_disk", {"model_path": str(folder), "weight_version": version,
+                                                                 "flush_cache": True})
+                self._serving_weights = release_id
+            finally:
+                self._call("POST", "/continue_generation", {})
+
+    def unload(self, release_id: str) -> None:
+        with self._lock:
+            if release_id in self._routes.values():
+                raise ValueError(f"release {release_id!r} is serving a scenario: route the scenario elsewhere first")
+            folder = self._folders.pop(release_id, None)
+        if folder is not None and self.transport == "lora":
+            self._call("POST", "/unload_lora_adapter", {"lora_name": release_id})
+
+    def loaded_releases(self) -> list[str]:
+        with self._lock:
+            return ["base", *self._folders]
+
+    # ---- the rest -------------------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        """One-token generation on the server (GET /health_generate)."""
+        conn = self._connection()
+        try:
+            conn.request("GET", "/health_generate")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def info(self) -> dict:
+        with self._lock:
+            return {"engine": "sglang", "url": self.url, "model_name": self.model_name, "transport": self.transport,
+                    "releases_loaded": ["base", *self._folders], "routes": dict(self._routes),
+                    "weights_serving": self._serving_weights if self.transport == "weights" else None}
+
+    def close(self) -> None:
+        return None  # the server is not ours to stop
+
+
+def _message(body) -> str:
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message"))
+        if err is not None:
+            return str(err)
+        return str(body.get("message") or body.get("error_message") or body)
+    return str(body)
