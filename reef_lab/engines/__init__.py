@@ -9,7 +9,8 @@ from reef_lab.engines.base import Engine
 
 ENGINES = {"embedded": "reef_lab.engines.embedded:EmbeddedEngine",
            "upstream": "reef_lab.engines.upstream:UpstreamEngine",
-           "sglang": "reef_lab.engines.sglang:SGLangEngine"}
+           "sglang": "reef_lab.engines.sglang:SGLangEngine",
+           "vllm": "reef_lab.engines.vllm:VLLMEngine"}
 
 
 def engine_class(spec: str) -> type[Engine]:

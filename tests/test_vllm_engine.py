@@ -1,0 +1,107 @@
+"""The vLLM engine with a real vLLM CPU server (`bash scripts/setup.sh --vllm`) on SmolLM2: SDK traffic through
+the gateway with token ids and logprobs that match transformers', an SFT release (LoRA) trained on it and made
+live while 8 clients keep asking, with no failed request, served logprobs equal to the release's own, rollback."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
+from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.tasks import make_task
+from tests.conftest import Running
+
+pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
+
+MODEL = default_cache_dir() / DEFAULT_MODEL_NAME
+SFT = {"batch_size": 4, "score_threshold": 0.0, "selection": "always",
+       "trainer": {"lr": 1e-3, "micro_batch_size": 4, "lora_rank": 8}}
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    if not DEFAULT_PYTHON.is_file():
+        pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
+    if not (MODEL / "config.json").is_file():
+        from reef_lab.engines.embedded import EmbeddedEngine
+        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
+    engine = VLLMEngine(MODEL, port=8951)
+    yield engine
+    engine.close()
+
+
+def reference_logprobs(folder: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
+
+
+def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_path):
+    from openai import OpenAI
+
+    server = Running(Gateway(tmp_path / "data", vllm_engine, default_recipe="sft", default_config=SFT))
+    u, gw = server.url, server.gateway
+    client = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "s"})
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    try:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=8,
+                                                               temperature=0.7, seed=1)
+        rec = gw.get_record("s", raw.headers["x-reef-agent-record-id"])
+        assert rec["prompt_token_ids"] == vllm_engine.prompt_ids(msgs) and rec["release_id"] == "base"
+        ref = reference_logprobs(MODEL, rec["prompt_token_ids"], rec["token_ids"], 0.7)
+        assert max(abs(a - b) for a, b in zip(ref, rec["logprobs"], strict=True)) < 2e-3
+
+        failures, stop = [], threading.Event()
+
+        def keep_asking(k):
+            c = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "s"})
+            while not stop.is_set():
+                try:
+                    c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Say {k}"}],
+                                              max_tokens=4)
+                except Exception as e:  # noqa: BLE001 - every failure is counted
+                    failures.append(repr(e))
+        clients = [threading.Thread(target=keep_asking, args=(k,)) for k in range(8)]
+        for t in clients:
+            t.start()
+        for i, item in enumerate(make_task().items(4, seed=3)):
+            r = client.chat.completions.with_raw_response.create(model="m", messages=item["messages"], max_tokens=6,
+                                                                 temperature=1.0, seed=i)
+            requests.post(u + "/reef/report", headers={"x-reef-scenario": "s"},
+                          json={"score": 1.0, "references": [r.headers["x-reef-agent-record-id"]]})
+        ln = gw.learner("s")
+        assert ln.wait_idle(600) and ln.last_error is None, ln.status()
+        stop.set()
+        for t in clients:
+            t.join()
+        assert failures == []
+        rels = gw.list_releases("s")
+        assert rels["serving"] == "s:v1"
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=8,
+                                                               temperature=0.7, seed=2)
+        rec = gw.get_record("s", raw.headers["x-reef-agent-record-id"])
+        assert rec["release_id"] == "s:v1" and raw.headers["x-reef-release-id"] == "s:v1"
+        ref = reference_logprobs(Path(rels["releases"][0]["folder"]), rec["prompt_token_ids"], rec["token_ids"], 0.7)
+        assert max(abs(a - b) for a, b in zip(ref, rec["logprobs"], strict=True)) < 2e-3  # the release's weights
+
+        r = requests.post(u + "/reef/scenarios/s/rollback", json={"release_id": "base"})
+        assert r.status_code == 200 and r.json()["serving"] == "base"
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=8,
+                                                               temperature=0.7, seed=3)
+        rec = gw.get_record("s", raw.headers["x-reef-agent-record-id"])
+        ref = reference_logprobs(MODEL, rec["prompt_token_ids"], rec["token_ids"], 0.7)
+        assert rec["release_id"] == "base" and max(abs(a - b) for a, b in zip(ref, rec["logprobs"])) < 2e-3
+    finally:
+        server.server.shutdown()
+        for ln in list(server.gateway._learners.values()):
+            ln.close()
+        server.gateway.store.close()
