@@ -7,6 +7,7 @@ The SDK raises these; the server turns them into the error body of the dialect t
 class ReefError(Exception):
     status = 500
     type = "server_error"
+    headers: dict[str, str] = {}  # sent with the error answer (e.g. retry-after)
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -55,3 +56,10 @@ class PayloadTooLarge(ReefError):
 
 class UnsupportedMediaType(ReefError):
     status, type = 415, "invalid_request_error"
+
+
+class EngineUnavailable(ReefError):
+    """The engine is down or restarting; the client may retry after `retry-after` seconds."""
+
+    status, type = 503, "engine_unavailable"
+    headers = {"retry-after": "5"}

@@ -35,7 +35,8 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None, limits: Limits
 
     @app.errorhandler(ReefError)
     def reef_error(err: ReefError):
-        return Response(error_body(request.path, err), status=err.status, mimetype="application/json")
+        return Response(error_body(request.path, err), status=err.status, mimetype="application/json",
+                        headers=err.headers)
 
     @app.errorhandler(404)
     def not_found(_):

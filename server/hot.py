@@ -94,7 +94,7 @@ class HotRoutes:
             forwarded = {name: environ[k] for k, name in _FORWARDED.items() if k in environ}
             reply = self.gateway.infer(dialect, body, scenario, tags, forwarded)
         except ReefError as e:
-            return self._send(start_response, e.status, error_body(path, e), "application/json", {})
+            return self._send(start_response, e.status, error_body(path, e), "application/json", e.headers)
         except Exception as e:  # a bug, not the client's fault: logged, answered 500, serving goes on
             log.exception("unhandled error on POST %s", path)
             err = ReefError(f"internal error: {type(e).__name__}: {e}")

@@ -105,3 +105,36 @@ def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_pat
         for ln in list(server.gateway._learners.values()):
             ln.close()
         server.gateway.store.close()
+
+
+def test_a_killed_engine_restarts_with_503s_meanwhile_and_loses_nothing(vllm_engine, tmp_path):
+    import os
+    import signal
+    import time
+
+    server = Running(Gateway(tmp_path / "data", vllm_engine))
+    u, gw = server.url, server.gateway
+    body = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    head = {"x-reef-scenario": "k"}
+    try:
+        assert requests.post(u + "/v1/chat/completions", json=body, headers=head).status_code == 200
+        os.killpg(vllm_engine._process.pid, signal.SIGKILL)
+        statuses, receipts, deadline = [], [], time.monotonic() + 600
+        while time.monotonic() < deadline:
+            r = requests.post(u + "/v1/chat/completions", json=body, headers=head, timeout=120)
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                assert r.headers.get("retry-after") == "5" and "retry" in r.json()["error"]["message"]
+            if r.status_code == 200:
+                receipts.append(r.headers["x-reef-agent-record-id"])
+                if 503 in statuses:
+                    break
+            time.sleep(0.5)
+        assert 503 in statuses and statuses[-1] == 200, statuses
+        assert set(statuses) <= {200, 503} and vllm_engine.restarts == 1
+        assert requests.get(u + "/healthz").status_code == 200  # the server itself never went down
+        for rid in receipts:  # every acknowledged answer is a record
+            assert gw.get_record("k", rid)["status"] == "ok"
+    finally:
+        server.server.shutdown()
+        gw.store.close()

@@ -31,6 +31,7 @@ from typing import Iterator
 import orjson
 
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
+from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.sglang")
 
@@ -39,6 +40,7 @@ TRANSPORTS = ("lora", "weights")
 
 class EngineError(RuntimeError):
     """The engine server refused or failed a call; the message is the server's."""
+
 
 
 class SGLangStream:
@@ -74,6 +76,8 @@ class SGLangStream:
             self._generation = self._engine._generation(last, self.prompt_ids, self.release_id)
             if len(self._generation.text) > len(sent) and self._generation.text.startswith(sent):
                 self._deltas.put(self._generation.text[len(sent):])
+        except (OSError, http.client.HTTPException) as e:  # the server went away mid-answer
+            self._error = EngineUnavailable(f"the engine failed during the answer ({e}); retry shortly")
         except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
             self._error = e if not self._cancelled else EngineError("cancelled")
         finally:
@@ -154,7 +158,7 @@ class SGLangEngine(Generator, ReleaseHost):
             resp = conn.getresponse()
             data = resp.read()
         except OSError as e:
-            raise EngineError(f"the engine at {self.url} cannot be reached: {e}") from e
+            raise EngineUnavailable(f"the engine at {self.url} cannot be reached ({e}); retry shortly") from e
         finally:
             conn.close()
         try:

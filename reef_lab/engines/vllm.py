@@ -22,7 +22,6 @@ import logging
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -33,6 +32,7 @@ import orjson
 
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
 from reef_lab.engines.sglang import EngineError, _message
+from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.vllm")
 
@@ -78,6 +78,8 @@ class VLLMStream:
             self._generation = Generation(text=text, token_ids=ids, logprobs=logprobs, prompt_token_ids=self.prompt_ids,
                                           finish_reason="length" if finish == "length" else "stop",
                                           release_id=self.release_id, stop_sequence=stop)
+        except (OSError, http.client.HTTPException) as e:  # the server went away mid-answer
+            self._error = EngineUnavailable(f"the vLLM engine failed during the answer ({e}); retry shortly")
         except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
             self._error = e
         finally:
@@ -129,6 +131,13 @@ class VLLMEngine(Generator, ReleaseHost):
         parts = urllib.parse.urlsplit(url)
         self.url, self._host, self._port = url.rstrip("/"), parts.hostname, parts.port or 80
         self._wait_ready(start_timeout)
+        self._start_timeout = start_timeout
+        self._up = threading.Event()
+        self._up.set()
+        self._closing = False
+        self.restarts = 0
+        if self._process is not None:  # ours to supervise: restarted when it dies or stops answering
+            threading.Thread(target=self._supervise, name="reef-vllm-supervisor", daemon=True).start()
         models = self._call("GET", "/v1/models").get("data") or [{}]
         self._served = models[0].get("id") or str(self.model_dir)
         self.model_name = self.model_dir.name
@@ -189,6 +198,50 @@ class VLLMEngine(Generator, ReleaseHost):
             time.sleep(1.0)
         raise EngineError(f"vLLM at {self.url} was not ready within {timeout:.0f} s")
 
+    def _supervise(self, period: float = 1.0, misses: int = 3) -> None:
+        """Restart the child when it exits or fails `misses` health checks in a row (hung); requests meanwhile
+        get 503 with a retry hint; afterwards the release that was serving is loaded again."""
+        missed = 0
+        while not self._closing:
+            time.sleep(period)
+            if self._closing:
+                return
+            dead = self._process.poll() is not None
+            missed = 0 if (not dead and self.healthy()) else missed + 1
+            if not dead and missed < misses:
+                continue
+            log.error("vLLM %s; restarting it", f"exited with code {self._process.returncode}" if dead else
+                      f"failed {missed} health checks")
+            self._up.clear()
+            try:
+                self._kill()
+                self._start_child()
+                self._wait_ready(self._start_timeout)
+                with self._lock:
+                    want, self._serving = self._serving, "base"
+                    if want != "base":
+                        self._hold(want)
+                self.restarts += 1
+                missed = 0
+                log.info("vLLM is back (restart %d), serving %s", self.restarts, self._serving)
+            except Exception:  # noqa: BLE001 - tried again at the next check
+                log.exception("restarting vLLM failed; trying again")
+            finally:
+                if self._process is not None and self._process.poll() is None:
+                    self._up.set()
+
+    def _kill(self) -> None:
+        import signal
+
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+
     def healthy(self) -> bool:
         conn = http.client.HTTPConnection(self._host, self._port, timeout=5)
         try:
@@ -211,7 +264,7 @@ class VLLMEngine(Generator, ReleaseHost):
             resp = conn.getresponse()
             data = resp.read()
         except OSError as e:
-            raise EngineError(f"the engine at {self.url} cannot be reached: {e}") from e
+            raise EngineUnavailable(f"the engine at {self.url} cannot be reached ({e}); retry shortly") from e
         finally:
             conn.close()
         try:
@@ -272,6 +325,8 @@ class VLLMEngine(Generator, ReleaseHost):
         release = request.release or self.release_for(request.scenario)
         if release != "base" and release not in self._folders:
             raise ValueError(f"release {release!r} is not loaded in this engine")
+        if not self._up.is_set():
+            raise EngineUnavailable("the vLLM engine is restarting after a failure; retry in a few seconds")
         self._hold(release)
         body = {"model": self._served, "prompt": prompt_ids, "max_tokens": p.max_tokens,
                 "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "return_token_ids": True,
@@ -337,6 +392,7 @@ class VLLMEngine(Generator, ReleaseHost):
                     "child_pid": self._process.pid if self._process is not None else None}
 
     def close(self) -> None:
+        self._closing = True
         if self._process is not None and self._process.poll() is None:
             import signal
 

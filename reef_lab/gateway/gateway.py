@@ -216,7 +216,10 @@ class Gateway:
                                              error=f"{type(e).__name__}: {e}",
                                              release_id=harness or handle.release_id)
                 self.store.append([rec])
-                raise ReefError(f"generation failed: {e} (record {rec.id})") from e
+                err = ReefError(f"generation failed: {e} (record {rec.id})")
+                if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
+                    err.status, err.type, err.headers = e.status, e.type, e.headers
+                raise err from e
             resp = dialects.render(dialect, gen, model, rid, created)
             rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
