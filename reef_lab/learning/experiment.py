@@ -52,6 +52,10 @@ class ExperimentConfig:
     max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
     seed: int = field(default=0, metadata={"help": "seed of the training prompts, sampling and the trainer"})
     model_path: str | None = field(default=None, metadata={"help": "model to train (default: embedded SmolLM2)"})
+    engine: str = field(default="embedded", metadata={
+        "help": "the engine that generates the rollouts: embedded, vllm (bash scripts/setup.sh --vllm) or "
+                "module:Class (reef_lab.engines)"})
+    engine_options: dict = field(default_factory=dict, metadata={"help": "the engine's own settings"})
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
     wandb: dict = field(default_factory=dict, metadata={
@@ -87,8 +91,12 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
     if engine is None:
-        from reef_lab.engines.embedded import EmbeddedEngine
-        engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
+        from reef_lab.config import ServeConfig
+        from reef_lab.engines import engine_class
+
+        serve = ServeConfig(engine=cfg.engine, model_path=cfg.model_path, max_batch=max(cfg.concurrency, 1),
+                            engine_options=orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None)
+        engine = engine_class(cfg.engine).from_config(serve)
     from reef_lab.publishing.hub import HubConfig
 
     hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
