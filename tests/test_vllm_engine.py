@@ -138,3 +138,20 @@ def test_a_killed_engine_restarts_with_503s_meanwhile_and_loses_nothing(vllm_eng
     finally:
         server.server.shutdown()
         gw.store.close()
+
+
+def test_a_hung_engine_is_restarted(vllm_engine, tmp_path):
+    """SIGSTOP freezes the server (it accepts no answer, nothing exits): three failed health checks restart it."""
+    import os
+    import signal
+    import time
+
+    before = vllm_engine.restarts
+    os.killpg(vllm_engine._process.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 600
+    while vllm_engine.restarts == before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert vllm_engine.restarts == before + 1 and vllm_engine.healthy()
+    from reef_lab.engines.base import ChatRequest, SamplingParams
+    gen = vllm_engine.submit(ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3))).result()
+    assert gen.token_ids and len(gen.logprobs) == len(gen.token_ids)
