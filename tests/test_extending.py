@@ -5,7 +5,6 @@ and driven through the real server on loopback."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest

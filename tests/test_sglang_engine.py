@@ -5,13 +5,13 @@ adapter by name (or as full weights with pause/continue), rollback, and a releas
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.engines.sglang import EngineError, SGLangEngine
+from reef_lab.engines.remote import EngineError
+from reef_lab.engines.sglang import SGLangEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.tasks import make_task
 from reef_lab.testing.sglang_server import SGLangDouble, SGLangDoubleServer

@@ -3,9 +3,8 @@ never a client's). An engine class derives from reef_lab.engines.base.Engine and
 
 from __future__ import annotations
 
-import importlib
-
 from reef_lab.engines.base import Engine
+from reef_lab.plugins import load_class
 
 ENGINES = {"embedded": "reef_lab.engines.embedded:EmbeddedEngine",
            "upstream": "reef_lab.engines.upstream:UpstreamEngine",
@@ -14,14 +13,6 @@ ENGINES = {"embedded": "reef_lab.engines.embedded:EmbeddedEngine",
 
 
 def engine_class(spec: str) -> type[Engine]:
-    path = ENGINES.get(spec, spec)
-    module, sep, name = path.partition(":")
-    if not sep:
+    if spec not in ENGINES and ":" not in spec:
         raise ValueError(f"engine {spec!r} is neither one of {sorted(ENGINES)} nor a module:Class path")
-    try:
-        klass = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"engine {spec!r} cannot be loaded from {path!r}: {e}") from e
-    if not (isinstance(klass, type) and issubclass(klass, Engine)):
-        raise ValueError(f"engine {spec!r} ({path}) is not a reef_lab.engines.base.Engine subclass")
-    return klass
+    return load_class(ENGINES.get(spec, spec), Engine, "engine")

@@ -57,6 +57,7 @@ import torch
 
 from reef_lab.checkpoints import load_checkpoint
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, SamplingParams
+from reef_lab.engines.remote import ChatTokenizer
 
 log = logging.getLogger("reef_lab.engines.embedded")
 
@@ -485,14 +486,13 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._routes: dict[str, str] = {}  # scenario -> release serving its new requests
         self._retired: set[str] = set()  # releases to free once no row uses them
         self._tokenizer = tokenizer
-        # Fast tokenizers are one shared Rust object whose calls can refuse to run concurrently ("Already
-        # borrowed"): callers encode one at a time under a lock, and the scheduler decodes with its own copy.
-        self._encode_lock = threading.Lock()
+        # Callers encode one at a time (ChatTokenizer's lock); the scheduler decodes with its own copy.
         self._decode_tokenizer = copy.deepcopy(tokenizer)
         self._release_id = release_id
         self._cache_class = DynamicCache
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._eos_ids = _eos_ids(model, tokenizer)
+        self._chat = ChatTokenizer(tokenizer, min(self._eos_ids) if self._eos_ids else None)
         self._pad_id = min(self._eos_ids) if self._eos_ids else 0
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         self._param_count = sum(p.numel() for p in model.parameters())
@@ -586,17 +586,10 @@ class EmbeddedEngine(Generator, ReleaseHost):
         return len(self.prompt_ids(messages))
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """The chat-templated prompt, ending with the assistant turn's opening."""
-        with self._encode_lock:
-            encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)
-        return list(encoded["input_ids"])
+        return self._chat.prompt_ids(messages)
 
     def completion_ids(self, text: str) -> list[int]:
-        """A target answer's token ids as the model would generate them, ending with EOS (for demonstrations)."""
-        with self._encode_lock:
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return list(ids) + ([min(self._eos_ids)] if self._eos_ids else [])
+        return self._chat.completion_ids(text)
 
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request; bad parameters or messages raise here, in the caller's thread."""

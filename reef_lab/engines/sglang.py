@@ -24,22 +24,16 @@ import http.client
 import logging
 import queue
 import threading
-import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-import orjson
-
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
+from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError
 from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.sglang")
 
 TRANSPORTS = ("lora", "weights")
-
-
-class EngineError(RuntimeError):
-    """The engine server refused or failed a call; the message is the server's."""
 
 
 
@@ -61,8 +55,8 @@ class SGLangStream:
         try:
             last: dict | None = None
             sent = ""
-            self._conn = self._engine._connection()
-            for chunk in self._engine._sse(self._conn, "/generate", self._body):
+            self._conn = self._engine.client.connection()
+            for chunk in self._engine.client.events(self._conn, "/generate", self._body):
                 if "error" in chunk:
                     err = chunk["error"]
                     raise EngineError(err.get("message") if isinstance(err, dict) else str(err))
@@ -113,26 +107,18 @@ class SGLangEngine(Generator, ReleaseHost):
                  model_name: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        from transformers import AutoTokenizer
-
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"engine url must be http://host:port, got {url!r}")
-        self.url, self._host, self._port = url.rstrip("/"), parts.hostname, parts.port or 80
-        self.timeout, self.transport = timeout, transport
+        self.client = EngineClient(url, timeout)
+        self.url, self.transport = self.client.url, transport
         self.model_dir = Path(model_dir)
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        self.chat = ChatTokenizer.from_folder(self.model_dir)
         self._lock = threading.Lock()
-        self._encode_lock = threading.Lock()
         self._folders: dict[str, Path] = {}  # loaded releases (lora: adapters on the server; weights: on disk)
         self._routes: dict[str, str] = {}
-        info = self._call("GET", "/model_info")
+        info = self.client.call("GET", "/model_info")
         self.model_name = model_name or Path(str(info.get("served_model_name") or info.get("model_path"))).name
         self.hub_id = None
         self._base_version = str(info.get("weight_version") or "default")
         self._serving_weights = self._base_version  # weights transport: the release the server holds now
-        eos = self._tokenizer.eos_token_id
-        self._eos = [eos] if isinstance(eos, int) else list(eos or [])
 
     @classmethod
     def from_config(cls, cfg) -> SGLangEngine:
@@ -146,50 +132,6 @@ class SGLangEngine(Generator, ReleaseHost):
         return cls(opts["url"], opts.get("model_dir") or cfg.model_path, opts.get("transport", "lora"),
                    float(opts.get("timeout", 600.0)), opts.get("model_name"))
 
-    # ---- HTTP -----------------------------------------------------------------------------------------------
-    def _connection(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        conn = self._connection()
-        try:
-            conn.request(method, path, body=None if body is None else orjson.dumps(body),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        except OSError as e:
-            raise EngineUnavailable(f"the engine at {self.url} cannot be reached ({e}); retry shortly") from e
-        finally:
-            conn.close()
-        try:
-            out = orjson.loads(data) if data else {}
-        except orjson.JSONDecodeError:
-            out = {"message": data.decode(errors="replace")}
-        if resp.status >= 300 or (isinstance(out, dict) and out.get("success") is False):
-            raise EngineError(f"{path} failed with HTTP {resp.status}: {_message(out)}")
-        return out
-
-    def _sse(self, conn: http.client.HTTPConnection, path: str, body: dict) -> Iterator[dict]:
-        conn.request("POST", path, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status >= 300:
-            data = resp.read()
-            try:
-                msg = _message(orjson.loads(data))
-            except orjson.JSONDecodeError:
-                msg = data.decode(errors="replace")
-            if resp.status == 400:
-                raise ValueError(f"the engine refused the request: {msg}")
-            raise EngineError(f"{path} failed with HTTP {resp.status}: {msg}")
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                return
-            yield orjson.loads(data)
-
     # ---- generating -----------------------------------------------------------------------------------------
     @property
     def release_id(self) -> str:
@@ -199,15 +141,10 @@ class SGLangEngine(Generator, ReleaseHost):
         return self._routes.get(scenario, "base") if scenario else "base"
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        with self._encode_lock:
-            encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)
-        return list(encoded["input_ids"])
+        return self.chat.prompt_ids(messages)
 
     def completion_ids(self, text: str) -> list[int]:
-        with self._encode_lock:
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return list(ids) + self._eos[:1]
+        return self.chat.completion_ids(text)
 
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.prompt_ids(messages))
@@ -259,7 +196,7 @@ class SGLangEngine(Generator, ReleaseHost):
             if not (adapter / "adapter_config.json").is_file():
                 raise ValueError(f"release folder {folder} holds no LoRA adapter (adapter/): train with "
                                  "trainer.lora_rank > 0, or serve with transport 'weights'")
-            self._call("POST", "/load_lora_adapter", {"lora_name": release_id, "lora_path": str(adapter)})
+            self.client.call("POST", "/load_lora_adapter", {"lora_name": release_id, "lora_path": str(adapter)})
         elif not any(folder.glob("*.safetensors")):
             raise ValueError(f"release folder {folder} holds no safetensors weights")
         with self._lock:
@@ -283,13 +220,13 @@ class SGLangEngine(Generator, ReleaseHost):
                 return
             folder = self.model_dir if release_id == "base" else self._folders[release_id]
             version = self._base_version if release_id == "base" else release_id
-            self._call("POST", "/pause_generation", {"mode": "retract"})
+            self.client.call("POST", "/pause_generation", {"mode": "retract"})
             try:
-                self._call("POST", "/update_weights_from_disk", {"model_path": str(folder), "weight_version": version,
+                self.client.call("POST", "/update_weights_from_disk", {"model_path": str(folder), "weight_version": version,
                                                                  "flush_cache": True})
                 self._serving_weights = release_id
             finally:
-                self._call("POST", "/continue_generation", {})
+                self.client.call("POST", "/continue_generation", {})
 
     def unload(self, release_id: str) -> None:
         with self._lock:
@@ -297,7 +234,7 @@ class SGLangEngine(Generator, ReleaseHost):
                 raise ValueError(f"release {release_id!r} is serving a scenario: route the scenario elsewhere first")
             folder = self._folders.pop(release_id, None)
         if folder is not None and self.transport == "lora":
-            self._call("POST", "/unload_lora_adapter", {"lora_name": release_id})
+            self.client.call("POST", "/unload_lora_adapter", {"lora_name": release_id})
 
     def loaded_releases(self) -> list[str]:
         with self._lock:
@@ -306,14 +243,7 @@ class SGLangEngine(Generator, ReleaseHost):
     # ---- the rest -------------------------------------------------------------------------------------------
     def healthy(self) -> bool:
         """One-token generation on the server (GET /health_generate)."""
-        conn = self._connection()
-        try:
-            conn.request("GET", "/health_generate")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            conn.close()
+        return self.client.ok("/health_generate")
 
     def info(self) -> dict:
         with self._lock:
@@ -323,14 +253,3 @@ class SGLangEngine(Generator, ReleaseHost):
 
     def close(self) -> None:
         return None  # the server is not ours to stop
-
-
-def _message(body) -> str:
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message"))
-        if err is not None:
-            return str(err)
-        return str(body.get("message") or body.get("error_message") or body)
-    return str(body)

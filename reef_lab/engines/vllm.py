@@ -24,14 +24,11 @@ import queue
 import subprocess
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-import orjson
-
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
-from reef_lab.engines.sglang import EngineError, _message
+from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
 from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.vllm")
@@ -55,10 +52,10 @@ class VLLMStream:
     def _run(self) -> None:
         text, ids, logprobs, finish, stop = "", [], [], None, None
         try:
-            self._conn = self._engine._connection()
-            for chunk in self._engine._sse(self._conn, "/v1/completions", self._body):
+            self._conn = self._engine.client.connection()
+            for chunk in self._engine.client.events(self._conn, "/v1/completions", self._body):
                 if "error" in chunk:
-                    raise EngineError(_message(chunk))
+                    raise EngineError(message(chunk))
                 choice = (chunk.get("choices") or [{}])[0]
                 delta = choice.get("text") or ""
                 if delta:
@@ -113,12 +110,8 @@ class VLLMEngine(Generator, ReleaseHost):
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0):
-        from transformers import AutoTokenizer
-
         self.model_dir = Path(model_dir)
-        self.timeout = timeout
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-        self._encode_lock = threading.Lock()
+        self.chat = ChatTokenizer.from_folder(self.model_dir)
         self._lock = threading.RLock()
         self._folders: dict[str, Path] = {}
         self._routes: dict[str, str] = {}
@@ -128,8 +121,8 @@ class VLLMEngine(Generator, ReleaseHost):
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
                                start_timeout)
-        parts = urllib.parse.urlsplit(url)
-        self.url, self._host, self._port = url.rstrip("/"), parts.hostname, parts.port or 80
+        self.client = EngineClient(url, timeout)
+        self.url = self.client.url
         self._wait_ready(start_timeout)
         self._start_timeout = start_timeout
         self._up = threading.Event()
@@ -138,11 +131,9 @@ class VLLMEngine(Generator, ReleaseHost):
         self.restarts = 0
         if self._process is not None:  # ours to supervise: restarted when it dies or stops answering
             threading.Thread(target=self._supervise, name="reef-vllm-supervisor", daemon=True).start()
-        models = self._call("GET", "/v1/models").get("data") or [{}]
+        models = self.client.call("GET", "/v1/models").get("data") or [{}]
         self._served = models[0].get("id") or str(self.model_dir)
         self.model_name = self.model_dir.name
-        eos = self._tokenizer.eos_token_id
-        self._eos = [eos] if isinstance(eos, int) else list(eos or [])
 
     @classmethod
     def from_config(cls, cfg) -> VLLMEngine:
@@ -243,57 +234,7 @@ class VLLMEngine(Generator, ReleaseHost):
             self._log_file.close()
 
     def healthy(self) -> bool:
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=5)
-        try:
-            conn.request("GET", "/health")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            conn.close()
-
-    # ---- HTTP -----------------------------------------------------------------------------------------------
-    def _connection(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        conn = self._connection()
-        try:
-            conn.request(method, path, body=None if body is None else orjson.dumps(body),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        except OSError as e:
-            raise EngineUnavailable(f"the engine at {self.url} cannot be reached ({e}); retry shortly") from e
-        finally:
-            conn.close()
-        try:
-            out = orjson.loads(data) if data else {}
-        except orjson.JSONDecodeError:
-            out = {"message": data.decode(errors="replace")}
-        if resp.status >= 300:
-            raise EngineError(f"{path} failed with HTTP {resp.status}: {_message(out)}")
-        return out if isinstance(out, dict) else {"result": out}
-
-    def _sse(self, conn: http.client.HTTPConnection, path: str, body: dict) -> Iterator[dict]:
-        conn.request("POST", path, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status >= 300:
-            data = resp.read()
-            try:
-                msg = _message(orjson.loads(data))
-            except orjson.JSONDecodeError:
-                msg = data.decode(errors="replace")
-            if resp.status == 400:
-                raise ValueError(f"the engine refused the request: {msg}")
-            raise EngineError(f"{path} failed with HTTP {resp.status}: {msg}")
-        for raw in resp:
-            line = raw.strip()
-            if line.startswith(b"data:"):
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                yield orjson.loads(data)
+        return self.client.ok("/health")
 
     # ---- generating -----------------------------------------------------------------------------------------
     @property
@@ -304,15 +245,10 @@ class VLLMEngine(Generator, ReleaseHost):
         return self._routes.get(scenario, "base") if scenario else "base"
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        with self._encode_lock:
-            encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)
-        return list(encoded["input_ids"])
+        return self.chat.prompt_ids(messages)
 
     def completion_ids(self, text: str) -> list[int]:
-        with self._encode_lock:
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return list(ids) + self._eos[:1]
+        return self.chat.completion_ids(text)
 
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.prompt_ids(messages))
@@ -364,14 +300,14 @@ class VLLMEngine(Generator, ReleaseHost):
                 return
             folder = self.model_dir if release_id == "base" else self._folders[release_id]
             started = time.perf_counter()
-            self._call("POST", "/pause?wait_for_inflight_requests=true")
+            self.client.call("POST", "/pause?wait_for_inflight_requests=true")
             try:
-                self._call("POST", "/collective_rpc", {"method": "reload_weights",
+                self.client.call("POST", "/collective_rpc", {"method": "reload_weights",
                                                        "kwargs": {"weights_path": str(folder)}})
-                self._call("POST", "/reset_prefix_cache")
+                self.client.call("POST", "/reset_prefix_cache")
                 self._serving = release_id
             finally:
-                self._call("POST", "/resume")
+                self.client.call("POST", "/resume")
             log.info("vLLM now holds %s (%.2f s)", release_id, time.perf_counter() - started)
 
     def unload(self, release_id: str) -> None:

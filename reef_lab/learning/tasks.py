@@ -17,13 +17,13 @@ own `score_answer` gives partial credit for near misses, which would blur an acc
 
 from __future__ import annotations
 
-import importlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+from reef_lab.plugins import load_class
 from reef_lab.schema import check_fields
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
@@ -193,15 +193,7 @@ TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
 def make_task(config: TaskConfig | dict | None = None) -> Task:
     """The task a config names: a short name of TASKS or a module:Class path of a Task subclass."""
     cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
-    klass = TASKS.get(cfg.name)
-    if klass is None:
-        module, _, name = cfg.name.partition(":")
-        try:
-            klass = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"task {cfg.name!r} cannot be loaded: {e}") from e
-        if not (isinstance(klass, type) and issubclass(klass, Task)):
-            raise ValueError(f"task {cfg.name!r} is not a reef_lab.learning.tasks.Task subclass")
+    klass = TASKS.get(cfg.name) or load_class(cfg.name, Task, "task")
     return klass(cfg)
 
 

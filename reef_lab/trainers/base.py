@@ -12,12 +12,12 @@ from the same backend (`critic`).
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.learning.samples import Sample
+from reef_lab.plugins import load_class
 from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis")
@@ -118,14 +118,9 @@ BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer"}
 
 
 def trainer_class(spec: str) -> type[Trainer]:
-    path = BACKENDS.get(spec, spec)
-    module, sep, name = path.partition(":")
-    if not sep:
+    if spec not in BACKENDS and ":" not in spec:
         raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
-    klass = getattr(importlib.import_module(module), name)
-    if not (isinstance(klass, type) and issubclass(klass, Trainer)):
-        raise ValueError(f"trainer backend {spec!r} ({path}) is not a reef_lab.trainers.base.Trainer subclass")
-    return klass
+    return load_class(BACKENDS.get(spec, spec), Trainer, "trainer backend")
 
 
 def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:

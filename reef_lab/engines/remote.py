@@ -1,0 +1,123 @@
+"""What the engines share: the chat template as token ids, and the HTTP client of an engine server."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.parse
+from typing import Iterator
+
+import orjson
+
+from reef_lab.errors import EngineUnavailable
+
+
+class EngineError(RuntimeError):
+    """The engine server refused or failed a call; the message is the server's."""
+
+
+class ChatTokenizer:
+    """The base model's chat template and tokenizer, one call at a time: a fast tokenizer is one shared Rust
+    object whose calls can refuse to run concurrently ("Already borrowed")."""
+
+    def __init__(self, tokenizer, eos_id: int | None):
+        self.tokenizer, self.eos_id = tokenizer, eos_id
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The chat-templated prompt, ending with the assistant turn's opening."""
+        with self._lock:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)
+        return list(encoded["input_ids"])
+
+    def completion_ids(self, text: str) -> list[int]:
+        """A target answer's token ids as the model would generate them, ending with EOS (for demonstrations)."""
+        with self._lock:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(ids) + ([self.eos_id] if self.eos_id is not None else [])
+
+    @classmethod
+    def from_folder(cls, model_dir) -> ChatTokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        eos = tok.eos_token_id
+        return cls(tok, eos if isinstance(eos, int) else (list(eos)[0] if eos else None))
+
+
+class EngineClient:
+    """JSON calls and server-sent events to an engine server at `url` (a connection per call)."""
+
+    def __init__(self, url: str, timeout: float):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"engine url must be http://host:port, got {url!r}")
+        self.url, self._host, self._port, self.timeout = url.rstrip("/"), parts.hostname, parts.port or 80, timeout
+
+    def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout or self.timeout)
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        """A JSON call; EngineError with the server's message when it fails, EngineUnavailable when unreachable."""
+        conn = self.connection()
+        try:
+            conn.request(method, path, body=None if body is None else orjson.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as e:
+            raise EngineUnavailable(f"the engine at {self.url} cannot be reached ({e}); retry shortly") from e
+        finally:
+            conn.close()
+        try:
+            out = orjson.loads(data) if data else {}
+        except orjson.JSONDecodeError:
+            out = {"message": data.decode(errors="replace")}
+        if resp.status >= 300 or (isinstance(out, dict) and out.get("success") is False):
+            raise EngineError(f"{path} failed with HTTP {resp.status}: {message(out)}")
+        return out if isinstance(out, dict) else {"result": out}
+
+    def events(self, conn: http.client.HTTPConnection, path: str, body: dict) -> Iterator[dict]:
+        """POST and yield each `data:` event's JSON until `[DONE]`; a 400 is the request's fault (ValueError)."""
+        conn.request("POST", path, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status >= 300:
+            data = resp.read()
+            try:
+                msg = message(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                msg = data.decode(errors="replace")
+            if resp.status == 400:
+                raise ValueError(f"the engine refused the request: {msg}")
+            raise EngineError(f"{path} failed with HTTP {resp.status}: {msg}")
+        for raw in resp:
+            line = raw.strip()
+            if line.startswith(b"data:"):
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                yield orjson.loads(data)
+
+    def ok(self, path: str) -> bool:
+        """Whether GET `path` answers 200 within 5 s (health checks)."""
+        conn = self.connection(5)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+
+def message(body) -> str:
+    """The error message in an engine's JSON answer, whichever shape it has."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message"))
+        if err is not None:
+            return str(err)
+        return str(body.get("message") or body.get("error_message") or body)
+    return str(body)
