@@ -98,3 +98,18 @@ def test_experiment_is_an_offline_wandb_run(tiny_model_dir, tmp_path, monkeypatc
     assert sum('"train/loss"' in h for h in history) == 4  # 16 rollouts, batch 4: a row per training step
     assert any('"eval/accuracy"' in h for h in history)
     assert any('"release/version_number"' in h for h in history)
+
+
+def test_auto_picks_vllm_only_where_it_can_serve_the_run(tmp_path, monkeypatch):
+    import reef_lab.engines.vllm as vllm
+    from reef_lab.learning.experiment import choose_engine
+
+    lora = {"trainer": {"lora_rank": 8}}
+    monkeypatch.setattr(vllm, "DEFAULT_PYTHON", tmp_path / "none")
+    assert choose_engine(ExperimentConfig(recipe_config=lora))[0] == "embedded"
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setattr(vllm, "DEFAULT_PYTHON", python)
+    assert choose_engine(ExperimentConfig(recipe_config=lora))[0] == "vllm"
+    assert choose_engine(ExperimentConfig())[0] == "embedded"  # full fine-tune: vLLM cannot reload it
+    assert choose_engine(ExperimentConfig(recipe_config=lora, model_path="/m"))[0] == "embedded"

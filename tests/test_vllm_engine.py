@@ -1,10 +1,14 @@
-"""The vLLM engine with a real vLLM CPU server (`bash scripts/setup.sh --vllm`) on SmolLM2: SDK traffic through
-the gateway with token ids and logprobs that match transformers', an SFT release (LoRA) trained on it and made
-live while 8 clients keep asking, with no failed request, served logprobs equal to the release's own, rollback."""
+"""The vLLM engine with a real vLLM CPU server (`bash scripts/setup.sh --vllm`) on SmolLM2, weights transport: SDK
+traffic through the gateway with token ids and logprobs that match transformers', an SAO release (LoRA, merged)
+trained on it and made live while 16 clients keep asking, with no failed request and every answer after the swap
+from the new release, served logprobs equal to the release's own, rollback; a reload the server refuses; a killed
+and a hung server restarted."""
 
 from __future__ import annotations
 
+import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,7 @@ from tests.conftest import Running
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 
 MODEL = default_cache_dir() / DEFAULT_MODEL_NAME
-SFT = {"batch_size": 4, "score_threshold": 0.0, "selection": "always",
+SAO = {"batch_size": 4, "critic_warmup_steps": 0, "critic_updates": 1, "selection": "always",
        "trainer": {"lr": 1e-3, "micro_batch_size": 4, "lora_rank": 8}}
 
 
@@ -48,7 +52,7 @@ def reference_logprobs(folder: Path, prompt: list[int], completion: list[int], t
 def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_path):
     from openai import OpenAI
 
-    server = Running(Gateway(tmp_path / "data", vllm_engine, default_recipe="sft", default_config=SFT))
+    server = Running(Gateway(tmp_path / "data", vllm_engine, default_recipe="sao", default_config=SAO))
     u, gw = server.url, server.gateway
     client = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "s"})
     msgs = [{"role": "user", "content": "What is 2+3?"}]
@@ -60,30 +64,44 @@ def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_pat
         ref = reference_logprobs(MODEL, rec["prompt_token_ids"], rec["token_ids"], 0.7)
         assert max(abs(a - b) for a, b in zip(ref, rec["logprobs"], strict=True)) < 2e-3
 
-        failures, stop = [], threading.Event()
+        failures, answers, stop = [], [], threading.Event()
 
         def keep_asking(k):
             c = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "s"})
             while not stop.is_set():
                 try:
-                    c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Say {k}"}],
-                                              max_tokens=4)
+                    started = time.monotonic()
+                    r = c.chat.completions.with_raw_response.create(
+                        model="m", messages=[{"role": "user", "content": f"Say {k}"}], max_tokens=4)
+                    answers.append((started, r.headers["x-reef-release-id"], r.headers["x-reef-agent-record-id"]))
                 except Exception as e:  # noqa: BLE001 - every failure is counted
                     failures.append(repr(e))
-        clients = [threading.Thread(target=keep_asking, args=(k,)) for k in range(8)]
+        clients = [threading.Thread(target=keep_asking, args=(k,)) for k in range(16)]
         for t in clients:
             t.start()
         for i, item in enumerate(make_task().items(4, seed=3)):
             r = client.chat.completions.with_raw_response.create(model="m", messages=item["messages"], max_tokens=6,
                                                                  temperature=1.0, seed=i)
             requests.post(u + "/reef/report", headers={"x-reef-scenario": "s"},
-                          json={"score": 1.0, "references": [r.headers["x-reef-agent-record-id"]]})
-        ln = gw.learner("s")
-        assert ln.wait_idle(600) and ln.last_error is None, ln.status()
+                          json={"score": float(i % 2), "references": [r.headers["x-reef-agent-record-id"]]})
+        swapped_at, deadline = None, time.monotonic() + 600
+        while swapped_at is None and time.monotonic() < deadline:
+            if gw.list_releases("s")["serving"] == "s:v1":
+                swapped_at = time.monotonic()
+            time.sleep(0.05)
+        while sum(started > (swapped_at or deadline) for started, _, _ in list(answers)) < 32 \
+                and time.monotonic() < deadline:  # the clients keep asking on the new release
+            time.sleep(0.2)
         stop.set()
         for t in clients:
             t.join()
-        assert failures == []
+        ln = gw.learner("s")
+        assert ln.wait_idle(60) and ln.last_error is None, ln.status()
+        assert swapped_at is not None and failures == []
+        after = [(rel, rid) for started, rel, rid in answers if started > swapped_at]
+        assert len(after) >= 32 and len(answers) > len(after)
+        assert {rel for rel, _ in after} == {"s:v1"}
+        assert {gw.get_record("s", rid)["release_id"] for _, rid in after} == {"s:v1"}
         rels = gw.list_releases("s")
         assert rels["serving"] == "s:v1"
         raw = client.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=8,
@@ -105,6 +123,32 @@ def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_pat
         for ln in list(server.gateway._learners.values()):
             ln.close()
         server.gateway.store.close()
+
+
+def test_a_reload_the_server_refuses_leaves_the_base_serving(vllm_engine, tmp_path):
+    """Weights that pass the checks when loaded but are cut short on disk before they go live: the route fails with
+    the server's refusal, the held weights are put back (or the server restarted), and the base keeps serving."""
+    from reef_lab.engines.base import ChatRequest, SamplingParams
+    from reef_lab.engines.remote import EngineError
+
+    folder = tmp_path / "bad"
+    shutil.copytree(MODEL, folder)
+    vllm_engine.load_release("r:bad", folder)
+    for f in folder.glob("*.safetensors"):
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(EngineError, match="refused release r:bad"):
+        vllm_engine.route("x", "r:bad")
+    assert vllm_engine.release_for("x") == "base" and vllm_engine.gate.held == "base"
+    vllm_engine.unload("r:bad")
+    deadline = time.monotonic() + 600
+    while not vllm_engine._up.is_set() and time.monotonic() < deadline:
+        time.sleep(1)
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    gen = vllm_engine.submit(ChatRequest(msgs, SamplingParams(max_tokens=6, temperature=0.7, seed=4),
+                                         scenario="x")).result()
+    assert gen.release_id == "base"
+    ref = reference_logprobs(MODEL, gen.prompt_token_ids, gen.token_ids, 0.7)
+    assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) < 2e-3  # the base's weights, whole
 
 
 def test_a_killed_engine_restarts_with_503s_meanwhile_and_loses_nothing(vllm_engine, tmp_path):

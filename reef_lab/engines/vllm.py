@@ -7,12 +7,20 @@ every generated token's id and logprob. The server runs with `--logprobs-mode pr
 taken after temperature scaling, as reef_lab's trainer computes it (the DIS ratio compares the two).
 
 vLLM on CPU is its own install (`bash scripts/setup.sh --vllm`: `.venv-vllm`, with the torch and transformers it
-pins); the child runs from there. Releases reach it as full weights reloaded in place
-(`/pause`, `/collective_rpc reload_weights`, `/reset_prefix_cache`, `/resume`, with `VLLM_SERVER_DEV_MODE=1`):
-one release serves every scenario at a time, as with the SGLang engine's `weights` transport. vLLM does not
-reload an output layer tied to the embeddings, so a release must leave the embeddings as the base has them:
-train with LoRA (`trainer.lora_rank > 0`, whose merged weights change no embedding); `load_release` refuses a
-release whose embeddings differ from the base's.
+pins); the child runs from there. Releases reach it by one of two transports (`engine_options.transport`):
+
+- `weights` (the default on CPU, where LoRA generates about 4x slower): one set of full weights at a time, reloaded in
+  place (`/pause?mode=abort&clear_cache=true`, `/collective_rpc reload_weights`, `/resume`, `VLLM_SERVER_DEV_MODE=1`).
+  A request holds a lease on the weights it was pinned to until it finishes; switching to another release waits for
+  the leases to drain while new requests for the old weights queue behind the switch, so every answer comes from the
+  weights its record names. Scenarios on different releases (or a candidate under evaluation) take turns, a swap
+  (about 1 s) at each turn. vLLM does not reload an output layer tied to the embeddings, so a release must leave the
+  embeddings as the base has them: train with LoRA (`trainer.lora_rank > 0`, whose merged weights change no
+  embedding); `load_release` refuses other releases and any whose tensors differ in name, shape or size from the base.
+  A reload the server refuses puts the previous weights back (or restarts the server), so serving carries on.
+- `lora`: each release is its LoRA adapter (the release's `adapter/`) loaded by name (`/v1/load_lora_adapter`,
+  `--enable-lora`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`); a request names its release's adapter as the model, so
+  scenarios, releases and candidates serve side by side and the base weights never change.
 """
 
 from __future__ import annotations
@@ -34,14 +42,64 @@ from reef_lab.errors import EngineUnavailable
 log = logging.getLogger("reef_lab.engines.vllm")
 
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+TRANSPORTS = ("weights", "lora")
+
+
+class WeightsGate:
+    """Which weights the server holds, and the requests using them (the `weights` transport).
+
+    A request leases the weights of its release for as long as it runs. A request for other weights claims the
+    switch (one at a time); from then on new requests for the held weights wait, and once the last lease is returned
+    the claimer swaps and every request waiting for the new weights goes on. Requests for the old weights then claim
+    the next switch: releases take turns in batches, none starves."""
+
+    def __init__(self, held: str = "base"):
+        self.held, self.leases = held, 0
+        self._want: str | None = None  # a claimed switch's target
+        self._cond = threading.Condition()
+
+    def acquire(self, release: str, switch) -> None:
+        """Lease `release`'s weights, calling `switch(release)` first when the server holds others; a failed switch
+        raises here and leaves the held weights as they were."""
+        with self._cond:
+            while True:
+                if self.held == release and self._want is None:
+                    self.leases += 1
+                    return
+                if self.held != release and self._want is None:
+                    self._want = release  # claimed: new leases of the held weights wait from now on
+                if self._want == release and self.leases == 0 and self.held != release:
+                    break
+                self._cond.wait()
+        try:
+            switch(release)
+            with self._cond:
+                self.held = release
+        finally:
+            with self._cond:
+                self._want = None
+                if self.held == release:
+                    self.leases += 1
+                self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self.leases -= 1
+            self._cond.notify_all()
+
+    def reset(self, held: str = "base") -> None:
+        """After a restart: the server holds `held`; running requests died with the old server."""
+        with self._cond:
+            self.held, self.leases, self._want = held, 0, None
+            self._cond.notify_all()
 
 
 class VLLMStream:
     """One streamed completion on its own thread: text deltas, then the Generation."""
 
-    def __init__(self, engine: VLLMEngine, body: dict, prompt_ids: list[int], release_id: str):
+    def __init__(self, engine: VLLMEngine, body: dict, prompt_ids: list[int], release_id: str, lease: bool):
         self.release_id, self.prompt_ids = release_id, prompt_ids
-        self._engine, self._body = engine, body
+        self._engine, self._body, self._lease = engine, body, lease
         self._deltas: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._generation: Generation | None = None
@@ -82,6 +140,8 @@ class VLLMStream:
         finally:
             if self._conn is not None:
                 self._conn.close()
+            if self._lease:
+                self._engine.gate.release()
             self._done.set()
             self._deltas.put(None)
 
@@ -109,18 +169,22 @@ class VLLMEngine(Generator, ReleaseHost):
 
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
-                 max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0):
-        self.model_dir = Path(model_dir)
+                 max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
+                 transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        self.model_dir, self.transport = Path(model_dir), transport
         self.chat = ChatTokenizer.from_folder(self.model_dir)
         self._lock = threading.RLock()
         self._folders: dict[str, Path] = {}
         self._routes: dict[str, str] = {}
-        self._serving = "base"
+        self.gate = WeightsGate("base")
+        self._held_folder = self.model_dir  # the weights the server holds (weights transport)
         self._process: subprocess.Popen | None = None
         self._log_file = None
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
-                               start_timeout)
+                               max_loras, max_lora_rank)
         self.client = EngineClient(url, timeout)
         self.url = self.client.url
         self._wait_ready(start_timeout)
@@ -138,11 +202,12 @@ class VLLMEngine(Generator, ReleaseHost):
     @classmethod
     def from_config(cls, cfg) -> VLLMEngine:
         """--model-path: the base model's HF folder (default: the embedded SmolLM2's converted folder);
-        engine_options: {url (attach instead of starting one), python, port, threads_bind, kv_cache_gib,
-        max_model_len, start_timeout, timeout}."""
+        engine_options: {transport (weights | lora), url (attach instead of starting one; a lora server needs
+        --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), python, port, threads_bind, kv_cache_gib,
+        max_model_len, start_timeout, timeout, max_loras, max_lora_rank}."""
         opts = cfg.engine_settings()
         allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
-                   "timeout", "model_dir"}
+                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank"}
         if set(opts) - allowed:
             raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
         model_dir = opts.pop("model_dir", None) or cfg.model_path
@@ -156,7 +221,7 @@ class VLLMEngine(Generator, ReleaseHost):
 
     # ---- the child process ----------------------------------------------------------------------------------
     def _launch(self, python: Path, port: int, threads_bind: str | None, kv_cache_gib: int, max_model_len: int,
-                start_timeout: float) -> str:
+                max_loras: int, max_lora_rank: int) -> str:
         if not python.is_file():
             raise ValueError(f"no vLLM install at {python}: run `bash scripts/setup.sh --vllm`, or give "
                              "engine_options {python: ...} or {url: ...} for a running server")
@@ -167,6 +232,9 @@ class VLLMEngine(Generator, ReleaseHost):
                "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
                "--gpu-memory-utilization", "0.2"]
+        if self.transport == "lora":
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            cmd += ["--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank)]
         self._cmd, self._env = cmd, env
         self._start_child()
         return f"http://127.0.0.1:{port}"
@@ -208,13 +276,15 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._kill()
                 self._start_child()
                 self._wait_ready(self._start_timeout)
-                with self._lock:
-                    want, self._serving = self._serving, "base"
-                    if want != "base":
-                        self._hold(want)
+                self.gate.reset("base")  # a fresh server holds the base; requests switch weights as they need
+                self._held_folder = self.model_dir
+                if self.transport == "lora":
+                    with self._lock:
+                        for rid, folder in self._folders.items():
+                            self._load_adapter(rid, folder)
                 self.restarts += 1
                 missed = 0
-                log.info("vLLM is back (restart %d), serving %s", self.restarts, self._serving)
+                log.info("vLLM is back (restart %d)", self.restarts)
             except Exception:  # noqa: BLE001 - tried again at the next check
                 log.exception("restarting vLLM failed; trying again")
             finally:
@@ -263,58 +333,103 @@ class VLLMEngine(Generator, ReleaseHost):
             raise ValueError(f"release {release!r} is not loaded in this engine")
         if not self._up.is_set():
             raise EngineUnavailable("the vLLM engine is restarting after a failure; retry in a few seconds")
-        self._hold(release)
-        body = {"model": self._served, "prompt": prompt_ids, "max_tokens": p.max_tokens,
+        lease = self.transport == "weights"
+        if lease:
+            self.gate.acquire(release, self._switch)  # returned by the stream when it finishes
+        body = {"model": release if self.transport == "lora" and release != "base" else self._served,
+                "prompt": prompt_ids, "max_tokens": p.max_tokens,
                 "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "stream": True}
         if p.stop:
             body["stop"] = list(p.stop)
         if p.seed is not None:
             body["seed"] = p.seed
-        return VLLMStream(self, body, prompt_ids, release)
+        try:
+            return VLLMStream(self, body, prompt_ids, release, lease)
+        except BaseException:
+            if lease:
+                self.gate.release()
+            raise
 
     # ---- releases -------------------------------------------------------------------------------------------
     def load_release(self, release_id: str, folder: str | Path) -> None:
         folder = Path(folder)
-        if not any(folder.glob("*.safetensors")):
-            raise ValueError(f"release folder {folder} holds no safetensors weights")
-        _check_same_embeddings(self.model_dir, folder)
+        if self.transport == "lora":
+            if not (folder / "adapter" / "adapter_config.json").is_file():
+                raise ValueError(f"release folder {folder} holds no LoRA adapter (adapter/): train with "
+                                 "trainer.lora_rank > 0, or serve with transport 'weights'")
+            self._load_adapter(release_id, folder)
+        else:
+            check_release_weights(self.model_dir, folder)
         with self._lock:
             self._folders[release_id] = folder
+
+    def _load_adapter(self, release_id: str, folder: Path) -> None:
+        self.client.call("POST", "/v1/load_lora_adapter", {"lora_name": release_id,
+                                                            "lora_path": str(folder / "adapter")})
 
     def route(self, scenario: str, release_id: str) -> None:
         if release_id != "base" and release_id not in self._folders:
             raise ValueError(f"release {release_id!r} is not loaded: load_release it first")
-        self._hold(release_id)
+        if self.transport == "weights":  # prove the server takes these weights before any request is routed there
+            self.gate.acquire(release_id, self._switch)
+            self.gate.release()
         with self._lock:
             if release_id == "base":
                 self._routes.pop(scenario, None)
             else:
                 self._routes[scenario] = release_id
 
-    def _hold(self, release_id: str) -> None:
-        """Make the server hold `release_id`'s weights: pause (waiting for running requests), reload in place,
-        drop the prefix cache (its entries came from the old weights), resume."""
-        with self._lock:
-            if self._serving == release_id:
-                return
-            folder = self.model_dir if release_id == "base" else self._folders[release_id]
-            started = time.perf_counter()
-            self.client.call("POST", "/pause?wait_for_inflight_requests=true")
+    def _switch(self, release_id: str) -> None:
+        """Weights transport, no request running: reload the server's weights in place, drop the prefix cache
+        (its entries came from the old weights). A reload the server refuses puts the held weights back; if even
+        that fails, the server is restarted (on the base) by the supervisor."""
+        held, held_folder = self.gate.held, self._held_folder
+        folder = self.model_dir if release_id == "base" else self._folders[release_id]
+        started = time.perf_counter()
+        # No lease is out, so whatever the server still runs was abandoned by its client: abort it; the pause
+        # clears the KV and prefix caches once drained, and nothing is scheduled until /resume.
+        self.client.call("POST", "/pause?mode=abort&clear_cache=true")
+        try:
             try:
-                self.client.call("POST", "/collective_rpc", {"method": "reload_weights",
-                                                       "kwargs": {"weights_path": str(folder)}})
-                self.client.call("POST", "/reset_prefix_cache")
-                self._serving = release_id
-            finally:
+                self._reload(folder)
+                self._held_folder = folder
+            except (EngineError, EngineUnavailable) as e:  # refused, or the server died on it
+                log.error("vLLM refused the weights of %s (%s); putting %s back", release_id, e, held)
+                try:
+                    self._reload(held_folder)
+                except Exception:  # noqa: BLE001 - a server in an unknown state is restarted
+                    log.exception("vLLM could not reload %s either; restarting it", held)
+                    self._kill_for_restart()
+                raise EngineError(f"the engine refused release {release_id}'s weights: {e}") from e
+        finally:
+            try:
                 self.client.call("POST", "/resume")
-            log.info("vLLM now holds %s (%.2f s)", release_id, time.perf_counter() - started)
+            except Exception:  # noqa: BLE001 - a server that cannot resume is restarted by the supervisor
+                log.exception("vLLM did not resume")
+        log.info("vLLM now holds %s (%.2f s)", release_id, time.perf_counter() - started)
+
+    def _reload(self, folder: Path) -> None:
+        self.client.call("POST", "/collective_rpc", {"method": "reload_weights",
+                                                     "kwargs": {"weights_path": str(folder)}})
+        try:  # the pause cleared the cache already; this is for servers whose pause does not
+            self.client.call("POST", "/reset_prefix_cache")
+        except EngineError as e:
+            log.warning("vLLM did not reset its prefix cache after the reload (%s); the pause cleared it", e)
+
+    def _kill_for_restart(self) -> None:
+        import signal
+
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGKILL)
 
     def unload(self, release_id: str) -> None:
         with self._lock:
             if release_id in self._routes.values():
                 raise ValueError(f"release {release_id!r} is serving a scenario: route the scenario elsewhere first")
-            self._folders.pop(release_id, None)
+            folder = self._folders.pop(release_id, None)
+        if folder is not None and self.transport == "lora":
+            self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": release_id})
 
     def loaded_releases(self) -> list[str]:
         with self._lock:
@@ -322,9 +437,9 @@ class VLLMEngine(Generator, ReleaseHost):
 
     def info(self) -> dict:
         with self._lock:
-            return {"engine": "vllm", "url": self.url, "model_name": self.model_name,
+            return {"engine": "vllm", "url": self.url, "model_name": self.model_name, "transport": self.transport,
                     "releases_loaded": ["base", *self._folders], "routes": dict(self._routes),
-                    "weights_serving": self._serving,
+                    "weights_serving": self.gate.held if self.transport == "weights" else None,
                     "child_pid": self._process.pid if self._process is not None else None}
 
     def close(self) -> None:
@@ -340,6 +455,34 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._process.wait()
         if self._log_file is not None:
             self._log_file.close()
+
+
+def check_release_weights(base: Path, folder: Path) -> None:
+    """Refuse, before the server sees them, weights that an in-place reload would not apply as a whole: tensors
+    missing, extra, of another shape or dtype, or cut short on disk; and changed token embeddings, which vLLM's
+    reload does not apply to a tied output layer."""
+    from safetensors import safe_open
+
+    def tensors(path: Path) -> dict[str, tuple]:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"release folder {path} holds no safetensors weights")
+        out = {}
+        for f in files:
+            try:
+                with safe_open(str(f), "pt") as st:
+                    for k in st.keys():
+                        sl = st.get_slice(k)
+                        out[k] = (tuple(sl.get_shape()), sl.get_dtype())
+            except Exception as e:  # noqa: BLE001 - a header that does not parse, or a file cut short
+                raise ValueError(f"release weights {f} cannot be read ({e})") from e
+        return out
+    want, got = tensors(base), tensors(folder)
+    if want != got:
+        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise ValueError(f"release {folder} does not have the base model's tensors (differ: {diff[:5]}): the vllm "
+                         "engine reloads weights in place and needs the same names, shapes and dtypes")
+    _check_same_embeddings(base, folder)
 
 
 def _check_same_embeddings(base: Path, folder: Path) -> None:
