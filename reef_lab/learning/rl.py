@@ -129,7 +129,10 @@ def dis_token_loss(low: float, high: float):
 
 
 def dis_metrics(m: dict) -> dict:
-    """A DIS step's counters as fractions of its tokens."""
+    """A DIS step's counters as fractions of its tokens; none when the trainer did not count them (a backend whose
+    loss runs elsewhere, e.g. slime's, reports no per-token mask counts: no fractions are made up for it)."""
+    if "kept" not in m:
+        return {}
     tokens = m.get("tokens") or 1
     return {"masked_fraction": 1 - m.get("kept", tokens) / tokens,
             "masked_low_fraction": m.get("masked_low", 0) / tokens,

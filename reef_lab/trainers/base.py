@@ -7,7 +7,8 @@ policy's logprobs (and the frozen base's, for a KL term), exports a candidate as
 load, and starts from a release's weights (`init_folder`) to resume a scenario. Critics (SAO's value model) come
 from the same backend (`critic`).
 
-`TrainerConfig.backend` names the class: `torch` or a `module:Class` path (an operator's choice, never a client's).
+`TrainerConfig.backend` names the class: `torch`, `slime` or a `module:Class` path (an operator's choice, never a
+client's). The slime backend's own settings are `TrainerConfig.slime` (reef_lab.trainers.slime.SlimeConfig).
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ from pathlib import Path
 
 from reef_lab.learning.samples import Sample
 from reef_lab.plugins import load_class
-from reef_lab.schema import check_fields
+from reef_lab.schema import build, check_fields
 
 LOSSES = ("nll", "dis")
+
+
+def _slime_config():
+    from reef_lab.trainers.slime import SlimeConfig  # read only where a config sets it
+
+    return SlimeConfig
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,12 @@ class TrainerConfig:
     device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
     backend: str = field(default="torch", metadata={
-        "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA) or a module:Class "
-                "path of a reef_lab.trainers.base.Trainer", "operator": True, "code": True})
+        "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA), slime "
+                "(reef_lab.trainers.slime: a slime job on NVIDIA GPUs, see docs/slime.md) or a module:Class path of "
+                "a reef_lab.trainers.base.Trainer", "operator": True, "code": True})
+    slime: dict = field(default_factory=dict, metadata={
+        "help": "the slime backend's settings (reef_lab.trainers.slime.SlimeConfig): slime checkout, spool and save "
+                "folders, Megatron model args, GPUs", "schema": _slime_config, "operator": True})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -69,7 +80,14 @@ class TrainerConfig:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
         if len(self.betas) != 2:
             raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
+        if self.backend == "slime":
+            from reef_lab.trainers.slime import check_trainer_config
 
+            check_trainer_config(self)
+        elif self.slime and self.backend == "torch" and build(_slime_config(), self.slime, "trainer.slime") != \
+                _slime_config()():  # a printed config (--print-config) spells out the defaults: those are fine
+            raise ValueError("trainer.slime is set but trainer.backend is torch: set backend: slime, or drop "
+                             "trainer.slime")
 
 
 @dataclass
@@ -114,7 +132,7 @@ class Trainer(ABC):
         """A value model on the same base and device (recipes with a learned baseline)."""
 
 
-BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer"}
+BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer", "slime": "reef_lab.trainers.slime:SlimeTrainer"}
 
 
 def trainer_class(spec: str) -> type[Trainer]:
