@@ -4,11 +4,13 @@ circle-packing verifier and the scipy baseline, and the config's paper defaults.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from recipes.tttd import entropic
+from recipes.tttd.archive import Archive
 
 LN2 = math.log(2)
 
@@ -69,3 +71,80 @@ def test_unreachable_targets():
     adv, beta = entropic.group_advantages([0.0, 0.0, 1.0, 1.0])
     assert beta == entropic.BETA_MAX
     assert adv == pytest.approx([-1.0, -1.0, 2.0, 2.0], abs=1e-12)
+
+
+# --- the PUCT archive --------------------------------------------------------------------------------------------
+
+def hand_built(c: float = 1.0) -> Archive:
+    """Two initial states a (0.5) and b (0.3); a expanded to a1 (0.7), a2 (0.6) (0.4 falls outside the top 2);
+    a1 expanded to a3 (0.65) and one invalid rollout. T = 2, n(a) = 2, n(a1) = 1, m(a) = 0.7, m(a1) = 0.65."""
+    arch = Archive(c=c, max_size=100)
+    a = arch.add_initial("A", 0.5)
+    arch.add_initial("B", 0.3)
+    a1, a2 = arch.expand(a.id, [("A1", 0.7), ("A2", 0.6), ("A4", 0.4)], step=0)
+    arch.expand(a1.id, [("A3", 0.65), ("broken", None)], step=1)
+    return arch
+
+
+def test_archive_puct_scores_by_hand():
+    arch = hand_built()
+    by_solution = {e.state.solution: e for e in arch.scores()}
+    assert set(by_solution) == {"A", "B", "A1", "A2", "A3"}
+    # scale = 0.7 - 0.6 over the non-initial states; rank weights 5..1 over 15: A1 5, A3 4, A2 3, A 2, B 1
+    scale, root = 0.1, math.sqrt(1 + 2)
+    expected = {  # solution: (Q, P, n)
+        "A": (0.7, 2 / 15, 2), "A1": (0.65, 5 / 15, 1), "A2": (0.6, 3 / 15, 0), "A3": (0.65, 4 / 15, 0),
+        "B": (0.3, 1 / 15, 0)}
+    for sol, (q, p, n) in expected.items():
+        e = by_solution[sol]
+        assert (e.q, e.state.visits) == (pytest.approx(q), n), sol
+        assert e.prior == pytest.approx(p) and e.bonus == pytest.approx(scale * p * root / (1 + n)), sol
+        assert e.score == pytest.approx(q + scale * p * root / (1 + n)), sol
+    # scores: A .70770, A3 .69619, A1 .67887, A2 .63464, B .31155
+    assert [e.state.solution for e in arch.scores()] == ["A", "A3", "A1", "A2", "B"]
+    # G = 2 distinct lineages: A blocks its whole tree, so the second parent is B
+    assert [s.solution for s in arch.select(2)] == ["A", "B"]
+
+
+def test_archive_selection_order_changes_with_c():
+    """c = 10: bonuses x10: A .7770, A1 .9387, A2 .9464, A3 1.1119, B .4155. A3 first; it blocks A1 and A (its
+    ancestors) but not its aunt A2."""
+    arch = hand_built(c=10.0)
+    assert [e.state.solution for e in arch.scores()] == ["A3", "A2", "A1", "A", "B"]
+    assert [s.solution for s in arch.select(2)] == ["A3", "A2"]
+    assert [s.solution for s in arch.select(4)] == ["A3", "A2", "B", "A3"]  # three lineages: the picks repeat
+
+
+def test_archive_expansion_keeps_the_best_two_new_children_and_counts_visits():
+    arch = Archive(max_size=100)
+    root = arch.add_initial("R", 0.1)
+    kept = arch.expand(root.id, [("x", 0.4), ("y", None), ("z", 0.9), ("R", 0.95), ("z", 0.9), ("w", 0.7)])
+    assert [(s.solution, s.reward) for s in kept] == [("z", 0.9), ("w", 0.7)]  # "R" is already known
+    assert root.best_child == 0.95 and root.visits == 1 and arch.expansions == 1
+    assert root.children == [s.id for s in kept] and kept[0].ancestors == [root.id]
+    grand = arch.expand(kept[0].id, [("q", None), ("r", None)])  # all invalid: counted, nothing kept
+    assert grand == [] and kept[0].best_child is None and kept[0].visits == 1 and root.visits == 2
+    assert arch.expansions == 2
+
+
+def test_bounded_archive_evicts_the_lowest_never_an_initial_state():
+    arch = Archive(max_size=4, children_per_expansion=3)
+    root = arch.add_initial("R", 0.0)
+    arch.expand(root.id, [("a", 0.5), ("b", 0.2), ("c", 0.9)])
+    assert len(arch) == 4
+    (d,) = arch.expand(root.id, [("d", 0.6)])
+    assert sorted(s.solution for s in arch.states.values()) == ["R", "a", "c", "d"]  # b (0.2) went
+    assert arch.best().solution == "c" and root.children == [s.id for s in arch.states.values() if s.parent]
+    assert arch.expand(root.id, [("e", 0.1)]) == []  # below everything kept: evicted at once
+
+
+def test_archive_resumes_from_json():
+    arch = hand_built()
+    again = Archive.from_dict(json.loads(json.dumps(arch.to_dict())))
+    assert [(e.state.id, e.score) for e in again.scores()] == [(e.state.id, e.score) for e in arch.scores()]
+    parent = arch.select(1)[0]
+    a = arch.expand(parent.id, [("next", 0.8)])
+    b = again.expand(parent.id, [("next", 0.8)])
+    assert [s.id for s in a] == [s.id for s in b] and again.to_dict() == arch.to_dict()
+    with pytest.raises(ValueError, match="schema"):
+        Archive.from_dict({**arch.to_dict(), "schema": 99})
