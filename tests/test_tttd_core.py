@@ -11,6 +11,7 @@ import pytest
 
 from recipes.tttd import entropic
 from recipes.tttd.archive import Archive
+from recipes.tttd.sandbox import Limits, run_python
 
 LN2 = math.log(2)
 
@@ -148,3 +149,43 @@ def test_archive_resumes_from_json():
     assert [s.id for s in a] == [s.id for s in b] and again.to_dict() == arch.to_dict()
     with pytest.raises(ValueError, match="schema"):
         Archive.from_dict({**arch.to_dict(), "schema": 99})
+
+
+# --- the sandbox ---------------------------------------------------------------------------------------------------
+
+FAST = Limits(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096)
+
+
+def test_sandbox_runs_a_good_program():
+    r = run_python("import math\nprint(math.sqrt(2))", FAST)
+    assert r.ok and r.stdout == f"{math.sqrt(2)}\n" and r.returncode == 0
+
+
+def test_sandbox_kills_an_infinite_loop_within_its_cpu_limit():
+    r = run_python("while True:\n    pass\n", FAST)
+    assert r.kind == "timeout" and not r.ok and "CPU" in r.detail
+    assert r.seconds < FAST.cpu_seconds + 2.0  # SIGXCPU at 1 s of CPU, plus the interpreter's start
+
+
+def test_sandbox_kills_a_sleeper_at_the_wall_clock():
+    r = run_python("import time\ntime.sleep(60)\n", FAST)
+    assert r.kind == "timeout" and "wall" in r.detail and r.seconds < FAST.wall_seconds + 2.0
+
+
+def test_sandbox_refuses_a_memory_hog():
+    r = run_python("block = bytearray(2 * 1024 ** 3)\nprint(len(block))\n", FAST)
+    assert r.kind == "memory" and r.stdout == ""
+
+
+def test_sandbox_crashes_floods_and_garbage_are_invalid(monkeypatch):
+    assert run_python("raise SystemExit(3)", FAST).kind == "crash"
+    crash = run_python("print('partial')\n1 / 0\n", FAST)
+    assert crash.kind == "crash" and "ZeroDivisionError" in crash.detail and crash.stdout == ""
+    assert run_python("while True:\n    print('x' * 100)\n", FAST).kind == "output"
+    assert run_python("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe')\n", FAST).kind == "garbage"
+    # the candidate sees none of the parent's environment
+    monkeypatch.setenv("TTTD_SECRET", "do-not-leak")
+    r = run_python("import os\nprint(os.environ.get('TTTD_SECRET'))\n", FAST)
+    assert r.ok and r.stdout == "None\n"
+    # and the parent is still fine
+    assert run_python("print('alive')", FAST).stdout == "alive\n"
