@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from recipes.tttd import entropic
 from recipes.tttd.archive import Archive
+from recipes.tttd.config import ProblemConfig, TTTDConfig
+from recipes.tttd.problems import (BEST_KNOWN, CirclePacking, check_circles, extract_code, make_problem,
+                                   program_for, scipy_baseline)
 from recipes.tttd.sandbox import Limits, run_python
 
 LN2 = math.log(2)
@@ -162,9 +166,9 @@ def test_sandbox_runs_a_good_program():
 
 
 def test_sandbox_kills_an_infinite_loop_within_its_cpu_limit():
-    r = run_python("while True:\n    pass\n", FAST)
-    assert r.kind == "timeout" and not r.ok and "CPU" in r.detail
-    assert r.seconds < FAST.cpu_seconds + 2.0  # SIGXCPU at 1 s of CPU, plus the interpreter's start
+    """A generous wall clock, so only the CPU limit can stop it (on a loaded machine 1 s of CPU takes longer)."""
+    r = run_python("while True:\n    pass\n", Limits(cpu_seconds=1, wall_seconds=60.0))
+    assert r.kind == "timeout" and not r.ok and "CPU time" in r.detail and r.seconds < 60.0
 
 
 def test_sandbox_kills_a_sleeper_at_the_wall_clock():
@@ -189,3 +193,83 @@ def test_sandbox_crashes_floods_and_garbage_are_invalid(monkeypatch):
     assert r.ok and r.stdout == "None\n"
     # and the parent is still fine
     assert run_python("print('alive')", FAST).stdout == "alive\n"
+
+
+# --- circle packing --------------------------------------------------------------------------------------------
+
+def reply(code: str) -> str:
+    return f"Here is a better packing.\n```python\n{code}\n```\nDone."
+
+
+def test_circle_packing_verifier_scores_valid_packings_exactly():
+    p = CirclePacking(6)
+    start = p.initial_solution()
+    v = p.verify(reply(start))
+    assert v.valid and v.kind == "ok" and v.reward == pytest.approx(6 * 0.0833, abs=1e-12)
+    assert v.solution == start.strip()
+    two = CirclePacking(2)
+    touching = "print(0.25, 0.5, 0.25)\nprint(0.75, 0.5, 0.25)"  # tangent to each other and to the walls
+    assert two.verify(reply(touching)).reward == pytest.approx(0.5)
+    diagonal = 1 / (2 + math.sqrt(2))  # the optimum: r = 1 / (2 + sqrt 2) each, sum 2 - sqrt 2
+    best = f"r = {diagonal!r}\nprint(r, r, r)\nprint(1 - r, 1 - r, r)"
+    assert two.verify(reply(best)).reward == pytest.approx(BEST_KNOWN[2][0], abs=1e-9)
+    msg = p.prompt(start, v.reward)[0]["content"]
+    assert start.strip() in msg and f"{v.reward:.6f}" in msg
+
+
+@pytest.mark.parametrize("code, kind, why", [
+    ("print(0.25, 0.5, 0.25)\nprint(0.75 - 1e-6, 0.5, 0.25)", "infeasible", "overlap"),
+    ("print(0.25, 0.5, 0.25)\nprint(0.8, 0.5, 0.25)", "infeasible", "leaves the unit square"),
+    ("print(0.25, 0.5, 0.25)\nprint(0.75, 0.5, 0)", "infeasible", "<= 0"),
+    ("print(0.25, 0.5, 0.25)", "infeasible", "expected 2 circles"),
+    ("print('two circles, trust me')", "garbage", "three numbers"),
+    ("print(0.25, 0.5, 'big')\nprint(0.75, 0.5, 0.25)", "garbage", "not numeric"),
+    ("print(0.25, 0.5, float('nan'))\nprint(0.75, 0.5, 0.25)", "infeasible", "non-finite"),
+    ("import nonexistent_module", "crash", "ModuleNotFoundError"),
+])
+def test_circle_packing_verifier_rejects_invalid_answers(code, kind, why):
+    v = CirclePacking(2).verify(reply(code))
+    assert (v.valid, v.kind, v.reward) == (False, kind, 0.0) and why in v.reason
+
+
+def test_circle_packing_invalid_replies_never_raise():
+    p = CirclePacking(2, limits=FAST)
+    assert p.verify("I would place two circles side by side.").kind == "format"
+    assert p.verify(reply("while True:\n    pass")).kind == "timeout"
+    assert extract_code("```py\nfirst\n```\ntext\n```\nlast\n```") == "last"
+    assert extract_code("```python\nunterminated = 1\n") == "unterminated = 1"
+    assert check_circles([(0.5, 0.5, 0.5)], 1, 0.0) == ""
+
+
+def test_scipy_baseline_reaches_a_valid_packing():
+    res = scipy_baseline(5, seconds=2.0, seed=0)
+    assert res.starts >= 1 and check_circles(res.circles, 5, 0.0) == ""
+    assert res.best == pytest.approx(sum(r for _, _, r in res.circles))
+    assert res.best > 0.99 * BEST_KNOWN[5][0]  # the grid start scores 0.5; 0.3 s already reaches the reference
+    v = CirclePacking(5).verify(reply(program_for(res.circles, digits=12)))
+    assert v.valid and v.reward == pytest.approx(res.best, abs=1e-9)
+
+
+# --- the config ----------------------------------------------------------------------------------------------------
+
+def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
+    c = TTTDConfig()
+    assert (c.groups, c.rollouts_per_group, c.steps, c.children_per_expansion) == (8, 64, 50, 2)
+    assert (c.puct_c, c.kl_target, c.kl_coef, c.temperature) == (1.0, LN2, 0.1, 1.0)
+    assert c.trainer == {"lora_rank": 32, "lr": 4e-5} and c.problem_config == ProblemConfig()
+    assert isinstance(make_problem(c.problem), CirclePacking) and make_problem({"n": 7}).n == 7
+    for bad, words in [({"rollouts_per_group": 2}, "rollouts_per_group"), ({"archive_size": 8}, "archive_size"),
+                       ({"trainer": {"lr": 1e-4}}, "lora_rank"), ({"trainer": {"lrr": 1.0}}, "trainer.lrr"),
+                       ({"problem": {"n": 1}}, "problem.n"), ({"problem": {"name": "tsp"}}, "problem.name"),
+                       ({"kl_target": 5.0}, "kl_target"), ({"puct_c": -1.0}, "puct_c")]:
+        with pytest.raises(ValueError, match=words):
+            TTTDConfig(**bad)
+    assert TTTDConfig(kl_coef=0.0, trainer={"lr": 1e-4}).kl_coef == 0.0  # a full fine-tune without the KL term
+
+
+def test_the_cpu_example_is_a_valid_config():
+    import yaml
+
+    data = yaml.safe_load(open(Path(__file__).parents[1] / "recipes/tttd/examples/circle_packing_cpu.yaml"))
+    c = TTTDConfig(**data)
+    assert c.problem_config.n in BEST_KNOWN and c.rollouts_per_group >= 3
