@@ -1,5 +1,6 @@
 """The training arithmetic against hand-computed values: GAE (both lambdas), the DIS mask and loss, GRPO's group
-baseline, the staleness bound and how SAO's batch builder applies it."""
+baseline, the staleness bound and how SAO's batch builder applies it; TTT-Discover's `is` loss, by hand and as one
+step of the torch trainer on a tiny LoRA model."""
 
 from __future__ import annotations
 
@@ -103,3 +104,78 @@ def test_sao_advantages_use_length_adaptive_lambda_and_mc_targets():
     a01 = 0.2 + l0 * 0.2
     assert adv[0] == pytest.approx([0.1 + l0 * a01, a01, 0.2], abs=1e-6)
     assert targets[0] == pytest.approx([1.0, 1.0, 1.0]) and targets[1] == pytest.approx([1.0, 1.0])
+
+
+def test_is_loss_by_hand():
+    """TTT-Discover's loss: -rho * (A - kl * sg(logp - logp_base)) on every real token, no mask, no clip."""
+    old = torch.tensor([[math.log(0.5), math.log(0.5), math.log(0.5), 0.0]])
+    ratios = torch.tensor([[0.2, 1.0, 6.0, 1.0]])  # 0.2 and 6.0 would be masked by DIS; here they count
+    logp = (old + ratios.log()).clone().requires_grad_(True)
+    base = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.5), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, -0.5, 9.0]])
+    loss, stats = rl.is_loss(logp, old, adv, mask, base, kl_coef=0.5)
+    gaps = [math.log(0.1 / 0.5), math.log(0.5 / 0.25), math.log(3.0 / 0.5)]  # logp - logp_base per real token
+    shaped = [1.0 - 0.5 * gaps[0], 1.0 - 0.5 * gaps[1], -0.5 - 0.5 * gaps[2]]
+    assert loss.item() == pytest.approx(-(0.2 * shaped[0] + 1.0 * shaped[1] + 6.0 * shaped[2]), rel=1e-5)
+    loss.backward()
+    # d(-rho * a)/dlogp = -rho * a with a held fixed (the KL gap is detached); padding gets nothing
+    assert logp.grad[0].tolist() == pytest.approx([-0.2 * shaped[0], -shaped[1], -6.0 * shaped[2], 0.0], rel=1e-5)
+    assert stats["tokens"] == 3 and stats["ratio_sum"] == pytest.approx(7.2, rel=1e-5)
+    assert stats["kl_sum"] == pytest.approx(sum(gaps), rel=1e-5)
+    k3 = sum(math.exp(-g) - 1 + g for g in gaps)
+    assert stats["kl_k3_sum"] == pytest.approx(k3, rel=1e-5)
+    # without a base the KL term is absent; asking for one without base logprobs is refused
+    plain, _ = rl.is_loss(logp.detach(), old, adv, mask)
+    assert plain.item() == pytest.approx(-(0.2 * 1.0 + 1.0 * 1.0 + 6.0 * -0.5), rel=1e-5)
+    with pytest.raises(ValueError, match="base"):
+        rl.is_loss(logp.detach(), old, adv, mask, None, kl_coef=0.1)
+
+
+def test_loss_kinds_are_checked():
+    from reef_lab.trainers.base import Loss
+
+    assert Loss("is", kl_coef=0.1).kl_coef == 0.1
+    with pytest.raises(ValueError, match="'is' loss only"):
+        Loss("dis", kl_coef=0.1)
+    with pytest.raises(ValueError, match="kl_coef"):
+        Loss("is", kl_coef=-1.0)
+    with pytest.raises(ValueError, match="kl_coef"):
+        Loss("is", kl_coef=float("nan"))
+
+
+def test_is_step_on_a_tiny_lora_model_matches_a_hand_computation(tiny_model_dir):
+    """The torch trainer's `is` step: its loss equals the formula on the trainer's own current and base logprobs
+    (the base with LoRA adapters off), and the step moves only the adapters."""
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=5e-2, lora_rank=4, device="cpu", micro_batch_size=1))
+    samples = [Sample("a", [5, 9, 14], [20, 31, 7], None, 1.0, "base"),
+               Sample("b", [5, 11], [42, 8], None, 0.0, "base")]
+    # move the adapters off zero first, so the policy differs from the base and the KL term is not trivially 0
+    for s in samples:
+        s.extra["advantages"] = [1.0] * len(s.completion_ids)
+        s.logprobs = [-3.0] * len(s.completion_ids)
+    trainer.step(samples, Loss("is"))
+    current, base = trainer.logprobs(samples), trainer.logprobs(samples, base=True)
+    assert any(abs(c - b) > 1e-4 for cs, bs in zip(current, base) for c, b in zip(cs, bs))
+    rollout = [[c - 0.3 for c in cs] for cs in current]  # the engine's recorded logprobs: rho = e^0.3 everywhere
+    advantages = [[1.5] * 3, [-0.5] * 2]
+    for s, r, a in zip(samples, rollout, advantages):
+        s.logprobs, s.extra["advantages"] = r, a
+    kl = 0.2
+    expected = -sum(math.exp(c - r) * (a - kl * (c - b))
+                    for cs, bs, rs, advs in zip(current, base, rollout, advantages)
+                    for c, b, r, a in zip(cs, bs, rs, advs)) / 5
+    adapters = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    m = trainer.step(samples, Loss("is", kl_coef=kl))
+    assert m["loss"] == pytest.approx(expected, rel=1e-4)
+    assert m["kl_sum"] == pytest.approx(sum(c - b for cs, bs in zip(current, base) for c, b in zip(cs, bs)),
+                                        rel=1e-4)
+    assert rl.is_metrics(m)["ratio_mean"] == pytest.approx(math.exp(0.3), rel=1e-4)
+    assert samples[0].extra["base_logprobs"] == pytest.approx(base[0], abs=1e-6)
+    changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, adapters[n])]
+    assert changed and all("lora" in n for n in changed)
+    assert all(torch.equal(p, frozen[n]) for n, p in trainer.model.named_parameters() if not p.requires_grad)

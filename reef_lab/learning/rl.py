@@ -9,6 +9,9 @@ under a policy pi_rollout whose per-token logprobs the record holds; the trainer
 (asynchrony, staleness, and numeric differences between engine and trainer). The token-level ratio
 rho = pi_theta / pi_rollout corrects the policy gradient; tokens whose ratio leaves [low, high] are dropped (their
 gradient is zero) rather than clipped, so one wild token cannot dominate the update. No KL term, no entropy bonus.
+
+The IS loss (TTT-Discover, recipes/tttd): the same ratio, unclipped and unmasked, times the advantage less a KL
+penalty towards the frozen base policy, kl_coef * (log pi_theta - log pi_base) per token.
 """
 
 from __future__ import annotations
@@ -126,6 +129,55 @@ def dis_token_loss(low: float, high: float):
             adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
         return dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
     return loss
+
+
+def is_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+            logp_base: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """TTT-Discover's policy loss: sum over real tokens of -rho * (A - kl_coef * sg(logp - logp_base)), unclipped.
+
+    rho = exp(logp - logp_rollout) corrects for the rollout coming from the engine's policy; no token is masked or
+    clipped. The KL term's gradient, kl_coef * rho * (logp - logp_base) * grad logp, is the importance-weighted
+    token-level gradient of KL(pi_theta || pi_base) (the score-function form; its expectation of rho * grad logp is
+    zero, so no baseline is needed). Returns (loss_sum, stats) with sums over real tokens: tokens, ratio_sum and,
+    with a base, kl_sum (the k1 estimate logp - logp_base) and kl_k3_sum (exp(d) - 1 - d, d = logp_base - logp).
+    """
+    ratio = torch.exp(logp - logp_rollout) * mask
+    shaped = advantages.detach()
+    stats = {"tokens": float(mask.sum()), "ratio_sum": float(ratio.detach().sum())}
+    if logp_base is not None:
+        log_gap = (logp.detach() - logp_base) * mask
+        shaped = shaped - kl_coef * log_gap
+        stats["kl_sum"] = float(log_gap.sum())
+        stats["kl_k3_sum"] = float(((torch.exp(-log_gap) - 1 + log_gap) * mask).sum())
+    elif kl_coef:
+        raise ValueError("a KL penalty needs the base policy's logprobs")
+    return -(ratio * shaped).sum(), stats
+
+
+def is_token_loss(kl_coef: float):
+    """The trainer loss of an `is` step: per-token advantages from `extra["advantages"]`, the rollout's logprobs as
+    the behaviour policy and, when kl_coef > 0, the base policy's from `extra["base_logprobs"]` (the trainer fills
+    them in)."""
+    def loss(logp, batch, chunk):
+        adv = torch.zeros_like(batch["mask"])
+        base = torch.zeros_like(batch["mask"]) if kl_coef else None
+        for i, s in enumerate(chunk):
+            a = s.extra["advantages"]
+            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
+            if base is not None:
+                b = s.extra["base_logprobs"]
+                base[i, : len(b)] = torch.tensor(b, dtype=torch.float32)
+        return is_loss(logp, batch["old_logprobs"], adv, batch["mask"], base, kl_coef)
+    return loss
+
+
+def is_metrics(m: dict) -> dict:
+    """An `is` step's counters as per-token means."""
+    tokens = m.get("tokens") or 1
+    out = {"ratio_mean": m.get("ratio_sum", tokens) / tokens}
+    if "kl_sum" in m:
+        out |= {"kl_base_mean": m["kl_sum"] / tokens, "kl_base_k3_mean": m["kl_k3_sum"] / tokens}
+    return out
 
 
 def dis_metrics(m: dict) -> dict:

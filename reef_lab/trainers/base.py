@@ -21,7 +21,7 @@ from reef_lab.learning.samples import Sample
 from reef_lab.plugins import load_class
 from reef_lab.schema import build, check_fields
 
-LOSSES = ("nll", "dis")
+LOSSES = ("nll", "dis", "is")
 
 
 def _slime_config():
@@ -36,18 +36,26 @@ class Loss:
 
     - `nll`: negative log-likelihood of the completion (SFT);
     - `dis`: the DIS policy gradient: token ratio pi_theta / pi_rollout (the engine's recorded logprob) times the
-      sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO).
+      sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO);
+    - `is`: unclipped importance sampling, -rho * (A - kl_coef * sg(log pi_theta - log pi_base)) per token with
+      rho = pi_theta / pi_rollout: every token kept, and a KL penalty towards the frozen base (its gradient is the
+      token-level reverse-KL gradient; base logprobs from the trainer, LoRA adapters off) (TTT-Discover).
     """
 
     kind: str
     dis_low: float = 0.3
     dis_high: float = 5.0
+    kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in LOSSES:
             raise ValueError(f"loss kind must be one of {LOSSES}, got {self.kind!r}")
         if self.kind == "dis" and not 0 < self.dis_low < 1 < self.dis_high:
             raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
+        if not (self.kl_coef >= 0 and self.kl_coef != float("inf")):
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef}")
+        if self.kl_coef and self.kind != "is":
+            raise ValueError(f"kl_coef is part of the 'is' loss only; loss {self.kind!r} would ignore it")
 
 
 @dataclass

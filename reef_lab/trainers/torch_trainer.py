@@ -88,6 +88,8 @@ def loss_function(loss: Loss) -> LossFn:
 
     if loss.kind == "nll":
         return lambda logp, batch, chunk: (-(logp * batch["mask"]).sum(), {})
+    if loss.kind == "is":
+        return rl.is_token_loss(loss.kl_coef)
     return rl.dis_token_loss(loss.dis_low, loss.dis_high)
 
 
@@ -156,7 +158,11 @@ class TorchTrainer(Trainer):
                           self.init_folder, self.device, self.pad_id)
 
     def step(self, samples: list[Sample], loss: Loss) -> dict:
-        """One optimizer step on the recipe's loss (reef_lab.trainers.base.Loss)."""
+        """One optimizer step on the recipe's loss (reef_lab.trainers.base.Loss). A KL penalty (`is` with kl_coef
+        > 0) first scores the batch under the frozen base (LoRA adapters off) into `extra["base_logprobs"]`."""
+        if loss.kind == "is" and loss.kl_coef > 0:
+            for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
+                s.extra["base_logprobs"] = base
         return self.step_fn(samples, loss_function(loss))
 
     def step_fn(self, samples: list[Sample], loss_fn: LossFn) -> dict:
