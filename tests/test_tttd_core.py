@@ -270,6 +270,8 @@ def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
 def test_the_cpu_example_is_a_valid_config():
     import yaml
 
+    from recipes.tttd.experiment import TTTDExperimentConfig
+
     data = yaml.safe_load(open(Path(__file__).parents[1] / "recipes/tttd/examples/circle_packing_cpu.yaml"))
-    c = TTTDConfig(**data)
+    c = TTTDExperimentConfig(**data).recipe_config()
     assert c.problem_config.n in BEST_KNOWN and c.rollouts_per_group >= 3

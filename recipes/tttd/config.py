@@ -75,6 +75,13 @@ class TTTDConfig(LearnConfig):
         "help": "max_tokens of a rollout (the authors' code: 26000 tokens of prompt and reasoning for gpt-oss-120b; "
                 "a circle program for SmolLM2 needs about 200)"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling and of the initial states' order"})
+    concurrency: int = field(default=32, metadata={
+        "help": "rollouts in flight at once (not in the paper: an engine-throughput setting)"})
+    policy_updates: bool = field(default=True, metadata={
+        "help": "train the policy after each step (false: the base policy samples throughout, an ablation)"})
+    reuse: bool = field(default=True, metadata={
+        "help": "continue from archive states chosen by PUCT (false: every rollout starts from the initial "
+                "solution; with policy_updates false this is best-of-N sampling from the base policy)"})
     problem: dict = field(default_factory=dict, metadata={
         "help": "the discovery problem (recipes.tttd.config.ProblemConfig fields)", "schema": ProblemConfig})
     trainer: dict = field(default_factory=lambda: {"lora_rank": 32, "lr": 4e-5}, metadata={
@@ -98,6 +105,8 @@ class TTTDConfig(LearnConfig):
         if not (math.isfinite(self.puct_c) and self.puct_c >= 0 and math.isfinite(self.kl_coef)
                 and self.kl_coef >= 0 and self.beta_max > 0):
             raise ValueError("puct_c and kl_coef must be finite and >= 0, beta_max > 0")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         if self.temperature <= 0 or self.max_tokens < 1:
             raise ValueError("temperature must be > 0 and max_tokens >= 1")
         if self.kl_coef > 0 and not self.trainer.get("lora_rank", 0):

@@ -62,6 +62,10 @@ class Tracker:
     def log(self, row: dict) -> None:
         self._queue.put(("log", row))
 
+    def artifact(self, path: str | Path, name: str, kind: str, metadata: dict | None = None) -> None:
+        """Log a file as a W&B artifact (a discovered solution, say); its name may hold only W&B's characters."""
+        self._queue.put(("artifact", (str(path), name.replace(":", "-"), kind, dict(metadata or {}))))
+
     def close(self, timeout: float = 60.0) -> None:
         self._queue.put(_STOP)
         self._thread.join(timeout)
@@ -89,7 +93,13 @@ class Tracker:
         try:
             while (item := self._queue.get()) is not _STOP:
                 try:
-                    self._write(run, wandb, item[1])
+                    if item[0] == "artifact":
+                        path, name, kind, metadata = item[1]
+                        art = wandb.Artifact(name, type=kind, metadata=metadata)
+                        art.add_file(path)
+                        run.log_artifact(art)
+                    else:
+                        self._write(run, wandb, item[1])
                 except Exception as e:  # noqa: BLE001 - one bad row must not end the run
                     log.warning("W&B log of %s failed: %s", self.name, e)
         finally:

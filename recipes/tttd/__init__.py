@@ -1,0 +1,3 @@
+from recipes.tttd.recipe import TTTDRecipe as Recipe
+
+__all__ = ["Recipe"]
