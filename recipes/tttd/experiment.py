@@ -56,8 +56,10 @@ class TTTDExperimentConfig:
         return Path(self.out_dir or f"runs/{self.name}-seed{self.seed}")
 
 
-def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool = True) -> dict:
-    """Run (or resume) the experiment; returns its summary (also written to summary.json)."""
+def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool = True,
+                        close_engine: bool = True) -> dict:
+    """Run (or resume) the experiment; returns its summary (also written to summary.json). `close_engine`: False
+    keeps a given engine running for the next run."""
     from reef_lab.learning.experiment import ExperimentConfig, choose_engine
 
     run_dir = cfg.run_dir
@@ -95,4 +97,4 @@ def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool =
         write_json(run_dir / "summary.json", summary, indent=True)
         return summary
     finally:
-        gw.close()
+        gw.close(close_engine=close_engine)

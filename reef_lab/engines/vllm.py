@@ -20,7 +20,11 @@ pins); the child runs from there. Releases reach it by one of two transports (`e
   A reload the server refuses puts the previous weights back (or restarts the server), so serving carries on.
 - `lora`: each release is its LoRA adapter (the release's `adapter/`) loaded by name (`/v1/load_lora_adapter`,
   `--enable-lora`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`); a request names its release's adapter as the model, so
-  scenarios, releases and candidates serve side by side and the base weights never change.
+  scenarios, releases and candidates serve side by side and the base weights never change. Once an adapter is
+  loaded, base requests go through a zero adapter (`reef-base`, every weight 0: the base's outputs): vLLM CPU 0.32
+  gives requests without an adapter the wrong logprobs (off by up to 1.8 nats) when they share a batch with adapter
+  requests after another adapter has served; adapters among themselves batch correctly
+  (scripts/probe_vllm_lora_batching.py shows both).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ log = logging.getLogger("reef_lab.engines.vllm")
 
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 TRANSPORTS = ("weights", "lora")
+ZERO_ADAPTER = "reef-base"
 
 
 class WeightsGate:
@@ -179,6 +184,7 @@ class VLLMEngine(Generator, ReleaseHost):
         self._folders: dict[str, Path] = {}
         self._routes: dict[str, str] = {}
         self.gate = WeightsGate("base")
+        self._zero: Path | None = None  # lora transport: the zero adapter base requests use (module docstring)
         self._held_folder = self.model_dir  # the weights the server holds (weights transport)
         self._process: subprocess.Popen | None = None
         self._log_file = None
@@ -280,8 +286,13 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._held_folder = self.model_dir
                 if self.transport == "lora":
                     with self._lock:
+                        zero, self._zero = self._zero, None
                         for rid, folder in self._folders.items():
                             self._load_adapter(rid, folder)
+                        if zero is not None and self._zero is None:
+                            self._zero = zero
+                            self.client.call("POST", "/v1/load_lora_adapter", {
+                                "lora_name": ZERO_ADAPTER, "lora_path": str(zero / "adapter")})
                 self.restarts += 1
                 missed = 0
                 log.info("vLLM is back (restart %d)", self.restarts)
@@ -336,7 +347,10 @@ class VLLMEngine(Generator, ReleaseHost):
         lease = self.transport == "weights"
         if lease:
             self.gate.acquire(release, self._switch)  # returned by the stream when it finishes
-        body = {"model": release if self.transport == "lora" and release != "base" else self._served,
+        model = self._served
+        if self.transport == "lora":
+            model = release if release != "base" else (ZERO_ADAPTER if self._zero is not None else self._served)
+        body = {"model": model,
                 "prompt": prompt_ids, "max_tokens": p.max_tokens,
                 "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "stream": True}
@@ -367,6 +381,10 @@ class VLLMEngine(Generator, ReleaseHost):
     def _load_adapter(self, release_id: str, folder: Path) -> None:
         self.client.call("POST", "/v1/load_lora_adapter", {"lora_name": release_id,
                                                             "lora_path": str(folder / "adapter")})
+        if self._zero is None:
+            self._zero = _zero_adapter(folder / "adapter")
+            self.client.call("POST", "/v1/load_lora_adapter", {"lora_name": ZERO_ADAPTER,
+                                                                "lora_path": str(self._zero / "adapter")})
 
     def route(self, scenario: str, release_id: str) -> None:
         if release_id != "base" and release_id not in self._folders:
@@ -455,6 +473,20 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._process.wait()
         if self._log_file is not None:
             self._log_file.close()
+
+
+def _zero_adapter(adapter: Path) -> Path:
+    """A LoRA adapter shaped like `adapter` with every weight 0 (the base model's outputs), in a fresh folder."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(tempfile.mkdtemp(prefix="reef-vllm-zero-")) / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_bytes((adapter / "adapter_config.json").read_bytes())
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    save_file({k: v.new_zeros(v.shape) for k, v in weights.items()}, str(folder / "adapter_model.safetensors"))
+    return folder.parent
 
 
 def check_release_weights(base: Path, folder: Path) -> None:

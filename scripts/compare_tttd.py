@@ -1,0 +1,184 @@
+"""TTT-Discover against best-of-N sampling from the base policy, at the same number of samples (same model, prompts
+and verifier), over several seeds; beside them the problem's best known value and a classical optimiser (scipy
+SLSQP multistart) given each TTT run's wall time. Writes results/<name>.{md,json,png}.
+
+    python scripts/compare_tttd.py recipes/tttd/examples/circle_packing_cpu.yaml --seeds 0 1 2
+
+Each arm is an ordinary experiment of recipes/tttd (best-of-N: `policy_updates: false, reuse: false`), run in
+<out>/<arm>-seed<N>; a finished run is not run again, so the command resumes. One engine serves every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import orjson  # noqa: E402
+import yaml  # noqa: E402
+
+from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
+from recipes.tttd.problems import BEST_KNOWN, scipy_baseline  # noqa: E402
+
+ARMS = {"ttt": {}, "best_of_n": {"policy_updates": False, "reuse": False}}
+
+
+def t95(n: int) -> float:
+    """Two-sided 95% Student t quantile for n - 1 degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) if n > 1 else float("nan")
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    m = statistics.fmean(xs)
+    return m, (t95(len(xs)) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+
+def curve(run_dir: Path, name: str) -> list[dict]:
+    path = run_dir / "data" / "learn" / name / "metrics.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="a recipes/tttd experiment YAML")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", default="runs/tttd-compare", help="folder of the runs")
+    p.add_argument("--results", default="results/tttd-circle-packing", help="results/<name> (md, json, png)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field of both arms (e.g. steps=10)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    base = yaml.safe_load(Path(args.config).read_text())
+    for item in args.set:
+        k, _, v = item.partition("=")
+        base.setdefault("config", {})[k] = yaml.safe_load(v)
+    out = Path(args.out)
+    engine, runs = None, {arm: {} for arm in ARMS}
+    started = time.time()
+    for seed in args.seeds:
+        for arm, extra in ARMS.items():
+            run_dir = out / f"{arm}-seed{seed}"
+            name = f"{arm.replace('_', '-')}-s{seed}"
+            if not (run_dir / "summary.json").is_file():
+                cfg = TTTDExperimentConfig(**{**base, "name": name, "seed": seed, "out_dir": str(run_dir),
+                                              "config": {**base.get("config", {}), **extra}})
+                if engine is None:
+                    engine = build_engine(cfg)
+                print(f"[compare] {arm} seed {seed} -> {run_dir}", flush=True)
+                run_tttd_experiment(cfg, engine=engine, progress=True, close_engine=False)
+            runs[arm][seed] = {"summary": orjson.loads((run_dir / "summary.json").read_bytes()),
+                               "curve": curve(run_dir, name)}
+    if engine is not None:
+        engine.close()
+    cfg = TTTDExperimentConfig(**base).recipe_config()
+    n = cfg.problem_config.n
+    for seed in args.seeds:  # the classical optimiser, given the TTT run's wall time
+        wall = runs["ttt"][seed]["summary"]["wall_s"]
+        res = scipy_baseline(n, seconds=wall, seed=seed)
+        runs.setdefault("scipy", {})[seed] = {"best": res.best, "starts": res.starts, "seconds": round(res.seconds, 1)}
+    write(args, base, cfg, runs, time.time() - started)
+
+
+def build_engine(cfg: TTTDExperimentConfig):
+    from reef_lab.config import ServeConfig
+    from reef_lab.engines import engine_class
+    from reef_lab.learning.experiment import ExperimentConfig, choose_engine
+
+    name = cfg.engine
+    if name == "auto":
+        name, why = choose_engine(ExperimentConfig(recipe="sft", model_path=cfg.model_path,
+                                                   recipe_config={"trainer": cfg.recipe_config().trainer}))
+        print(f"[compare] engine {name} ({why})", flush=True)
+    opts = orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None
+    return engine_class(name).from_config(ServeConfig(engine=name, model_path=cfg.model_path,
+                                                      max_batch=cfg.recipe_config().concurrency,
+                                                      engine_options=opts))
+
+
+def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = args.seeds
+    n, per_step = cfg.problem_config.n, cfg.groups * cfg.rollouts_per_group
+    best_known = BEST_KNOWN.get(n, (None, ""))
+    stats = {}
+    for arm in ARMS:
+        finals = [runs[arm][s]["summary"]["best_reward"] for s in seeds]
+        stats[arm] = {"final": mean_ci(finals), "finals": finals,
+                      "valid": [statistics.fmean(r["valid_fraction"] for r in runs[arm][s]["curve"]) for s in seeds],
+                      "wall": [runs[arm][s]["summary"]["wall_s"] for s in seeds]}
+    scipy_best = [runs["scipy"][s]["best"] for s in seeds]
+    stats["scipy"] = {"final": mean_ci(scipy_best), "finals": scipy_best}
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    for arm, colour in (("ttt", "tab:blue"), ("best_of_n", "tab:orange")):
+        steps = min(len(runs[arm][s]["curve"]) for s in seeds)
+        xs = [(k + 1) * per_step for k in range(steps)]
+        for key, axis in (("best_reward", ax[0]), ("mean_reward", ax[1])):
+            ys = [[runs[arm][s]["curve"][k][key] for s in seeds] for k in range(steps)]
+            m = [statistics.fmean(y) for y in ys]
+            h = [mean_ci(y)[1] if len(y) > 1 else 0 for y in ys]
+            label = {"ttt": "TTT-Discover", "best_of_n": "best-of-N (base policy)"}[arm]
+            axis.plot(xs, m, color=colour, label=label)
+            axis.fill_between(xs, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], color=colour,
+                              alpha=0.2)
+    if best_known[0]:
+        ax[0].axhline(best_known[0], color="black", ls="--", lw=1, label=f"best known {best_known[0]:.4f}")
+    ax[0].axhline(stats["scipy"]["final"][0], color="tab:green", ls=":", lw=1.5,
+                  label=f"scipy SLSQP, same wall time ({stats['scipy']['final'][0]:.4f})")
+    ax[0].set(xlabel="samples", ylabel="best sum of radii so far", title=f"circle packing, n = {n}")
+    ax[1].set(xlabel="samples", ylabel="mean reward of the step's samples (invalid = 0)", title="samples")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=9)
+    fig.tight_layout()
+    png = Path(args.results + ".png")
+    fig.savefig(png)
+
+    def fmt(arm):
+        m, h = stats[arm]["final"]
+        return f"{m:.4f} ± {h:.4f}" if not math.isnan(h) else f"{m:.4f}"
+    rows = "\n".join(
+        f"| {label} | {fmt(arm)} | {', '.join(f'{x:.4f}' for x in stats[arm]['finals'])} | "
+        f"{(statistics.fmean(stats[arm]['valid']) if 'valid' in stats[arm] else float('nan')):.3f} | "
+        f"{(statistics.fmean(stats[arm]['wall']) / 60 if 'wall' in stats[arm] else float('nan')):.1f} |"
+        for arm, label in (("ttt", "TTT-Discover"), ("best_of_n", "best-of-N from the base policy"),
+                           ("scipy", "scipy SLSQP multistart, each TTT run's wall time")))
+    cmd = f"python scripts/compare_tttd.py {args.config} --seeds {' '.join(map(str, seeds))}" + "".join(
+        f" --set {s}" for s in args.set)
+    md = f"""# TTT-Discover on circle packing (n = {n}), CPU
+
+Command: `{cmd}` (written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {seconds / 60:.0f} min in all).
+Config: [{args.config}](../{args.config}) with {cfg.steps} steps of {cfg.groups} x {cfg.rollouts_per_group} = {per_step}
+samples ({cfg.steps * per_step} per run), temperature {cfg.temperature}, max_tokens {cfg.max_tokens}, LoRA rank
+{cfg.trainer.get('lora_rank')}, lr {cfg.trainer.get('lr')}, KL coefficient {cfg.kl_coef}; engine `{base.get('engine', 'auto')}`.
+Best-of-N is the same experiment with `policy_updates: false, reuse: false`: every sample from the base policy on the
+initial solution's prompt, same count, same verifier. Best known value: {best_known[0]} ({best_known[1]}).
+
+![best so far and mean reward per step]({png.name})
+
+Final best sum of radii, mean ± 95% t-interval over {len(seeds)} seeds:
+
+| arm | best (mean ± CI) | per seed | valid fraction | wall min |
+|---|---|---|---|---|
+{rows}
+"""
+    Path(args.results + ".md").write_text(md)
+    Path(args.results + ".json").write_bytes(orjson.dumps({"config": base, "seeds": seeds, "stats": stats,
+                                                           "runs": runs}, option=orjson.OPT_INDENT_2))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
