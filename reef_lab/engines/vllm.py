@@ -237,7 +237,7 @@ class VLLMEngine(Generator, ReleaseHost):
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
                "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
-               "--gpu-memory-utilization", "0.2"]
+               "--gpu-memory-utilization", "0.2", "--no-enable-chunked-prefill"]
         if self.transport == "lora":
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
             cmd += ["--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank)]
