@@ -78,7 +78,8 @@ def marimo_app(name: str, log_dir: Path, **env):
                 time.sleep(0.3)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
 
@@ -458,6 +459,14 @@ def test_sao_app_plots_compares_links_and_launches_the_published_config(browser,
         diff = {r["field"]: r for r in app.table_rows(app.table_with("field"))}
         assert "seed" in diff and "recipe" in diff and "out_dir" not in diff, list(diff)
         assert {r["status"] for r in app.table_rows(runs_table)} == {"finished"}
+        # finished runs: the auto-refresh (every 10 s) greys nothing out and keeps the ticked runs
+        app.watch_dimming()
+        time.sleep(12)
+        app.settle()
+        assert app.dimmed() == []
+        ticks = runs_table.locator("tbody tr button[role=checkbox]").evaluate_all(
+            "els => els.map(e => e.getAttribute('aria-checked'))")
+        assert ticks == ["true"] * len(names)
         assert app.errors() == []
         app.shot(tmp_path / "sao.png")
 
