@@ -145,8 +145,9 @@ def wandb_md(runs: list[dict]) -> str:
 
 
 def signature(root: str | Path | None, names: tuple[str, ...], max_depth: int = 6) -> tuple:
-    """(path, size, mtime) of every file under `root` whose name is in `names` (folders named wandb, records or
-    releases' weight folders are not entered): it changes exactly when one of them is written."""
+    """(path, size, mtime) of every file under `root` whose name is in `names` (`*.ext`: any name ending so;
+    W&B folders and releases' weight folders are not entered): it changes exactly when one of them is written."""
+    suffixes = tuple(n[1:] for n in names if n.startswith("*"))
     if not root or not Path(root).exists():
         return ()
     out = []
@@ -157,7 +158,7 @@ def signature(root: str | Path | None, names: tuple[str, ...], max_depth: int = 
         dirnames[:] = [d for d in dirnames if d not in ("wandb", "candidates", "__pycache__")
                        and not re.fullmatch(r"v\d+", d)]
         for f in filenames:
-            if f in names:
+            if f in names or (suffixes and f.endswith(suffixes)):
                 st = os.stat(os.path.join(dirpath, f))
                 out.append((os.path.join(dirpath, f), st.st_size, st.st_mtime_ns))
     return tuple(sorted(out))

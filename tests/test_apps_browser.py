@@ -362,7 +362,12 @@ def test_records_app_joins_scores_shows_feedback_filters_by_release_and_refreshe
             assert shown_rows and {r["release_id"] for r in shown_rows} == {"tiny-sao:v1"}
             app.select("Release", "(all)")
 
-            # auto-refresh: a report posted while the page is open shows up by itself; the inspected record stays
+            # auto-refresh: while nothing is written it greys nothing out; a report posted while the page is open
+            # shows up by itself, and the inspected record stays
+            app.watch_dimming()
+            time.sleep(12)
+            app.settle()
+            assert app.dimmed() == []
             store.append([Record(id="rec_feedback_2", scenario="tiny-sao", kind="report", created_at=time.time(),
                                  score=0.0, references=[inf["id"]], feedback="arrived while the page was open")])
             app.page.get_by_text("arrived while the page was open").first.wait_for(timeout=20_000)
