@@ -221,9 +221,10 @@ def pareto_items_html(search: dict, picked: int | None) -> str:
                          f"{'' if s is None else format(s, 'g')}</td>")
         rows.append(f"<tr><td style='padding: 2px 10px'>val-{i}</td>{''.join(cells)}</tr>")
     foot = "".join(f"<td style='text-align: right; padding: 2px 10px'>{wins[c['id']]}</td>" for c in cands)
-    return (f"<table id='gepa-pareto-items' style='width: auto'><thead><tr><th style='text-align: left; padding: 2px 10px'>item</th>"
-            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody><tfoot><tr><td style='padding: 2px 10px'>"
-            f"<i>best on</i></td>{foot}</tr></tfoot></table>")
+    return (f"<table id='gepa-pareto-items' style='width: auto'><thead><tr>"
+            f"<th style='text-align: left; padding: 2px 10px'>item</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody>"
+            f"<tfoot><tr><td style='padding: 2px 10px'><i>best on</i></td>{foot}</tr></tfoot></table>")
 
 
 @app.function
@@ -239,7 +240,8 @@ def test_answers_html(search: dict) -> str:
             f"<td style='{PRE}; padding: 2px 10px; max-width: 28em'>{html.escape(got[c]['output']) if c in got else ''}"
             f"</td><td style='text-align: right; padding: 2px 10px'>"
             f"{format(got[c]['score'], 'g') if c in got else ''}</td>" for c in ("seed", "best"))
-        rows.append(f"<tr><td style='padding: 2px 10px'>{html.escape(item)}</td>"
+        rows.append(f"<tr style='border-bottom: 1px solid #e5e7eb'>"
+                    f"<td style='padding: 2px 10px'>{html.escape(item)}</td>"
                     f"<td style='{PRE}; padding: 2px 10px; max-width: 24em'>{html.escape(q or '')}</td>{cells}</tr>")
     head = "".join(f"<th style='text-align: left; padding: 2px 10px'>{h}</th>" for h in
                    ("item", "question", "seed harness answer", "score", "best harness answer", "score"))
@@ -369,7 +371,8 @@ def _(get_shown, run_ui):
         _rels = search["index"]["releases"]
         _rel_rows = "".join(
             f"<tr><td>{html.escape(r['version'])}</td><td>c{(r.get('gepa') or {}).get('candidate', '?')}</td>"
-            f"<td>{html.escape(str(r.get('parent')))}</td><td>{utc(r.get('created_at'))}</td><td>{hub_cell(r)}</td></tr>"
+            f"<td>{html.escape(str(r.get('parent')))}</td><td>{utc(r.get('created_at'))}</td>"
+            f"<td>{hub_cell(r)}</td></tr>"
             for r in _rels)
         _rel_table = mo.Html(
             "<table id='gepa-releases'><thead><tr>" + "".join(

@@ -167,6 +167,7 @@ def release_rows(data_dir: Path, scenario: str, records_lf: pl.LazyFrame) -> tup
     def row(version: str, release_id: str, parent: str | None, rel: dict | None, ev: dict | None) -> dict:
         got = by_release.get(release_id, {"inferences": 0, "scores": []})
         mean, half = mean_ci(got["scores"]) if got["scores"] else (None, None)
+        half = half if len(got["scores"]) > 1 else None  # one report: no interval
         acc, n = (ev or {}).get("accuracy"), (ev or {}).get("n") or (ev or {}).get("size")
         lo, hi = wilson(acc * n, n) if acc is not None and n else (None, None)
         rel = rel or {}
@@ -199,7 +200,8 @@ def releases_table_html(rows: list[dict], index: dict) -> str:
             "reports", "mean reward (95% CI)", "change vs parent", "held-out (95% CI)", "Hub revision")
     body = []
     for r in rows:
-        reward = "" if r["reward"] is None else f"{r['reward']:.3f} ± {r['reward_ci']:.3f}"
+        reward = ("" if r["reward"] is None else f"{r['reward']:.3f} (one report)" if r["reward_ci"] is None
+                  else f"{r['reward']:.3f} ± {r['reward_ci']:.3f}")
         heldout = ("" if r["heldout"] is None else f"{r['heldout']:.3f} [{r['heldout_lo']:.3f}, {r['heldout_hi']:.3f}]"
                    f" of {r['heldout_n']}")
         cells = [f"<b>{html.escape(r['release'])}</b>" + (" (serving)" if r["serving"] else ""),
@@ -221,8 +223,8 @@ def plot_releases(rows: list[dict], scenario: str):
     fig, axes = figure(1080, 320, 1, 2)
     ax1, ax2 = axes.flat
     xs = list(range(len(rows)))
-    labels = [r["release"] for r in rows]
-    pts = [(x, r["reward"], r["reward_ci"]) for x, r in zip(xs, rows, strict=True) if r["reward"] is not None]
+    labels = [f"{r['release']}\n{r['reports']} reports" for r in rows]
+    pts = [(x, r["reward"], r["reward_ci"] or 0.0) for x, r in zip(xs, rows, strict=True) if r["reward"] is not None]
     if pts:
         ax1.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=4)
     ax1.set_title(f"{scenario}: mean reward of the traffic served (95% CI)")
@@ -233,9 +235,8 @@ def plot_releases(rows: list[dict], scenario: str):
                      marker="o", capsize=4, color="C2")
     ax2.set_title("held-out accuracy (95% Wilson CI)")
     for ax in (ax1, ax2):
-        ax.set_xticks(xs, labels)
+        ax.set_xticks(xs, labels if ax is ax1 else [r["release"] for r in rows])
         ax.set_xlim(-0.5, len(rows) - 0.5)
-        ax.set_xlabel("release")
     return fig
 
 

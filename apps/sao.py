@@ -57,10 +57,12 @@ with app.setup:
 
 @app.function
 def find_runs(root: Path) -> list[str]:
-    """Run folders (holding config.json and a data dir) under `root`, newest first."""
+    """Run folders of weight experiments (config.json with a rollout budget, and a data dir) under `root`, newest
+    first."""
     if not root.exists():
         return []
-    runs = [p.parent for p in root.rglob("config.json") if (p.parent / "data").exists()]
+    runs = [p.parent for p in root.rglob("config.json") if (p.parent / "data").exists()
+            and "rollouts" in orjson.loads(p.read_bytes())]  # a weight experiment's, not a GEPA search's
     return [str(p) for p in sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)]
 
 
@@ -99,16 +101,19 @@ def load_run(run_dir: str | Path) -> dict | None:
     steps = frame("step", ["trainer_step", "phase", "reward_mean", "loss", "masked_fraction", "value_abs_error",
                            "grad_norm", "staleness_mean", "step_s", "time"])
     steps = steps.with_row_index("batch", offset=1)
+    index_file = run_dir / "data" / "releases" / config["name"] / "index.json"
+    index = orjson.loads(index_file.read_bytes()) if index_file.exists() else {"releases": [], "candidates": []}
+    # How many held-out items each accuracy is over: the evaluation's own count (a metrics row keeps only a sample
+    # of its examples), else the config's eval_size (LearnConfig's default 64).
     eval_n = (config.get("recipe_config") or {}).get("eval_size", 64)
-    for r in rows:  # how many held-out items each accuracy is over
+    counted = {c["id"]: (c.get("eval") or {}).get("n") for c in index["candidates"]}
+    for r in rows:
         if r["event"] == "candidate":
-            r["n"] = len(r["examples"]) if r.get("examples") else eval_n
+            r["n"] = counted.get(r.get("candidate")) or eval_n
     candidates = frame("candidate", ["trainer_step", "candidate", "status", "accuracy", "n", "serving_accuracy",
                                      "time"])
     releases = frame("release", ["trainer_step", "release_id", "accuracy", "swap_s", "time"])
     base = next((r["accuracy"] for r in rows if r["event"] == "eval" and r.get("release_id") == "base"), None)
-    index_file = run_dir / "data" / "releases" / config["name"] / "index.json"
-    index = orjson.loads(index_file.read_bytes()) if index_file.exists() else {"releases": [], "candidates": []}
     done = count_lines(run_dir / "rollouts.jsonl")
     run = {"dir": str(run_dir), "config": config, "summary": summary, "steps": steps, "candidates": candidates,
            "releases": releases, "base_accuracy": base, "eval_n": eval_n, "index": index,
