@@ -1,13 +1,17 @@
 """Run and inspect GEPA harness searches: launch an experiment, or open one (or a live scenario's search).
 
-    marimo edit apps/gepa.py
+    marimo run apps/gepa.py                 # as an app (marimo edit: as a notebook)
     REEF_LAB_RUN=runs/gepa-arithmetic-seed0 marimo export html apps/gepa.py -o out.html   # headless
 
-A search folder holds `events.jsonl` (reef_lab/gepa_search.py): an experiment's run folder
-(scripts/run_experiment.py recipes/gepa/examples/*.yaml) or a live scenario's `data/learn/<scenario>/gepa`. The app
-shows the candidate tree (each candidate's parent, the component its mutation rewrote, its validation mean), one
-candidate's text with the diff to its parent and its per-example scores, the Pareto front after each new candidate,
-and validation score against metric calls (each new candidate and the best so far).
+A search folder holds `events.jsonl` (recipes/gepa/search.py): an experiment's run folder
+(scripts/run_experiment.py recipes/gepa/examples/*.yaml, with `summary.json`, `test_answers.jsonl`, its releases
+under `data/releases` and its W&B run under `wandb`) or a live scenario's `data/learn/<scenario>/gepa`. The app
+shows the search's status and progress (metric calls of the budget), validation score against metric calls, the
+candidate tree, one candidate's files (wrapped) with a coloured diff to its parent, every validation item's score
+under every candidate (the Pareto front's winners marked), the saved test answers of the seed and the best harness,
+and links to the W&B run folder and each release's Hub revision. The launch form starts from the example's values
+(only changed fields become overrides). Auto-refresh re-reads only when the search's files changed and keeps the
+picked candidate.
 """
 
 import marimo
@@ -17,23 +21,30 @@ app = marimo.App(width="full", app_title="reef_lab GEPA")
 
 with app.setup:
     import difflib
+    import html
     import json
+    import os
+    import sys
     from pathlib import Path
 
     import marimo as mo
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import polars as pl
-
-    import sys
+    import yaml
+    from matplotlib.ticker import MaxNLocator
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # recipes/ ships in the repository, not in the installed package
+    sys.path.insert(0, str(ROOT))  # recipes/ and apps/shared.py ship in the repository, not in the installed package
 
-    from reef_lab.learning.experiment import launch_detached, run_choices
+    from apps.shared import (figure, hub_cell, progress_html, run_status, signature, svg, tidy, utc, wandb_md,
+                             wandb_runs)
     from recipes.gepa.search import read_events
+    from reef_lab.learning.experiment import launch_detached, run_choices, yaml_value
+
+    SEARCH_FILES = ("events.jsonl", "summary.json", "test_answers.jsonl", "config.json", "index.json", "run.log",
+                    "run.pid")
+    PRE = "white-space: pre-wrap; overflow-wrap: anywhere; margin: 0.3em 0 0.8em; font-size: 0.85em"
+    DIFF_STYLE = {"+": "background: #e6ffec; color: #1a7f37", "-": "background: #ffebe9; color: #cf222e",
+                  "@": "background: #ddf4ff; color: #0550ae"}
 
 
 @app.function
@@ -46,8 +57,22 @@ def find_searches(root: Path) -> list[str]:
 
 
 @app.function
+def release_index(folder: Path, config: dict | None) -> dict:
+    """The release index of the search's scenario: an experiment's `data/releases/<name>`, or for a live search
+    (`<data>/learn/<scenario>/gepa`) `<data>/releases/<scenario>`."""
+    if config is not None:
+        path = folder / "data" / "releases" / config["name"] / "index.json"
+    elif folder.name == "gepa" and folder.parent.parent.name == "learn":
+        path = folder.parents[2] / "releases" / folder.parent.name / "index.json"
+    else:
+        return {"releases": []}
+    return json.loads(path.read_text()) if path.exists() else {"releases": []}
+
+
+@app.function
 def load_search(folder: str | Path) -> dict:
-    """A search's candidates, iterations, fronts and releases (polars frames) plus its config and summary."""
+    """A search's candidates, iterations, fronts and releases (polars frames) plus its config, summary, test
+    answers, release index, W&B folders, status and budget."""
     folder = Path(folder)
     events = read_events(folder)
     cands = [e for e in events if e["event"] == "candidate"]
@@ -74,9 +99,28 @@ def load_search(folder: str | Path) -> dict:
         if (folder / name).exists():
             data = json.loads((folder / name).read_text())
             config, summary = (data, summary) if name == "config.json" else (config, data)
+    answers_file = folder / "test_answers.jsonl"
+    answers = [json.loads(x) for x in answers_file.read_text().splitlines() if x.strip()] if answers_file.exists() \
+        else []
+    live = config is None and folder.name == "gepa"
+    status = ("finished" if summary else "live scenario" if live
+              else run_status(folder, False, [folder / "events.jsonl"]))
+    budget = (summary or {}).get("budget") or ((config or {}).get("search") or {}).get("max_metric_calls")
     return {"dir": str(folder), "events": events, "cands": {e["id"]: e for e in cands}, "candidates": candidates,
             "iterations": iterations, "fronts": fronts, "releases": [e for e in events if e["event"] == "release"],
-            "config": config, "summary": summary}
+            "config": config, "summary": summary, "test_answers": answers, "index": release_index(folder, config),
+            "wandb": wandb_runs(folder, folder / "data"), "status": status, "budget": budget,
+            "metric_calls": events[-1]["metric_calls"] if events else 0}
+
+
+@app.function
+def watch_key(folder: str) -> tuple:
+    """What a search is drawn from: its files (size, mtime) and, while unfinished, its status."""
+    d = Path(folder)
+    sig = signature(d, SEARCH_FILES)
+    if (d / "summary.json").exists() or not (d / "events.jsonl").exists():
+        return sig, None
+    return sig, run_status(d, False, [d / "events.jsonl"])
 
 
 @app.function
@@ -96,6 +140,18 @@ def diff_to_parent(search: dict, cid: int) -> str:
 
 
 @app.function
+def diff_html(diff: str) -> str:
+    """A unified diff as a wrapped <pre>: added lines green (.diff-add), removed red (.diff-del), hunks blue."""
+    lines = []
+    for line in diff.splitlines():
+        kind = ("" if line.startswith(("+++", "---")) else "diff-add" if line.startswith("+")
+                else "diff-del" if line.startswith("-") else "diff-hunk" if line.startswith("@@") else "")
+        style = DIFF_STYLE.get(line[:1], "") if kind else "color: #57606a"
+        lines.append(f"<span class='{kind}' style='display: block; {style}'>{html.escape(line) or ' '}</span>")
+    return f"<pre class='gepa-diff' style='{PRE}'>{''.join(lines)}</pre>"
+
+
+@app.function
 def tree_mermaid(search: dict) -> str:
     """The candidate tree as a mermaid graph: edges from parents, labels with the rewritten component and score."""
     lines = ["graph TD"]
@@ -112,8 +168,9 @@ def tree_mermaid(search: dict) -> str:
 
 @app.function
 def plot_search(search: dict):
-    """Validation score against metric calls, and the Pareto front after each new candidate."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    """Validation score against metric calls, and the Pareto front after each new candidate; 1080 x 340 px."""
+    fig, axes = figure(1080, 340, 1, 2)
+    ax1, ax2 = axes.flat
     c = search["candidates"]
     if c.height:
         ax1.scatter(c["metric_calls"].to_list(), c["val_mean"].to_list(), label="new candidate", zorder=3)
@@ -124,21 +181,72 @@ def plot_search(search: dict):
             ys.append(best)
         last = search["iterations"]["metric_calls"].max() if search["iterations"].height else xs[-1]
         ax1.step(xs + [max(last or 0, xs[-1])], ys + [ys[-1]], where="post", label="best so far")
+        ax1.legend(loc="lower right")
     for r in search["releases"]:
         ax1.axvline(r["metric_calls"], color="grey", linestyle="--", alpha=0.5)
     ax1.set_xlabel("metric calls")
     ax1.set_ylabel("validation mean")
-    ax1.legend(fontsize=8)
-    ax1.grid(alpha=0.3)
+    ax1.set_title("validation score (dashed: releases)")
     for k, f in enumerate(search["fronts"]):
         ids = [int(i) for i in f["front"]]
-        ax2.scatter([k] * len(ids), ids, s=[20 + 15 * f["front"][str(i)] for i in ids], color="C1")
+        ax2.scatter([k] * len(ids), ids, s=[30 + 20 * f["front"][str(i)] for i in ids], color="C1")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_xlabel("pool update (new candidate)")
-    ax2.set_ylabel("candidate on the Pareto front")
-    ax2.set_title("Pareto front (size ~ examples where best)", fontsize=10)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
+    ax2.set_ylabel("candidate on the front")
+    ax2.set_title("Pareto front (size ~ items where best)")
     return fig
+
+
+@app.function
+def pareto_items_html(search: dict, picked: int | None) -> str:
+    """Every validation item's score under every candidate; the best score of each item in bold on green (the
+    candidates holding one are the Pareto front), the picked candidate's column outlined; a last row counts the
+    items each candidate is best on."""
+    cands = sorted(search["cands"].values(), key=lambda c: c["id"])
+    n = max(len(c["scores"]) for c in cands)
+    head = "".join(f"<th style='padding: 2px 10px; {'outline: 2px solid #0969da' if c['id'] == picked else ''}'>"
+                   f"c{c['id']}</th>" for c in cands)
+    rows, wins = [], {c["id"]: 0 for c in cands}
+    for i in range(n):
+        scores = [c["scores"][i] if i < len(c["scores"]) else None for c in cands]
+        top = max(s for s in scores if s is not None)
+        cells = []
+        for c, s in zip(cands, scores, strict=True):
+            best = s is not None and s == top
+            wins[c["id"]] += best
+            style = ("font-weight: 700; background: #dafbe1; " if best else "") + (
+                "outline: 2px solid #0969da; " if c["id"] == picked else "")
+            cells.append(f"<td style='text-align: right; padding: 2px 10px; {style}'>"
+                         f"{'' if s is None else format(s, 'g')}</td>")
+        rows.append(f"<tr><td style='padding: 2px 10px'>val-{i}</td>{''.join(cells)}</tr>")
+    foot = "".join(f"<td style='text-align: right; padding: 2px 10px'>{wins[c['id']]}</td>" for c in cands)
+    return (f"<table id='gepa-pareto-items' style='width: auto'><thead><tr>"
+            f"<th style='text-align: left; padding: 2px 10px'>item</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody>"
+            f"<tfoot><tr><td style='padding: 2px 10px'><i>best on</i></td>{foot}</tr></tfoot></table>")
+
+
+@app.function
+def test_answers_html(search: dict) -> str:
+    """The saved test answers: for each test item, the seed harness's and the best harness's answer and score."""
+    by_item: dict[str, dict] = {}
+    for a in search["test_answers"]:
+        by_item.setdefault(a["example"], {})[a["candidate"]] = a
+    rows = []
+    for item, got in by_item.items():
+        q = next((a.get("question") for a in got.values() if a.get("question")), "")
+        cells = "".join(
+            f"<td style='{PRE}; padding: 2px 10px; max-width: 28em'>{html.escape(got[c]['output']) if c in got else ''}"
+            f"</td><td style='text-align: right; padding: 2px 10px'>"
+            f"{format(got[c]['score'], 'g') if c in got else ''}</td>" for c in ("seed", "best"))
+        rows.append(f"<tr style='border-bottom: 1px solid #e5e7eb'>"
+                    f"<td style='padding: 2px 10px'>{html.escape(item)}</td>"
+                    f"<td style='{PRE}; padding: 2px 10px; max-width: 24em'>{html.escape(q or '')}</td>{cells}</tr>")
+    head = "".join(f"<th style='text-align: left; padding: 2px 10px'>{h}</th>" for h in
+                   ("item", "question", "seed harness answer", "score", "best harness answer", "score"))
+    return (f"<div id='gepa-test-answers'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>"
+            "</table></div>")
 
 
 @app.cell
@@ -152,63 +260,141 @@ def _():
     _examples = sorted(p.name for p in (ROOT / "recipes/gepa/examples").glob("*.yaml") if p.stem != "live")
     example_ui = mo.ui.dropdown(_examples, value="copycolors.yaml" if "copycolors.yaml" in _examples else _examples[0],
                                 label="example")
-    seed_ui = mo.ui.number(0, 1000, value=0, label="seed")
-    budget_ui = mo.ui.number(10, 100_000, step=10, value=200, label="metric calls")
-    out_ui = mo.ui.text(value="runs/app-gepa", label="runs folder")
-    launch_ui = mo.ui.run_button(label="launch")
-    mo.vstack([mo.md("## Launch a run (recipes/gepa/examples)"),
-               mo.hstack([example_ui, seed_ui, budget_ui, out_ui, launch_ui])])
-    return budget_ui, example_ui, launch_ui, out_ui, seed_ui
+    return (example_ui,)
 
 
 @app.cell
-def _(budget_ui, example_ui, launch_ui, out_ui, seed_ui):
+def _(example_ui):
+    example = yaml.safe_load((ROOT / "recipes/gepa/examples" / example_ui.value).read_text())
+    _budget = (example.get("search") or {}).get("max_metric_calls", 200)
+    seed_ui = mo.ui.number(0, 10**6, value=int(example.get("seed", 0)), label="seed")
+    budget_ui = mo.ui.number(1, 10**7, value=int(_budget), label="metric calls")
+    out_ui = mo.ui.text(value="runs/app-gepa", label="runs folder")
+    launch_ui = mo.ui.run_button(label="launch")
+    return budget_ui, example, launch_ui, out_ui, seed_ui
+
+
+@app.cell
+def _(budget_ui, example, example_ui, out_ui, seed_ui):
+    # Only fields changed from the example become overrides: unchanged, the launch is the example's own command.
+    overrides = {}
+    if int(budget_ui.value) != (example.get("search") or {}).get("max_metric_calls", 200):
+        overrides["search.max_metric_calls"] = int(budget_ui.value)
+    _out = Path(out_ui.value).expanduser()
+    launch_dir = (_out if _out.is_absolute() else ROOT / _out) / f"{example['name']}-seed{int(seed_ui.value)}"
+    launch_cmd = (f"python scripts/run_experiment.py recipes/gepa/examples/{example_ui.value} "
+                  f"--seed {int(seed_ui.value)} --out {launch_dir}"
+                  + "".join(f" --set {k}={yaml_value(v)}" for k, v in overrides.items()))
+    mo.vstack([mo.md("## Launch a run (recipes/gepa/examples)"),
+               mo.hstack([example_ui, seed_ui, budget_ui, out_ui, launch_ui], justify="start", gap=1.5),
+               mo.md(f"`{launch_cmd}`")])
+    return launch_dir, overrides
+
+
+@app.cell
+def _():
+    get_folder, set_folder = mo.state(None)  # the search shown (None: the first offered)
+    get_cand, set_cand = mo.state(None)  # the candidate picked (None: the newest)
+    return get_cand, get_folder, set_cand, set_folder
+
+
+@app.cell
+def _(example_ui, launch_dir, launch_ui, overrides, seed_ui, set_folder):
     launched = None
     if launch_ui.value:
-        _dir = Path(out_ui.value) / f"{Path(example_ui.value).stem}-seed{int(seed_ui.value)}"
-        _proc = launch_detached(ROOT / "recipes/gepa/examples" / example_ui.value, int(seed_ui.value), _dir,
-                                {"search.max_metric_calls": int(budget_ui.value)}, root=ROOT)
-        launched = str(_dir)
-        mo.output.replace(mo.md(f"Started pid {_proc.pid}, writing `{_dir}` (log: `{_dir}/run.log`)."))
+        _proc = launch_detached(ROOT / "recipes/gepa/examples" / example_ui.value, int(seed_ui.value), launch_dir,
+                                overrides, root=ROOT)
+        launched = str(launch_dir)
+        set_folder(launched)
+        mo.output.replace(mo.md(f"Started pid {_proc.pid}, writing `{launch_dir}` (log: `{launch_dir}/run.log`)."))
     return (launched,)
 
 
 @app.cell
 def _(launched):
-    _options = run_choices(find_searches(ROOT / "runs") + find_searches(ROOT / ".reef_lab" / "learn"), launched)
-    run_ui = mo.ui.dropdown(_options, value=_options[0] if _options else None, label="search folder")
-    refresh_ui = mo.ui.refresh(default_interval="10s", label="refresh")
-    mo.vstack([mo.md("## Open a search"), mo.hstack([run_ui, refresh_ui])])
-    return refresh_ui, run_ui
+    def folders_now() -> list[str]:
+        """The searches offered: $REEF_LAB_RUN, the one launched here, then those under runs/ and .reef_lab/learn."""
+        return run_choices(find_searches(ROOT / "runs") + find_searches(ROOT / ".reef_lab" / "learn"), launched)
+
+    get_folders, set_folders = mo.state(folders_now())
+    # Shown by the cell that makes it: a cell showing it elsewhere would re-run on every tick.
+    refresh_ui = mo.ui.refresh(options=["5s", "10s", "30s", "1m"], default_interval="10s", label="auto-refresh")
+    mo.hstack([mo.md("## Open a search"), refresh_ui], justify="start", gap=2, align="center")
+    return folders_now, get_folders, refresh_ui, set_folders
 
 
 @app.cell
-def _(refresh_ui, run_ui):
+def _(get_folder, get_folders, set_folder):
+    _options = get_folders()
+    _value = get_folder() if get_folder() in _options else (_options[0] if _options else None)
+    run_ui = mo.ui.dropdown(_options, value=_value, label="search folder", on_change=set_folder)
+    run_ui
+    return (run_ui,)
+
+
+@app.cell
+def _(run_ui):
+    get_shown, set_shown = mo.state(watch_key(run_ui.value) if run_ui.value else None)
+    return get_shown, set_shown
+
+
+@app.cell
+def _(folders_now, get_folders, get_shown, refresh_ui, run_ui, set_folders, set_shown):
+    # Every tick: compare the list of searches and the shown search's files with what the page was drawn from;
+    # only a change re-reads and redraws (a finished search never is).
     refresh_ui.value
+    _folders = folders_now()
+    if sorted(_folders) != sorted(get_folders()):
+        set_folders(_folders)
+    _shown = watch_key(run_ui.value) if run_ui.value else None
+    if _shown != get_shown():
+        set_shown(_shown)
+    return
+
+
+@app.cell
+def _(get_shown, run_ui):
+    get_shown()
     search = load_search(run_ui.value) if run_ui.value else None
     if search is None or not search["cands"]:
         _out = mo.md("_No search yet: launch one above, or run scripts/run_experiment.py with a gepa example._")
     else:
         _s = search["summary"]
-        _calls = search["events"][-1]["metric_calls"]
-        _head = (f"**{search['dir']}**: {len(search['cands'])} candidates, {search['iterations'].height} iterations, "
-                 f"{_calls} metric calls, {len(search['releases'])} releases")
+        _head = (f"**{search['dir']}**: **{search['status']}**, "
+                 + (progress_html(search["metric_calls"], search["budget"], "metric calls") if search["budget"]
+                    else f"{search['metric_calls']} metric calls")
+                 + f"; {len(search['cands'])} candidates, {search['iterations'].height} iterations, "
+                 f"{len(search['releases'])} releases")
         if _s:
-            _head += (f"; test: seed harness {_s['seed_test']:.3f} → best {_s['best_test']:.3f} "
-                      f"({_s['test_size']} items)")
-        _out = mo.vstack([mo.md(_head), plot_search(search), mo.md("### Candidate tree"),
-                          mo.mermaid(tree_mermaid(search)),
-                          mo.md("### Candidates"), mo.ui.table(search["candidates"].to_dicts(), selection=None)])
+            _head += (f"; test: seed harness {_s['seed_test']:.3f} → best (c{_s['best_candidate']}) "
+                      f"{_s['best_test']:.3f} ({_s['test_size']} items)")
+        _rels = search["index"]["releases"]
+        _rel_rows = "".join(
+            f"<tr><td>{html.escape(r['version'])}</td><td>c{(r.get('gepa') or {}).get('candidate', '?')}</td>"
+            f"<td>{html.escape(str(r.get('parent')))}</td><td>{utc(r.get('created_at'))}</td>"
+            f"<td>{hub_cell(r)}</td></tr>"
+            for r in _rels)
+        _rel_table = mo.Html(
+            "<table id='gepa-releases'><thead><tr>" + "".join(
+                f"<th style='text-align: left; padding-right: 1.5em'>{h}</th>"
+                for h in ("release", "candidate", "parent", "released (UTC)", "Hub revision"))
+            + f"</tr></thead><tbody>{_rel_rows}</tbody></table>") if _rels else mo.md("_No release._")
+        _out = mo.vstack([mo.md(_head), mo.md(wandb_md(search["wandb"])), svg(plot_search(search), "gepa-figure"),
+                          mo.md("### Releases"), _rel_table, mo.md("### Candidate tree"),
+                          mo.mermaid(tree_mermaid(search)), mo.md("### Candidates"),
+                          mo.ui.table(tidy(search["candidates"]), selection=None, show_column_summaries=False,
+                                      show_data_types=False)])
     _out
     return (search,)
 
 
 @app.cell
-def _(search):
+def _(get_cand, search, set_cand):
     cand_ui = None
     if search is not None and search["cands"]:
         _ids = [str(i) for i in sorted(search["cands"])]
-        cand_ui = mo.ui.dropdown(_ids, value=_ids[-1], label="candidate")
+        cand_ui = mo.ui.dropdown(_ids, value=get_cand() if get_cand() in _ids else _ids[-1], label="candidate",
+                                 on_change=set_cand)
     cand_ui
     return (cand_ui,)
 
@@ -218,14 +404,33 @@ def _(cand_ui, search):
     _out = None
     if cand_ui is not None and cand_ui.value is not None:
         _c = search["cands"][int(cand_ui.value)]
-        _files = "\n\n".join(f"**{k}**\n```\n{v}\n```" for k, v in sorted(_c["components"].items()))
+        _files = "".join(f"<p><b>{html.escape(k)}</b></p><pre class='gepa-component' style='{PRE}'>"
+                         f"{html.escape(v)}</pre>" for k, v in sorted(_c["components"].items()))
         _diff = diff_to_parent(search, _c["id"])
         _out = mo.vstack([
             mo.md(f"### Candidate {_c['id']} ({_c['origin']}; parents {_c['parents'] or '-'}; rewrote "
                   f"{_c.get('changed') or '-'}): validation mean {_c['mean']:.3f}"),
-            mo.md(_files), mo.md("**Diff to its parent**\n```diff\n" + (_diff or "(seed)") + "\n```"),
-            mo.md(f"**Per-example validation scores** {_c['scores']}"),
-            mo.md("### Iterations"), mo.ui.table(search["iterations"].to_dicts(), selection=None)])
+            mo.Html(_files), mo.md("**Diff to its parent**"),
+            mo.Html(diff_html(_diff)) if _diff else mo.md("_(the seed: no parent)_"),
+            mo.md("### Pareto view: each validation item's score under each candidate"),
+            mo.Html(pareto_items_html(search, _c["id"])),
+            mo.md("Bold on green: the best score on that item (the candidates holding one form the Pareto front); "
+                  "outlined: the picked candidate."),
+            mo.md("### Iterations"),
+            mo.ui.table(tidy(search["iterations"]), selection=None, show_column_summaries=False,
+                        show_data_types=False)])
+    _out
+    return
+
+
+@app.cell
+def _(search):
+    _out = None
+    if search is not None and search["test_answers"]:
+        _out = mo.vstack([mo.md(f"### Test answers ({len(search['test_answers'])} saved: the seed harness and the "
+                                "best, on the held-out test items)"), mo.Html(test_answers_html(search))])
+    elif search is not None and search["summary"]:
+        _out = mo.md("_This run saved no test answers._")
     _out
     return
 

@@ -18,6 +18,7 @@ app = marimo.App(width="full", app_title="reef_lab records")
 with app.setup:
     import html
     import os
+    import sys
     import time
     from datetime import datetime, timedelta, timezone
     from pathlib import Path
@@ -26,6 +27,11 @@ with app.setup:
     import orjson
     import polars as pl
 
+    ROOT = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
+
+    from apps.shared import figure, hub_cell, mean_ci, signature, svg, wandb_md, wandb_runs, wilson
+    from reef_lab.publishing.releases import BASE, ReleaseStore
     from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
     from reef_lab.records.store import scan_records
 
@@ -33,7 +39,9 @@ with app.setup:
     ALL = "(all)"
     # Columns the tables and filters need; request/response/feedback JSON are fetched only for shown rows.
     LIGHT = ["id", "scenario", "kind", "dialect", "created_at", "time", "status", "error", "release_id", "score",
-             "references", "n_tokens", "mean_logprob", "latency_ms", "visible"]
+             "n_reports", "references", "n_tokens", "mean_logprob", "latency_ms", "visible"]
+    # The files a refresh compares: record logs and segments, the scenario registry, the release indexes.
+    DATA_FILES = ("*.bin", "*.parquet", "scenarios.json", "index.json")
 
 
 @app.function
@@ -130,8 +138,106 @@ def pretty(value) -> mo.Html:
 
 
 @app.function
+def feedback_text(feedback_json: str | None) -> str:
+    """A report's feedback (JSON text or an object) as one line of text."""
+    value = loads_json(feedback_json)
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+@app.function
 def utc(ts) -> str:
     return "" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.function
+def release_rows(data_dir: Path, scenario: str, records_lf: pl.LazyFrame) -> tuple[list[dict], dict]:
+    """One row per release of `scenario` (the base model first): its lineage (parent, candidate, when, what it was
+    trained on, Hub revision), the traffic it served (inferences, reports on them, mean reward with a 95% interval
+    and the change from its parent) and its held-out accuracy (with a 95% Wilson interval). Also the index."""
+    index = ReleaseStore(data_dir).index(scenario)
+    served = (records_lf.filter(pl.col("scenario") == scenario)
+              .group_by("release_id")
+              .agg(inferences=(pl.col("kind") == "inference").sum(),
+                   scores=pl.col("score").filter((pl.col("kind") == "report") & pl.col("score").is_not_null()))
+              .collect())
+    by_release = {r["release_id"]: r for r in served.iter_rows(named=True)}
+
+    def row(version: str, release_id: str, parent: str | None, rel: dict | None, ev: dict | None) -> dict:
+        got = by_release.get(release_id, {"inferences": 0, "scores": []})
+        mean, half = mean_ci(got["scores"]) if got["scores"] else (None, None)
+        half = half if len(got["scores"]) > 1 else None  # one report: no interval
+        acc, n = (ev or {}).get("accuracy"), (ev or {}).get("n") or (ev or {}).get("size")
+        lo, hi = wilson(acc * n, n) if acc is not None and n else (None, None)
+        rel = rel or {}
+        return {"release": version, "release_id": release_id, "parent": parent, "candidate": rel.get("candidate"),
+                "released": utc(rel.get("created_at")), "trainer_step": rel.get("trainer_step"),
+                "trained_on": (f"{len(rel.get('records') or [])} records, {len(rel.get('reports') or [])} reports"
+                               if rel else ""),
+                "serving": (index["serving"] == version) if rel else index["serving"] is None,
+                "inferences": got["inferences"], "reports": len(got["scores"]), "reward": mean, "reward_ci": half,
+                "heldout": acc, "heldout_n": n, "heldout_lo": lo, "heldout_hi": hi,
+                "hub": hub_cell(rel) if rel else ""}
+
+    rows = [row(BASE, BASE, None, None, index.get("base_eval"))]
+    for rel in index["releases"]:
+        rows.append(row(rel["version"], rel["release_id"], rel.get("parent", BASE).rsplit(":", 1)[-1], rel,
+                        rel.get("eval")))
+    means = {r["release"]: r["reward"] for r in rows}
+    for r in rows:
+        parent = means.get(r["parent"]) if r["parent"] else None
+        r["reward_change"] = None if parent is None or r["reward"] is None else r["reward"] - parent
+    return rows, index
+
+
+@app.function
+def releases_table_html(rows: list[dict], index: dict) -> str:
+    def num(v, fmt="{:.3f}"):
+        return "" if v is None else fmt.format(v)
+
+    head = ("release", "parent", "candidate", "released (UTC)", "policy step", "trained on", "inferences",
+            "reports", "mean reward (95% CI)", "change vs parent", "held-out (95% CI)", "Hub revision")
+    body = []
+    for r in rows:
+        reward = ("" if r["reward"] is None else f"{r['reward']:.3f} (one report)" if r["reward_ci"] is None
+                  else f"{r['reward']:.3f} ± {r['reward_ci']:.3f}")
+        heldout = ("" if r["heldout"] is None else f"{r['heldout']:.3f} [{r['heldout_lo']:.3f}, {r['heldout_hi']:.3f}]"
+                   f" of {r['heldout_n']}")
+        cells = [f"<b>{html.escape(r['release'])}</b>" + (" (serving)" if r["serving"] else ""),
+                 html.escape(r["parent"] or "—"), html.escape(r["candidate"] or ""), r["released"],
+                 num(r["trainer_step"], "{}"), r["trained_on"], str(r["inferences"]), str(r["reports"]), reward,
+                 num(r["reward_change"], "{:+.3f}"), heldout, r["hub"]]
+        body.append("<tr>" + "".join(f"<td style='padding: 2px 12px 2px 0'>{c}</td>" for c in cells) + "</tr>")
+    rollbacks = "".join(f"<li>serving moved back to {html.escape(b['to'])} at {utc(b['at'])} UTC</li>"
+                        for b in index.get("rollbacks") or [])
+    return ("<table style='width: auto'><thead><tr>"
+            + "".join(f"<th style='text-align: left; padding-right: 12px'>{h}</th>" for h in head)
+            + f"</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            + (f"<p>Rollbacks:</p><ul>{rollbacks}</ul>" if rollbacks else ""))
+
+
+@app.function
+def plot_releases(rows: list[dict], scenario: str):
+    """Mean reward of the traffic each release served and its held-out accuracy, release by release."""
+    fig, axes = figure(1080, 320, 1, 2)
+    ax1, ax2 = axes.flat
+    xs = list(range(len(rows)))
+    labels = [f"{r['release']}\n{r['reports']} reports" for r in rows]
+    pts = [(x, r["reward"], r["reward_ci"] or 0.0) for x, r in zip(xs, rows, strict=True) if r["reward"] is not None]
+    if pts:
+        ax1.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=4)
+    ax1.set_title(f"{scenario}: mean reward of the traffic served (95% CI)")
+    pts = [(x, r["heldout"], r["heldout"] - r["heldout_lo"], r["heldout_hi"] - r["heldout"])
+           for x, r in zip(xs, rows, strict=True) if r["heldout"] is not None]
+    if pts:
+        ax2.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+                     marker="o", capsize=4, color="C2")
+    ax2.set_title("held-out accuracy (95% Wilson CI)")
+    for ax in (ax1, ax2):
+        ax.set_xticks(xs, labels if ax is ax1 else [r["release"] for r in rows])
+        ax.set_xlim(-0.5, len(rows) - 0.5)
+    return fig
 
 
 @app.cell
@@ -148,14 +254,34 @@ def _():
 def _():
     data_dir_input = mo.ui.text(value=os.environ.get("REEF_LAB_DATA_DIR") or "./.reef_lab", label="Data dir",
                                 full_width=True)
-    refresh = mo.ui.button(label="↻ Refresh", value=0, on_click=lambda n: (n or 0) + 1)
-    mo.hstack([data_dir_input, refresh], widths=[10, 1], align="end")
+    # Shown by the cell that makes it: a cell showing it elsewhere would re-run on every tick.
+    refresh = mo.ui.refresh(options=["5s", "10s", "30s", "1m"], default_interval="10s", label="auto-refresh")
+    mo.hstack([data_dir_input, refresh], widths=[8, 1], align="end")
     return data_dir_input, refresh
 
 
 @app.cell
-def _(data_dir_input, refresh):
-    refresh.value  # a click re-reads the data dir
+def _(data_dir_input):
+    def data_files_now() -> tuple:
+        return signature(Path(data_dir_input.value.strip() or ".").expanduser(), DATA_FILES)
+
+    get_data_files, set_data_files = mo.state(data_files_now())
+    return data_files_now, get_data_files, set_data_files
+
+
+@app.cell
+def _(data_files_now, get_data_files, refresh, set_data_files):
+    # Every tick: compare the data dir's files with the last read; only a change re-reads it (selections stay).
+    refresh.value
+    _now = data_files_now()
+    if _now != get_data_files():
+        set_data_files(_now)
+    return
+
+
+@app.cell
+def _(data_dir_input, get_data_files):
+    get_data_files()
     data_dir = Path(data_dir_input.value.strip() or ".").expanduser()
     load_error = None
     registry = None  # the scenarios.json entries; None when there is no scenarios.json
@@ -184,22 +310,37 @@ def _(data_dir_input, refresh):
     else:  # what the API shows: registered scenarios, records since the scenario was (re)created
         _visible = pl.col("scenario_created_at").is_not_null() & (
             pl.col("stored_at").fill_null(pl.col("created_at")) >= pl.col("scenario_created_at") - 1e-6)
+    # An inference's score is the mean of the reports on it; a report's release is that of what it reports on.
+    _refs = (_lf.filter(pl.col("kind") == "report").select("id", "score", ref=pl.col("references"))
+             .explode("ref").filter(pl.col("ref").is_not_null()))
+    _on_inference = _refs.group_by("ref").agg(report_score=pl.col("score").mean(), n_reports=pl.len())
+    _report_release = (_refs.join(_lf.select(ref="id", ref_release="release_id"), on="ref", how="inner")
+                       .group_by("id").agg(pl.col("ref_release").drop_nulls().first()))
     records_lf = (_lf.join(_reg.lazy().select("scenario", "scenario_created_at"), on="scenario", how="left")
+                  .join(_on_inference, left_on="id", right_on="ref", how="left")
+                  .join(_report_release, on="id", how="left")
+                  .with_columns(score=pl.coalesce("score", "report_score"),
+                                release_id=pl.coalesce("release_id", "ref_release"),
+                                n_reports=pl.col("n_reports").cast(pl.Int64))
                   .with_columns(**_derived).with_columns(visible=_visible.fill_null(False)))
     try:
         records = records_lf.select(LIGHT).collect()
     except Exception as _e:
         load_error = f"{type(_e).__name__}: {_e}"
         records_lf = (pl.DataFrame(schema=PARQUET_SCHEMA).lazy()
-                      .with_columns(scenario_created_at=pl.lit(None, pl.Float64)).with_columns(**_derived)
+                      .with_columns(scenario_created_at=pl.lit(None, pl.Float64),
+                                    n_reports=pl.lit(None, pl.Int64)).with_columns(**_derived)
                       .with_columns(visible=pl.lit(True)))
         records = records_lf.select(LIGHT).collect()
     scenarios_registered = _reg
     scenario_names = sorted(set(_reg["scenario"].to_list()) | set(records["scenario"].unique().to_list()))
+    release_names = sorted(set(records["release_id"].drop_nulls().to_list()),
+                           key=lambda r: (r != BASE, r.rsplit(":v", 1)[0], int(r.rsplit(":v", 1)[-1])
+                                          if r.rsplit(":v", 1)[-1].isdigit() else 0, r))
     hidden_count = records.height - records["visible"].sum()
     loaded_at = time.time()
-    return (data_dir, hidden_count, load_error, loaded_at, records, records_lf, registry, scenario_names,
-            scenarios_registered)
+    return (data_dir, hidden_count, load_error, loaded_at, records, records_lf, registry, release_names,
+            scenario_names, scenarios_registered)
 
 
 @app.cell
@@ -229,7 +370,12 @@ def _(data_dir, hidden_count, load_error, loaded_at, records, registry):
 @app.cell
 def _():
     get_scenario, set_scenario = mo.state(ALL)
-    return get_scenario, set_scenario
+    get_release, set_release = mo.state(ALL)
+    get_picked_id, set_picked_id = mo.state(None)  # the record picked in the table
+    # The picked record's id for a rebuilt table's initial selection (read without re-running that cell).
+    picked_memory = {"id": None}
+    return (get_picked_id, get_release, get_scenario, picked_memory, set_picked_id, set_release,
+            set_scenario)
 
 
 @app.cell
@@ -239,6 +385,14 @@ def _(get_scenario, scenario_names, set_scenario):
     scenario_select = mo.ui.dropdown(_opts, value=get_scenario() if get_scenario() in _opts else ALL,
                                      on_change=set_scenario, searchable=True, label="Scenario")
     return (scenario_select,)
+
+
+@app.cell
+def _(get_release, release_names, set_release):
+    _opts = [ALL, *release_names]
+    release_select = mo.ui.dropdown(_opts, value=get_release() if get_release() in _opts else ALL,
+                                    on_change=set_release, label="Release")
+    return (release_select,)
 
 
 @app.cell
@@ -261,11 +415,12 @@ def _():
 
 
 @app.cell
-def _(date_range, include_hidden, kind_select, last_n, row_limit, scenario_select, search_input, status_select,
-      time_mode):
+def _(date_range, include_hidden, kind_select, last_n, release_select, row_limit, scenario_select, search_input,
+      status_select, time_mode):
     # Every filter as one plain dict: the cells below use only this (and a test can pass its own).
     flt = {
         "scenario": None if scenario_select.value == ALL else scenario_select.value,
+        "release": None if release_select.value == ALL else release_select.value,
         "kinds": list(kind_select.value),
         "status": status_select.value,
         "search": search_input.value.strip(),
@@ -306,11 +461,35 @@ def _(flt, records, scenarios_registered):
 
 
 @app.cell
-def _(date_range, include_hidden, kind_select, last_n, row_limit, scenario_select, search_input, status_select,
-      time_mode):
+def _(data_dir, flt, records_lf, scenario_names):
+    # Records by release: did reward go up after each release? The scenario picked above, else the first with one.
+    _store = ReleaseStore(data_dir)
+    _with = [n for n in scenario_names if _store.index(n)["releases"]]
+    release_scenario = flt["scenario"] if flt["scenario"] else (_with[0] if _with else None)
+    release_view = None
+    if release_scenario is None or not _store.index(release_scenario)["releases"]:
+        _out = mo.md("## Records by release\n_" + (f"Scenario `{release_scenario}` has" if release_scenario
+                                                   else "No scenario has") + " no release yet._")
+    else:
+        release_view, _index = release_rows(data_dir, release_scenario, records_lf)
+        _out = mo.vstack([
+            mo.md(f"## Records by release: `{release_scenario}`"
+                  + ("" if flt["scenario"] else " (pick a scenario above to see another)")),
+            mo.Html(f"<div id='records-by-release'>{releases_table_html(release_view, _index)}</div>"),
+            svg(plot_releases(release_view, release_scenario), "records-release-figure"),
+            mo.md("Reward: the mean score of the reports on the inferences each release served. Held-out: the "
+                  "release's own evaluation when it was made. " + wandb_md(wandb_runs(data_dir)))])
+    _out
+    return release_scenario, release_view
+
+
+@app.cell
+def _(date_range, include_hidden, kind_select, last_n, release_select, row_limit, scenario_select, search_input,
+      status_select, time_mode):
     mo.vstack([
         mo.md("## Records"),
-        mo.hstack([scenario_select, kind_select, status_select, include_hidden], justify="start", gap=2),
+        mo.hstack([scenario_select, release_select, kind_select, status_select, include_hidden], justify="start",
+                  gap=2),
         mo.hstack([time_mode, last_n, date_range, row_limit], justify="start", gap=2),
         search_input,
     ])
@@ -324,6 +503,8 @@ def _(flt, records_lf):
         _q = _q.filter("visible")
     if flt["scenario"]:
         _q = _q.filter(pl.col("scenario") == flt["scenario"])
+    if flt.get("release"):  # records it served, and the reports on them
+        _q = _q.filter(pl.col("release_id") == flt["release"])
     _q = _q.filter(pl.col("kind").is_in(flt["kinds"]))
     if flt["status"] == "ok":
         _q = _q.filter(pl.col("status") == "ok")
@@ -349,18 +530,31 @@ def _(flt, records_lf):
 
 
 @app.cell
-def _(filtered, flt, records_lf):
+def _(filtered, flt, picked_memory, records_lf, set_picked_id):
     _page = filtered.head(flt["limit"])
-    _texts = (records_lf.filter(pl.col("id").is_in(_page["id"].implode()))
-              .select("id", "request", "response").collect()
+    _ids = _page["id"].implode()
+    _texts = (records_lf.filter(pl.col("id").is_in(_ids))
+              .select("id", "request", "response", "feedback").collect()
               .select("id",
                       user=pl.col("request").map_elements(lambda s: snippet(last_user_message(s)),
                                                           return_dtype=pl.String).fill_null(""),
                       answer=pl.col("response").map_elements(lambda s: snippet(answer_text(s)),
-                                                             return_dtype=pl.String).fill_null("")))
+                                                             return_dtype=pl.String).fill_null(""),
+                      own_feedback=pl.col("feedback").map_elements(feedback_text, return_dtype=pl.String)))
+    # An inference shows the feedback of the reports on it, newest first.
+    _on_inference = (records_lf.filter((pl.col("kind") == "report") & pl.col("feedback").is_not_null())
+                     .select("created_at", "feedback", ref=pl.col("references")).explode("ref")
+                     .filter(pl.col("ref").is_in(_ids)).sort("created_at", descending=True).collect()
+                     .group_by("ref", maintain_order=True)
+                     .agg(reports_feedback=pl.col("feedback").map_elements(feedback_text, return_dtype=pl.String)
+                          .str.join(" | ")))
     records_view = (_page.join(_texts, on="id", how="left", maintain_order="left")
+                    .join(_on_inference, left_on="id", right_on="ref", how="left", maintain_order="left")
                     .select("id", "time", "scenario", "kind", "dialect", "status", "release_id",
-                            pl.col("score").round(3), pl.col("n_tokens").alias("tokens"), "latency_ms", "user",
+                            pl.col("score").round(3), pl.col("n_reports").alias("reports"),
+                            pl.coalesce("own_feedback", "reports_feedback").fill_null("")
+                            .map_elements(lambda s: snippet(s, 120), return_dtype=pl.String).alias("feedback"),
+                            pl.col("n_tokens").alias("tokens"), "latency_ms", "user",
                             pl.when((pl.col("answer") == "") & pl.col("error").is_not_null())
                             .then(("[error] " + pl.col("error")).str.slice(0, SNIPPET))
                             .otherwise("answer").alias("answer")))
@@ -370,17 +564,22 @@ def _(filtered, flt, records_lf):
                 + f": {(filtered['kind'] == 'inference').sum()} inferences, {_reports.height} reports"
                 + ("" if _reports["score"].mean() is None else f" (mean score {_reports['score'].mean():.3f})")
                 + f", {(filtered['status'] != 'ok').sum()} not ok.")
+    def _picked(df) -> None:
+        picked_memory["id"] = df["id"][0] if isinstance(df, pl.DataFrame) and df.height else None
+        set_picked_id(picked_memory["id"])
+
+    _keep = [k for k, i in enumerate(records_view["id"].to_list()) if i == picked_memory["id"]]
     records_table = mo.ui.table(records_view, selection="single", page_size=15, show_column_summaries=False,
-                                show_data_types=False, freeze_columns_left=["id"], label=_summary)
+                                show_data_types=False, freeze_columns_left=["id"], label=_summary,
+                                initial_selection=_keep, on_change=_picked, wrapped_columns=["feedback"])
     records_table if records_view.height else mo.md("_No records match the filters._")
     return records_table, records_view
 
 
 @app.cell
-def _(inspect_id, records_table):
-    _sel = records_table.value
-    _picked = _sel["id"][0] if isinstance(_sel, pl.DataFrame) and _sel.height else None
-    selected_id = inspect_id.value.strip() or _picked
+def _(get_picked_id, inspect_id):
+    # The pick lives in state, not in the table: a refresh that rebuilds the table keeps the inspected record.
+    selected_id = inspect_id.value.strip() or get_picked_id()
     return (selected_id,)
 
 

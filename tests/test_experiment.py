@@ -51,7 +51,7 @@ def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     assert loaded["steps"].height == 2 and loaded["candidates"].height == 1 and loaded["releases"].height == 1
     assert loaded["steps"]["phase"].to_list() == ["critic_warmup", "policy"]
     fig = mod.plot_run(loaded)
-    assert len(fig.axes) == 5
+    assert len(fig.axes) == 6
     assert str(run) in mod.find_runs(tmp_path)
     # the whole app, headless, pointed at the run the way `REEF_LAB_RUN=<dir> marimo run apps/sao.py` does
     monkeypatch.setenv("REEF_LAB_RUN", str(run))

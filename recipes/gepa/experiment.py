@@ -154,7 +154,8 @@ def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool =
                    "serving": gw.list_releases(cfg.name)["serving"] if gw else None,
                    "wall_s": round(time.time() - started, 1)}
         (run_dir / "test_answers.jsonl").write_bytes(b"".join(orjson.dumps(
-            {"candidate": c, "example": r.example_id, "score": r.score, "output": r.output}) + b"\n"
+            {"candidate": c, "example": r.example_id, "question": r.question, "score": r.score, "output": r.output,
+             "feedback": r.feedback}) + b"\n"
             for c, rs in (("seed", seed_rollouts), ("best", best_rollouts)) for r in rs))
         (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         if tracker is not None:

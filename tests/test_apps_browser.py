@@ -1,0 +1,496 @@
+"""The three marimo apps in headless Chromium, used the way a researcher uses them, on real runs made here.
+
+Each app runs as `marimo run apps/<app>.py --headless` in a subprocess and is driven with Playwright through
+Debian's `chromium` (never a downloaded browser). The data are real: SAO and GRPO experiments on the tiny Llama
+(rollouts through the gateway, releases pushed to the loopback Hub, offline W&B runs), a GEPA experiment on the
+loopback stub, and reports appended to a run's data dir with the record store while the app is open. Every test
+also checks that no cell shows an error and that the browser console logged none.
+
+    bash scripts/setup.sh --browser        # playwright into .venv, chromium through apt-get when it is missing
+    .venv/bin/python -m pytest -m browser tests/test_apps_browser.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("REEF_LAB_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.browser
+
+
+# ---- the browser, the app servers and what a page shows -------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium, or bash scripts/setup.sh --browser)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[browser]', or bash scripts/setup.sh --browser)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM)
+        yield b
+        b.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def marimo_app(name: str, log_dir: Path, **env):
+    """`marimo run apps/<name>.py` on a free loopback port, with tracebacks shown in the cells; yields its URL."""
+    port = free_port()
+    log = open(log_dir / f"marimo-{name}-{port}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marimo", "run", f"apps/{name}.py", "--headless", "--port", str(port),
+         "--show-tracebacks", "--no-token"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **{k: str(v) for k, v in env.items()}})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"marimo did not start: {(log_dir / log.name).read_text()[-2000:]}")
+                time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+# Records every output area that marimo greys out (it adds these classes while a cell is queued or running).
+WATCH_DIM = """() => { window.__dimmed = [];
+  const seen = (el) => { const c = typeof el.className === 'string' ? el.className : '';
+    if (/marimo-output-stale|marimo-output-loading/.test(c) && (el.innerText || '').trim())
+      window.__dimmed.push(el.id + ': ' + el.innerText.trim().slice(0, 60)); };
+  new MutationObserver((ms) => { for (const m of ms) { if (m.type === 'attributes') seen(m.target);
+      else for (const n of m.addedNodes) if (n.nodeType === 1) seen(n); } })
+    .observe(document.body, {subtree: true, attributes: true, attributeFilter: ['class'], childList: true}); }"""
+
+
+class AppPage:
+    """One open app: the page, the console errors it logged, and helpers to read and drive marimo's widgets."""
+
+    def __init__(self, browser, url: str, ready_text: str):
+        self.page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        self.console: list[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text[:500]}")
+                     if m.type == "error" or "[STDERR]" in m.text else None)
+        self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+        started = time.time()
+        self.page.goto(url)
+        self.page.get_by_text(ready_text).first.wait_for(timeout=120_000)
+        self.settle()
+        self.load_s = time.time() - started
+
+    def settle(self, quiet: float = 1.5, timeout: float = 120) -> None:
+        """Wait until no output is queued or running for `quiet` seconds."""
+        deadline, calm_since = time.time() + timeout, None
+        while time.time() < deadline:
+            busy = self.page.locator(".marimo-output-loading, .marimo-output-stale").count()
+            if busy:
+                calm_since = None
+            elif calm_since is None:
+                calm_since = time.time()
+            elif time.time() - calm_since >= quiet:
+                return
+            time.sleep(0.2)
+        raise TimeoutError("the app kept running cells")
+
+    def errors(self) -> list[str]:
+        """Cells that show an error, marimo's error toasts, and console errors."""
+        cells = self.page.locator(".marimo-cell.has-error").all_inner_texts()
+        toasts = [t for t in self.page.locator("li[role=status], [data-sonner-toast], li.destructive").all_inner_texts()
+                  if "error" in t.lower()]
+        return [f"cell: {c[:800]}" for c in cells] + [f"toast: {t[:300]}" for t in toasts] + self.console
+
+    def text(self) -> str:
+        return self.page.locator("body").inner_text()
+
+    def widget(self, tag: str, label: str):
+        return self.page.locator(f"marimo-{tag}").filter(has=self.page.locator("label", has_text=label)).first
+
+    def select(self, label: str, value: str) -> None:
+        self.widget("dropdown", label).locator("select").select_option(value)
+        self.settle()
+
+    def fill(self, tag: str, label: str, value) -> None:
+        box = self.widget(tag, label).locator("input").first
+        box.fill(str(value))
+        box.press("Enter")
+        self.settle()
+
+    def click(self, text: str) -> None:
+        self.page.locator("marimo-button button", has_text=text).first.click()
+        self.settle()
+
+    def table_rows(self, table) -> list[dict]:
+        """The shown page of a marimo table as {column: text} rows (cells carry data-cell-id '<row>_<column>')."""
+        cells = table.locator("tbody td[data-cell-id]").evaluate_all(
+            "els => els.map(e => [e.getAttribute('data-cell-id'), e.innerText.trim()])")
+        rows: dict[str, dict] = {}
+        for cid, text in cells:
+            row, _, col = cid.partition("_")
+            rows.setdefault(row, {})[col] = text
+        return list(rows.values())
+
+    def table_with(self, column: str):
+        """The first marimo table that has `column`."""
+        for k in range(self.page.locator("marimo-table").count()):
+            t = self.page.locator("marimo-table").nth(k)
+            if t.locator(f"td[data-cell-id$='_{column}']").count():
+                return t
+        raise AssertionError(f"no table with a {column!r} column; the page reads:\n{self.text()[:3000]}")
+
+    def watch_dimming(self) -> None:
+        self.page.evaluate(WATCH_DIM)
+
+    def dimmed(self) -> list[str]:
+        return self.page.evaluate("() => window.__dimmed")
+
+    def shot(self, path: Path) -> None:
+        self.page.screenshot(path=str(path), full_page=True)
+
+
+def readable_figure(app: AppPage, selector: str) -> dict:
+    """Rendered size of a figure and the on-screen size of every text in it (inline SVG: the text is text)."""
+    fig = app.page.locator(selector).first
+    if not fig.count():
+        imgs = app.page.locator("img[src^='data:image/png']").evaluate_all(
+            "els => els.map(e => [e.getBoundingClientRect().width, e.getBoundingClientRect().height])")
+        raise AssertionError(f"no figure {selector}: the page has bitmap figures only, rendered (w, h) px {imgs}; "
+                             "their text size cannot be read")
+    return fig.evaluate("""svg => { const r = svg.getBoundingClientRect();
+      const texts = Array.from(svg.querySelectorAll('text')).map(t => { const m = t.getScreenCTM();
+        return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b)]; });
+      return {width: r.width, height: r.height, texts: texts}; }""")
+
+
+# ---- real data --------------------------------------------------------------------------------------------------
+def sao_config(out: Path, recipe: str, seed: int, **kw):
+    from reef_lab.learning.experiment import ExperimentConfig
+
+    rc = {"sao": {"batch_size": 8, "critic_warmup_steps": 1, "steps_per_candidate": 1, "critic_lr": 1e-3},
+          "grpo": {"group_size": 4, "batch_size": 8, "steps_per_candidate": 1}}[recipe]
+    return ExperimentConfig(name=f"tiny-{recipe}", recipe=recipe, rollouts=32 if recipe == "sao" else 16,
+                            concurrency=4, max_pool=8, max_tokens=4, seed=seed, out_dir=str(out),
+                            recipe_config={**rc, "eval_task": {"name": "arithmetic"}, "eval_size": 8,
+                                           "eval_max_tokens": 4, "trainer": {"lr": 1e-3, "micro_batch_size": 8}},
+                            **kw)
+
+
+@pytest.fixture(scope="module")
+def hub_url(tmp_path_factory):
+    """A loopback Hub (reef_lab.testing.hub_server) that releases are pushed to."""
+    from huggingface_hub import constants
+
+    from reef_lab.testing.hub_server import serve_in_thread
+
+    server, url = serve_in_thread(tmp_path_factory.mktemp("hub"))
+    offline = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = False  # conftest sets HF_HUB_OFFLINE for downloads; pushes go to the loopback Hub
+    yield url
+    constants.HF_HUB_OFFLINE = offline
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory, hub_url):
+    """Two SAO seeds and a GRPO run on the tiny Llama, each an offline W&B run; SAO seed 0 pushes its releases
+    to the loopback Hub. Returns the runs folder and the runs by name."""
+    from reef_lab.engines.embedded import EmbeddedEngine
+    from reef_lab.learning.experiment import run_experiment
+
+    root = tmp_path_factory.mktemp("runs")
+    saved = {k: os.environ.pop(k, None) for k in ("WANDB_MODE", "WANDB_API_KEY")}
+    out = {}
+    try:
+        for recipe, seed in (("sao", 0), ("sao", 1), ("grpo", 0)):
+            hub_cfg = {"repo": "me/reef-{scenario}-seed0", "endpoint": hub_url} if (recipe, seed) == ("sao", 0) else {}
+            cfg = sao_config(root / f"tiny-{recipe}-seed{seed}", recipe, seed, hub=hub_cfg)
+            run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+            out[f"tiny-{recipe}-seed{seed}"] = Path(cfg.out_dir)
+    finally:
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+    return root, out
+
+
+@pytest.fixture(scope="module")
+def gepa_run(tmp_path_factory, stub_url, hub_url):
+    """A GEPA experiment on the loopback stub (the seed harness has one long line): an offline W&B run, its
+    harness releases pushed to the loopback Hub, its test answers saved."""
+    from recipes.gepa.experiment import GEPAExperimentConfig, run_gepa_experiment
+
+    out = tmp_path_factory.mktemp("gepa") / "calc-seed0"
+    lm = {"kind": "openai", "base_url": stub_url, "model": "stub-model"}
+    long_line = "You are a careful assistant who reads every question twice before answering it, " * 4
+    cfg = GEPAExperimentConfig(name="calc", task={"name": "arithmetic"}, train_size=6, val_size=4, test_size=8,
+                               task_lm=lm, reflection_lm=lm, out_dir=str(out), wandb={"mode": "offline"},
+                               hub={"repo": "me/gepa-{scenario}", "endpoint": hub_url},
+                               search={"max_metric_calls": 40, "minibatch_size": 3},
+                               seed_harness={"system_prompt.md": long_line.strip(), "rules.md": "Be accurate."})
+    run_gepa_experiment(cfg, progress=False)
+    return out
+
+
+# ---- apps/gepa.py -----------------------------------------------------------------------------------------------
+def test_gepa_app_keeps_the_picked_candidate_and_shows_what_the_search_saved(browser, gepa_run, tmp_path):
+    answers = [json.loads(x) for x in (gepa_run / "test_answers.jsonl").read_text().splitlines()]
+    with marimo_app("gepa", tmp_path, REEF_LAB_RUN=gepa_run) as url:
+        app = AppPage(browser, url, "Candidate tree")
+        assert app.errors() == []
+        app.select("candidate", "0")
+        assert "Candidate 0 (seed" in app.text()
+        # a finished search: the auto-refresh (every 10 s) neither resets the pick nor greys out the page
+        app.watch_dimming()
+        time.sleep(12)
+        app.settle()
+        assert app.widget("dropdown", "candidate").locator("select").input_value() == "0"
+        assert "Candidate 0 (seed" in app.text()
+        assert app.dimmed() == []
+        app.page.locator("marimo-refresh button").first.click()  # a manual refresh keeps it too
+        app.settle()
+        assert app.widget("dropdown", "candidate").locator("select").input_value() == "0"
+
+        # long prompt lines wrap inside the page
+        pre = app.page.locator("pre", has_text="reads every question twice").first
+        overflow = pre.evaluate("e => [e.scrollWidth, e.clientWidth, getComputedStyle(e).whiteSpace]")
+        assert overflow[0] <= overflow[1] + 1 and overflow[2] in ("pre-wrap", "break-spaces"), overflow
+        # the diff to its parent is coloured: the child's added line is green, its removed line red
+        app.select("candidate", "1")
+        added = app.page.locator(".diff-add", has_text="REEF-SOLVE").first
+        removed = app.page.locator(".diff-del", has_text="Be accurate.").first
+        green, red = (loc.evaluate("e => getComputedStyle(e).backgroundColor") for loc in (added, removed))
+        g, r = ([int(v) for v in re.findall(r"\d+", c)[:3]] for c in (green, red))
+        assert g[1] > g[0] and r[0] > r[1], (green, red)
+
+        # the Pareto view: every validation item's score under every candidate, the front's winners marked
+        items = app.page.locator("#gepa-pareto-items")
+        assert items.count() == 1, "no per-item scores table in the Pareto view"
+        rows = items.locator("tbody tr").all_inner_texts()
+        assert [r.split()[0] for r in rows] == ["val-0", "val-1", "val-2", "val-3"]
+        assert all(r.split()[1:3] == ["0", "1"] for r in rows), rows  # seed 0 everywhere, child 1 everywhere
+
+        # saved test answers: seed and best side by side
+        shown = app.page.locator("#gepa-test-answers").inner_text()
+        for a in answers[:3] + answers[-3:]:
+            assert a["example"] in shown and a["output"].strip().splitlines()[0][:40] in shown
+        # links: the W&B run folder and its sync command; the Hub revision of each harness release
+        wandb_dir = next((gepa_run / "wandb").glob("offline-run-*"))
+        assert f"wandb sync {wandb_dir}" in app.text()
+        index = json.loads((gepa_run / "data" / "releases" / "calc" / "index.json").read_text())
+        assert len(index["releases"]) == 2
+        for rel in index["releases"]:
+            assert rel["hub"]["state"] == "pushed"
+            assert app.page.locator(f"a[href='{rel['hub']['url']}']").count() >= 1
+        assert app.errors() == []
+        app.shot(tmp_path / "gepa.png")
+
+
+# ---- apps/records.py --------------------------------------------------------------------------------------------
+def test_records_app_joins_scores_shows_feedback_filters_by_release_and_refreshes(browser, runs, tmp_path):
+    from reef_lab.records.record import Record
+    from reef_lab.records.store import RecordStore, scan_records
+
+    run = runs[1]["tiny-sao-seed0"]
+    data = run / "data"
+    recs = scan_records(data).sort("created_at").collect()
+    inf = recs.filter(kind="inference").row(-1, named=True)  # the newest inference: on the table's first page
+    old = [r["score"] for r in recs.filter(kind="report").iter_rows(named=True) if inf["id"] in r["references"]]
+    assert len(old) == 1
+    store = RecordStore(data)
+    try:
+        store.append([Record(id="rec_feedback_1", scenario="tiny-sao", kind="report", created_at=time.time(),
+                             score=1.0, references=[inf["id"]], feedback="answer with the number only")])
+        with marimo_app("records", tmp_path, REEF_LAB_DATA_DIR=data) as url:
+            app = AppPage(browser, url, "Score histogram")
+            assert app.errors() == []
+            table = app.table_with("kind")
+            rows = {r["id"]: r for r in app.table_rows(table)}
+            # an inference row shows the mean score of the reports on it
+            assert rows[inf["id"]]["score"] not in ("", "None"), rows[inf["id"]]
+            assert float(rows[inf["id"]]["score"]) == pytest.approx((old[0] + 1.0) / 2), rows[inf["id"]]
+            # a report row shows its feedback
+            assert "answer with the number only" in rows["rec_feedback_1"]["feedback"]
+
+            # select a record: the inspect panel shows it
+            row_k = next(k for k, r in enumerate(app.table_rows(table)) if r["id"] == inf["id"])
+            table.locator("tbody tr").nth(row_k).locator("button[role=checkbox]").click()
+            app.settle()
+            assert f"{inf['id']} · inference" in app.text()
+
+            # records by release: reward and held-out accuracy per release of the scenario, with the lineage
+            index = json.loads((data / "releases" / "tiny-sao" / "index.json").read_text())
+            by_rel = app.page.locator("#records-by-release")
+            assert by_rel.count() == 1, "no records-by-release view"
+            shown = by_rel.inner_text()
+            for rel in index["releases"]:
+                assert rel["version"] in shown and rel["parent"].split(":")[-1] in shown
+                assert app.page.locator(f"a[href='{rel['hub']['url']}']").count() >= 1  # its Hub revision
+            fig = readable_figure(app, "svg#records-release-figure")
+            assert min(size for _, size in fig["texts"]) >= 11, fig["texts"]
+
+            # filter by release: only records served by (or reporting on) tiny-sao:v1
+            app.select("Release", "tiny-sao:v1")
+            shown_rows = app.table_rows(app.table_with("kind"))
+            assert shown_rows and {r["release_id"] for r in shown_rows} == {"tiny-sao:v1"}
+            app.select("Release", "(all)")
+
+            # auto-refresh: while nothing is written it greys nothing out; a report posted while the page is open
+            # shows up by itself, and the inspected record stays
+            app.watch_dimming()
+            time.sleep(12)
+            app.settle()
+            assert app.dimmed() == []
+            store.append([Record(id="rec_feedback_2", scenario="tiny-sao", kind="report", created_at=time.time(),
+                                 score=0.0, references=[inf["id"]], feedback="arrived while the page was open")])
+            app.page.get_by_text("arrived while the page was open").first.wait_for(timeout=20_000)
+            app.settle()
+            assert f"{inf['id']} · inference" in app.text()
+            assert app.errors() == []
+            app.shot(tmp_path / "records.png")
+    finally:
+        store.close()
+
+
+# ---- apps/sao.py ------------------------------------------------------------------------------------------------
+def published_command() -> tuple[str, list[int]]:
+    """The example config and seeds of the command behind results/sao-arithmetic.md."""
+    page = (ROOT / "results" / "sao-arithmetic.md").read_text()
+    m = re.search(r"scripts/compare_recipes\.py (\S+\.yaml).*?--seeds ([\d ]+)", page)
+    return m.group(1), [int(s) for s in m.group(2).split()]
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a child that exited but was not waited for is a zombie: not alive)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def launched(app: AppPage, folder: Path, timeout: float = 180) -> dict:
+    """Wait for the run the app just launched to write its config; stop it (its pid is on the page)."""
+    pid = int(re.search(r"Started pid (\d+)", app.text()).group(1))
+    deadline = time.time() + timeout
+    try:
+        while not list(folder.glob("*/config.json")):
+            logs = "\n".join(p.read_text()[-1500:] for p in folder.glob("*/run.log"))
+            assert alive(pid), f"the launched run exited without writing its config:\n{logs}"
+            assert time.time() < deadline, f"no config.json under {folder}:\n{logs}"
+            time.sleep(0.5)
+        time.sleep(0.5)
+        found = list(folder.glob("*/config.json"))
+        assert len(found) == 1, found
+        return json.loads(found[0].read_text())
+    finally:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def test_sao_app_plots_compares_links_and_launches_the_published_config(browser, runs, tmp_path):
+    from reef_lab.learning.experiment import ExperimentConfig
+
+    root, by_name = runs
+    seed0 = by_name["tiny-sao-seed0"]
+    with marimo_app("sao", tmp_path, REEF_LAB_RUN=seed0, REEF_LAB_RUNS=root) as url:
+        app = AppPage(browser, url, "Launch a run")
+        app.page.get_by_text("Candidates").first.wait_for(timeout=60_000)
+        app.settle()
+        assert app.errors() == []
+
+        # one run: a readable figure, every panel against policy step, accuracy with 95% error bars
+        fig = readable_figure(app, "svg#sao-run-figure")
+        assert fig["width"] >= 900 and fig["height"] >= 450, fig
+        assert min(size for _, size in fig["texts"]) >= 11, sorted(fig["texts"], key=lambda t: t[1])[:5]
+        xlabels = [t for t, _ in fig["texts"] if t in ("policy step", "training batch")]
+        assert xlabels and set(xlabels) == {"policy step"}, xlabels
+        assert app.page.locator("svg#sao-run-figure [id^='accuracy-ci']").count() == 1
+        text = app.text()
+        assert "finished" in text and "32 of 32 rollouts" in text
+        # links: the W&B run folder and `wandb sync`; each release's Hub revision
+        wandb_dir = next((seed0 / "data" / "wandb").glob("offline-run-*"))
+        assert f"wandb sync {wandb_dir}" in text
+        index = json.loads((seed0 / "data" / "releases" / "tiny-sao" / "index.json").read_text())
+        for rel in index["releases"]:
+            assert rel["hub"]["state"] == "pushed"
+            assert app.page.locator(f"a[href='{rel['hub']['url']}']").count() >= 1
+        # tables: times as dates, numbers rounded (no epoch seconds, no 20-digit floats)
+        tables = " ".join(app.page.locator("marimo-table").all_inner_texts())
+        assert not re.search(r"\b1[7-9]\d{8}\.\d+", tables), "raw timestamps in a table"
+        assert not re.search(r"\d\.\d{7,}", tables), "unrounded floats in a table"
+
+        # compare: tick both SAO seeds and the GRPO run; curves overlaid with mean and 95% band per group, the
+        # config differences in a panel, status and progress per run
+        runs_table = app.table_with("progress")
+        names = [r["name"] for r in app.table_rows(runs_table)]
+        for k, name in enumerate(names):
+            box = runs_table.locator("tbody tr").nth(k).locator("button[role=checkbox]")
+            if box.get_attribute("aria-checked") != "true":
+                box.click()
+                app.settle()
+        compare = readable_figure(app, "svg#sao-compare-figure")
+        assert min(size for _, size in compare["texts"]) >= 11
+        assert app.page.locator("svg#sao-compare-figure [id^='band-tiny-sao']").count() >= 1
+        assert app.page.locator("svg#sao-compare-figure [id^='mean-tiny-sao']").count() >= 1
+        diff = {r["field"]: r for r in app.table_rows(app.table_with("field"))}
+        assert "seed" in diff and "recipe" in diff and "out_dir" not in diff, list(diff)
+        assert {r["status"] for r in app.table_rows(runs_table)} == {"finished"}
+        # finished runs: the auto-refresh (every 10 s) greys nothing out and keeps the ticked runs
+        app.watch_dimming()
+        time.sleep(12)
+        app.settle()
+        assert app.dimmed() == []
+        ticks = runs_table.locator("tbody tr button[role=checkbox]").evaluate_all(
+            "els => els.map(e => e.getAttribute('aria-checked'))")
+        assert ticks == ["true"] * len(names)
+        assert app.errors() == []
+        app.shot(tmp_path / "sao.png")
+
+        # launch with the form's defaults: the run's config is the published one's
+        example, seeds = published_command()
+        out = tmp_path / "launched"
+        app.fill("text", "runs folder", out)
+        app.click("launch")
+        got = launched(app, out)
+        data = yaml.safe_load((ROOT / example).read_text())
+        want = asdict(ExperimentConfig(**{**data, "seed": seeds[0], "out_dir": got["out_dir"]}))
+        assert got == want
+        # values typed into the form reach the run's config
+        out2 = tmp_path / "launched2"
+        app.fill("text", "runs folder", out2)
+        app.fill("number", "seed", 5)
+        app.fill("text", "learning rate", "5e-5")
+        app.fill("number", "rollouts", 64)
+        app.click("launch")
+        got = launched(app, out2)
+        assert (got["seed"], got["rollouts"], got["recipe_config"]["trainer"]["lr"]) == (5, 64, 5e-5)
+        assert app.errors() == []
