@@ -494,3 +494,79 @@ def test_sao_app_plots_compares_links_and_launches_the_published_config(browser,
         got = launched(app, out2)
         assert (got["seed"], got["rollouts"], got["recipe_config"]["trainer"]["lr"]) == (5, 64, 5e-5)
         assert app.errors() == []
+
+
+# ---- apps/ttt.py ------------------------------------------------------------------------------------------------
+def hashed_packing():
+    """Circle packing whose verifier scores a packing drawn from the reply's hash (the tiny model writes no program):
+    real programs, run and checked by the real sandbox and verifier, with rewards that vary."""
+    import random
+
+    from recipes.tttd.problems import CirclePacking, program_for
+
+    class Hashed(CirclePacking):
+        def verify(self, text):
+            rng = random.Random(text)
+            cells = [((i % 3 + 0.5) / 3, (i // 3 + 0.5) / 3) for i in range(self.n)]
+            prog = program_for([(x, y, rng.uniform(0.03, 0.16)) for x, y in cells])
+            return super().verify(f"```python\n{prog}```")
+    return Hashed(6)
+
+
+def ttt_experiment(out: Path, steps: int):
+    from recipes.tttd.experiment import TTTDExperimentConfig
+
+    return TTTDExperimentConfig(name="ttt-tiny", out_dir=str(out), wandb={"mode": "offline"}, config={
+        "groups": 2, "rollouts_per_group": 4, "steps": steps, "max_tokens": 6, "concurrency": 8,
+        "trainer": {"lora_rank": 4, "lr": 1e-3, "micro_batch_size": 8}})
+
+
+def test_ttt_app_draws_a_finished_and_a_running_run(browser, tiny_model_dir, tmp_path, monkeypatch):
+    import threading
+
+    from recipes.tttd import discover
+    from recipes.tttd.experiment import run_tttd_experiment
+    from reef_lab.engines.embedded import EmbeddedEngine
+
+    monkeypatch.setattr(discover, "make_problem", lambda cfg: hashed_packing())
+    root = tmp_path / "runs"
+    summary = run_tttd_experiment(ttt_experiment(root / "done", 3),
+                                  engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    assert summary["steps"] == 3 and summary["release"] == "ttt-tiny:v1"
+    with marimo_app("ttt", tmp_path, REEF_LAB_RUN=root / "done", REEF_LAB_RUNS=root) as url:
+        app = AppPage(browser, url, "Reward and beta per step")
+        assert app.errors() == []
+        text = app.text()
+        assert "finished" in text and "3 of 3 steps" in text and f"{summary['best_reward']:.6f}" in text
+        assert "ttt-tiny:v1" in text and "wandb sync" in text
+        for fig in ("#ttt-progress", "#ttt-tree", "#ttt-best"):
+            shown = readable_figure(app, fig)
+            assert shown["width"] >= 400 and shown["texts"] and min(size for _, size in shown["texts"]) >= 11, (fig, shown)
+        assert app.page.locator("#ttt-best circle, #ttt-best path").count() >= 6  # the square and six circles
+        assert app.table_with("PUCT")
+        app.shot(tmp_path / "ttt-finished.png")
+
+    # a run still going: the page shows it as running and draws what it has so far
+    engine = EmbeddedEngine.from_path(str(tiny_model_dir))
+    from reef_lab.gateway.gateway import Gateway
+
+    cfg = ttt_experiment(root / "going", 200)
+    gw = Gateway(Path(cfg.out_dir) / "data", engine, allowed_recipes=["tttd"])
+    from dataclasses import asdict
+    gw.create_scenario({"name": cfg.name, "recipe": "tttd", "config": asdict(cfg.recipe_config())}, operator=True)
+    (Path(cfg.out_dir) / "config.json").write_bytes(json.dumps(asdict(cfg)).encode())
+    stop = threading.Event()
+    worker = threading.Thread(target=gw.learner(cfg.name).discovery.run, kwargs={"stop": stop}, daemon=True)
+    worker.start()
+    try:
+        with marimo_app("ttt", tmp_path, REEF_LAB_RUN=root / "going", REEF_LAB_RUNS=root) as url:
+            app = AppPage(browser, url, "Best solution")
+            assert app.errors() == []
+            assert "running" in app.text() and "of 200 steps" in app.text()
+            time.sleep(12)  # an auto-refresh tick with new steps
+            app.settle()
+            assert app.errors() == []
+    finally:
+        stop.set()
+        worker.join(120)
+        gw.close()
