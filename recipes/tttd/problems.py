@@ -133,19 +133,22 @@ def program_for(circles: list[tuple[float, float, float]], digits: int = 6) -> s
 class CirclePacking(Problem):
     invalid_reward = 0.0
 
-    def __init__(self, n: int = 6, tolerance: float = 1e-9, limits: Limits | None = None):
+    def __init__(self, n: int = 6, tolerance: float = 1e-9, limits: Limits | None = None, start_fill: float = 0.5):
         if n < 2:
             raise ValueError(f"circle packing needs n >= 2 circles, got {n}")
         if not 0 <= tolerance < 1e-3:
             raise ValueError(f"tolerance must be in [0, 1e-3), got {tolerance}")
-        self.n, self.tolerance = n, tolerance
+        if not 0 < start_fill <= 1:
+            raise ValueError(f"start_fill must be in (0, 1], got {start_fill}")
+        self.n, self.tolerance, self.start_fill = n, tolerance, start_fill
         self.limits = limits or Limits(cpu_seconds=5, wall_seconds=10.0, memory_mb=256, output_bytes=16 * 1024)
         self.name = f"circle_packing_{n}"
 
     def initial_solution(self) -> str:
-        """A k x k grid (k = ceil(sqrt(n))), circles at half the radius their cells allow: valid, with room."""
+        """A k x k grid (k = ceil(sqrt(n))), circles at `start_fill` of the radius their cells allow: valid, with
+        room."""
         k = math.ceil(math.sqrt(self.n))
-        r = 0.25 / k
+        r = round(self.start_fill * 0.5 / k, 4)
         cells = [((i % k + 0.5) / k, (i // k + 0.5) / k) for i in range(self.n)]
         return program_for([(x, y, r) for x, y in cells], digits=4)
 
@@ -182,7 +185,7 @@ def make_problem(config: ProblemConfig | dict) -> Problem:
     cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
     limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
                     output_bytes=cfg.output_kb * 1024)
-    return CirclePacking(cfg.n, cfg.tolerance, limits)  # the only one so far (config.PROBLEMS)
+    return CirclePacking(cfg.n, cfg.tolerance, limits, cfg.start_fill)  # the only one so far (config.PROBLEMS)
 
 
 @dataclass(frozen=True)
