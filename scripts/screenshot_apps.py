@@ -5,7 +5,8 @@
 
 Each app runs as `marimo run apps/<app>.py --headless` and is opened with playwright in the system's chromium
 (`bash scripts/setup.sh --browser`); the SAO page has every run under --runs ticked for comparison, the GEPA page
-shows its newest candidate, the records page has its newest inference picked. Writes sao.png, gepa.png, records.png.
+shows its newest candidate, the records page has its newest inference picked, the TTT page shows --ttt-run. Writes
+sao.png, gepa.png, records.png, ttt.png (each for the runs given).
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def settle(page, quiet: float = 2.0, timeout: float = 180) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", required=True, help="folder of SAO / GRPO runs (all ticked for comparison)")
-    p.add_argument("--sao-run", required=True, help="the run shown in detail")
-    p.add_argument("--gepa-run", required=True, help="a GEPA experiment's run folder")
-    p.add_argument("--data-dir", required=True, help="a data dir for the records app")
+    p.add_argument("--runs", help="folder of SAO / GRPO runs (all ticked for comparison; with --sao-run)")
+    p.add_argument("--sao-run", help="the run shown in detail")
+    p.add_argument("--gepa-run", help="a GEPA experiment's run folder")
+    p.add_argument("--data-dir", help="a data dir for the records app")
+    p.add_argument("--ttt-run", help="a TTT-Discover run folder (apps/ttt.py)")
     p.add_argument("--out", default="apps/screenshots")
     p.add_argument("--width", type=int, default=1440)
     args = p.parse_args()
@@ -77,10 +79,17 @@ def main() -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium)
-        shots = [("sao", {"REEF_LAB_RUNS": str(Path(args.runs).resolve()),
-                          "REEF_LAB_RUN": str(Path(args.sao_run).resolve())}, "Candidates"),
-                 ("gepa", {"REEF_LAB_RUN": str(Path(args.gepa_run).resolve())}, "Candidate tree"),
-                 ("records", {"REEF_LAB_DATA_DIR": str(Path(args.data_dir).resolve())}, "Score histogram")]
+        shots = []  # each app whose run was given
+        if args.sao_run and args.runs:
+            shots.append(("sao", {"REEF_LAB_RUNS": str(Path(args.runs).resolve()),
+                                  "REEF_LAB_RUN": str(Path(args.sao_run).resolve())}, "Candidates"))
+        if args.gepa_run:
+            shots.append(("gepa", {"REEF_LAB_RUN": str(Path(args.gepa_run).resolve())}, "Candidate tree"))
+        if args.data_dir:
+            shots.append(("records", {"REEF_LAB_DATA_DIR": str(Path(args.data_dir).resolve())}, "Score histogram"))
+        if args.ttt_run:
+            shots.append(("ttt", {"REEF_LAB_RUN": str(Path(args.ttt_run).resolve()),
+                                  "REEF_LAB_RUNS": str(Path(args.ttt_run).resolve().parent)}, "Archive"))
         for name, env, ready in shots:
             with app_server(name, env) as url:
                 page = browser.new_page(viewport={"width": args.width, "height": 1000})
