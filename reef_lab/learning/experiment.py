@@ -105,17 +105,18 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    engine_name = cfg.engine  # config.json keeps what was asked (auto); the log says what auto chose
     if engine is None and cfg.engine == "auto":
-        cfg.engine, why = choose_engine(cfg)
-        log.info("rollouts on the %s engine (%s)", cfg.engine, why)
+        engine_name, why = choose_engine(cfg)
+        log.info("rollouts on the %s engine (%s)", engine_name, why)
     (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
     if engine is None:
         from reef_lab.config import ServeConfig
         from reef_lab.engines import engine_class
 
-        serve = ServeConfig(engine=cfg.engine, model_path=cfg.model_path, max_batch=max(cfg.concurrency, 1),
+        serve = ServeConfig(engine=engine_name, model_path=cfg.model_path, max_batch=max(cfg.concurrency, 1),
                             engine_options=orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None)
-        engine = engine_class(cfg.engine).from_config(serve)
+        engine = engine_class(engine_name).from_config(serve)
     from reef_lab.publishing.hub import HubConfig
 
     hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
