@@ -29,8 +29,7 @@ with app.setup:
 
     from apps.shared import figure, progress_html, run_status, signature, svg, tidy, wandb_md, wandb_runs
     from recipes.tttd.archive import Archive
-    from recipes.tttd.problems import extract_code, parse_circles
-    from recipes.tttd.sandbox import Limits, run_python
+    from recipes.tttd.problems import make_problem
     from reef_lab.learning.experiment import launch_detached
 
     STATE_FILES = ("metrics.jsonl", "archive.json", "state.json", "best.json", "summary.json", "run.pid")
@@ -62,14 +61,12 @@ def load_run(run_dir: str) -> dict | None:
 
 
 @app.function
-def circles_of(solution: str) -> list[tuple[float, float, float]] | None:
-    """The circles a circle-packing solution prints (run in the sandbox, as the verifier does)."""
-    code = extract_code(solution) or solution
-    result = run_python(code, Limits(cpu_seconds=2, wall_seconds=5.0, memory_mb=256, output_bytes=16 * 1024))
-    if not result.ok:
+def circles_of(solution: str, problem: dict) -> list[tuple[float, float, float]] | None:
+    """The circles a solution stands for, as the run's problem verifies it (a program runs in the sandbox)."""
+    try:
+        return make_problem(problem or {}).circles(solution)
+    except ValueError:  # a config this version does not know
         return None
-    circles, _ = parse_circles(result.stdout)
-    return circles
 
 
 @app.function
@@ -268,7 +265,7 @@ def _(run):
 def _(run):
     if run is not None:
         _best = run["archive"].best()
-        _circles = circles_of(_best.solution)
+        _circles = circles_of(_best.solution, (run["config"].get("config") or {}).get("problem") or {})
         _pic = plot_circles(_circles, f"best: {_best.reward:.6f}") if _circles else mo.md("(not a circle packing)")
         _out = mo.vstack([mo.md("## Best solution"), mo.hstack([_pic, mo.md(f"```python\n{_best.solution}\n```")],
                                                                  widths=[1, 1], align="start")])

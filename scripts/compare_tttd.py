@@ -3,9 +3,13 @@ and verifier), over several seeds; beside them the problem's best known value an
 SLSQP multistart) given each TTT run's wall time. Writes results/<name>.{md,json,png}.
 
     python scripts/compare_tttd.py recipes/tttd/examples/circle_packing_cpu.yaml --seeds 0 1 2
+    python scripts/compare_tttd.py recipes/tttd/examples/circle_centres_cpu.yaml --arms ttt search best_of_n \
+        --results results/tttd-circle-centres
 
-Each arm is an ordinary experiment of recipes/tttd (best-of-N: `policy_updates: false, reuse: false`), run in
-<out>/<arm>-seed<N>; a finished run is not run again, so the command resumes. One engine serves every run.
+Each arm is an ordinary experiment of recipes/tttd, run in <out>/<arm>-seed<N>; a finished run is not run again, so
+the command resumes. One engine serves every run. Arms: `ttt` (the recipe), `best_of_n` (`policy_updates: false,
+reuse: false`: every sample from the base policy on the initial state), and `search` (`policy_updates: false`: the
+PUCT archive search with the base policy, no training; what the training adds is ttt minus search).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import yaml  # noqa: E402
 from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
 from recipes.tttd.problems import BEST_KNOWN, scipy_baseline  # noqa: E402
 
-ARMS = {"ttt": {}, "best_of_n": {"policy_updates": False, "reuse": False}}
+ARMS = {"ttt": {}, "search": {"policy_updates": False}, "best_of_n": {"policy_updates": False, "reuse": False}}
+LABELS = {"ttt": "TTT-Discover", "search": "PUCT search, base policy (no training)",
+          "best_of_n": "best-of-N from the base policy"}
+COLOURS = {"ttt": "tab:blue", "search": "tab:purple", "best_of_n": "tab:orange"}
 
 
 def t95(n: int) -> float:
@@ -50,6 +57,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="a recipes/tttd experiment YAML")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=["ttt", "best_of_n"],
+                   help="which arms to run (ttt is needed: scipy gets its wall time)")
     p.add_argument("--out", default="runs/tttd-compare", help="folder of the runs")
     p.add_argument("--results", default="results/tttd-circle-packing", help="results/<name> (md, json, png)")
     p.add_argument("--scipy-cap", type=float, default=60.0,
@@ -62,11 +71,14 @@ def main(argv=None) -> None:
     for item in args.set:
         k, _, v = item.partition("=")
         base.setdefault("config", {})[k] = yaml.safe_load(v)
+    if "ttt" not in args.arms:
+        p.error("--arms must include ttt (the classical optimiser gets each TTT run's wall time)")
     out = Path(args.out)
-    engine, runs = None, {arm: {} for arm in ARMS}
+    engine, runs = None, {arm: {} for arm in args.arms}
     started = time.time()
     for seed in args.seeds:
-        for arm, extra in ARMS.items():
+        for arm in args.arms:
+            extra = ARMS[arm]
             run_dir = out / f"{arm}-seed{seed}"
             name = f"{arm.replace('_', '-')}-s{seed}"
             if not (run_dir / "summary.json").is_file():
@@ -106,6 +118,13 @@ def build_engine(cfg: TTTDExperimentConfig):
                                                       engine_options=opts))
 
 
+def problem_title(cfg) -> str:
+    pc = cfg.problem_config
+    how = {"circle_packing": "the model writes a program printing x y r",
+           "circle_centres": "the model places the centres, radii by LP"}[pc.name]
+    return f"circle packing (n = {pc.n}; {how})"
+
+
 def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
     import matplotlib
 
@@ -116,7 +135,8 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
     n, per_step = cfg.problem_config.n, cfg.groups * cfg.rollouts_per_group
     best_known = BEST_KNOWN.get(n, (None, ""))
     stats = {}
-    for arm in ARMS:
+    arms = args.arms
+    for arm in arms:
         finals = [runs[arm][s]["summary"]["best_reward"] for s in seeds]
         stats[arm] = {"final": mean_ci(finals), "finals": finals,
                       "valid": [statistics.fmean(r["valid_fraction"] for r in runs[arm][s]["curve"]) for s in seeds],
@@ -125,22 +145,22 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
     stats["scipy"] = {"final": mean_ci(scipy_best), "finals": scipy_best}
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
-    for arm, colour in (("ttt", "tab:blue"), ("best_of_n", "tab:orange")):
+    for arm in arms:
+        colour = COLOURS[arm]
         steps = min(len(runs[arm][s]["curve"]) for s in seeds)
         xs = [(k + 1) * per_step for k in range(steps)]
         for key, axis in (("best_reward", ax[0]), ("mean_reward", ax[1])):
             ys = [[runs[arm][s]["curve"][k][key] for s in seeds] for k in range(steps)]
             m = [statistics.fmean(y) for y in ys]
             h = [mean_ci(y)[1] if len(y) > 1 else 0 for y in ys]
-            label = {"ttt": "TTT-Discover", "best_of_n": "best-of-N (base policy)"}[arm]
-            axis.plot(xs, m, color=colour, label=label)
+            axis.plot(xs, m, color=colour, label=LABELS[arm])
             axis.fill_between(xs, [a - b for a, b in zip(m, h)], [a + b for a, b in zip(m, h)], color=colour,
                               alpha=0.2)
     if best_known[0]:
         ax[0].axhline(best_known[0], color="black", ls="--", lw=1, label=f"best known {best_known[0]:.4f}")
     ax[0].axhline(stats["scipy"]["final"][0], color="tab:green", ls=":", lw=1.5,
                   label=f"scipy SLSQP, same wall time ({stats['scipy']['final'][0]:.4f})")
-    ax[0].set(xlabel="samples", ylabel="best sum of radii so far", title=f"circle packing, n = {n}")
+    ax[0].set(xlabel="samples", ylabel="best sum of radii so far", title=f"{problem_title(cfg)}")
     ax[1].set(xlabel="samples", ylabel="mean reward of the step's samples (invalid = 0)", title="samples")
     for a in ax:
         a.grid(alpha=0.3)
@@ -156,18 +176,19 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         f"| {label} | {fmt(arm)} | {', '.join(f'{x:.4f}' for x in stats[arm]['finals'])} | "
         f"{(statistics.fmean(stats[arm]['valid']) if 'valid' in stats[arm] else float('nan')):.3f} | "
         f"{(statistics.fmean(stats[arm]['wall']) / 60 if 'wall' in stats[arm] else float('nan')):.1f} |"
-        for arm, label in (("ttt", "TTT-Discover"), ("best_of_n", "best-of-N from the base policy"),
-                           ("scipy", "scipy SLSQP multistart, each TTT run's wall time")))
-    cmd = f"python scripts/compare_tttd.py {args.config} --seeds {' '.join(map(str, seeds))}" + "".join(
-        f" --set {s}" for s in args.set)
-    md = f"""# TTT-Discover on circle packing (n = {n}), CPU
+        for arm, label in [*((a, LABELS[a]) for a in arms),
+                           ("scipy", f"scipy SLSQP multistart, each TTT run's wall time (cap {args.scipy_cap:g} s)")])
+    cmd = (f"python scripts/compare_tttd.py {args.config} --seeds {' '.join(map(str, seeds))} --arms {' '.join(arms)}"
+           f" --scipy-cap {args.scipy_cap:g} --out {args.out} --results {args.results}" + "".join(f" --set {s}" for s in args.set))
+    md = f"""# TTT-Discover on {problem_title(cfg)}, CPU
 
 Command: `{cmd}` (written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {seconds / 60:.0f} min in all).
 Config: [{args.config}](../{args.config}) with {cfg.steps} steps of {cfg.groups} x {cfg.rollouts_per_group} = {per_step}
 samples ({cfg.steps * per_step} per run), temperature {cfg.temperature}, max_tokens {cfg.max_tokens}, LoRA rank
 {cfg.trainer.get('lora_rank')}, lr {cfg.trainer.get('lr')}, KL coefficient {cfg.kl_coef}; engine `{base.get('engine', 'auto')}`.
 Best-of-N is the same experiment with `policy_updates: false, reuse: false`: every sample from the base policy on the
-initial solution's prompt, same count, same verifier. Best known value: {best_known[0]} ({best_known[1]}).
+initial solution's prompt, same count, same verifier; PUCT search (if run) is `policy_updates: false`: the archive
+search of TTT-Discover with the base policy, so TTT-Discover minus search is what the training adds. Best known value: {best_known[0]} ({best_known[1]}).
 
 ![best so far and mean reward per step]({png.name})
 

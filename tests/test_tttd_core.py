@@ -13,8 +13,8 @@ import pytest
 from recipes.tttd import entropic
 from recipes.tttd.archive import Archive
 from recipes.tttd.config import ProblemConfig, TTTDConfig
-from recipes.tttd.problems import (BEST_KNOWN, CirclePacking, check_circles, extract_code, make_problem,
-                                   program_for, scipy_baseline)
+from recipes.tttd.problems import (BEST_KNOWN, CircleCentres, CirclePacking, check_circles, extract_code,
+                                   make_problem, program_for, scipy_baseline, solve_radii)
 from recipes.tttd.sandbox import Limits, run_python
 
 LN2 = math.log(2)
@@ -250,6 +250,57 @@ def test_scipy_baseline_reaches_a_valid_packing():
     assert v.valid and v.reward == pytest.approx(res.best, abs=1e-9)
 
 
+def test_radius_lp_by_hand():
+    # two centres on the horizontal midline: walls allow 0.25 each and they touch; the LP gives exactly that
+    assert solve_radii([(0.25, 0.5), (0.75, 0.5)]) == pytest.approx([0.25, 0.25], abs=1e-9)
+    # close centres: the walls allow 0.4 and 0.4 but they are 0.2 apart, so the sum is 0.2
+    assert sum(solve_radii([(0.4, 0.5), (0.6, 0.5)])) == pytest.approx(0.2, abs=1e-9)
+    # four quarter centres (r = 1/4 each) and the middle one, which fits 0.25 * (sqrt 2 - 1) in the gap: the
+    # optimum for n = 5 in BEST_KNOWN; a centre on the wall gets radius 0
+    quarters = [(0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75), (0.5, 0.5)]
+    assert sum(solve_radii(quarters)) == pytest.approx(BEST_KNOWN[5][0], abs=1e-9)
+    assert solve_radii([(0.0, 0.3), (0.5, 0.5)])[0] == 0.0
+
+
+def test_circle_centres_verifier_scores_the_packing_of_the_stated_centres():
+    p = CircleCentres(6, start_fill=0.3)
+    start = p.initial_solution()
+    v = p.verify(p.reply_for(start))
+    # the crowded 3 x 2 grid 0.1 apart: the LP gives the six circles a sum of 0.3 (touching neighbours)
+    assert v.valid and v.reward == pytest.approx(0.3, abs=1e-9) and v.solution == start
+    assert check_circles(v.details["circles"], 6, 0.0, allow_zero=True) == ""
+    assert p.circles(start) == v.details["circles"]
+    msg = p.prompt(start, v.reward)[0]["content"]
+    assert start in msg and "0.3000" in msg
+    # a reply with chatter and extra code after the list: the first 6 pairs of the last block count, rounded to
+    # 4 decimals, and the stored solution is the canonical list
+    text = ("Sure!\n```python\ncentres = [(0.25, 0.25), (0.75, 0.25), (0.25, 0.75), (0.75, 0.75), (0.5, 0.5),\n"
+            "           (0.000004, 0.0)]\ndef grow(c):\n    return (0.1, 0.2)\n```")
+    v = CircleCentres(6).verify(text)
+    assert v.valid and v.reward == pytest.approx(BEST_KNOWN[5][0], abs=1e-9)
+    assert "(0.0000, 0.0000)" in v.solution and "grow" not in v.solution
+    assert CircleCentres(6).verify(CircleCentres(6).reply_for(v.solution)).reward == v.reward
+
+
+@pytest.mark.parametrize("text, kind, why", [
+    ("Move them apart.", "format", "no ```python code block"),
+    ("```python\ncentres = [(0.1, 0.1), (0.9, 0.9)]\n```", "garbage", "2 (x, y) pairs, 6 needed"),
+    ("```python\n" + "(0.5, 0.5), " * 5 + "(1.2, 0.5)\n```", "infeasible", "centre 5 (1.2, 0.5) lies outside"),
+    ("```python\n" + "(0.5, 0.5), " * 5 + "(-0.1, 0.5)\n```", "infeasible", "outside the unit square"),
+    ("```python\n" + "(0.5, 0.5), " * 5 + "(0.5, 1e400)\n```", "infeasible", "outside the unit square"),
+])
+def test_circle_centres_verifier_rejects_invalid_answers(text, kind, why):
+    v = CircleCentres(6).verify(text)
+    assert (v.valid, v.kind, v.reward) == (False, kind, 0.0) and why in v.reason
+
+
+def test_circle_centres_reaches_the_best_known_value_from_scipys_centres():
+    res = scipy_baseline(6, seconds=3.0, seed=0)
+    centres = ", ".join(f"({x!r}, {y!r})" for x, y, _ in res.circles)
+    v = CircleCentres(6).verify(f"```python\n{centres}\n```")  # rounding to 4 decimals costs little
+    assert v.valid and res.best - 2e-3 < v.reward <= BEST_KNOWN[6][0] + 1e-9
+
+
 # --- the config ----------------------------------------------------------------------------------------------------
 
 def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
@@ -267,11 +318,14 @@ def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
     assert TTTDConfig(kl_coef=0.0, trainer={"lr": 1e-4}).kl_coef == 0.0  # a full fine-tune without the KL term
 
 
-def test_the_cpu_example_is_a_valid_config():
+@pytest.mark.parametrize("example", ["circle_packing_cpu.yaml", "circle_centres_cpu.yaml"])
+def test_the_cpu_examples_are_valid_configs(example):
     import yaml
 
     from recipes.tttd.experiment import TTTDExperimentConfig
 
-    data = yaml.safe_load(open(Path(__file__).parents[1] / "recipes/tttd/examples/circle_packing_cpu.yaml"))
+    data = yaml.safe_load(open(Path(__file__).parents[1] / "recipes/tttd/examples" / example))
     c = TTTDExperimentConfig(**data).recipe_config()
     assert c.problem_config.n in BEST_KNOWN and c.rollouts_per_group >= 3
+    problem = make_problem(c.problem)
+    assert problem.verify(problem.reply_for(problem.initial_solution())).valid

@@ -18,12 +18,15 @@ from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
 
-PROBLEMS = ("circle_packing",)
+PROBLEMS = ("circle_packing", "circle_centres")
 
 
 @dataclass
 class ProblemConfig:
-    name: str = field(default="circle_packing", metadata={"help": f"the discovery problem: one of {PROBLEMS}"})
+    name: str = field(default="circle_packing", metadata={
+        "help": f"the discovery problem: one of {PROBLEMS} (circle_packing: the reply is a program printing x y r "
+                "per circle; circle_centres: the reply lists the centres and the radii follow by linear programming, "
+                "recipes/tttd/problems.py)"})
     n: int = field(default=6, metadata={
         "help": "circles to pack (the paper: 26 and 32, after AlphaEvolve; 6 here so a 135M model on CPU can make "
                 "progress, with a documented reference value)"})
@@ -37,8 +40,9 @@ class ProblemConfig:
     memory_mb: int = field(default=256, metadata={"help": "address-space limit of a candidate, in MB"})
     output_kb: int = field(default=16, metadata={"help": "most stdout a candidate may print, in KB"})
     start_fill: float = field(default=0.5, metadata={
-        "help": "the initial state: circles on a grid at this fraction of the radius their cells allow (not in the "
-                "paper, whose start is an empty program; 0.5: n = 6 scores 0.4998)"})
+        "help": "the initial state (not in the paper, whose start is an empty program): circle_packing: circles on a "
+                "grid at this fraction of the radius their cells allow (0.5: n = 6 scores 0.4998); circle_centres: the "
+                "grid's centres shrunk towards the middle by this factor (0.3: n = 6 scores 0.3000)"})
 
     def __post_init__(self) -> None:
         check_fields(self)

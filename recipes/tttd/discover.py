@@ -65,7 +65,7 @@ class Discovery:
             self.archive = Archive(config.puct_c, config.archive_size, config.children_per_expansion,
                                    config.puct_scale_by_range)
             start = self.problem.initial_solution()
-            verdict = self.problem.verify(f"```python\n{start}\n```")
+            verdict = self.problem.verify(self.problem.reply_for(start))
             if not verdict.valid:
                 raise ValueError(f"the problem's initial solution is invalid: {verdict.reason}")
             for _ in range(config.groups):  # one initial state per group, as the authors' code does

@@ -1,5 +1,5 @@
 """Discovery problems for TTT-Discover: a state's prompt, the initial state and an exact verifier with a continuous
-reward; and circle packing, a CPU-sized member of the paper's family.
+reward; and circle packing, a CPU-sized member of the paper's family, in two representations.
 
 Why: TTT-Discover needs a problem whose answers can be checked exactly and scored on a continuous scale, so that a
 slightly better answer earns a slightly higher reward. The paper's circle packing (AlphaEvolve's n = 26 and 32)
@@ -13,6 +13,15 @@ three finite numbers and checks the geometry with an absolute tolerance of 1e-9:
 (same for y), r > 0, and |c_i - c_j| >= r_i + r_j - tol. A valid answer's reward is the sum of the radii; anything
 else (no code block, a crash, a timeout, garbage output, an overlap or a leak) is invalid with reward 0 and the
 reason kept.
+
+`circle_centres` is the same instance in the representation AlphaEvolve's circle-packing programs use: the model
+places only the centres and the verifier gives each circle the largest radius that keeps the packing valid (a linear
+program: maximise sum r subject to r_i <= the wall distances, r_i + r_j <= |c_i - c_j|, solved by HiGHS, then
+shrunk to strict feasibility and checked by the same geometry check with tolerance 0). Every reply that names n
+centres inside the square is then a valid packing whose reward moves continuously with the centres, so a model that
+can only copy a list and change a few numbers (SmolLM2-135M) still makes scored edits, better and worse; in the
+program representation such edits almost always overlap (results/tttd-circle-packing.md). The optimum is the same
+instance's (the best packing's centres give its radii back), so BEST_KNOWN applies to both.
 
 `scipy_baseline(n, seconds, seed)` is the classical comparison: SLSQP from random starts until the wall-time budget
 is spent, each result repaired to strict feasibility and checked by the same verifier with tolerance 0.
@@ -41,6 +50,8 @@ BEST_KNOWN = {
     8: (1.4238139153164258, "scipy_baseline, 3 seeds x 40 s"),
 }
 
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_PAIR = re.compile(rf"\(\s*({_NUMBER})\s*,\s*({_NUMBER})\s*\)")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
 
 
@@ -75,6 +86,15 @@ class Problem(ABC):
     def best_known(self) -> float | None:
         return None
 
+    def reply_for(self, solution: str) -> str:
+        """A model reply that states `solution` (the initial state is verified through the same parser)."""
+        return f"```python\n{solution.strip()}\n```"
+
+    def circles(self, solution: str) -> list[tuple[float, float, float]] | None:
+        """The packing a stored solution stands for (what apps draw), or None if it is not one."""
+        verdict = self.verify(self.reply_for(solution))
+        return verdict.details.get("circles") if verdict.valid else None
+
 
 def extract_code(text: str) -> str | None:
     """The last fenced code block (```python, ```py or bare ```), or None."""
@@ -83,15 +103,16 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def check_circles(circles: list[tuple[float, float, float]], n: int, tol: float) -> str:
-    """"" when n circles lie in the unit square, pairwise disjoint (within tol); else the first violation."""
+def check_circles(circles: list[tuple[float, float, float]], n: int, tol: float, allow_zero: bool = False) -> str:
+    """"" when n circles lie in the unit square, pairwise disjoint (within tol); else the first violation. Radius 0
+    (a centre on the wall) counts only with `allow_zero`."""
     if len(circles) != n:
         return f"expected {n} circles, got {len(circles)}"
     for i, (x, y, r) in enumerate(circles):
         if not all(math.isfinite(v) for v in (x, y, r)):
             return f"circle {i} has a non-finite value"
-        if r <= 0:
-            return f"circle {i} has radius {r!r} <= 0"
+        if r < 0 or (r == 0 and not allow_zero):
+            return f"circle {i} has radius {r!r} {'< 0' if allow_zero else '<= 0'}"
         if x - r < -tol or x + r > 1 + tol or y - r < -tol or y + r > 1 + tol:
             return f"circle {i} ({x!r}, {y!r}, r={r!r}) leaves the unit square"
     for i in range(n):
@@ -180,12 +201,98 @@ class CirclePacking(Problem):
         return BEST_KNOWN[self.n][0] if self.n in BEST_KNOWN else None
 
 
+def solve_radii(centres: list[tuple[float, float]]) -> list[float]:
+    """The radii with the largest sum for fixed centres in the unit square: a linear program (HiGHS)."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    n = len(centres)
+    iu, ju = np.triu_indices(n, 1)
+    pts = np.asarray(centres, dtype=float)
+    a_ub = np.zeros((len(iu), n))
+    a_ub[np.arange(len(iu)), iu] = 1.0
+    a_ub[np.arange(len(iu)), ju] = 1.0
+    b_ub = np.hypot(*(pts[iu] - pts[ju]).T)
+    bounds = [(0.0, max(0.0, min(x, 1 - x, y, 1 - y))) for x, y in centres]
+    res = linprog(-np.ones(n), A_ub=a_ub if n > 1 else None, b_ub=b_ub if n > 1 else None, bounds=bounds,
+                  method="highs")
+    if res.status != 0:  # cannot happen for centres in the square (r = 0 is feasible); say so if it does
+        raise RuntimeError(f"the radius LP failed: {res.message}")
+    return [max(0.0, float(r)) for r in res.x]
+
+
+def centres_text(centres: list[tuple[float, float]], digits: int = 4) -> str:
+    """The solution text of a set of centres: the list a reply states."""
+    rows = "\n".join(f"    ({x:.{digits}f}, {y:.{digits}f})," for x, y in centres)
+    return f"centres = [\n{rows}\n]"
+
+
+class CircleCentres(Problem):
+    """Circle packing where the model places the centres and the radii follow by linear programming (module doc).
+
+    A reply's last ```python block must hold at least n pairs `(x, y)`; the first n are the centres, rounded to
+    `digits` decimals (the precision the state shows, so a stored solution scores exactly what it scored).
+    """
+
+    invalid_reward = 0.0
+    digits = 4
+
+    def __init__(self, n: int = 6, start_fill: float = 0.3):
+        if n < 2:
+            raise ValueError(f"circle packing needs n >= 2 circles, got {n}")
+        if not 0 < start_fill <= 1:
+            raise ValueError(f"start_fill must be in (0, 1], got {start_fill}")
+        self.n, self.start_fill = n, start_fill
+        self.name = f"circle_centres_{n}"
+
+    def initial_solution(self) -> str:
+        """A k x k grid of cell centres (k = ceil(sqrt(n))) shrunk towards the square's centre by `start_fill`:
+        crowded, so the circles are small (n = 6, 0.3: sum 0.3000) and moving centres apart pays."""
+        k = math.ceil(math.sqrt(self.n))
+        cells = [((i % k + 0.5) / k, (i // k + 0.5) / k) for i in range(self.n)]
+        return centres_text([(0.5 + self.start_fill * (x - 0.5), 0.5 + self.start_fill * (y - 0.5))
+                             for x, y in cells], self.digits)
+
+    def prompt(self, solution: str, reward: float) -> list[dict]:
+        text = (f"Place {self.n} circles in the unit square [0,1] x [0,1]. You choose the centres; each circle then "
+                "gets the largest radius that keeps it inside the square and clear of the other circles, and the "
+                f"score is the sum of the radii.\n\nThese centres score {reward:.4f}:\n```python\n"
+                f"{solution.strip()}\n```\n\nWrite an improved version: move the centres apart so the circles can "
+                "grow. Reply with the whole list in one ```python block.")
+        return [{"role": "user", "content": text}]
+
+    def verify(self, text: str) -> Verdict:
+        code = extract_code(text)
+        if code is None:
+            return Verdict(self.invalid_reward, False, "format", "no ```python code block in the reply", None)
+        pairs = _PAIR.findall(code)
+        if len(pairs) < self.n:
+            return Verdict(self.invalid_reward, False, "garbage",
+                           f"the code block holds {len(pairs)} (x, y) pairs, {self.n} needed", code)
+        centres = [(round(float(x), self.digits), round(float(y), self.digits)) for x, y in pairs[:self.n]]
+        solution = centres_text(centres, self.digits)
+        for i, (x, y) in enumerate(centres):
+            if not (math.isfinite(x) and math.isfinite(y) and 0 <= x <= 1 and 0 <= y <= 1):
+                return Verdict(self.invalid_reward, False, "infeasible",
+                               f"centre {i} ({x!r}, {y!r}) lies outside the unit square", solution)
+        circles = repair([(x, y, r) for (x, y), r in zip(centres, solve_radii(centres), strict=True)])
+        why = check_circles(circles, self.n, 0.0, allow_zero=True)
+        if why:  # repair makes this unreachable; a verifier still checks what it scores
+            return Verdict(self.invalid_reward, False, "infeasible", why, solution)
+        return Verdict(sum(r for _, _, r in circles), True, "ok", "", solution, {"circles": circles})
+
+    def best_known(self) -> float | None:
+        return BEST_KNOWN[self.n][0] if self.n in BEST_KNOWN else None
+
+
 def make_problem(config: ProblemConfig | dict) -> Problem:
-    """The problem a config names (recipes.tttd.config.ProblemConfig)."""
+    """The problem a config names (recipes.tttd.config.ProblemConfig, name in config.PROBLEMS)."""
     cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
+    if cfg.name == "circle_centres":
+        return CircleCentres(cfg.n, cfg.start_fill)
     limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
                     output_bytes=cfg.output_kb * 1024)
-    return CirclePacking(cfg.n, cfg.tolerance, limits, cfg.start_fill)  # the only one so far (config.PROBLEMS)
+    return CirclePacking(cfg.n, cfg.tolerance, limits, cfg.start_fill)
 
 
 @dataclass(frozen=True)
