@@ -140,6 +140,9 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         finals = [runs[arm][s]["summary"]["best_reward"] for s in seeds]
         stats[arm] = {"final": mean_ci(finals), "finals": finals,
                       "valid": [statistics.fmean(r["valid_fraction"] for r in runs[arm][s]["curve"]) for s in seeds],
+                      # what the policy samples at the end (mean reward of the last two steps, invalid = 0)
+                      "late_mean": [statistics.fmean(r["mean_reward"] for r in runs[arm][s]["curve"][-2:])
+                                    for s in seeds],
                       "wall": [runs[arm][s]["summary"]["wall_s"] for s in seeds]}
     scipy_best = [runs["scipy"][s]["best"] for s in seeds]
     stats["scipy"] = {"final": mean_ci(scipy_best), "finals": scipy_best}
@@ -172,9 +175,16 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
     def fmt(arm):
         m, h = stats[arm]["final"]
         return f"{m:.4f} ± {h:.4f}" if not math.isnan(h) else f"{m:.4f}"
+
+    def late(arm):
+        if "late_mean" not in stats[arm]:
+            return "-"
+        m, h = mean_ci(stats[arm]["late_mean"])
+        return f"{m:.3f} ± {h:.3f}" if not math.isnan(h) else f"{m:.3f}"
     rows = "\n".join(
         f"| {label} | {fmt(arm)} | {', '.join(f'{x:.4f}' for x in stats[arm]['finals'])} | "
         f"{(statistics.fmean(stats[arm]['valid']) if 'valid' in stats[arm] else float('nan')):.3f} | "
+        f"{late(arm)} | "
         f"{(statistics.fmean(stats[arm]['wall']) / 60 if 'wall' in stats[arm] else float('nan')):.1f} |"
         for arm, label in [*((a, LABELS[a]) for a in arms),
                            ("scipy", f"scipy SLSQP multistart, each TTT run's wall time (cap {args.scipy_cap:g} s)")])
@@ -194,8 +204,8 @@ search of TTT-Discover with the base policy, so TTT-Discover minus search is wha
 
 Final best sum of radii, mean ± 95% t-interval over {len(seeds)} seeds:
 
-| arm | best (mean ± CI) | per seed | valid fraction | wall min |
-|---|---|---|---|---|
+| arm | best (mean ± CI) | per seed | valid fraction | mean reward, last 2 steps (± CI) | wall min |
+|---|---|---|---|---|---|
 {rows}
 """
     Path(args.results + ".md").write_text(md)
