@@ -145,7 +145,8 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
                                     for s in seeds],
                       "wall": [runs[arm][s]["summary"]["wall_s"] for s in seeds]}
     scipy_best = [runs["scipy"][s]["best"] for s in seeds]
-    stats["scipy"] = {"final": mean_ci(scipy_best), "finals": scipy_best}
+    stats["scipy"] = {"final": mean_ci(scipy_best), "finals": scipy_best,
+                      "wall": [runs["scipy"][s]["seconds"] for s in seeds]}
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     for arm in arms:
@@ -164,7 +165,11 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
     ax[0].axhline(stats["scipy"]["final"][0], color="tab:green", ls=":", lw=1.5,
                   label=f"scipy SLSQP, same wall time ({stats['scipy']['final'][0]:.4f})")
     ax[0].set(xlabel="samples", ylabel="best sum of radii so far", title=f"{problem_title(cfg)}")
-    ax[1].set(xlabel="samples", ylabel="mean reward of the step's samples (invalid = 0)", title="samples")
+    start = runs["ttt"][seeds[0]]["summary"].get("initial_reward")
+    if start is not None:
+        ax[0].axhline(start, color="grey", lw=1, label=f"start {start:.4f}")
+    ax[1].set(xlabel="samples", ylabel="mean reward of the step's samples (invalid = 0)",
+              title="what each step samples (mean ± 95% CI over seeds)")
     for a in ax:
         a.grid(alpha=0.3)
         a.legend(fontsize=9)
@@ -176,6 +181,9 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         m, h = stats[arm]["final"]
         return f"{m:.4f} ± {h:.4f}" if not math.isnan(h) else f"{m:.4f}"
 
+    def valid(arm):
+        return f"{statistics.fmean(stats[arm]['valid']):.3f}" if "valid" in stats[arm] else "-"
+
     def late(arm):
         if "late_mean" not in stats[arm]:
             return "-"
@@ -183,9 +191,8 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         return f"{m:.3f} ± {h:.3f}" if not math.isnan(h) else f"{m:.3f}"
     rows = "\n".join(
         f"| {label} | {fmt(arm)} | {', '.join(f'{x:.4f}' for x in stats[arm]['finals'])} | "
-        f"{(statistics.fmean(stats[arm]['valid']) if 'valid' in stats[arm] else float('nan')):.3f} | "
-        f"{late(arm)} | "
-        f"{(statistics.fmean(stats[arm]['wall']) / 60 if 'wall' in stats[arm] else float('nan')):.1f} |"
+        f"{valid(arm)} | "
+        f"{late(arm)} | {statistics.fmean(stats[arm]['wall']) / 60:.1f} |"
         for arm, label in [*((a, LABELS[a]) for a in arms),
                            ("scipy", f"scipy SLSQP multistart, each TTT run's wall time (cap {args.scipy_cap:g} s)")])
     cmd = (f"python scripts/compare_tttd.py {args.config} --seeds {' '.join(map(str, seeds))} --arms {' '.join(arms)}"
