@@ -28,7 +28,7 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 
 from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
-from recipes.tttd.problems import BEST_KNOWN, scipy_baseline  # noqa: E402
+from recipes.tttd.problems import BEST_KNOWN, make_problem, scipy_baseline  # noqa: E402
 
 ARMS = {"ttt": {}, "search": {"policy_updates": False}, "best_of_n": {"policy_updates": False, "reuse": False}}
 LABELS = {"ttt": "TTT-Discover", "search": "PUCT search, base policy (no training)",
@@ -53,6 +53,38 @@ def curve(run_dir: Path, name: str) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def edits(run_dir: Path, name: str, problem, last_steps: int = 2) -> dict:
+    """What the last steps' samples did with their parent, read back from the run's records and re-verified: valid
+    copies of the parent, valid new solutions, and new ones scoring above their parent (the discoveries)."""
+    import polars as pl
+
+    from reef_lab.records.segments import scan_records
+
+    archive = orjson.loads((run_dir / "data" / "learn" / name / "archive.json").read_bytes())
+    states = archive["states"].values() if isinstance(archive["states"], dict) else archive["states"]
+    parents = {s["id"]: (s["solution"].strip(), s["reward"]) for s in states}
+    rows = scan_records(run_dir / "data").filter(pl.col("kind") == "inference").select("tags", "response").collect()
+    steps = [int(orjson.loads(t)["tttd_step"]) for t in rows["tags"]]
+    first = max(steps) - last_steps + 1
+    out = {"samples": 0, "valid": 0, "copies": 0, "new": 0, "better": 0}
+    for tags, response, step in zip(rows["tags"], rows["response"], steps, strict=True):
+        if step < first:
+            continue
+        out["samples"] += 1
+        text = (orjson.loads(response)["choices"][0]["message"]["content"] or "") if response else ""
+        verdict = problem.verify(text)
+        if not verdict.valid:
+            continue
+        out["valid"] += 1
+        parent = parents.get(orjson.loads(tags)["parent"])
+        if parent is not None and verdict.solution.strip() == parent[0]:
+            out["copies"] += 1
+        else:
+            out["new"] += 1
+            out["better"] += parent is not None and verdict.reward > parent[1] + 1e-12
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="a recipes/tttd experiment YAML")
@@ -73,6 +105,7 @@ def main(argv=None) -> None:
         base.setdefault("config", {})[k] = yaml.safe_load(v)
     if "ttt" not in args.arms:
         p.error("--arms must include ttt (the classical optimiser gets each TTT run's wall time)")
+    problem = make_problem(TTTDExperimentConfig(**base).recipe_config().problem)
     out = Path(args.out)
     engine, runs = None, {arm: {} for arm in args.arms}
     started = time.time()
@@ -89,7 +122,7 @@ def main(argv=None) -> None:
                 print(f"[compare] {arm} seed {seed} -> {run_dir}", flush=True)
                 run_tttd_experiment(cfg, engine=engine, progress=True, close_engine=False)
             runs[arm][seed] = {"summary": orjson.loads((run_dir / "summary.json").read_bytes()),
-                               "curve": curve(run_dir, name)}
+                               "curve": curve(run_dir, name), "edits": edits(run_dir, name, problem)}
     if engine is not None:
         engine.close()
     cfg = TTTDExperimentConfig(**base).recipe_config()
@@ -214,6 +247,19 @@ Final best sum of radii, mean ± 95% t-interval over {len(seeds)} seeds:
 | arm | best (mean ± CI) | per seed | valid fraction | mean reward, last 2 steps (± CI) | wall min |
 |---|---|---|---|---|---|
 {rows}
+"""
+    edit_rows = "\n".join(
+        f"| {LABELS[arm]} | {sum(runs[arm][x]['edits']['samples'] for x in seeds)} | "
+        + " | ".join(str(sum(runs[arm][x]['edits'][k] for x in seeds)) for k in ("valid", "copies", "new", "better"))
+        + " |" for arm in arms)
+    md += f"""
+What the samples of the last two steps did with their parent (all seeds; read back from the records and verified
+again): valid replies, valid copies of the parent's solution, valid new solutions, and new ones scoring above their
+parent.
+
+| arm | samples | valid | copies of the parent | new | better than the parent |
+|---|---|---|---|---|---|
+{edit_rows}
 """
     Path(args.results + ".md").write_text(md)
     Path(args.results + ".json").write_bytes(orjson.dumps({"config": base, "seeds": seeds, "stats": stats,
