@@ -56,6 +56,8 @@ def test_steps_train_serve_resume_and_release(tmp_path, tiny_model_dir, lengthy)
         row = d.step()
         assert row["step"] == 1 and row["samples"] + 3 * row["groups_dropped"] == 6
         assert row["samples"] > 0 and all(b is None or b > 0 for b in row["betas"])
+        # the parent "start" scores 0.4; random 8-token replies have more distinct characters: new and better
+        assert 1 <= row["copies"] + row["better"] <= round(row["valid_fraction"] * 6)
         assert gw.engine.release_for("t") == "t:step1" and row["release"] == "t:step1"
         recs = gw.list_records("t", kind="inference", limit=50)["records"]
         reports = gw.list_records("t", kind="report", limit=50)["records"]

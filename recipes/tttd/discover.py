@@ -152,6 +152,8 @@ class Discovery:
         row = {"event": "tttd_step", "step": t + 1, "time": time.time(), "best_reward": best.reward,
                "best_state": best.id, "step_best": max(rewards), "mean_reward": sum(rewards) / len(rewards),
                "valid_fraction": sum(o["valid"] for o in outs) / len(outs), "kinds": kinds,
+               # valid replies that restate their parent, and new ones that beat it (the discoveries)
+               "copies": sum(o.get("copy", False) for o in outs), "better": sum(o.get("better", False) for o in outs),
                "parents": [p.id for p in parents], "parent_rewards": [p.reward for p in parents],
                "betas": betas, "groups_dropped": dropped, "samples": len(samples),
                "tokens": sum(o["tokens"] for o in outs), "release": self.engine.release_for(self.scenario),
@@ -191,8 +193,10 @@ class Discovery:
         self.gw.report(self.scenario, {"score": verdict.reward, "references": [rid], "feedback": verdict.reason,
                                        "metadata": {"valid": verdict.valid, "kind": verdict.kind,
                                                     "tttd_step": t, "parent": parent.id}})
+        copy = verdict.valid and (verdict.solution or "").strip() == parent.solution.strip()
         out.update(record_id=rid, reward=verdict.reward, valid=verdict.valid, kind=verdict.kind,
-                   solution=verdict.solution, tokens=len(rec.get("token_ids") or []))
+                   solution=verdict.solution, tokens=len(rec.get("token_ids") or []), copy=copy,
+                   better=verdict.valid and not copy and verdict.reward > parent.reward)
         if rec.get("token_ids") and rec.get("logprobs"):
             out["sample"] = Sample(record_id=rid, prompt_ids=list(rec["prompt_token_ids"]),
                                    completion_ids=list(rec["token_ids"]), logprobs=list(rec["logprobs"]),
