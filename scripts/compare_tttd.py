@@ -248,6 +248,26 @@ Final best sum of radii, mean ± 95% t-interval over {len(seeds)} seeds:
 |---|---|---|---|---|---|
 {rows}
 """
+    pairs = [(a, b) for a, b in (("ttt", "best_of_n"), ("ttt", "search"), ("search", "best_of_n"))
+             if a in arms and b in arms]
+    diff_rows = []
+    for a, b in pairs:
+        cells = []
+        for key in ("finals", "late_mean"):
+            d = [x - y for x, y in zip(stats[a][key], stats[b][key], strict=True)]
+            m, h = mean_ci(d)
+            cells.append(f"{m:+.3f} ± {h:.3f}" + (" (CI excludes 0)" if not math.isnan(h) and abs(m) > h else ""))
+        stats.setdefault("paired", {})[f"{a}-{b}"] = cells
+        diff_rows.append(f"| {LABELS[a]} minus {LABELS[b]} | {cells[0]} | {cells[1]} |")
+    if diff_rows:
+        diff_table = "\n".join(diff_rows)
+        md += f"""
+Paired by seed (same seed: same first step, same sampling seeds), mean ± 95% t-interval of the differences:
+
+| comparison | best found | mean reward, last 2 steps |
+|---|---|---|
+{diff_table}
+"""
     edit_rows = "\n".join(
         f"| {LABELS[arm]} | {sum(runs[arm][x]['edits']['samples'] for x in seeds)} | "
         + " | ".join(str(sum(runs[arm][x]['edits'][k] for x in seeds)) for k in ("valid", "copies", "new", "better"))
