@@ -318,6 +318,16 @@ def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
     assert TTTDConfig(kl_coef=0.0, trainer={"lr": 1e-4}).kl_coef == 0.0  # a full fine-tune without the KL term
 
 
+def test_a_problem_is_named_by_module_class():
+    p = make_problem({"name": "recipes.tttd.problems:CircleCentres", "n": 5, "start_fill": 0.5})
+    assert isinstance(p, CircleCentres) and (p.n, p.start_fill) == (5, 0.5)
+    assert isinstance(make_problem({"name": "circle_centres"}), CircleCentres)
+    with pytest.raises(ValueError, match="problem.name .* cannot be loaded"):
+        make_problem({"name": "recipes.tttd.problems:Nope"})
+    with pytest.raises(ValueError, match="not a recipes.tttd.problems.Problem subclass"):
+        make_problem({"name": "recipes.tttd.archive:Archive"})
+
+
 @pytest.mark.parametrize("example", ["circle_packing_cpu.yaml", "circle_centres_cpu.yaml"])
 def test_the_cpu_examples_are_valid_configs(example):
     import yaml

@@ -25,6 +25,10 @@ class Lengthy(Problem):
 
     name, invalid_reward = "lengthy", 0.0
 
+    @classmethod
+    def from_config(cls, cfg):
+        return cls()
+
     def initial_solution(self) -> str:
         return "start"
 

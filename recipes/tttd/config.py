@@ -18,15 +18,17 @@ from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
 
-PROBLEMS = ("circle_packing", "circle_centres")
+# The built-in problems by name; `problem.name` may also be any `module:Class` deriving recipes.tttd.problems.Problem
+PROBLEMS = {"circle_packing": "recipes.tttd.problems:CirclePacking",
+            "circle_centres": "recipes.tttd.problems:CircleCentres"}
 
 
 @dataclass
 class ProblemConfig:
     name: str = field(default="circle_packing", metadata={
-        "help": f"the discovery problem: one of {PROBLEMS} (circle_packing: the reply is a program printing x y r "
-                "per circle; circle_centres: the reply lists the centres and the radii follow by linear programming, "
-                "recipes/tttd/problems.py)"})
+        "help": f"the discovery problem: one of {tuple(PROBLEMS)} (circle_packing: the reply is a program printing "
+                "x y r per circle; circle_centres: the reply lists the centres and the radii follow by linear "
+                "programming, recipes/tttd/problems.py), or a module:Class deriving recipes.tttd.problems.Problem"})
     n: int = field(default=6, metadata={
         "help": "circles to pack (the paper: 26 and 32, after AlphaEvolve; 6 here so a 135M model on CPU can make "
                 "progress, with a documented reference value)"})
@@ -46,8 +48,8 @@ class ProblemConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.name not in PROBLEMS:
-            raise ValueError(f"name must be one of {PROBLEMS}, got {self.name!r}")
+        if self.name not in PROBLEMS and ":" not in self.name:
+            raise ValueError(f"name must be one of {tuple(PROBLEMS)} or a module:Class path, got {self.name!r}")
         if self.n < 2:
             raise ValueError(f"n must be >= 2, got {self.n}")
         if not 0 < self.start_fill <= 1:

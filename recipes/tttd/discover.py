@@ -153,7 +153,7 @@ class Discovery:
                "best_state": best.id, "step_best": max(rewards), "mean_reward": sum(rewards) / len(rewards),
                "valid_fraction": sum(o["valid"] for o in outs) / len(outs), "kinds": kinds,
                # valid replies that restate their parent, and new ones that beat it (the discoveries)
-               "copies": sum(o.get("copy", False) for o in outs), "better": sum(o.get("better", False) for o in outs),
+               "copies": sum(o["copy"] for o in outs), "better": sum(o["better"] for o in outs),
                "parents": [p.id for p in parents], "parent_rewards": [p.reward for p in parents],
                "betas": betas, "groups_dropped": dropped, "samples": len(samples),
                "tokens": sum(o["tokens"] for o in outs), "release": self.engine.release_for(self.scenario),
@@ -179,7 +179,8 @@ class Discovery:
                 "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
                 "seed": (cfg.seed * 1_000_003 + t) * 65_537 + g * cfg.rollouts_per_group + k}
         out = {"group": g, "parent": parent.id, "record_id": None, "reward": self.problem.invalid_reward,
-               "valid": False, "kind": "error", "solution": None, "sample": None, "tokens": 0}
+               "valid": False, "kind": "error", "solution": None, "sample": None, "tokens": 0, "copy": False,
+               "better": False}
         try:
             reply = self.gw.infer("openai.chat", body, self.scenario,
                                   tags={"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})

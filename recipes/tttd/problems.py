@@ -35,7 +35,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from recipes.tttd.config import ProblemConfig
+from recipes.tttd.config import PROBLEMS, ProblemConfig
 from recipes.tttd.sandbox import Limits, run_python
 
 # Best sums of radii we know for n circles in the unit square. For n >= 5 we found no published table (Packomania
@@ -70,6 +70,11 @@ class Problem(ABC):
 
     name: str
     invalid_reward: float = 0.0
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: ProblemConfig) -> Problem:
+        """The problem a ProblemConfig describes (make_problem calls this on the class `cfg.name` names)."""
 
     @abstractmethod
     def initial_solution(self) -> str:
@@ -165,6 +170,12 @@ class CirclePacking(Problem):
         self.limits = limits or Limits(cpu_seconds=5, wall_seconds=10.0, memory_mb=256, output_bytes=16 * 1024)
         self.name = f"circle_packing_{n}"
 
+    @classmethod
+    def from_config(cls, cfg: ProblemConfig) -> CirclePacking:
+        limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
+                        output_bytes=cfg.output_kb * 1024)
+        return cls(cfg.n, cfg.tolerance, limits, cfg.start_fill)
+
     def initial_solution(self) -> str:
         """A k x k grid (k = ceil(sqrt(n))), circles at `start_fill` of the radius their cells allow: valid, with
         room."""
@@ -245,6 +256,10 @@ class CircleCentres(Problem):
         self.n, self.start_fill = n, start_fill
         self.name = f"circle_centres_{n}"
 
+    @classmethod
+    def from_config(cls, cfg: ProblemConfig) -> CircleCentres:
+        return cls(cfg.n, cfg.start_fill)
+
     def initial_solution(self) -> str:
         """A k x k grid of cell centres (k = ceil(sqrt(n))) shrunk towards the square's centre by `start_fill`:
         crowded, so the circles are small (n = 6, 0.3: sum 0.3000) and moving centres apart pays."""
@@ -286,13 +301,11 @@ class CircleCentres(Problem):
 
 
 def make_problem(config: ProblemConfig | dict) -> Problem:
-    """The problem a config names (recipes.tttd.config.ProblemConfig, name in config.PROBLEMS)."""
+    """The problem a config names: a built-in name (config.PROBLEMS) or a `module:Class` deriving Problem."""
+    from reef_lab.plugins import load_class
+
     cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
-    if cfg.name == "circle_centres":
-        return CircleCentres(cfg.n, cfg.start_fill)
-    limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
-                    output_bytes=cfg.output_kb * 1024)
-    return CirclePacking(cfg.n, cfg.tolerance, limits, cfg.start_fill)
+    return load_class(PROBLEMS.get(cfg.name, cfg.name), Problem, "problem.name").from_config(cfg)
 
 
 @dataclass(frozen=True)
