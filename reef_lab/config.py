@@ -18,6 +18,7 @@ from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
 from reef_lab.learning.recipe import load_recipe
+from reef_lab.plugins import code_paths
 
 
 @dataclass
@@ -151,6 +152,12 @@ class ServeConfig:
 
     def allowed_recipe_list(self) -> list[str]:
         return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
+
+    def code_paths(self) -> list[str]:
+        """Every module:Class this deployment's operator named (options, recipe config, engine options, allowed
+        recipes): all that the plug-in loader may import in a server process (reef_lab.plugins.restrict_to)."""
+        named = [self.to_dict(), self.recipe_settings(), self.engine_settings(), self.allowed_recipe_list()]
+        return [path for _, path in code_paths(named)]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,6 +16,7 @@ import sys
 
 import orjson
 
+from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.service import build_engine, build_gateway
 from server import workers
@@ -56,6 +57,8 @@ def build():
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _die_with_parent()
+    # This process takes clients' requests: from here on only code its operator named can be imported.
+    plugins.restrict_to(cfg.code_paths())
     tokens = tokens_from_env()
     global _governor, role
     primary = False

@@ -306,7 +306,7 @@ def make_problem(config: ProblemConfig | dict) -> Problem:
     from reef_lab.plugins import load_class
 
     cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
-    return load_class(PROBLEMS.get(cfg.name, cfg.name), Problem, "problem.name").from_config(cfg)
+    return load_class(cfg.name, Problem, "problem.name", names=PROBLEMS).from_config(cfg)
 
 
 @dataclass(frozen=True)
