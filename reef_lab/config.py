@@ -18,6 +18,7 @@ from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
 from reef_lab.learning.recipe import load_recipe
+from reef_lab.plugins import code_paths
 
 
 @dataclass
@@ -152,8 +153,70 @@ class ServeConfig:
     def allowed_recipe_list(self) -> list[str]:
         return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
 
+    def code_paths(self) -> list[str]:
+        """Every module:Class this deployment's operator named (options, recipe config, engine options, allowed
+        recipes): all that the plug-in loader may import in a server process (reef_lab.plugins.restrict_to)."""
+        named = [self.to_dict(), self.recipe_settings(), self.engine_settings(), self.allowed_recipe_list()]
+        return [path for _, path in code_paths(named)]
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config file or inline mapping (-c, --recipe-config, --engine-options)
+MAX_CONFIG_DEPTH = 64  # nested mappings and lists in one
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses, at parse time and with the line, nesting deeper than MAX_CONFIG_DEPTH (its
+    composer recurses once per level: 10,000 levels were a RecursionError) and aliases (an alias repeats a subtree,
+    so ten levels of ten would be 10^10 nodes once the config is passed on as JSON)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise ValueError(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not supported "
+                             "in a config; write the value out")
+        nests = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+        self.depth += nests
+        try:
+            if self.depth > MAX_CONFIG_DEPTH:
+                raise ValueError(f"line {event.start_mark.line + 1}: nested deeper than {MAX_CONFIG_DEPTH} levels "
+                                 "of mappings and lists")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nests
+
+
+def load_config_text(text: str, name: str) -> object:
+    """A YAML/JSON config's value, refused with a message naming `name` and the limit when it is over
+    MAX_CONFIG_BYTES, nested deeper than MAX_CONFIG_DEPTH or not YAML."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{name} is {size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes (1 MB)")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{name} is not YAML/JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def read_config_file(path: str, name: str) -> object:
+    """load_config_text of a file, its size checked before it is read."""
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{name} file {path!r} is {size:,} bytes; a config may be at most "
+                             f"{MAX_CONFIG_BYTES:,} bytes (1 MB)")
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{name} file {path!r} cannot be read: {e}") from None
+    return load_config_text(text, f"{name} file {path!r}")
 
 
 def _mapping(value, name: str, what: str) -> dict:
@@ -161,17 +224,14 @@ def _mapping(value, name: str, what: str) -> dict:
     if value is None or isinstance(value, dict):
         return dict(value or {})
     if value.lstrip().startswith("{"):
-        try:
-            data = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{name} is not a YAML/JSON mapping: {e}") from None
+        data = load_config_text(value, name)
     else:
         if not Path(value).is_file():
             raise ValueError(f"{name} file {value!r} does not exist (give a YAML/JSON file or an inline mapping "
                              "'{key: value}')")
-        data = yaml.safe_load(Path(value).read_text()) or {}
+        data = read_config_file(value, name) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{name} ({value!r}) must hold a mapping of {what}")
+        raise ValueError(f"{name} ({value[:200]!r}) must hold a mapping of {what}")
     return data
 
 
@@ -235,7 +295,7 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
 
 
 def _read_config_file(path: str) -> dict:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_config_file(path, "-c") or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of option names to values")
     names = {f.name for f in fields(ServeConfig)}

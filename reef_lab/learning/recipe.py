@@ -13,7 +13,6 @@ A deployment names its recipe by a `module:Class` path, or by a bare name `x` me
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import re
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
+from reef_lab.plugins import import_path
 from reef_lab.schema import check_fields
 from reef_lab.learning.tasks import TaskConfig
 
@@ -90,10 +90,9 @@ class Recipe(Protocol):
 def recipe_class(spec: str) -> type:
     """The class a recipe name or module:Class path names (no config is checked)."""
     path = recipe_path(spec)
-    module, _, cls = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as e:
+    try:  # a bare name is a folder of the shipped `recipes` package, never code from elsewhere
+        return import_path(path, "recipe", builtin=":" not in spec)
+    except ValueError as e:
         raise BadRequest(f"recipe {spec!r} cannot be loaded from {path!r} ({e}); name one of the folders in "
                          "recipes/ or give a module:Class path") from e
 
