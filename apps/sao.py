@@ -9,10 +9,10 @@ A run is a folder written by scripts/run_experiment.py (reef_lab/learning/experi
 index `data/releases/<scenario>/index.json` (with each release's Hub revision) and the W&B run under `data/wandb`.
 The launch form starts from the example's own values, so launching it unchanged runs the published config (only
 changed fields become `--set` overrides); the run is a detached child that outlives the app. The runs table gives
-each run's status and progress; tick several to overlay their curves, with each group's mean and 95% band
+each run's status (from its heartbeat: docs/apps.md) and progress; tick several to overlay their curves, with each group's mean and 95% band
 (a group: runs whose configs differ only in seed) and the config fields that differ. One run in detail: every
-panel against the policy step, held-out accuracy with 95% Wilson intervals, releases as dashed lines, links to its
-W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
+panel against the policy step, held-out accuracy with 95% Wilson intervals, releases as dashed lines, each
+candidate's sample held-out answers next to its accuracy, links to its W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
 """
 
 import marimo
