@@ -226,15 +226,19 @@ def no_release_text(scenario: str | None) -> str:
 
 
 @app.function
-def served_answers(records_lf: pl.LazyFrame, scenario: str, release_id: str, k: int = 5) -> list[dict]:
-    """The newest `k` scored answers `release_id` served in `scenario`: the question, the answer and the mean score
-    of the reports on it."""
+def served_answers(records_lf: pl.LazyFrame, scenario: str, k: int = 5) -> dict[str, list[dict]]:
+    """Per release of `scenario`: the newest `k` scored answers it served (the question, the answer and the mean
+    score of the reports on it), in one scan of the records."""
     got = (records_lf.filter((pl.col("scenario") == scenario) & (pl.col("kind") == "inference")
-                             & (pl.col("release_id") == release_id) & pl.col("score").is_not_null())
-           .sort("created_at", descending=True).head(k).select("id", "request", "response", "score").collect())
-    return [{"item": r["id"], "question": snippet(last_user_message(r["request"]), 300),
-             "answer": snippet(answer_text(r["response"]), 400), "score": round(r["score"], 3)}
-            for r in got.iter_rows(named=True)]
+                             & pl.col("release_id").is_not_null() & pl.col("score").is_not_null())
+           .sort("created_at", descending=True).group_by("release_id", maintain_order=True).head(k)
+           .select("release_id", "id", "request", "response", "score").collect())
+    out: dict[str, list[dict]] = {}
+    for r in got.iter_rows(named=True):
+        out.setdefault(r["release_id"], []).append({
+            "item": r["id"], "question": snippet(last_user_message(r["request"]), 300),
+            "answer": snippet(answer_text(r["response"]), 400), "score": round(r["score"], 3)})
+    return out
 
 
 @app.function
@@ -242,9 +246,10 @@ def release_answers_html(rows: list[dict], index: dict, scenario: str, records_l
     """For each release (the base model first): answers it served with their report scores, and its held-out
     evaluation's sample answers (item, expected answer, answer, score), next to its mean reward and held-out score."""
     evals = {BASE: index.get("base_eval"), **{r["version"]: r.get("eval") for r in index["releases"]}}
+    by_release = served_answers(records_lf, scenario)
     blocks = []
     for r in rows:
-        served = served_answers(records_lf, scenario, r["release_id"])
+        served = by_release.get(r["release_id"], [])
         heldout = [{**a, "item": f"held-out {a['item']}"} for a in eval_answers(evals.get(r["release"]))]
         reward = "" if r["reward"] is None else f"; mean reward <b>{r['reward']:.3f}</b> over {r['reports']} reports"
         acc = "" if r["heldout"] is None else f"; held-out <b>{r['heldout']:.3f}</b>"
