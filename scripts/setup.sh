@@ -40,6 +40,18 @@ for option in "$@"; do
         sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
         $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
       fi ;;
-    *) echo "setup.sh: unknown option $option (known: --vllm, --browser)" >&2; exit 2 ;;
+    --agents)
+      # Real agent clients for the `agents` tests (pytest -m agents): pinned npm versions in .agents/node_modules
+      # (binaries in .agents/node_modules/.bin). These are the versions the relay was tried with (issue 30).
+      astamp=.agents/.installed-v1
+      if [ ! -f "$astamp" ]; then
+        command -v npm >/dev/null || { echo "setup.sh --agents needs npm (Node.js 18+)" >&2; exit 2; }
+        echo "[setup] installing Claude Code, Codex CLI and opencode into .agents (npm, about a minute)" >&2
+        mkdir -p .agents
+        npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact \
+          @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33
+        touch "$astamp"
+      fi ;;
+    *) echo "setup.sh: unknown option $option (known: --vllm, --browser, --agents)" >&2; exit 2 ;;
   esac
 done
