@@ -159,7 +159,7 @@ class ReefServer:
         """The scenario's records, oldest first (GET /reef/scenarios/<name>/records, every page)."""
         out, after = [], None
         while True:
-            q = f"?limit=1000" + (f"&after={after}" if after else "")
+            q = "?limit=1000" + (f"&after={after}" if after else "")
             with urllib.request.urlopen(f"{self.url}/reef/scenarios/{scenario}/records{q}", timeout=30) as r:
                 page = json.loads(r.read())
             out += page["records"]

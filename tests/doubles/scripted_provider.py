@@ -13,7 +13,8 @@ It answers each dialect in its own wire format, streaming (event by event, flush
 when the request asks for it (Anthropic thinking with a signature, chat `reasoning_content`, a Responses reasoning
 item), and logs every request: method, path, query, headers and body (`requests`). `speaks` limits the routes it
 serves (a chat-only provider answers 404 on /v1/messages, as vLLM or llama.cpp do). `REEF-FAIL status=<code>` in a
-body gets that status with the dialect's error object. `responses_completed_output=False` sends `response.completed`
+body gets that status with the dialect's error object; `REEF-FAIL-STREAM` breaks a stream off after its first
+events with the dialect's error event. `responses_completed_output=False` sends `response.completed`
 with `output: []` (as some providers do; the items came in the stream). TCP_NODELAY is set on every connection
 (without it each relayed call waits ~40 ms for a delayed ACK).
 
@@ -289,6 +290,17 @@ def error_answer(route: str, status: int) -> dict:
     return {"error": {"message": f"scripted failure {status}", "type": kind, "param": None, "code": None}}
 
 
+def stream_failure(route: str) -> bytes:
+    err = {"message": "scripted stream failure", "type": "overloaded_error"}
+    if route == MESSAGES:
+        return sse({"type": "error", "error": err}, "error")
+    if route == CHAT:
+        return sse({"error": err})
+    failed = {"id": "resp_failed", "object": "response", "status": "failed", "output": [],
+              "error": {"code": "server_error", "message": err["message"]}}
+    return sse({"type": "response.failed", "sequence_number": 99, "response": failed}, "response.failed")
+
+
 # ---- the server -------------------------------------------------------------------------------------------------
 class ScriptedProvider:
     """`with ScriptedProvider(speaks=("chat",)) as p:` serves on 127.0.0.1 (p.url) until the block ends."""
@@ -345,6 +357,8 @@ class ScriptedProvider:
                     out = responses_answer(body, plan, stream, provider.responses_completed_output)
                 if not stream:
                     return self._json(200, out)
+                if b"REEF-FAIL-STREAM" in raw:
+                    out = out[:3] + [stream_failure(path)]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")

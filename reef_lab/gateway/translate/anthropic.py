@@ -98,8 +98,6 @@ def parse_request(body: dict) -> Conversation:
     effort = (body.get("output_config") or {}).get("effort") if isinstance(body.get("output_config"), dict) else None
     if conv.reasoning and isinstance(effort, str):
         conv.reasoning = effort
-    user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
-    conv.user = user if isinstance(user, str) else None
     known = {"model", "messages", "system", "tools", "tool_choice", "max_tokens", "temperature", "top_p",
              "stop_sequences", "stream", "thinking", *_HINTS}
     conv.dropped += [k for k in body if k not in known]
@@ -137,6 +135,12 @@ def _content(parts: list, thinking_on: bool) -> list[dict]:
     return out
 
 
+def _unsigned_tool_turn(conv: Conversation) -> bool:
+    last = next((t for t in reversed(conv.turns) if t.role == "assistant"), None)
+    return last is not None and any(isinstance(p, ToolCall) for p in last.parts) and not any(
+        isinstance(p, Thinking) and (p.signature or p.redacted) for p in last.parts)
+
+
 def build_request(conv: Conversation) -> dict:
     body: dict = {"model": conv.model, "max_tokens": conv.max_tokens or DEFAULT_MAX_TOKENS}
     thinking_on = conv.reasoning is not None and conv.reasoning not in ("none", "minimal")
@@ -149,6 +153,11 @@ def build_request(conv: Conversation) -> dict:
             thinking_on = False
             conv.dropped.append(f"reasoning ({conv.reasoning}): max tokens {body['max_tokens']} leave no room for "
                                 "Anthropic's smallest thinking budget (1024)")
+    if thinking_on and _unsigned_tool_turn(conv):
+        body.pop("thinking")
+        thinking_on = False
+        conv.dropped.append("reasoning: the last assistant turn called tools without a signed thinking block, "
+                            "which Anthropic requires with thinking on")
     if conv.system:
         body["system"] = "\n\n".join(conv.system)
     messages: list[dict] = []
