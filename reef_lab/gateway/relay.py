@@ -74,7 +74,7 @@ class RelayCall:
             self.record(None, e.message)
             raise
         if events is not None:
-            gen = self._stream(events) if self.tr is None else self._translated_stream(events)
+            gen = self._stream(events) if self.tr is None else self._translated_stream(events, up.status)
             return StreamReply(gen, headers={RELEASE_HEADER: self.release, **up.headers})
         try:
             resp = orjson.loads(up.body)
@@ -132,7 +132,7 @@ class RelayCall:
         elif final is not None:
             yield dialects.sse({**final, "reef": reef}, final_event)
 
-    def _translated_stream(self, events) -> Iterator[bytes]:
+    def _translated_stream(self, events, status: int) -> Iterator[bytes]:
         """Provider events translated one by one as they arrive; the client's last event carries the receipt."""
         st = self.tr.stream()
         theirs, mine = StreamAccumulator(self.upstream), StreamAccumulator(self.dialect)
@@ -160,7 +160,8 @@ class RelayCall:
                     break
             if st.failure is None:
                 for name, out in st.end():
-                    mine.add(out) if isinstance(out, dict) else None
+                    if isinstance(out, dict):
+                        mine.add(out)
                     yield encode(name, out)
         except UpstreamError as e:
             error = e.message
@@ -172,7 +173,7 @@ class RelayCall:
                 if isinstance(out, dict):
                     mine.add(out)
         problem = error or (f"upstream stream failed: {st.failure.message}" if st.failure else None)
-        rec = self.record(mine.result(), problem, 200, theirs.result())
+        rec = self.record(mine.result(), problem, status, theirs.result())
         reef = self._reef(rec)
         if error is not None:
             yield dialects.error_event(self.dialect, error, reef)

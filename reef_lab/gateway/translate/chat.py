@@ -113,8 +113,8 @@ def parse_request(body: dict) -> Conversation:
     conv.stop = stop_list(body.get("stop"), "stop")
     if isinstance(body.get("reasoning_effort"), str) and body["reasoning_effort"] != "none":
         conv.reasoning = body["reasoning_effort"]
-    conv.user = body.get("safety_identifier") or body.get("user") if isinstance(
-        body.get("safety_identifier") or body.get("user"), str) else None
+    user = body.get("safety_identifier") or body.get("user")
+    conv.user = user if isinstance(user, str) else None
     known = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens",
              "temperature", "top_p", "stop", "stream", "reasoning_effort", *_HINTS}
     conv.dropped += [k for k in body if k not in known]
