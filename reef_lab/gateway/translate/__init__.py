@@ -18,11 +18,13 @@ the record keeps. docs/relay.md has the mapping tables.
 from __future__ import annotations
 
 from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from reef_lab.gateway.translate import anthropic, chat, responses
+from reef_lab.gateway.translate import anthropic, chat, responses, responses_stream
 from reef_lab.gateway.translate.common import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES, error_message
 from reef_lab.gateway.translate.ir import Failure, Finish
 
 MODULES = {ANTHROPIC: anthropic, OPENAI_CHAT: chat, OPENAI_RESPONSES: responses}
+STREAMS = {ANTHROPIC: (anthropic.Reader, anthropic.Writer), OPENAI_CHAT: (chat.Reader, chat.Writer),
+           OPENAI_RESPONSES: (responses_stream.Reader, responses_stream.Writer)}  # (reader, writer) classes
 
 
 class Translation:
@@ -41,7 +43,7 @@ class Translation:
         return MODULES[self.client].build_answer(MODULES[self.upstream].parse_answer(obj), self.conv)
 
     def stream(self) -> StreamTranslator:
-        return StreamTranslator(MODULES[self.upstream].Reader(), MODULES[self.client].Writer(self.conv))
+        return StreamTranslator(STREAMS[self.upstream][0](), STREAMS[self.client][1](self.conv))
 
 
 class StreamTranslator:
