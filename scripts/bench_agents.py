@@ -12,9 +12,11 @@ relay adds. Needs the agents: `bash scripts/setup.sh --agents`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,7 +46,7 @@ def one_run(agent: str, route: str, base_port: int, work: Path, tag: str) -> dic
     content = f"bench-{tag}"
     with TimingProxy(base_port) as proxy:
         run = RUNNERS[agent](proxy.url, f"REEF-TASK path={target} content={content}", work, tag)
-        calls = proxy.times_ms()
+    calls = proxy.times_ms()
     ok = run.returncode == 0 and target.exists() and target.read_text().strip() == content and DONE_TEXT in run.stdout
     return {"agent": agent, "route": route, "ok": ok, "wall_s": round(run.seconds, 3), "calls": calls,
             "command": " ".join(run.command[:1] + [a if len(a) < 80 else "<prompt>" for a in run.command[1:]])}
@@ -81,31 +83,27 @@ def main() -> None:
     runs: list[dict] = []
     load_before = [round(x, 2) for x in os.getloadavg()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-agents-"))
-    with ScriptedProvider() as provider:
+    with ScriptedProvider() as provider, contextlib.ExitStack() as stack:
         provider_port = int(provider.url.rsplit(":", 1)[1])
-        servers = {None: ReefServer(provider.url, tmp / "data-same", free_port())}
-        servers.update({d: ReefServer(provider.url, tmp / f"data-{d}", free_port(), dialect=d) for d in DIALECTS})
-        for s in servers.values():
-            s.__enter__()
-        try:
-            for k in range(a.rounds):
-                for agent in agents:
-                    order = routes(agent)
-                    order = order[k % len(order):] + order[:k % len(order)]  # each route leads in turn
-                    for route in order:
-                        if route == "direct":
-                            port = provider_port
-                        else:
-                            dialect = route.split("->")[1] if "->" in route else None
-                            port = int(servers[dialect].url.rsplit(":", 1)[1])
-                        tag = f"{agent}-{route.replace('->', '-to-')}-{k}"
-                        r = one_run(agent, route, port, tmp / tag, tag)
-                        runs.append(r)
-                        print(f"[bench] {tag}: ok={r['ok']} calls={[round(c['total_ms'], 1) for c in r['calls']]}",
-                              file=sys.stderr, flush=True)
-        finally:
-            for s in servers.values():
-                s.__exit__()
+        servers = {None: stack.enter_context(ReefServer(provider.url, tmp / "data-same", free_port()))}
+        servers.update({d: stack.enter_context(ReefServer(provider.url, tmp / f"data-{d}", free_port(), dialect=d))
+                        for d in DIALECTS})
+        for k in range(a.rounds):
+            for agent in agents:
+                order = routes(agent)
+                order = order[k % len(order):] + order[:k % len(order)]  # each route leads in turn
+                for route in order:
+                    if route == "direct":
+                        port = provider_port
+                    else:
+                        dialect = route.split("->")[1] if "->" in route else None
+                        port = int(servers[dialect].url.rsplit(":", 1)[1])
+                    tag = f"{agent}-{route.replace('->', '-to-')}-{k}"
+                    r = one_run(agent, route, port, tmp / tag, tag)
+                    runs.append(r)
+                    print(f"[bench] {tag}: ok={r['ok']} calls={[round(c['total_ms'], 1) for c in r['calls']]}",
+                          file=sys.stderr, flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # agents' homes, data dirs: hundreds of MB over a run
     rows = [row for agent in agents for row in summarize(runs, agent)]
     meta = {"command": "python scripts/bench_agents.py " + " ".join(sys.argv[1:]), "rounds": a.rounds,
             "when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),

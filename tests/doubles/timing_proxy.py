@@ -53,8 +53,10 @@ class _Connection:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.req_parser = httptools.HttpRequestParser(_Requests(self))
         self.resp_parser = httptools.HttpResponseParser(_Responses(self))
-        threading.Thread(target=self._pump, args=(client, self.server, True), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.server, client, False), daemon=True).start()
+        self.threads = [threading.Thread(target=self._pump, args=(client, self.server, True), daemon=True),
+                        threading.Thread(target=self._pump, args=(self.server, client, False), daemon=True)]
+        for t in self.threads:
+            t.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
@@ -65,12 +67,15 @@ class _Connection:
                     now = time.perf_counter()
                     for ex in self.pending:
                         ex.setdefault("first_byte", now)
+                        ex["last_byte"] = now
                         break
                     self.resp_parser.feed_data(data)
                 dst.sendall(data)
         except (OSError, httptools.HttpParserError):
             pass
         finally:
+            if not upstream:
+                self._closed()
             for s in (src, dst):
                 try:
                     s.shutdown(socket.SHUT_RDWR)
@@ -78,8 +83,19 @@ class _Connection:
                     pass
 
 
+    def _closed(self) -> None:
+        """A client may hang up once it has read a stream's last event, before the closing chunk arrives: an
+        exchange that got bytes ends at its last one."""
+        while self.pending:
+            ex = self.pending.popleft()
+            if "last_byte" in ex:
+                ex["end"] = ex["last_byte"]
+                with self.proxy.lock:
+                    self.proxy.exchanges.append(ex)
+
+
 class TimingProxy:
-    """`with TimingProxy(target_port) as p:` listens on p.url; `p.exchanges` holds {path, start, first_byte, end}."""
+    """`with TimingProxy(target_port) as p:` listens on p.url; after the block, `p.times_ms()` gives every exchange."""
 
     def __init__(self, target_port: int):
         self.target_port = target_port
@@ -105,10 +121,19 @@ class TimingProxy:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Stop, and wait for every connection's last bytes to be counted (read the times after this)."""
         self.sock.close()
         for c in self._open:
             for s in (c.client, c.server):
-                s.close()
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for c in self._open:
+            for t in c.threads:
+                t.join(timeout=10)
+            c.client.close()
+            c.server.close()
 
     def times_ms(self) -> list[dict]:
         """Each exchange: path, total (request's first byte to answer's last) and first byte, in ms."""
