@@ -32,6 +32,7 @@ from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa:
 from tests.doubles.timing_proxy import TimingProxy  # noqa: E402
 
 OWN = {"claude": "anthropic", "codex": "openai-responses", "opencode": "openai-chat"}
+INFERENCE = ("/v1/messages", "/v1/chat/completions", "/v1/responses")  # Claude Code also sends a HEAD / at start
 DIALECTS = ("anthropic", "openai-chat", "openai-responses")
 
 
@@ -49,16 +50,46 @@ def one_run(agent: str, route: str, base_port: int, work: Path, tag: str) -> dic
     calls = proxy.times_ms()
     ok = run.returncode == 0 and target.exists() and target.read_text().strip() == content and DONE_TEXT in run.stdout
     return {"agent": agent, "route": route, "ok": ok, "wall_s": round(run.seconds, 3), "calls": calls,
-            "command": " ".join(run.command[:1] + [a if len(a) < 80 else "<prompt>" for a in run.command[1:]])}
+            "command": " ".join([os.path.relpath(run.command[0], ROOT)] + ["<prompt>" if a.startswith("REEF-TASK") else a
+                                                                           for a in run.command[1:]])}
+
+
+def translation_ms(provider: ScriptedProvider) -> list[dict]:
+    """In-process cost of translating each agent's largest request (as the provider logged it, from the direct
+    runs) to each other dialect, request body built and serialized; median of 50."""
+    from reef_lab.gateway.translate import Translation
+
+    dialect_of = {"/v1/messages": "anthropic.messages", "/v1/chat/completions": "openai.chat",
+                  "/v1/responses": "openai.responses"}
+    out = []
+    for path, client in dialect_of.items():
+        bodies = [r["body"] for r in provider.calls(path) if isinstance(r["body"], dict)]
+        if not bodies:
+            continue
+        body = max(bodies, key=lambda b: len(json.dumps(b)))
+        for upstream in dialect_of.values():
+            if upstream == client:
+                continue
+            times = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                json.dumps(Translation(client, upstream, body).body)
+                times.append((time.perf_counter() - t0) * 1e3)
+            out.append({"client": client, "upstream": upstream, "body_kb": round(len(json.dumps(body)) / 1024, 1),
+                        "median_ms": round(statistics.median(times), 3)})
+    return out
 
 
 def summarize(runs: list[dict], agent: str) -> list[dict]:
     rows = []
-    base = [c["total_ms"] for r in runs if r["agent"] == agent and r["route"] == "direct" for c in r["calls"]]
+
+    def calls(r: dict) -> list[dict]:
+        return [c for c in r["calls"] if c["path"] in INFERENCE]
+    base = [c["total_ms"] for r in runs if r["agent"] == agent and r["route"] == "direct" for c in calls(r)]
     for route in routes(agent):
         mine = [r for r in runs if r["agent"] == agent and r["route"] == route]
-        totals = [c["total_ms"] for r in mine for c in r["calls"]]
-        firsts = [c["first_byte_ms"] for r in mine for c in r["calls"]]
+        totals = [c["total_ms"] for r in mine for c in calls(r)]
+        firsts = [c["first_byte_ms"] for r in mine for c in calls(r)]
         if not totals:
             continue
         med, base_med = statistics.median(totals), statistics.median(base) if base else float("nan")
@@ -76,7 +107,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="runs of each agent on each route")
     ap.add_argument("--agents", default="claude,codex,opencode")
     ap.add_argument("--out", default=str(ROOT / "results" / "agents"), help="writes <out>.md and <out>.json")
+    ap.add_argument("--summarize", action="store_true", help="run nothing: summarize <out>.json's runs again")
     a = ap.parse_args()
+    if a.summarize:
+        data = json.loads(Path(a.out + ".json").read_text())
+        data["summary"] = [row for agent in data["meta"]["clients"] for row in summarize(data["runs"], agent)]
+        Path(a.out + ".json").write_text(json.dumps(data, indent=1))
+        Path(a.out + ".md").write_text(render(data["meta"], data["summary"], data["runs"]))
+        return
     agents = [x for x in a.agents.split(",") if installed(x)]
     if not agents:
         sys.exit("no agent installed: bash scripts/setup.sh --agents")
@@ -103,13 +141,15 @@ def main() -> None:
                     runs.append(r)
                     print(f"[bench] {tag}: ok={r['ok']} calls={[round(c['total_ms'], 1) for c in r['calls']]}",
                           file=sys.stderr, flush=True)
+        translation = translation_ms(provider)
     shutil.rmtree(tmp, ignore_errors=True)  # agents' homes, data dirs: hundreds of MB over a run
     rows = [row for agent in agents for row in summarize(runs, agent)]
     meta = {"command": "python scripts/bench_agents.py " + " ".join(sys.argv[1:]), "rounds": a.rounds,
             "when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "clients": {x: f"{AGENTS[x]}@{version(x)}" for x in agents},
-            "serve": "scripts/serve.py --upstream-url <scripted provider> [--upstream-dialect D] (default workers)"}
+            "serve": "scripts/serve.py --upstream-url <scripted provider> [--upstream-dialect D] (default workers)",
+            "translation": translation}
     Path(a.out + ".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
     Path(a.out + ".md").write_text(render(meta, rows, runs))
     print(render(meta, rows, runs))
@@ -127,9 +167,13 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
              "(tests/doubles/scripted_provider.py) straight (`direct`, the baseline), through `scripts/serve.py` "
              "in the agent's own dialect (`relay`), or translated to another dialect (`relay->D`, "
              "`--upstream-dialect D`). A loopback proxy in front of the agent times every call from the request's "
-             "first byte to the answer's last; `added` is a route's median per call less the baseline's, `ratio` "
+             "first byte to the answer's last (inference calls only: Claude Code's `HEAD /` at start is left out); "
+             "`added` is a route's median per call less the baseline's, `ratio` "
              "their quotient. `ok`: runs whose file was written with the right content and that ended with the "
-             "provider's text.", "",
+             "provider's text. What a relayed call adds comes in two parts: before the first byte (reading the "
+             "request, the scenario, translation, the call upstream) and after the provider's last event, when the "
+             "relay writes the call's record durably (fsync) before it sends the final event that carries the "
+             "receipt (docs/decisions.md, receipts only after fsync).", "",
              "| agent | route | ok | calls/run | median ms/call | p90 ms | first byte ms | added ms/call | ratio | "
              "agent wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -137,6 +181,10 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
                      f"{r['median_ms']} | {r['p90_ms']} | {r['first_byte_median_ms']} | "
                      f"{'-' if r['route'] == 'direct' else r['added_ms']} | "
                      f"{'-' if r['route'] == 'direct' else r['ratio']} | {r['wall_median_s']} |")
+    if meta.get("translation"):
+        lines += ["", "Translating the largest request each agent sent (in process, the provider's body built and "
+                  "serialized, median of 50):", "", "| client dialect | to | body KB | ms |", "|---|---|---|---|"]
+        lines += [f"| {t['client']} | {t['upstream']} | {t['body_kb']} | {t['median_ms']} |" for t in meta["translation"]]
     commands = {r["agent"]: r["command"] for r in runs}
     lines += ["", "Commands (base URL, home and config folders set per run by tests/doubles/agents.py):", ""]
     lines += [f"- {agent}: `{cmd}`" for agent, cmd in commands.items()]
