@@ -54,19 +54,16 @@ def one_run(agent: str, route: str, base_port: int, work: Path, tag: str) -> dic
                                                                            for a in run.command[1:]])}
 
 
-def translation_ms(provider: ScriptedProvider) -> list[dict]:
-    """In-process cost of translating each agent's largest request (as the provider logged it, from the direct
-    runs) to each other dialect, request body built and serialized; median of 50."""
+def translation_ms(largest: dict[str, tuple[str, dict]]) -> list[dict]:
+    """In-process cost of translating each agent's largest request (as the provider got it on the direct route) to
+    each other dialect, the provider's body built and serialized; median of 50."""
     from reef_lab.gateway.translate import Translation
 
     dialect_of = {"/v1/messages": "anthropic.messages", "/v1/chat/completions": "openai.chat",
                   "/v1/responses": "openai.responses"}
     out = []
-    for path, client in dialect_of.items():
-        bodies = [r["body"] for r in provider.calls(path) if isinstance(r["body"], dict)]
-        if not bodies:
-            continue
-        body = max(bodies, key=lambda b: len(json.dumps(b)))
+    for agent, (path, body) in largest.items():
+        client = dialect_of[path]
         for upstream in dialect_of.values():
             if upstream == client:
                 continue
@@ -75,8 +72,8 @@ def translation_ms(provider: ScriptedProvider) -> list[dict]:
                 t0 = time.perf_counter()
                 json.dumps(Translation(client, upstream, body).body)
                 times.append((time.perf_counter() - t0) * 1e3)
-            out.append({"client": client, "upstream": upstream, "body_kb": round(len(json.dumps(body)) / 1024, 1),
-                        "median_ms": round(statistics.median(times), 3)})
+            out.append({"agent": agent, "client": client, "upstream": upstream,
+                        "body_kb": round(len(json.dumps(body)) / 1024, 1), "median_ms": round(statistics.median(times), 3)})
     return out
 
 
@@ -119,6 +116,7 @@ def main() -> None:
     if not agents:
         sys.exit("no agent installed: bash scripts/setup.sh --agents")
     runs: list[dict] = []
+    largest: dict[str, tuple[str, dict]] = {}  # agent -> its largest request on the direct route
     load_before = [round(x, 2) for x in os.getloadavg()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-agents-"))
     with ScriptedProvider() as provider, contextlib.ExitStack() as stack:
@@ -137,11 +135,17 @@ def main() -> None:
                         dialect = route.split("->")[1] if "->" in route else None
                         port = int(servers[dialect].url.rsplit(":", 1)[1])
                     tag = f"{agent}-{route.replace('->', '-to-')}-{k}"
+                    seen = len(provider.requests)
                     r = one_run(agent, route, port, tmp / tag, tag)
+                    if route == "direct":  # the agent's own requests, as it sent them
+                        for req in provider.requests[seen:]:
+                            size = len(json.dumps(req["body"])) if isinstance(req["body"], dict) else 0
+                            if req["path"] in INFERENCE and size > len(json.dumps(largest.get(agent, ("", {}))[1])):
+                                largest[agent] = (req["path"], req["body"])
                     runs.append(r)
                     print(f"[bench] {tag}: ok={r['ok']} calls={[round(c['total_ms'], 1) for c in r['calls']]}",
                           file=sys.stderr, flush=True)
-        translation = translation_ms(provider)
+        translation = translation_ms(largest)
     shutil.rmtree(tmp, ignore_errors=True)  # agents' homes, data dirs: hundreds of MB over a run
     rows = [row for agent in agents for row in summarize(runs, agent)]
     meta = {"command": "python scripts/bench_agents.py " + " ".join(sys.argv[1:]), "rounds": a.rounds,
@@ -183,8 +187,9 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
                      f"{'-' if r['route'] == 'direct' else r['ratio']} | {r['wall_median_s']} |")
     if meta.get("translation"):
         lines += ["", "Translating the largest request each agent sent (in process, the provider's body built and "
-                  "serialized, median of 50):", "", "| client dialect | to | body KB | ms |", "|---|---|---|---|"]
-        lines += [f"| {t['client']} | {t['upstream']} | {t['body_kb']} | {t['median_ms']} |" for t in meta["translation"]]
+                  "serialized, median of 50):", "", "| agent | its dialect | to | body KB | ms |", "|---|---|---|---|---|"]
+        lines += [f"| {t['agent']} | {t['client']} | {t['upstream']} | {t['body_kb']} | {t['median_ms']} |"
+                  for t in meta["translation"]]
     commands = {r["agent"]: r["command"] for r in runs}
     lines += ["", "Commands (base URL, home and config folders set per run by tests/doubles/agents.py):", ""]
     lines += [f"- {agent}: `{cmd}`" for agent, cmd in commands.items()]
