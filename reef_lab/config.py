@@ -16,6 +16,7 @@ import yaml
 
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
+from reef_lab.engines.upstream import UPSTREAM_DIALECTS
 from reef_lab.errors import ReefError
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.plugins import code_paths
@@ -57,6 +58,16 @@ class ServeConfig:
         "help": "model name sent upstream (replaces the client's 'model'); default: the client's"})
     upstream_timeout: float = field(default=120.0, metadata={
         "help": "seconds to wait for the upstream provider before answering 504"})
+    upstream_dialect: str | None = field(default=None, metadata={
+        "help": "the dialect the upstream provider speaks: anthropic (/v1/messages), openai-chat "
+                "(/v1/chat/completions: vLLM, SGLang, llama.cpp, most open-model hosts) or openai-responses "
+                "(/v1/responses); requests in another dialect are translated, answers and streams translated back "
+                "(docs/relay.md). Default: none, each request goes to the provider in its client's own dialect, "
+                "untranslated (nothing is probed)"})
+    upstream_key_from_client: bool = field(default=False, metadata={
+        "help": "bring your own key: when reef_lab holds no provider key (REEF_UPSTREAM_API_KEY unset), send the "
+                "client's own x-api-key or 'Authorization: Bearer' to the provider. reef_lab's own token (REEF_TOKEN) "
+                "is never sent on; with REEF_TOKEN set, a client sends it in the other of the two headers"})
     model_path: str | None = field(default=None, metadata={
         "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
                 "default SmolLM2-135M-Instruct"})
@@ -104,6 +115,12 @@ class ServeConfig:
             raise ValueError("upstream_model needs upstream_url: name the provider to send the model name to")
         if self.upstream_url and self.model_path:
             raise ValueError("give either upstream_url (proxy a provider) or model_path (serve a local model)")
+        if self.upstream_dialect is not None and self.upstream_dialect not in UPSTREAM_DIALECTS:
+            raise ValueError(f"upstream_dialect must be one of {', '.join(UPSTREAM_DIALECTS)}, got "
+                             f"{self.upstream_dialect!r}")
+        if (self.upstream_dialect or self.upstream_key_from_client) and not self.upstream_url:
+            raise ValueError("upstream_dialect and upstream_key_from_client need upstream_url: they describe the "
+                             "provider reef_lab relays to")
         if self.upstream_url and not self.upstream_url.startswith(("http://", "https://")):
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:

@@ -52,6 +52,19 @@ for option in "$@"; do
         sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
         $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
       fi ;;
-    *) echo "setup.sh: unknown option $option (known: --vllm, --browser)" >&2; exit 2 ;;
+    --agents)
+      # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench_agents.py: pinned npm versions
+      # in .agents/node_modules (binaries in .agents/node_modules/.bin), the versions the relay was tried with.
+      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33"
+      astamp=.agents/.installed
+      if [ ! -f "$astamp" ] || [ "$(cat "$astamp")" != "$packages" ]; then
+        command -v npm >/dev/null || { echo "setup.sh --agents needs npm (Node.js 18 or later)" >&2; exit 2; }
+        echo "[setup] installing $packages into .agents (npm, about a minute, 1 GB)" >&2
+        mkdir -p .agents
+        # shellcheck disable=SC2086 # one word per package
+        npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact $packages
+        echo "$packages" > "$astamp"
+      fi ;;
+    *) echo "setup.sh: unknown option $option (known: --vllm, --browser, --agents)" >&2; exit 2 ;;
   esac
 done

@@ -420,7 +420,6 @@ class RelayGateway:
     """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
 
     _relay = Gateway._relay
-    _relay_stream = Gateway._relay_stream
     _inference_record = Gateway._inference_record
 
     def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):

@@ -144,6 +144,7 @@ class Relay(Engine):
 
     model: str | None
     base_url: str
+    upstream_dialect: str | None = None  # the provider's dialect when it differs from clients' (the relay translates)
 
     @abstractmethod
     def forward(self, path: str, body: dict, client_headers: dict[str, str]):

@@ -1,8 +1,8 @@
 """The providers' wire formats: OpenAI chat completions, OpenAI responses, Anthropic messages.
 
 Each dialect parses its request body into a `ChatRequest` for engines that generate (the embedded model), renders
-a `Generation` back into the provider's response object, streams it as the provider's server-sent events, and
-accumulates a relayed stream back into one response object for the record. The receipt rides in the final event
+a `Generation` back into the provider's response object and streams it as the provider's server-sent events (a
+relayed stream is accumulated for its record by reef_lab/gateway/accumulate.py). The receipt rides in the final event
 of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on
 `message_stop`; responses: on `response.completed`).
 """
@@ -298,90 +298,6 @@ def error_event(dialect: str, message: str, reef: dict | None = None) -> bytes:
     if dialect == OPENAI_CHAT:
         return sse({"error": err, **({"reef": reef} if reef else {})})
     return sse({"type": "error", "error": err, **({"reef": reef} if reef else {})}, "error")
-
-
-# ---- accumulating a relayed stream ----------------------------------------------------------------------------
-class StreamAccumulator:
-    """Rebuilds the response object of a relayed stream from its events, for the record."""
-
-    def __init__(self, dialect: str):
-        self.dialect = dialect
-        self.response: dict = {}
-        self.text: list[str] = []
-        self.tool_calls: dict[int, dict] = {}
-        self.blocks: dict[int, dict] = {}
-
-    def add(self, data: dict) -> None:
-        if self.dialect == OPENAI_CHAT:
-            self._add_chat(data)
-        elif self.dialect == ANTHROPIC:
-            self._add_anthropic(data)
-        elif data.get("type") in ("response.completed", "response.incomplete", "response.failed"):
-            self.response = data.get("response") or {}
-
-    def _add_chat(self, data: dict) -> None:
-        r = self.response
-        if not r:
-            r.update({k: data.get(k) for k in ("id", "created", "model")}, object="chat.completion",
-                     choices=[{"index": 0, "message": {"role": "assistant", "content": None},
-                               "finish_reason": None}])
-        if data.get("usage"):
-            r["usage"] = data["usage"]
-        for ch in data.get("choices") or []:
-            if ch.get("index", 0) != 0:
-                continue
-            delta = ch.get("delta") or {}
-            if delta.get("content"):
-                self.text.append(delta["content"])
-            for tc in delta.get("tool_calls") or []:
-                cur = self.tool_calls.setdefault(tc.get("index", 0), {"id": None, "type": "function",
-                                                                    "function": {"name": "", "arguments": ""}})
-                cur["id"] = tc.get("id") or cur["id"]
-                fn = tc.get("function") or {}
-                cur["function"]["name"] += fn.get("name") or ""
-                cur["function"]["arguments"] += fn.get("arguments") or ""
-            if ch.get("finish_reason"):
-                r["choices"][0]["finish_reason"] = ch["finish_reason"]
-
-    def _add_anthropic(self, data: dict) -> None:
-        t = data.get("type")
-        if t == "message_start":
-            self.response = dict(data.get("message") or {})
-        elif t == "content_block_start":
-            self.blocks[data.get("index", 0)] = dict(data.get("content_block") or {})
-        elif t == "content_block_delta":
-            b = self.blocks.setdefault(data.get("index", 0), {"type": "text", "text": ""})
-            d = data.get("delta") or {}
-            if d.get("type") == "text_delta":
-                b["text"] = b.get("text", "") + d.get("text", "")
-            elif d.get("type") == "input_json_delta":
-                b["_json"] = b.get("_json", "") + d.get("partial_json", "")
-            elif d.get("type") == "thinking_delta":
-                b["thinking"] = b.get("thinking", "") + d.get("thinking", "")
-        elif t == "message_delta":
-            self.response.update(data.get("delta") or {})
-            if data.get("usage"):
-                self.response["usage"] = {**(self.response.get("usage") or {}), **data["usage"]}
-
-    def result(self) -> dict:
-        if self.dialect == OPENAI_CHAT and self.response:
-            msg = self.response["choices"][0]["message"]
-            msg["content"] = "".join(self.text) if self.text else None
-            if self.tool_calls:
-                msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        elif self.dialect == ANTHROPIC and self.response:
-            blocks = []
-            for i in sorted(self.blocks):
-                b = dict(self.blocks[i])
-                if "_json" in b:
-                    raw = b.pop("_json")
-                    try:
-                        b["input"] = orjson.loads(raw) if raw else {}
-                    except orjson.JSONDecodeError:
-                        b["input"] = raw
-                blocks.append(b)
-            self.response["content"] = blocks
-        return self.response
 
 
 def now() -> int:

@@ -15,15 +15,14 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
 from reef_lab.gateway import dialects
 from reef_lab import harness as harness_mod
-from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
+from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError
 from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
 from reef_lab.publishing.hub import HubConfig, HubPublisher
 from reef_lab.engines.lm import make_lm
@@ -33,31 +32,15 @@ from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioL
 from reef_lab.publishing.releases import BASE, ReleaseStore
 from reef_lab.records.record import KINDS, Record, content_hash, new_record_id
 from reef_lab.gateway.scenarios import ScenarioRegistry, check_name
+from reef_lab.gateway.relay import RelayCall
+from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply  # noqa: F401 - re-exported
 from reef_lab.schema import check_client_fields
 from reef_lab.records.store import RecordStore
 
 log = logging.getLogger("reef_lab.gateway.gateway")
 
-RECEIPT_HEADER = "x-reef-agent-record-id"
-RELEASE_HEADER = "x-reef-release-id"
-PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
-         dialects.ANTHROPIC: "/v1/messages"}
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata"}
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class StreamReply:
-    events: Iterator[bytes]
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Gateway:
@@ -256,79 +239,17 @@ class Gateway:
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:
-        """Pass the body to the provider; every call, failed or not, streaming or not, becomes a record."""
-        path, t0 = PATHS[dialect], time.perf_counter()
-
-        def record(response, error: str | None) -> Record:
-            rec = self._inference_record(name, dialect, body, tags, response, t0, release_id=release,
-                                         status="error" if error else "ok", error=error)
-            self.store.append([rec])
-            return rec
-        try:
-            if body.get("stream"):
-                up, events = self.engine.open_stream(path, sent, headers)
-            else:
-                up, events = self.engine.forward(path, sent, headers), None
-        except UpstreamError as e:
-            record(None, e.message)
-            raise
-        if events is not None:
-            return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0, release),
-                               headers={RELEASE_HEADER: release, **up.headers})
-        try:
-            resp = orjson.loads(up.body)
-        except orjson.JSONDecodeError:
-            resp = None
-        if up.status < 300 and not isinstance(resp, dict):
-            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
-            rec = record({"raw": up.body[:65536].decode(errors="replace")},
-                         f"the upstream provider answered HTTP {up.status} with {what}")
-            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
-                                f"{rec.id}")
-        rec = record(resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")},
-                     None if up.status < 300 else f"upstream answered HTTP {up.status}")
-        return Reply(up.status, up.body, up.content_type,
-                     {RECEIPT_HEADER: rec.id, RELEASE_HEADER: release, **up.headers})
-
-    def _relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
-        acc = dialects.StreamAccumulator(dialect)
-        final, final_event, error = None, None, None
-        try:
-            for ev in events:
-                event_name, data = _parse_sse(ev)
-                if data == "[DONE]":
-                    break
-                try:
-                    obj = orjson.loads(data) if data else None
-                except orjson.JSONDecodeError:
-                    obj = None
-                if isinstance(obj, dict):
-                    acc.add(obj)
-                    kind = obj.get("type")
-                    if kind in ("message_stop", "response.completed", "response.incomplete", "response.failed"):
-                        final, final_event = obj, event_name
-                        continue
-                yield ev
-        except UpstreamError as e:
-            error = e.message
-        rec = self._inference_record(name, dialect, body, tags, acc.result(), t0, release_id=release,
-                                     status="error" if error else "ok", error=error)
-        self.store.append([rec])
-        reef = {"agent_record_id": rec.id, "release_id": release}
-        if error:
-            yield dialects.error_event(dialect, error, reef)
-        elif dialect == dialects.OPENAI_CHAT:
-            r = acc.response
-            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
-                                "model": r.get("model"), "choices": [], "reef": reef})
-            yield b"data: [DONE]\n\n"
-        elif final is not None:
-            yield dialects.sse({**final, "reef": reef}, final_event)
+        """Pass the body to the provider, translated when it speaks another dialect (reef_lab/gateway/relay.py);
+        every call, failed or not, streaming or not, becomes a record."""
+        return RelayCall(self, dialect, body, name, tags, headers, sent, release, time.perf_counter()).run()
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
         if isinstance(self.engine, Relay):
+            if self.engine.upstream_dialect not in (None, dialects.ANTHROPIC):
+                raise NotFound("token counting is an Anthropic API; the upstream provider speaks "
+                               f"{self.engine.upstream_dialect}, which has none")
             up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
             return Reply(up.status, up.body, up.content_type)
         messages = dialects.parse_count_tokens(body)
@@ -736,13 +657,3 @@ def shown(value: Any, width: int = 60) -> str:
 def wire_record(r: dict) -> dict:
     """A record as the API returns it: Reef's names (`agent_record_id`, `artifact_ref.release_id`) beside ours."""
     return {"agent_record_id": r["id"], "artifact_ref": {"release_id": r.get("release_id")}, **r}
-
-
-def _parse_sse(event: bytes) -> tuple[str | None, str]:
-    name, data = None, []
-    for line in event.decode(errors="replace").split("\n"):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    return name, "\n".join(data)
