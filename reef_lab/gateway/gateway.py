@@ -118,30 +118,41 @@ class Gateway:
         return {"release_id": release, "files": files}
 
     # ---- harness releases -----------------------------------------------------------------------------------
-    def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
-        """A new harness release from a file tree; it serves the scenario's next requests."""
+    def publish_harness(self, name: str, body: Any, lineage: dict | None = None,
+                        candidate: str | None = None) -> dict:
+        """A new harness release from a file tree, or from a staged `candidate` (stage_harness); it serves the
+        scenario's next requests."""
         self.scenarios.ensure(name)
-        files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
         current = self.releases.serving(name)
         if current is not None and current.get("kind") != "harness":
             raise Conflict(f"scenario {name!r} serves trained weights ({current['release_id']}); a scenario "
                            "evolves either its weights or its harness")
-        meta = {"kind": "harness", "recipe": (lineage or {}).get("recipe", "manual"),
-                "parent": current["release_id"] if current else BASE, **(lineage or {})}
-        staged = self.releases.folder(name) / "candidates" / f".staged-{new_record_id()}"
-        try:  # written whole before it becomes a candidate: a failed write leaves no candidate behind
-            harness_mod.write_tree(staged, files)
-        except OSError as e:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise ReefError(f"the harness could not be written: {e}") from None
-        cid, folder = self.releases.new_candidate(name, meta)
-        os.replace(staged, folder)
-        rel = self.releases.publish(name, cid)
+        if candidate is None:
+            files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
+            meta = {"kind": "harness", "recipe": (lineage or {}).get("recipe", "manual"),
+                    "parent": current["release_id"] if current else BASE, **(lineage or {})}
+            candidate = self.stage_harness(name, files, meta)
+        else:
+            files = harness_mod.read_tree(self.releases.folder(name) / "candidates" / candidate)
+            self.releases.update_candidate(name, candidate, **(lineage or {}))
+        rel = self.releases.publish(name, candidate)
         self.releases.update_release(name, rel["version"], kind="harness")
         self._set_harness(name, (rel["release_id"], files))
         if self.hub is not None:
             self.hub.release(name, rel["version"])
         return {**rel, "kind": "harness"}
+
+    def stage_harness(self, name: str, files: dict[str, str], meta: dict) -> str:
+        """A harness candidate written whole before it is listed (a failed write leaves none behind); its id."""
+        staged = self.releases.folder(name) / "candidates" / f".staged-{new_record_id()}"
+        try:
+            harness_mod.write_tree(staged, harness_mod.check_files(files))
+        except OSError as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise ReefError(f"the harness could not be written: {e}") from None
+        cid, folder = self.releases.new_candidate(name, meta)
+        os.replace(staged, folder)
+        return cid
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         name = check_name(scenario)
@@ -167,8 +178,9 @@ class Gateway:
         if name not in self._harness and name not in self._errors and self._evolves_harness(name):
             self._start_learner(name)  # serves the recipe's seed harness from the first request on
         harness = self._harness.get(name)
-        sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
-        release = harness[0] if harness else None
+        installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+        sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
+        release = (installed or harness[0]) if harness else None
         if isinstance(self.engine, Relay):
             return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
         return self._generate(dialect, body, name, tags or {}, sent, release)
@@ -398,11 +410,17 @@ class Gateway:
         self.hub.release(scenario, release["version"])
         return {"hub_url": f"{self.hub.api.endpoint}/{self.hub.config.repo_for(scenario)}/tree/{release['version']}"}
 
-    def train(self, scenario: str | None) -> dict:
+    def train(self, scenario: str | None, body: Any = None) -> dict:
+        """One round now; with {"text": ...} a change request in plain words (reef_lab/harness_requests.py)."""
         name = check_name(scenario)
         self.scenarios.get(name)
         if name in self._errors:
             raise Conflict(f"scenario {name!r} cannot train: {self._errors[name]}")
+        if isinstance(body, dict) and "text" in body:
+            return self.learner(name).request_change(body)
+        if isinstance(body, dict) and set(body) - {"scenario"}:
+            raise BadRequest(f"unknown field(s) {sorted(set(body) - {'scenario'})}: a training round takes "
+                             "{\"scenario\"?}; a change request {\"text\", \"session\"?, \"release_id\"?}")
         return self.learner(name).request_training()
 
     def list_releases(self, name: str) -> dict:

@@ -118,7 +118,7 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa")}}
+                                                   "trainer_step", "gepa", "request")}}
             idx["releases"].append(release)
             idx["serving"] = version
             cand.update(status="accepted", release_id=release["release_id"])
