@@ -36,6 +36,7 @@ from reef_lab.agents.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, 
 COMMANDS = ("run", "install", "update", "versions", "report", "evolve", "doctor")
 HARNESS_DIRS = {"claude": ("skills", "commands"), "codex": ("skills", "prompts"), "opencode": ("skill", "command"),
                 "pi": ("skills", "prompts"), "files": ()}
+AGENT_OWNED = {"codex": ("skills/.system/",)}  # what the agent writes into those folders itself (Codex's own skills)
 SESSIONS_FILE = ".reef-sessions"
 DEFAULT_URL = "http://127.0.0.1:8900"
 
@@ -129,6 +130,8 @@ class Install:
                 continue
             for p in sorted(folder.rglob("*")) if folder.is_dir() else []:
                 rp = p.relative_to(self.dir).as_posix()
+                if rp.startswith(AGENT_OWNED.get(self.adapter, ())):
+                    continue
                 if (p.is_file() or p.is_symlink()) and rp not in rel["files"]:
                     bad.append(f"{rp} (not in the release)")
         for path, digest in rel["config"].items():
@@ -336,23 +339,27 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--url", help=f"reef_lab's base URL (default: the install's, else $REEF_URL, else {DEFAULT_URL})")
     common.add_argument("--bin", help="the agent's executable (default $REEF_AGENT_BIN, else its name on PATH)")
     cmds = agent.add_subparsers(dest="command", metavar="command")
-    run = cmds.add_parser("run", parents=[common], help="(the default) check the tree, start the agent bound to "
-                          "reef_lab with a fresh session; the rest of the line goes to the agent")
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        return cmds.add_parser(name, parents=[common], help=text, description=text)
+    run = add("run", "(the default) check the tree, start the agent bound to reef_lab with a fresh session; the "
+                     "rest of the line goes to the agent")
     run.add_argument("agent_args", nargs=argparse.REMAINDER, help="arguments for the agent")
-    ins = cmds.add_parser("install", parents=[common], help="install a release (default: the serving one)")
+    ins = add("install", "install a release (default: the serving one) with the script the server renders")
     ins.add_argument("release", nargs="?", help="vN or <scenario>:vN")
-    cmds.add_parser("update", parents=[common], help="install the release that serves now")
-    cmds.add_parser("versions", parents=[common], help="the scenario's releases; which serves, which is installed")
-    rep = cmds.add_parser("report", parents=[common], help="score and/or feedback on a session's calls")
+    add("update", "install the release that serves now (says 'already current' when it is)")
+    add("versions", "the scenario's releases: which serves, which is installed, the request each answers")
+    rep = add("report", "score and/or feedback on a session's calls (default: the last run's)")
     rep.add_argument("--score", type=float, help="a number (e.g. 0 or 1)")
     rep.add_argument("--feedback", help="what was good or wrong, in words")
     rep.add_argument("--session", help="the session id (default: the last run)")
-    evo = cmds.add_parser("evolve", parents=[common], help="ask for a change in plain words (a change request)")
+    evo = add("evolve", "ask for a change in plain words: a change request a proposer model turns into a new "
+                        "release (docs/harness.md)")
     evo.add_argument("text", help='what to change, e.g. "always run the tests before you say done"')
     evo.add_argument("--session", help="the session it is about (default: the last run)")
     evo.add_argument("--wait", action="store_true", help="wait until it is released or rejected")
     evo.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
-    cmds.add_parser("doctor", parents=[common], help="check: install, files, server, token, versions, agent, paths")
+    add("doctor", "check the install, its files, the server, the token, the versions, the agent and the paths")
     return p
 
 

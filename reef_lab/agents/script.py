@@ -9,8 +9,8 @@ are checked here (harness.check_path) and again by the script. The script:
   relative root, one with `.` or `..` parts, one inside the current directory's tree (unless that is the home
   folder or above it) and one inside a git work tree (an install root lives outside any project);
 - says "already current" and changes nothing when the folder holds this release with every file as written;
-- refuses to write through a symbolic link: every path component from the root down is checked before each
-  write, and files are written to a new temporary file (noclobber) and renamed into place;
+- refuses to write through a symbolic link: every path component from the root down is checked for every file
+  before anything is written and again before each write, and files are written to a new temporary file (noclobber) and renamed into place;
 - removes the files the previous release listed and this one does not, with the same checks;
 - writes the release file last and checks every file's sha256 against it.
 """
@@ -23,6 +23,7 @@ import textwrap
 from reef_lab.agents.layout import FOLDER_ENV, KEY_ENV, RELEASE_FILE, Rendered
 
 _HEAD = r"""#!/bin/sh
+# shellcheck disable=SC2016 # file names are single-quoted on purpose: a '$(...)' in one is text, never run
 # reef_lab harness install: scenario @SCENARIO@, release @RELEASE@, for @AGENT@.
 # Rendered by GET /reef/harness/install. Usage: sh install.sh [ROOT]
 # (default ROOT: $REEF_HARNESS_ROOT, else $HOME/reef-harness/<scenario>; the files go to ROOT/<agent>).
@@ -99,6 +100,12 @@ put() {  # put PATH BASE64: write one file of the release
   (set -C; printf '%s' "$2" | b64d > "$tmp") || die "could not write $tmp"
   mv -f -- "$tmp" "$target"
 }
+precheck() {  # every name and path of the release, before anything is written
+  for path in "$@"; do
+    checked "$path" || die "refusing the unsafe file name '$path'"
+    no_links "$ADAPTER/$path"
+  done
+}
 listed() {  # the paths a release file lists
   while IFS= read -r line; do
     case $line in 'file '*|'config '*) line=${line#* }; printf '%s\n' "${line#* }" ;; esac
@@ -168,9 +175,10 @@ def render_script(adapter: str, scenario: str, release_id: str, rendered: Render
     head = (_HEAD.replace("@SCENARIO_Q@", quote(scenario)).replace("@RELEASE_Q@", quote(release_id))
             .replace("@ADAPTER_Q@", quote(adapter)).replace("@SCENARIO@", _comment(scenario))
             .replace("@RELEASE@", _comment(release_id)).replace("@AGENT@", adapter))
+    every = sorted({**rendered.files, **rendered.config}.items())
     lines = [head, f"RELEASE_FILE={quote(RELEASE_FILE)}", f"RELEASE_B64={quote(b64(rendered.release_text))}",
-             _TAIL]
-    for path, text in sorted({**rendered.files, **rendered.config}.items()):
+             "precheck " + " ".join(quote(path) for path, _ in every), _TAIL]
+    for path, text in every:
         lines.append(f"put {quote(path)} {quote(b64(text))}")
     hint = _hint(adapter)
     lines.append(_END.replace("@HINT@", hint))
