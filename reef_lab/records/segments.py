@@ -117,3 +117,53 @@ def write_segment(folder: Path, no: int, rows: Iterable[bytes], known: dict | No
     os.replace(tmp, path)
     _fsync_dir(folder)
     return keys
+
+
+def segment_ids(path: Path) -> list[tuple[str, str]]:
+    """(id, scenario) of each row of a segment, in row order (two columns read, nothing else)."""
+    df = pl.read_parquet(path, columns=["id", "scenario"])
+    return list(zip(df["id"].to_list(), df["scenario"].to_list(), strict=True))
+
+
+def rewrite_segment(path: Path, drop: set[str]) -> tuple[Path, list[tuple[str, str, float]]]:
+    """Segment `path` without the records `drop`, written to `<path>.tmp` (fsynced; the caller puts it in place)
+    one row group at a time in the file's own schema; returns that path and (id, scenario, write time) of each
+    row it holds, in row order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tmp = path.with_suffix(".parquet.tmp")
+    src = pq.ParquetFile(path)
+    gone = pa.array(sorted(drop), pa.string())
+    time_cols = [c for c in ("stored_at", "created_at") if c in src.schema_arrow.names]
+    kept: list[tuple[str, str, float]] = []
+    pending: list = []
+    writer = pq.ParquetWriter(tmp, src.schema_arrow, compression="zstd", write_statistics=True)
+
+    def flush(final: bool) -> None:
+        n = sum(t.num_rows for t in pending)
+        take = n if final else n - n % SEGMENT_ROW_GROUP  # whole row groups, but for the last
+        if not take:
+            return
+        table = pa.concat_tables(pending)
+        writer.write_table(table.slice(0, take), row_group_size=SEGMENT_ROW_GROUP)
+        pending[:] = [table.slice(take)] if take < n else []
+    try:
+        for i in range(src.num_row_groups):
+            t = src.read_row_group(i)
+            t = t.filter(pc.invert(pc.is_in(t["id"], value_set=gone)))
+            if not t.num_rows:
+                continue
+            at = pc.coalesce(*[t[c] for c in time_cols]) if time_cols else pa.nulls(t.num_rows, pa.float64())
+            kept += zip(t["id"].to_pylist(), t["scenario"].to_pylist(),
+                        [x if x is not None else 0.0 for x in at.to_pylist()], strict=True)
+            pending.append(t)
+            if sum(p.num_rows for p in pending) >= ROLL_BATCH:
+                flush(False)
+        flush(True)
+    finally:
+        writer.close()
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    return tmp, kept

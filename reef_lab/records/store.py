@@ -13,11 +13,16 @@ memory stays flat under steady traffic and a read by id costs the same before an
 Opening a store recovers from any crash point: a torn log tail is cut at the last good frame, a log whose segment
 exists is deleted, a closed log without one is rolled. `scan_records(data_dir)` gives a polars LazyFrame over
 segments plus logs and is safe to call from another process while a server writes.
+
+Retention (reef_lab/records/retention.py decides what goes) evicts from rolled segments only: `evict` deletes a
+segment or rewrites it without some of its records, in steps that a crash between any two leaves recoverable
+(see `_evict_steps`).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import fcntl
 import heapq
 import logging
@@ -29,13 +34,15 @@ from pathlib import Path
 
 import polars as pl
 
-from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.errors import BadRequest, Conflict, StoreUnavailable
 from reef_lab.records.index import SegmentIndex
 from reef_lab.records.logfile import (_HEADER, _ROWS, GroupCommitLog, Key, _fsync_dir, _frames, _is_torn,
                                       _list_files, create_log, encode_frame, iter_log_rows, log_lines, parse_row,
                                       read_log, record_key, row_text)
 from reef_lab.records.record import Record
-from reef_lab.records.segments import _conform, lines_to_frame, read_rows, scan_records, scan_segments, write_segment
+from reef_lab.records.retention import Part, SegmentStat
+from reef_lab.records.segments import (_conform, lines_to_frame, read_rows, rewrite_segment, scan_records,
+                                       scan_segments, segment_ids, write_segment)
 
 __all__ = ["RecordStore", "RelayLog", "IndexEntry", "scan_records", "read_log", "log_lines", "record_key",
            "row_text", "encode_frame"]
@@ -63,6 +70,44 @@ class _Chunk:
     def __init__(self, no: int, path: Path | None = None):
         self.no, self.ids = no, []
         self.fd = os.open(path, os.O_RDONLY) if path is not None else -1
+
+
+class _SharedLock:
+    """Many holders or one: reads of segments share it; retention's swap of a segment (file and index) holds it
+    alone, so a read never pairs an index row with a file that no longer matches it."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._readers, self._writer, self._waiting = 0, False, 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cv:
+            while self._writer or self._waiting:
+                self._cv.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._readers -= 1
+                if not self._readers:
+                    self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cv:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cv.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._writer = False
+                self._cv.notify_all()
 
 
 class IndexEntry:
@@ -99,6 +144,14 @@ class RecordStore:
         self._follow_lock = threading.Lock()
         self._roll_queue: list[_Chunk] = []
         self._roll_wake = threading.Condition(self._lock)
+        self.on_roll = None  # called (roller thread) after each log is rolled: retention's cue
+        # Retention (see evict): segments' files and index rows change only under _segments_rw alone; `epoch` moves
+        # before each eviction, `_fence` holds the ids a round may evict (a reference in an append takes an id out
+        # of it), `_evicting` the ids being evicted right now (gone for entry() and for appends already).
+        self._segments_rw = _SharedLock()
+        self.epoch = 0
+        self._fence: set[str] = set()
+        self._evicting: set[str] = set()
         self._recover()
         self._closed = False
         self._roller = threading.Thread(target=self._roll_loop, name="reef-roller", daemon=True)
@@ -117,6 +170,12 @@ class RecordStore:
         self._rolled.drop_segments(indexed - set(self._segments))
         for no in sorted(set(self._segments) - indexed):  # a crash before its index commit, or an older data dir
             self._index_segment(no)
+        for marker in sorted(self.folder.glob("rewrite-*")):  # a crash while retention rewrote this segment
+            no = int(marker.name.removeprefix("rewrite-"))
+            if no in self._segments:
+                self._index_segment(no)
+            marker.unlink()
+            _fsync_dir(self.folder)
         parsed = {}
         for no, path in sorted(logs.items()):
             lines, offsets, good, legacy = _frames(path.read_bytes())
@@ -167,23 +226,26 @@ class RecordStore:
         _fsync_dir(self.folder)
 
     # ---- writing --------------------------------------------------------------------------------------------
-    def append(self, records: list[Record]) -> list[bool]:
+    def append(self, records: list[Record], refs_checked_at: int | None = None) -> list[bool]:
         """Write records durably; returns per record True (written) or False (same id and content existed).
 
         Raises Conflict (nothing written) when an id exists with other content, StoreUnavailable on I/O failure.
+        `refs_checked_at`: the `epoch` at which the caller found the records' references; if retention evicted
+        anything since, they are looked up again (BadRequest naming one that is gone).
         """
         dicts = [r.to_dict() for r in records]
         now = time.time()
         for d in dicts:
             d["stored_at"] = now
-        fresh, new = self._reserve(dicts, now)
+        fresh, new = self._reserve(dicts, now, refs_checked_at)
         if new:
             lines = [row_text(d) for d in new]
             self._log.append(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
                                                 for d in new], lines)
         return fresh
 
-    def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
+    def _reserve(self, dicts: list[dict], now: float, refs_checked_at: int | None = None
+                 ) -> tuple[list[bool], list[dict]]:
         """Check ids against the index and reserve the new ones, so a concurrent duplicate sees them. Server ids
         (no content hash: 80 random bits, never repeated) are not looked up among rolled records."""
         chosen = [d["id"] for d in dicts if d["content_hash"]]
@@ -202,9 +264,24 @@ class RecordStore:
                 fresh.append(h is None)
                 seen.add(d["id"])
             new = [d for d, is_new in zip(dicts, fresh, strict=True) if is_new]
+            if refs_checked_at is not None and refs_checked_at != self.epoch:
+                self._recheck_references(new)
+            if self._fence:  # referenced now: no longer this round's to evict
+                for d in new:
+                    if d["references"]:
+                        self._fence.difference_update(d["references"])
             for d in new:
                 self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         return fresh, new
+
+    def _recheck_references(self, dicts: list[dict]) -> None:
+        """Lock held: retention evicted records since the caller checked these references; are they still here?"""
+        batch = {d["id"] for d in dicts}
+        for d in dicts:
+            for r in d["references"] or ():
+                if r in batch or (r not in self._evicting and (r in self._index or self._rolled.get(r))):
+                    continue
+                raise BadRequest(f"reference {r!r} is not a known receipt (retention has evicted it)")
 
     def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
@@ -273,6 +350,8 @@ class RecordStore:
             chunk.fd = -1
             (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
         self.stats["rolls"] += 1
+        if self.on_roll is not None:
+            self.on_roll()
 
     def _roll_loop(self) -> None:
         while True:
@@ -380,6 +459,8 @@ class RecordStore:
     def entry(self, record_id: str) -> IndexEntry | None:
         """What the index knows of a durable record (None if there is none). The relays' logs are looked at only
         for an id neither index knows (a receipt a relay has just handed out)."""
+        if self._evicting and record_id in self._evicting:
+            return None
         for attempt in range(2):
             e = self._index.get(record_id)
             if e is not None:
@@ -421,15 +502,19 @@ class RecordStore:
                         places.append((rid, self._tail[e.chunk].fd, e.pos, e.size))
             for rid, fd, pos, size in places:
                 found[rid] = parse_row(os.pread(fd, size, pos))
-        by_segment: dict[int, list[tuple[int, str]]] = {}
-        for rid, row in self._rolled.get_many(missing).items() if missing else ():
-            by_segment.setdefault(row[5], []).append((row[6], rid))
-        for no, rows in by_segment.items():
-            found.update(read_rows(self.folder / f"seg-{no:06d}.parquet", rows))
+        if not missing:
+            return found
+        with self._segments_rw.shared():  # the index rows and the files they point into, as one view
+            by_segment: dict[int, list[tuple[int, str]]] = {}
+            for rid, row in self._rolled.get_many(missing).items():
+                by_segment.setdefault(row[5], []).append((row[6], rid))
+            for no, rows in by_segment.items():
+                found.update(read_rows(self.folder / f"seg-{no:06d}.parquet", rows))
         return found
 
     def scan(self) -> pl.LazyFrame:
-        """A consistent LazyFrame over all records (segments plus the unrolled logs, read from disk)."""
+        """A consistent LazyFrame over all records (segments plus the unrolled logs, read from disk). Collect it
+        soon: a retention round that runs in between may delete or rewrite a segment it names."""
         self.follow()
         with self._read_lock:
             with self._lock:  # a snapshot: segments never change and a log's indexed records only grow
@@ -477,6 +562,131 @@ class RecordStore:
             for rid in gone:
                 self._index.pop(rid, None)
         return len(gone) + self._rolled.forget(scenario)
+
+    # ---- retention ------------------------------------------------------------------------------------------
+    def retention_stats(self) -> tuple[list[SegmentStat], dict[str, int], dict[str, float]]:
+        """What retention plans with: each segment's size and per-scenario rows and write times (from the index),
+        and per scenario the records in logs and their share of the logs' bytes (never evicted, but counted)."""
+        parts = self._rolled.parts()
+        with self._lock:
+            segments = sorted(self._segments.items())
+            rows = {sc: len(ids) for sc, ids in self._scenario_ids.items() if ids}
+            open_no, open_bytes = self._log.no, self._log.size
+            closed = [no for no in self._tail if no != open_no]
+        stats = []
+        for no, path in segments:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            stats.append(SegmentStat(no, size, {sc: Part(n, lo, hi) for sc, n, lo, hi in parts.get(no, [])}))
+        log_bytes = open_bytes
+        for no in closed:
+            with contextlib.suppress(FileNotFoundError):  # rolled meanwhile
+                log_bytes += (self.folder / f"log-{no:06d}.bin").stat().st_size
+        total = sum(rows.values()) or 1
+        return stats, rows, {sc: log_bytes * n / total for sc, n in rows.items()}
+
+    def rotate_if_older(self, before: float) -> bool:
+        """Close the open log (it rolls soon) if its oldest record was written before `before`: a log that fills
+        slowly would otherwise keep records past an age limit."""
+        with self._lock:
+            if not self._settle():
+                return False
+            ids = self._tail[self._log.no].ids
+            e = self._index.get(ids[0]) if ids else None
+            if e is None or e.stored_at >= before:
+                return False
+            self._rotate()
+            return True
+
+    def eviction_candidates(self, drops: dict[int, set[str] | None]) -> dict[int, dict[str, str]]:
+        """The records a plan names (id -> scenario), read from each segment: the rows of the scenarios that go,
+        or all of them (None)."""
+        out = {}
+        for no, names in sorted(drops.items()):
+            path = self._segments.get(no)
+            if path is not None:
+                out[no] = {rid: sc for rid, sc in segment_ids(path) if names is None or sc in names}
+        return out
+
+    def reports_and_references(self, scenarios: list[str]) -> set[str]:
+        """Ids of the reports and train records of these scenarios and of every record they reference."""
+        df = self.scan().filter(pl.col("scenario").is_in(scenarios) & pl.col("kind").is_in(["report", "train"])) \
+            .select("id", "references").collect()
+        out = set(df["id"].to_list())
+        for refs in df["references"].to_list():
+            out.update(refs or ())
+        return out
+
+    def fence(self, ids: set[str]) -> None:
+        """A round may evict these ids: from now an append that references one takes it out (it stays)."""
+        with self._lock:
+            self._fence = set(ids)
+
+    def unfence(self) -> None:
+        with self._lock:
+            self._fence = set()
+
+    def evict(self, no: int, drop: dict[str, str]) -> dict | None:
+        """Evict records (id -> scenario) of segment `no`: the whole file when they are all it holds, else a
+        rewrite without them. None (nothing done) when an append referenced one of them since `fence`."""
+        steps = self._evict_steps(no, drop)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _evict_steps(self, no: int, drop: dict[str, str]):
+        """`evict` one step per `next`. Each step leaves a state that opening the store recovers from:
+        written (a .tmp file, deleted at open) -> marked (`rewrite-N`: at open, N is re-indexed from its file)
+        -> replaced (the new file in place) or unlinked (the segment gone; its index rows are dropped at open)
+        -> indexed (the index matches the file; the marker's re-index finds nothing to change) -> marker removed.
+        So no crash loses a record that stays, and none leaves an index row pointing into a deleted segment."""
+        path = self.folder / f"seg-{no:06d}.parquet"
+        size = path.stat().st_size
+        rows = segment_ids(path)
+        whole = len(drop) == len(rows)
+        tmp, kept = (None, []) if whole else rewrite_segment(path, set(drop))
+        yield "written"
+        with self._lock:
+            if not drop.keys() <= self._fence:  # referenced since the round began: the next round decides
+                if tmp is not None:
+                    tmp.unlink()
+                return None
+            self.epoch += 1
+            self._evicting = set(drop)
+        marker = self.folder / f"rewrite-{no:06d}"
+        try:
+            if not whole:
+                marker.touch()
+                _fsync_dir(self.folder)
+                yield "marked"
+            with self._segments_rw.exclusive():
+                if whole:
+                    path.unlink()
+                    _fsync_dir(self.folder)
+                    yield "unlinked"
+                    with self._lock:
+                        self._segments.pop(no, None)
+                else:
+                    os.replace(tmp, path)
+                    _fsync_dir(self.folder)
+                    yield "replaced"
+                self._rolled.evict(no, list(drop), kept)
+            yield "indexed"
+            if not whole:
+                marker.unlink()
+                _fsync_dir(self.folder)
+        finally:
+            with self._lock:
+                self._evicting = set()
+        by_scenario: dict[str, int] = {}
+        for sc in drop.values():
+            by_scenario[sc] = by_scenario.get(sc, 0) + 1
+        return {"deleted": whole, "records": len(drop), "kept": len(kept), "by_scenario": by_scenario,
+                "bytes": size - (0 if whole else path.stat().st_size)}
 
     def info(self) -> dict:
         self.follow()
