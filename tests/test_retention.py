@@ -5,6 +5,7 @@ log lines, exports, configuration). The soak under retention is tests/test_reten
 from __future__ import annotations
 
 import json
+import random
 import logging
 import re
 import os
@@ -36,47 +37,72 @@ NOW = 1_000_000.0
 
 # ---- the decision --------------------------------------------------------------------------------------------------
 def seg(no, size, **parts):
-    """A segment whose parts are name=(rows, newest) (oldest: newest - 1)."""
-    return SegmentStat(no, size, {k: Part(r, t - 1, t) for k, (r, t) in parts.items()})
+    """A segment whose parts are name=(rows, newest) (oldest: newest - 0.5)."""
+    return SegmentStat(no, size, {k: Part(r, t - 0.5, t) for k, (r, t) in parts.items()})
 
 
 def test_bytes_limit_keeps_at_least_the_limit_and_exceeds_it_by_less_than_one_segment():
     segs = [seg(i, size, a=(10, NOW - 100 + i)) for i, size in enumerate([300, 100, 250, 400, 200, 150], 1)]
     cfg = RetentionConfig(RetentionPolicy(max_bytes=600))
-    drops = plan(segs, {}, {}, cfg, NOW)
+    drops = plan(segs, {}, 0, cfg, NOW)
     assert drops == {1: None, 2: None, 3: None}  # oldest first
     kept = sum(s.bytes for s in segs if s.no not in drops)
     assert 600 <= kept < 600 + segs[3].bytes  # by less than the oldest segment kept
     # the logs not rolled yet count too (they are never evicted)
-    assert plan(segs, {"a": 5}, {"a": 400}, cfg, NOW) == {1: None, 2: None, 3: None, 4: None}
+    assert plan(segs, {"a": [NOW] * 5}, 80, cfg, NOW) == {1: None, 2: None, 3: None, 4: None}
     # nothing over the limit: nothing goes
-    assert plan(segs, {}, {}, RetentionConfig(RetentionPolicy(max_bytes=10_000)), NOW) == {}
+    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_bytes=10_000)), NOW) == {}
 
 
 def test_records_limit_never_evicts_one_of_the_newest():
     segs = [seg(i, 1000, a=(100, NOW - 10 + i)) for i in range(1, 6)]
-    drops = plan(segs, {"a": 30}, {"a": 1}, RetentionConfig(RetentionPolicy(max_records=250)), NOW)
+    drops = plan(segs, {"a": [NOW] * 30}, 1, RetentionConfig(RetentionPolicy(max_records=250)), NOW)
     assert drops == {1: None, 2: None}  # 530 -> 330; evicting a third would leave 230 < 250
-    assert plan(segs, {}, {}, RetentionConfig(RetentionPolicy(max_records=500)), NOW) == {}
+    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_records=500)), NOW) == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_with_several_writers_no_record_among_the_newest_goes(seed):
+    """Workers write logs at once, so segments overlap in time: records are simulated one by one and checked."""
+    rng = random.Random(seed)
+    writers, per_log = rng.randint(1, 3), rng.randint(5, 40)
+    logs = [[] for _ in range(writers)]
+    segs, times = [], {}  # segment no -> its records' times
+    for i in range(rng.randint(50, 600)):
+        w = rng.randrange(writers)
+        logs[w].append(NOW - 1000 + i)
+        if len(logs[w]) == per_log:
+            no = len(segs) + 1
+            times[no] = logs[w]
+            segs.append(SegmentStat(no, 10 * per_log, {"a": Part(per_log, logs[w][0], logs[w][-1])}))
+            logs[w] = []
+    tail = sorted(t for log in logs for t in log)
+    cap = rng.randint(1, 400)
+    drops = plan(segs, {"a": tail}, 10, RetentionConfig(RetentionPolicy(max_records=cap)), NOW)
+    every = sorted([t for ts in times.values() for t in ts] + tail)
+    newest = set(every[-cap:])
+    assert not newest & {t for no in drops for t in times[no]}
+    kept = len(every) - sum(len(times[no]) for no in drops)
+    assert kept < max(cap, len(tail)) + writers * per_log  # over by less than one segment per writer
 
 
 def test_age_evicts_a_segment_once_its_newest_record_is_older():
     segs = [seg(1, 10, a=(5, NOW - 200)), seg(2, 10, a=(5, NOW - 61)), seg(3, 10, a=(5, NOW - 59)),
             seg(4, 10, a=(5, NOW - 1))]
-    assert plan(segs, {}, {}, RetentionConfig(RetentionPolicy(max_age=60)), NOW) == {1: None, 2: None}
+    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_age=60)), NOW) == {1: None, 2: None}
 
 
 def test_scenario_limits_take_only_that_scenarios_records():
     segs = [seg(1, 100, a=(10, NOW - 50), b=(10, NOW - 50)), seg(2, 100, a=(20, NOW - 40)),
             seg(3, 100, a=(10, NOW - 30), b=(10, NOW - 30)), seg(4, 100, a=(10, NOW - 5), b=(10, NOW - 5))]
     cfg = RetentionConfig(scenarios={"a": RetentionPolicy(max_records=15)})
-    drops = plan(segs, {"a": 5}, {"a": 10}, cfg, NOW)
+    drops = plan(segs, {"a": [NOW] * 5}, 2, cfg, NOW)
     # a holds 55 with its log: its parts go oldest first while 15 stay; b is untouched; a segment holding only a
     # goes whole
     assert drops == {1: {"a"}, 2: None, 3: {"a"}}
     # an age override for b with a data-dir limit on top: the data dir's takes whole segments first
     cfg = RetentionConfig(RetentionPolicy(max_records=40), {"b": RetentionPolicy(max_age=20)})
-    assert plan(segs, {}, {}, cfg, NOW) == {1: None, 2: None, 3: {"b"}}
+    assert plan(segs, {}, 0, cfg, NOW) == {1: None, 2: None, 3: {"b"}}
 
 
 def test_scenario_policies_by_name_and_pattern():
@@ -237,6 +263,26 @@ def test_a_crash_between_eviction_steps_loses_nothing_that_stays(tmp_path, whole
     # what was to go is all there (before the swap) or all gone (after it): never half, never a dangling index row
     assert present - stays in (set(), set(drop))
     check_consistent(st, present, {rid for rid, _ in recs} - present)
+    st.close()
+
+
+def test_a_reader_in_another_process_reads_again_when_a_segment_goes_under_it(tmp_path):
+    from reef_lab.records.segments import collect_records
+
+    st = RecordStore(tmp_path, roll_records=20)
+    recs = fill(st, 60, ("a",))
+    st.roll_open_log()
+    calls = []
+
+    def query(lf):  # the segments are listed; now a retention round deletes the oldest before they are read
+        if not calls:
+            st.fence({rid for rid, _ in recs[:20]})
+            st.evict(1, dict(recs[:20]))
+            st.unfence()
+        calls.append(1)
+        return lf.select("id")
+    ids = set(collect_records(tmp_path, query)["id"])
+    assert len(calls) == 2 and ids == {rid for rid, _ in recs[20:]}
     st.close()
 
 

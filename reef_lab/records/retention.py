@@ -5,11 +5,11 @@ data dir (`--retain-max-bytes`, `--retain-max-age`, `--retain-max-records`) and 
 scenarios (`--retain-scenarios`); clients set nothing. Eviction works on rolled Parquet segments only (a record
 still in a log waits for its roll) and in segment-sized units, oldest first:
 
-- The data dir's limits drop whole segments: one older than `max_age` (its newest record is), and, while the store
-  holds more than `max_bytes`/`max_records` even without it, the oldest one. So no record within the newest
-  `max_records` records, the newest `max_bytes` or younger than `max_age` is ever evicted, and after a round the
-  store exceeds a size limit by less than one segment (plus the logs not rolled yet, which are never evicted, and
-  the records kept because they are pinned).
+- The data dir's limits drop whole segments: one older than `max_age` (its newest record is), and one whose newest
+  record has at least `max_bytes`/`max_records` of records after it. So no record among the newest `max_records`,
+  the newest `max_bytes` or younger than `max_age` is ever evicted, and after a round the store exceeds a size
+  limit by less than the segments that straddle the boundary: one per process writing logs (plus the records
+  kept because they are pinned).
 - A scenario's limits drop that scenario's part of a segment by the same rules, counted over its own records.
 - Pinned records stay whatever the limits say: those a learner still needs and those a release's lineage names
   (the Gateway says which; see docs/records.md). A segment whose records all go is deleted; one that keeps some
@@ -20,6 +20,7 @@ still in a log waits for its roll) and in segment-sized units, oldest first:
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import logging
 import re
@@ -144,58 +145,80 @@ class SegmentStat:
         return sum(p.rows for p in self.parts.values())
 
     @property
+    def oldest(self) -> float:
+        return min((p.oldest for p in self.parts.values()), default=0.0)
+
+    @property
     def newest(self) -> float:
         return max((p.newest for p in self.parts.values()), default=0.0)
 
 
-def plan(segments: list[SegmentStat], tail_rows: dict[str, int], tail_bytes: dict[str, int],
+@dataclass
+class Piece:
+    """What one decision is about: a segment, or one scenario's part of it."""
+
+    rows: int
+    bytes: float
+    oldest: float
+    newest: float
+
+
+def due(pieces: list[Piece], tail: list[float], tail_record_bytes: float, policy: RetentionPolicy,
+        now: float) -> set[int]:
+    """Which pieces (by index) `policy` evicts. `tail`: the write times (sorted) of the records in logs, which
+    count but are never evicted. A piece goes when its newest record is older than max_age, or when the records
+    known to be newer than its newest one (pieces that begin after it ends, and log records) hold max_bytes /
+    max_records on their own: so no record among the newest max_records / max_bytes goes, even where pieces
+    overlap in time (several workers write logs at once)."""
+    out: set[int] = set()
+    starts = sorted(range(len(pieces)), key=lambda i: pieces[i].oldest)
+    oldest = [pieces[i].oldest for i in starts]
+    rows_after, bytes_after = [0] * (len(starts) + 1), [0.0] * (len(starts) + 1)
+    for k in range(len(starts) - 1, -1, -1):
+        rows_after[k] = rows_after[k + 1] + pieces[starts[k]].rows
+        bytes_after[k] = bytes_after[k + 1] + pieces[starts[k]].bytes
+    capped = policy.max_bytes is not None or policy.max_records is not None
+    for i in sorted(range(len(pieces)), key=lambda i: (pieces[i].newest, i)):
+        t = pieces[i].newest
+        if policy.max_age is not None and t < now - policy.max_age:
+            out.add(i)
+            continue
+        if not capped:
+            continue
+        k, n_tail = bisect.bisect_right(oldest, t), len(tail) - bisect.bisect_right(tail, t)
+        newer_rows, newer_bytes = rows_after[k] + n_tail, bytes_after[k] + n_tail * tail_record_bytes
+        if ((policy.max_bytes is not None and newer_bytes >= policy.max_bytes)
+                or (policy.max_records is not None and newer_rows >= policy.max_records)):
+            out.add(i)
+        else:
+            capped = False  # a newer piece has fewer records after it: none of them goes for size either
+    return out
+
+
+def plan(segments: list[SegmentStat], tail: dict[str, list[float]], tail_record_bytes: float,
          config: RetentionConfig, now: float) -> dict[int, set[str] | None]:
     """What goes: segment number -> the scenarios whose records in it go (None: the whole segment).
 
-    `tail_rows`/`tail_bytes`: per scenario, what the logs not yet rolled hold; they count towards the limits but
-    are never evicted. A scenario's bytes in a segment are its share of the segment's rows. Pins are not known
-    here: a pinned record counts as gone, so it never makes a younger record go in its place."""
-    segments = sorted(segments, key=lambda s: s.no)
+    `tail`: per scenario, the write times (sorted) of its records in logs not rolled yet; `tail_record_bytes`:
+    their average size there. A scenario's bytes in a segment are its share of the segment's rows. Pins are not
+    known here: a pinned record counts as gone, so it never makes a younger record go in its place."""
     out: dict[int, set[str] | None] = {}
-    d = config.data_dir
-    if d.active:
-        total_b = sum(s.bytes for s in segments) + sum(tail_bytes.values())
-        total_r = sum(s.rows for s in segments) + sum(tail_rows.values())
-        capped = True  # the size limits take segments oldest first and stop at the first that must stay
-        for s in segments:
-            old = d.max_age is not None and s.newest < now - d.max_age
-            over = capped and ((d.max_bytes is not None and total_b - s.bytes >= d.max_bytes)
-                               or (d.max_records is not None and total_r - s.rows >= d.max_records))
-            if old or over:
-                out[s.no] = None
-                total_b, total_r = total_b - s.bytes, total_r - s.rows
-            else:
-                capped = False
-    by_scenario: dict[str, list[tuple[SegmentStat, Part]]] = {}
+    if config.data_dir.active:
+        pieces = [Piece(s.rows, s.bytes, s.oldest, s.newest) for s in segments]
+        every = sorted(t for times in tail.values() for t in times)
+        for i in due(pieces, every, tail_record_bytes, config.data_dir, now):
+            out[segments[i].no] = None
+    by_scenario: dict[str, list[tuple[int, Piece]]] = {}
     for s in segments:
-        for name, part in s.parts.items():
-            by_scenario.setdefault(name, []).append((s, part))
+        if s.no not in out:  # a segment the data dir's limits take is gone for every scenario's count too
+            for name, part in s.parts.items():
+                by_scenario.setdefault(name, []).append(
+                    (s.no, Piece(part.rows, s.bytes * part.rows / max(s.rows, 1), part.oldest, part.newest)))
     for name, parts in by_scenario.items():
-        p = config.policy_for(name)
-        if p is None or not p.active:
-            continue
-
-        def share(s: SegmentStat, part: Part) -> float:
-            return s.bytes * part.rows / max(s.rows, 1)
-        total_b = sum(share(s, part) for s, part in parts) + tail_bytes.get(name, 0)
-        total_r = sum(part.rows for _, part in parts) + tail_rows.get(name, 0)
-        capped = True
-        for s, part in parts:
-            gone = s.no in out and (out[s.no] is None or name in out[s.no])
-            old = p.max_age is not None and part.newest < now - p.max_age
-            over = capped and ((p.max_bytes is not None and total_b - share(s, part) >= p.max_bytes)
-                               or (p.max_records is not None and total_r - part.rows >= p.max_records))
-            if gone or old or over:
-                if not gone:
-                    out.setdefault(s.no, set()).add(name)
-                total_b, total_r = total_b - share(s, part), total_r - part.rows
-            else:
-                capped = False
+        policy = config.policy_for(name)
+        if policy is not None and policy.active:
+            for i in due([p for _, p in parts], tail.get(name, []), tail_record_bytes, policy, now):
+                out.setdefault(parts[i][0], set()).add(name)
     for s in segments:  # every scenario of a segment goes: the whole segment goes
         names = out.get(s.no)
         if names is not None and names >= set(s.parts):
@@ -253,8 +276,8 @@ class Retainer:
             min_age = self._min_age()
             if min_age is not None:  # a slow log would keep its records past max_age: roll it once they are due
                 self.store.rotate_if_older(now - min_age)
-            stats, tail_rows, tail_bytes = self.store.retention_stats()
-            drops = plan(stats, tail_rows, tail_bytes, self.config, now)
+            stats, tail, tail_record_bytes = self.store.retention_stats()
+            drops = plan(stats, tail, tail_record_bytes, self.config, now)
             done = {"segments": 0, "rewritten": 0, "records": 0, "bytes": 0, "pinned": 0, "skipped": 0}
             if drops:
                 candidates = self.store.eviction_candidates(drops)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import polars as pl
 
@@ -66,6 +66,19 @@ def scan_records(data_dir: str | Path) -> pl.LazyFrame:
     _, segs = _list_files(folder)
     tail = [line for no, lines in sorted(log_texts.items()) if no not in segs for line in lines]
     return scan_segments([segs[no] for no in sorted(segs)], lines_to_frame(tail) if tail else None)
+
+
+def collect_records(data_dir: str | Path, query: Callable[[pl.LazyFrame], pl.LazyFrame],
+                    tries: int = 5) -> pl.DataFrame:
+    """`query(scan_records(data_dir)).collect()`, listed and read again if a retention round deleted a segment in
+    between (the server's retention runs in another process): one consistent view of what is kept."""
+    for attempt in range(tries):
+        try:
+            return query(scan_records(data_dir)).collect()
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def read_rows(path: Path, rows: list[tuple[int, str]]) -> dict[str, dict]:

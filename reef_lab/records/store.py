@@ -14,15 +14,15 @@ Opening a store recovers from any crash point: a torn log tail is cut at the las
 exists is deleted, a closed log without one is rolled. `scan_records(data_dir)` gives a polars LazyFrame over
 segments plus logs and is safe to call from another process while a server writes.
 
-Retention (reef_lab/records/retention.py decides what goes) evicts from rolled segments only: `evict` deletes a
-segment or rewrites it without some of its records, in steps that a crash between any two leaves recoverable
-(see `_evict_steps`).
+Retention (reef_lab/records/retention.py decides what goes) evicts from rolled segments only, through the methods
+of reef_lab/records/eviction.py; the store's part is to recover (a `rewrite-N` marker re-indexes segment N at
+open), to keep reads of a segment off its swap (`_segments_rw`), and to keep a record that an append references
+while a round is deciding (`_fence`, `epoch`).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import fcntl
 import heapq
 import logging
@@ -40,9 +40,8 @@ from reef_lab.records.logfile import (_HEADER, _ROWS, GroupCommitLog, Key, _fsyn
                                       _list_files, create_log, encode_frame, iter_log_rows, log_lines, parse_row,
                                       read_log, record_key, row_text)
 from reef_lab.records.record import Record
-from reef_lab.records.retention import Part, SegmentStat
-from reef_lab.records.segments import (_conform, lines_to_frame, read_rows, rewrite_segment, scan_records,
-                                       scan_segments, segment_ids, write_segment)
+from reef_lab.records.eviction import SegmentEviction, SharedLock
+from reef_lab.records.segments import _conform, lines_to_frame, read_rows, scan_records, scan_segments, write_segment
 
 __all__ = ["RecordStore", "RelayLog", "IndexEntry", "scan_records", "read_log", "log_lines", "record_key",
            "row_text", "encode_frame"]
@@ -72,44 +71,6 @@ class _Chunk:
         self.fd = os.open(path, os.O_RDONLY) if path is not None else -1
 
 
-class _SharedLock:
-    """Many holders or one: reads of segments share it; retention's swap of a segment (file and index) holds it
-    alone, so a read never pairs an index row with a file that no longer matches it."""
-
-    def __init__(self):
-        self._cv = threading.Condition()
-        self._readers, self._writer, self._waiting = 0, False, 0
-
-    @contextlib.contextmanager
-    def shared(self):
-        with self._cv:
-            while self._writer or self._waiting:
-                self._cv.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._readers -= 1
-                if not self._readers:
-                    self._cv.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        with self._cv:
-            self._waiting += 1
-            while self._writer or self._readers:
-                self._cv.wait()
-            self._waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._writer = False
-                self._cv.notify_all()
-
-
 class IndexEntry:
     """Where a record is and what the index needs of it. `chunk` is the log (not yet rolled) or the segment
     that holds it, -1 while its write is in flight; `pos`/`size` its row text's place in a log, or `pos` its row
@@ -123,7 +84,7 @@ class IndexEntry:
         self.chunk, self.pos, self.size = chunk, pos, size
 
 
-class RecordStore:
+class RecordStore(SegmentEviction):
     """Append-only, group-committed, crash-safe record storage for one data dir."""
 
     def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
@@ -148,7 +109,7 @@ class RecordStore:
         # Retention (see evict): segments' files and index rows change only under _segments_rw alone; `epoch` moves
         # before each eviction, `_fence` holds the ids a round may evict (a reference in an append takes an id out
         # of it), `_evicting` the ids being evicted right now (gone for entry() and for appends already).
-        self._segments_rw = _SharedLock()
+        self._segments_rw = SharedLock()
         self.epoch = 0
         self._fence: set[str] = set()
         self._evicting: set[str] = set()
@@ -562,131 +523,6 @@ class RecordStore:
             for rid in gone:
                 self._index.pop(rid, None)
         return len(gone) + self._rolled.forget(scenario)
-
-    # ---- retention ------------------------------------------------------------------------------------------
-    def retention_stats(self) -> tuple[list[SegmentStat], dict[str, int], dict[str, float]]:
-        """What retention plans with: each segment's size and per-scenario rows and write times (from the index),
-        and per scenario the records in logs and their share of the logs' bytes (never evicted, but counted)."""
-        parts = self._rolled.parts()
-        with self._lock:
-            segments = sorted(self._segments.items())
-            rows = {sc: len(ids) for sc, ids in self._scenario_ids.items() if ids}
-            open_no, open_bytes = self._log.no, self._log.size
-            closed = [no for no in self._tail if no != open_no]
-        stats = []
-        for no, path in segments:
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                continue
-            stats.append(SegmentStat(no, size, {sc: Part(n, lo, hi) for sc, n, lo, hi in parts.get(no, [])}))
-        log_bytes = open_bytes
-        for no in closed:
-            with contextlib.suppress(FileNotFoundError):  # rolled meanwhile
-                log_bytes += (self.folder / f"log-{no:06d}.bin").stat().st_size
-        total = sum(rows.values()) or 1
-        return stats, rows, {sc: log_bytes * n / total for sc, n in rows.items()}
-
-    def rotate_if_older(self, before: float) -> bool:
-        """Close the open log (it rolls soon) if its oldest record was written before `before`: a log that fills
-        slowly would otherwise keep records past an age limit."""
-        with self._lock:
-            if not self._settle():
-                return False
-            ids = self._tail[self._log.no].ids
-            e = self._index.get(ids[0]) if ids else None
-            if e is None or e.stored_at >= before:
-                return False
-            self._rotate()
-            return True
-
-    def eviction_candidates(self, drops: dict[int, set[str] | None]) -> dict[int, dict[str, str]]:
-        """The records a plan names (id -> scenario), read from each segment: the rows of the scenarios that go,
-        or all of them (None)."""
-        out = {}
-        for no, names in sorted(drops.items()):
-            path = self._segments.get(no)
-            if path is not None:
-                out[no] = {rid: sc for rid, sc in segment_ids(path) if names is None or sc in names}
-        return out
-
-    def reports_and_references(self, scenarios: list[str]) -> set[str]:
-        """Ids of the reports and train records of these scenarios and of every record they reference."""
-        df = self.scan().filter(pl.col("scenario").is_in(scenarios) & pl.col("kind").is_in(["report", "train"])) \
-            .select("id", "references").collect()
-        out = set(df["id"].to_list())
-        for refs in df["references"].to_list():
-            out.update(refs or ())
-        return out
-
-    def fence(self, ids: set[str]) -> None:
-        """A round may evict these ids: from now an append that references one takes it out (it stays)."""
-        with self._lock:
-            self._fence = set(ids)
-
-    def unfence(self) -> None:
-        with self._lock:
-            self._fence = set()
-
-    def evict(self, no: int, drop: dict[str, str]) -> dict | None:
-        """Evict records (id -> scenario) of segment `no`: the whole file when they are all it holds, else a
-        rewrite without them. None (nothing done) when an append referenced one of them since `fence`."""
-        steps = self._evict_steps(no, drop)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-
-    def _evict_steps(self, no: int, drop: dict[str, str]):
-        """`evict` one step per `next`. Each step leaves a state that opening the store recovers from:
-        written (a .tmp file, deleted at open) -> marked (`rewrite-N`: at open, N is re-indexed from its file)
-        -> replaced (the new file in place) or unlinked (the segment gone; its index rows are dropped at open)
-        -> indexed (the index matches the file; the marker's re-index finds nothing to change) -> marker removed.
-        So no crash loses a record that stays, and none leaves an index row pointing into a deleted segment."""
-        path = self.folder / f"seg-{no:06d}.parquet"
-        size = path.stat().st_size
-        rows = segment_ids(path)
-        whole = len(drop) == len(rows)
-        tmp, kept = (None, []) if whole else rewrite_segment(path, set(drop))
-        yield "written"
-        with self._lock:
-            if not drop.keys() <= self._fence:  # referenced since the round began: the next round decides
-                if tmp is not None:
-                    tmp.unlink()
-                return None
-            self.epoch += 1
-            self._evicting = set(drop)
-        marker = self.folder / f"rewrite-{no:06d}"
-        try:
-            if not whole:
-                marker.touch()
-                _fsync_dir(self.folder)
-                yield "marked"
-            with self._segments_rw.exclusive():
-                if whole:
-                    path.unlink()
-                    _fsync_dir(self.folder)
-                    yield "unlinked"
-                    with self._lock:
-                        self._segments.pop(no, None)
-                else:
-                    os.replace(tmp, path)
-                    _fsync_dir(self.folder)
-                    yield "replaced"
-                self._rolled.evict(no, list(drop), kept)
-            yield "indexed"
-            if not whole:
-                marker.unlink()
-                _fsync_dir(self.folder)
-        finally:
-            with self._lock:
-                self._evicting = set()
-        by_scenario: dict[str, int] = {}
-        for sc in drop.values():
-            by_scenario[sc] = by_scenario.get(sc, 0) + 1
-        return {"deleted": whole, "records": len(drop), "kept": len(kept), "by_scenario": by_scenario,
-                "bytes": size - (0 if whole else path.stat().st_size)}
 
     def info(self) -> dict:
         self.follow()
