@@ -96,10 +96,10 @@ class ServeConfig:
     max_json_depth: int = field(default=64, metadata={
         "help": "deepest nesting of objects and arrays a JSON body may have (400 beyond)"})
     retain_max_bytes: str | None = field(default=None, metadata={
-        "help": "keep the data dir's records (Parquet segments and logs) under this size, e.g. 20GB: the oldest "
-                "rolled segments are evicted while the rest still holds this much (so it is exceeded by less than "
-                "one segment, plus the logs not rolled yet, plus records learners or release lineage still need; "
-                "docs/records.md#retention); default: no limit"})
+        "help": "keep the data dir's records (Parquet segments and logs) under this size, e.g. 20GB: a rolled "
+                "segment is evicted once the records newer than it hold this much (so the limit is exceeded by "
+                "less than one segment or log per worker writing logs, plus records learners or release lineage "
+                "still need; docs/records.md#retention); default: no limit"})
     retain_max_age: str | None = field(default=None, metadata={
         "help": "evict rolled records once older than this, e.g. 30d or 12h (a segment goes when its newest record "
                 "is that old); default: no limit"})

@@ -91,7 +91,7 @@ def workers_of(pid: int) -> list[int]:
 
 def records_size(data_dir: Path) -> dict:
     """Bytes of the records folder's segments and logs (what retention limits), and the largest segment."""
-    segs, logs = [], 0
+    segs, logs = [], []
     for p in (data_dir / "records").iterdir() if (data_dir / "records").exists() else ():
         try:
             size = p.stat().st_size
@@ -100,9 +100,9 @@ def records_size(data_dir: Path) -> dict:
         if p.name.startswith("seg-") and p.name.endswith(".parquet"):
             segs.append(size)
         elif p.name.startswith("log-"):
-            logs += size
-    return {"segments": sum(segs), "logs": logs, "total": sum(segs) + logs, "n_segments": len(segs),
-            "largest_segment": max(segs, default=0)}
+            logs.append(size)
+    return {"segments": sum(segs), "logs": sum(logs), "total": sum(segs) + sum(logs), "n_segments": len(segs),
+            "largest_segment": max(segs, default=0), "largest_log": max(logs, default=0)}
 
 
 def rss_mb(pid: int) -> dict | None:
@@ -281,8 +281,8 @@ def main() -> None:
     finally:
         stop(server)
         stop(stub)
-        if not args.keep_work:
-            shutil.rmtree(work, ignore_errors=True)
+    if not args.keep_work:  # kept (with server.log) when the run failed
+        shutil.rmtree(work, ignore_errors=True)
     report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
     report["retention"] = retention
     (out / "soak.json").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
@@ -323,6 +323,7 @@ def check_retention(args, port: int, work: Path, acknowledged: list[str], sizes:
             "log_lines": lines, "final_size": final, "cap_bytes": cap,
             "max_total_bytes": max((s["total"] for _, s in sizes), default=0),
             "max_segment_bytes": max((s["largest_segment"] for _, s in sizes), default=0),
+            "max_log_bytes": max((s["largest_log"] for _, s in sizes), default=0),
             "max_over_cap_bytes": max((x for _, x, _ in slack), default=None)}
 
 

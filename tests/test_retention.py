@@ -44,21 +44,21 @@ def seg(no, size, **parts):
 def test_bytes_limit_keeps_at_least_the_limit_and_exceeds_it_by_less_than_one_segment():
     segs = [seg(i, size, a=(10, NOW - 100 + i)) for i, size in enumerate([300, 100, 250, 400, 200, 150], 1)]
     cfg = RetentionConfig(RetentionPolicy(max_bytes=600))
-    drops = plan(segs, {}, 0, cfg, NOW)
+    drops = plan(segs, {}, cfg, NOW)
     assert drops == {1: None, 2: None, 3: None}  # oldest first
     kept = sum(s.bytes for s in segs if s.no not in drops)
     assert 600 <= kept < 600 + segs[3].bytes  # by less than the oldest segment kept
     # the logs not rolled yet count too (they are never evicted)
-    assert plan(segs, {"a": [NOW] * 5}, 80, cfg, NOW) == {1: None, 2: None, 3: None, 4: None}
+    assert plan(segs, {"a": [(NOW, 80)] * 5}, cfg, NOW) == {1: None, 2: None, 3: None, 4: None}
     # nothing over the limit: nothing goes
-    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_bytes=10_000)), NOW) == {}
+    assert plan(segs, {}, RetentionConfig(RetentionPolicy(max_bytes=10_000)), NOW) == {}
 
 
 def test_records_limit_never_evicts_one_of_the_newest():
     segs = [seg(i, 1000, a=(100, NOW - 10 + i)) for i in range(1, 6)]
-    drops = plan(segs, {"a": [NOW] * 30}, 1, RetentionConfig(RetentionPolicy(max_records=250)), NOW)
+    drops = plan(segs, {"a": [(NOW, 1)] * 30}, RetentionConfig(RetentionPolicy(max_records=250)), NOW)
     assert drops == {1: None, 2: None}  # 530 -> 330; evicting a third would leave 230 < 250
-    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_records=500)), NOW) == {}
+    assert plan(segs, {}, RetentionConfig(RetentionPolicy(max_records=500)), NOW) == {}
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -78,7 +78,7 @@ def test_with_several_writers_no_record_among_the_newest_goes(seed):
             logs[w] = []
     tail = sorted(t for log in logs for t in log)
     cap = rng.randint(1, 400)
-    drops = plan(segs, {"a": tail}, 10, RetentionConfig(RetentionPolicy(max_records=cap)), NOW)
+    drops = plan(segs, {"a": [(t, 10) for t in tail]}, RetentionConfig(RetentionPolicy(max_records=cap)), NOW)
     every = sorted([t for ts in times.values() for t in ts] + tail)
     newest = set(every[-cap:])
     assert not newest & {t for no in drops for t in times[no]}
@@ -89,20 +89,20 @@ def test_with_several_writers_no_record_among_the_newest_goes(seed):
 def test_age_evicts_a_segment_once_its_newest_record_is_older():
     segs = [seg(1, 10, a=(5, NOW - 200)), seg(2, 10, a=(5, NOW - 61)), seg(3, 10, a=(5, NOW - 59)),
             seg(4, 10, a=(5, NOW - 1))]
-    assert plan(segs, {}, 0, RetentionConfig(RetentionPolicy(max_age=60)), NOW) == {1: None, 2: None}
+    assert plan(segs, {}, RetentionConfig(RetentionPolicy(max_age=60)), NOW) == {1: None, 2: None}
 
 
 def test_scenario_limits_take_only_that_scenarios_records():
     segs = [seg(1, 100, a=(10, NOW - 50), b=(10, NOW - 50)), seg(2, 100, a=(20, NOW - 40)),
             seg(3, 100, a=(10, NOW - 30), b=(10, NOW - 30)), seg(4, 100, a=(10, NOW - 5), b=(10, NOW - 5))]
     cfg = RetentionConfig(scenarios={"a": RetentionPolicy(max_records=15)})
-    drops = plan(segs, {"a": [NOW] * 5}, 2, cfg, NOW)
+    drops = plan(segs, {"a": [(NOW, 2)] * 5}, cfg, NOW)
     # a holds 55 with its log: its parts go oldest first while 15 stay; b is untouched; a segment holding only a
     # goes whole
     assert drops == {1: {"a"}, 2: None, 3: {"a"}}
     # an age override for b with a data-dir limit on top: the data dir's takes whole segments first
     cfg = RetentionConfig(RetentionPolicy(max_records=40), {"b": RetentionPolicy(max_age=20)})
-    assert plan(segs, {}, 0, cfg, NOW) == {1: None, 2: None, 3: {"b"}}
+    assert plan(segs, {}, cfg, NOW) == {1: None, 2: None, 3: {"b"}}
 
 
 def test_scenario_policies_by_name_and_pattern():
@@ -217,6 +217,43 @@ def test_a_reference_checked_before_an_eviction_is_refused_after_it(tmp_path):
         st.append([report], refs_checked_at=epoch)
     ok = Record(id=new_record_id(), scenario="a", kind="report", score=1.0, references=[recs[30][0]])
     assert st.append([ok], refs_checked_at=epoch) == [True]  # still there: looked up again and kept
+    st.close()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_failed_index_update_leaves_the_index_matching_the_files(tmp_path, monkeypatch, whole):
+    import sqlite3
+
+    st = RecordStore(tmp_path, roll_records=50)
+    recs = fill(st, 100)
+    st.roll_open_log()
+    drop = {rid: sc for rid, sc in recs[:50] if whole or sc == "a"}
+
+    def broken(*args):
+        raise sqlite3.OperationalError("disk I/O error")
+    monkeypatch.setattr(st._rolled, "evict", broken)
+    st.fence(set(drop))
+    with pytest.raises(sqlite3.OperationalError):
+        st.evict(1, drop)
+    st.unfence()
+    check_consistent(st, {rid for rid, _ in recs} - set(drop), set(drop))  # the file changed; the index follows
+    st.close()
+
+
+def test_an_index_from_before_retention_gets_its_segment_parts(tmp_path):
+    import sqlite3
+
+    st = RecordStore(tmp_path, roll_records=10)
+    fill(st, 30)
+    st.roll_open_log()
+    want = st._rolled.parts()
+    st.close()
+    db = sqlite3.connect(tmp_path / "records" / "index.sqlite")
+    db.execute("DROP TABLE segment_parts")
+    db.commit()
+    db.close()
+    st = RecordStore(tmp_path)
+    assert st._rolled.parts() == want and sorted(want) == [1, 2, 3]
     st.close()
 
 
@@ -338,6 +375,20 @@ def test_status_counts_and_logs_each_evicted_segment(tmp_path, stub_url, caplog)
         assert {r["id"] for r in page} == set(gw.store.ids("b"))
     finally:
         s.close()
+
+
+def test_the_releases_answer_comes_from_one_read_of_the_index(tmp_path, stub_url, monkeypatch):
+    """(Found by the default suite: test_live_swap saw serving 'm:v1' with no releases listed: list_releases read
+    the index twice and a publish landed in between.)"""
+    gw = Gateway(tmp_path / "data", UpstreamEngine(stub_url, timeout=5))
+    try:
+        gw.create_scenario({"name": "m"})
+        published = {"version": "v1", "release_id": "m:v1"}  # what a second read would find after a publish
+        monkeypatch.setattr(gw.releases, "serving", lambda name: published)
+        out = gw.list_releases("m")
+        assert out["serving"] == "base" and out["releases"] == []
+    finally:
+        gw.close()
 
 
 def test_retention_is_the_operators_only(tmp_path, stub_url):

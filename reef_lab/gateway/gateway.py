@@ -450,7 +450,12 @@ class Gateway:
             ln = learners.get(s.name)
             if isinstance(ln, RecordHolder):
                 pinned |= ln.held_records()
-            elif ln is not None or s.name in self._errors or self.recipe(s.name).evolves != "nothing":
+                continue
+            try:
+                learns = ln is not None or s.name in self._errors or self.recipe(s.name).evolves != "nothing"
+            except NotFound:  # deleted meanwhile: its records are hidden, nothing needs them
+                continue
+            if learns:
                 unknown.append(s.name)
         if unknown:
             pinned |= self.store.reports_and_references(unknown)
@@ -521,8 +526,8 @@ class Gateway:
 
     def list_releases(self, name: str) -> dict:
         self.scenarios.get(name)
-        idx = self.releases.index(name)
-        serving = self.releases.serving(name)
+        idx = self.releases.index(name)  # read once: a release published in between would show as serving, unlisted
+        serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
                "hub_main": idx.get("hub_main")}

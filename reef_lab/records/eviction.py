@@ -60,33 +60,41 @@ class SharedLock:
 class SegmentEviction:
     """Retention's operations on a RecordStore (mixed into it)."""
 
-    def retention_stats(self) -> tuple[list[SegmentStat], dict[str, list[float]], float]:
+    def retention_stats(self) -> tuple[list[SegmentStat], dict[str, list[tuple[float, float]]]]:
         """What retention plans with: each segment's size and per-scenario rows and write times (from the index);
-        per scenario the write times of the records in logs (never evicted, but counted), and their average size
-        there. Read in that order, so a roll in between hides records from both (fewer go), never counts them
-        twice; a segment the index has no parts of yet is left out."""
+        per scenario (write time, bytes) of each record in logs, never evicted but counted (its row's share of the
+        logs' size on disk, which includes what a log wrote ahead). Read in that order, so a roll in between hides
+        records from both (fewer go), never counts them twice; a segment the index has no parts of yet is left
+        out."""
         parts = self._rolled.parts()
         with self._lock:
             segments = [(no, path) for no, path in sorted(self._segments.items()) if no in parts]
             ids = [list(v) for v in self._scenario_ids.values() if v]
-            open_no, log_bytes = self._log.no, self._log.size
-            closed = [no for no in self._tail if no != open_no]
+            on_disk = {self._log.no: os.fstat(self._log.fd).st_size}  # with what it wrote ahead, as du counts
         stats = []
         for no, path in segments:
             with contextlib.suppress(FileNotFoundError):
                 stats.append(SegmentStat(no, path.stat().st_size, {sc: Part(n, lo, hi) for sc, n, lo, hi in parts[no]}))
-        tail: dict[str, list[float]] = {}
+        rows = []
         for lst in ids:
             for rid in lst:
                 e = self._index.get(rid)  # without the lock: one rolled meanwhile is gone (and not counted)
-                if e is not None:
-                    tail.setdefault(e.scenario, []).append(e.stored_at)
-        for times in tail.values():
-            times.sort()
-        for no in closed:
-            with contextlib.suppress(FileNotFoundError):  # rolled meanwhile
-                log_bytes += (self.folder / f"log-{no:06d}.bin").stat().st_size
-        return stats, tail, log_bytes / max(sum(map(len, tail.values())), 1)
+                if e is not None and e.chunk >= 0:
+                    rows.append((e.scenario, e.stored_at, e.chunk, e.size))
+        text: dict[int, int] = {}
+        for _, _, no, size in rows:
+            text[no] = text.get(no, 0) + size
+        for no in text.keys() - on_disk.keys():
+            try:
+                on_disk[no] = (self.folder / f"log-{no:06d}.bin").stat().st_size
+            except FileNotFoundError:  # rolled meanwhile
+                on_disk[no] = 0
+        tail: dict[str, list[tuple[float, float]]] = {}
+        for scenario, at, no, size in rows:
+            tail.setdefault(scenario, []).append((at, on_disk.get(no, 0) * size / max(text[no], 1)))
+        for records in tail.values():
+            records.sort()
+        return stats, tail
 
     def rotate_if_older(self, before: float) -> bool:
         """Close the open log (it rolls soon) if its oldest record was written before `before`: a log that fills
@@ -175,7 +183,14 @@ class SegmentEviction:
                     os.replace(tmp, path)
                     _fsync_dir(self.folder)
                     yield "replaced"
-                self._rolled.evict(no, list(drop), kept)
+                try:
+                    self._rolled.evict(no, list(drop), kept)
+                except Exception:  # the file has changed: bring the index in line with it, as opening would
+                    if whole:
+                        self._rolled.drop_segments({no})
+                    else:
+                        self._index_segment(no)
+                    raise
             yield "indexed"
             if not whole:
                 marker.unlink()

@@ -9,8 +9,8 @@ logprobs as lists): `inferences`, `reports` (with their references), and `traini
 consumed: release, record, prompt and completion token ids, the engine's logprobs, score). Only records the API
 shows are exported (those of the scenario as it exists now, not of a deleted earlier one of the same name).
 Records a retention round evicted are not in an export made after it; an export made before is a copy and stays
-as it was (docs/records.md#retention). A push is one commit on the dataset repo's main with the three Parquet files and a card, tagged
-`records-<n>` with n the number of records, so every export stays reachable.
+as it was (docs/records.md#retention). A push is one commit on the dataset repo's main with the three Parquet files
+and a card, tagged `records-<n>` with n the number of records, so every export stays reachable.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ still in a log waits for its roll) and in segment-sized units, oldest first:
 - The data dir's limits drop whole segments: one older than `max_age` (its newest record is), and one whose newest
   record has at least `max_bytes`/`max_records` of records after it. So no record among the newest `max_records`,
   the newest `max_bytes` or younger than `max_age` is ever evicted, and after a round the store exceeds a size
-  limit by less than the segments that straddle the boundary: one per process writing logs (plus the records
-  kept because they are pinned).
+  limit by less than what straddles the boundary in time: one segment or open log per process writing logs (plus
+  the records kept because they are pinned).
 - A scenario's limits drop that scenario's part of a segment by the same rules, counted over its own records.
 - Pinned records stay whatever the limits say: those a learner still needs and those a release's lineage names
   (the Gateway says which; see docs/records.md). A segment whose records all go is deleted; one that keeps some
@@ -163,9 +163,8 @@ class Piece:
     newest: float
 
 
-def due(pieces: list[Piece], tail: list[float], tail_record_bytes: float, policy: RetentionPolicy,
-        now: float) -> set[int]:
-    """Which pieces (by index) `policy` evicts. `tail`: the write times (sorted) of the records in logs, which
+def due(pieces: list[Piece], tail: list[tuple[float, float]], policy: RetentionPolicy, now: float) -> set[int]:
+    """Which pieces (by index) `policy` evicts. `tail`: (write time, bytes) of the records in logs, sorted, which
     count but are never evicted. A piece goes when its newest record is older than max_age, or when the records
     known to be newer than its newest one (pieces that begin after it ends, and log records) hold max_bytes /
     max_records on their own: so no record among the newest max_records / max_bytes goes, even where pieces
@@ -177,6 +176,10 @@ def due(pieces: list[Piece], tail: list[float], tail_record_bytes: float, policy
     for k in range(len(starts) - 1, -1, -1):
         rows_after[k] = rows_after[k + 1] + pieces[starts[k]].rows
         bytes_after[k] = bytes_after[k + 1] + pieces[starts[k]].bytes
+    tail_times = [t for t, _ in tail]
+    tail_after = [0.0] * (len(tail) + 1)
+    for k in range(len(tail) - 1, -1, -1):
+        tail_after[k] = tail_after[k + 1] + tail[k][1]
     capped = policy.max_bytes is not None or policy.max_records is not None
     for i in sorted(range(len(pieces)), key=lambda i: (pieces[i].newest, i)):
         t = pieces[i].newest
@@ -185,8 +188,8 @@ def due(pieces: list[Piece], tail: list[float], tail_record_bytes: float, policy
             continue
         if not capped:
             continue
-        k, n_tail = bisect.bisect_right(oldest, t), len(tail) - bisect.bisect_right(tail, t)
-        newer_rows, newer_bytes = rows_after[k] + n_tail, bytes_after[k] + n_tail * tail_record_bytes
+        k, j = bisect.bisect_right(oldest, t), bisect.bisect_right(tail_times, t)
+        newer_rows, newer_bytes = rows_after[k] + len(tail) - j, bytes_after[k] + tail_after[j]
         if ((policy.max_bytes is not None and newer_bytes >= policy.max_bytes)
                 or (policy.max_records is not None and newer_rows >= policy.max_records)):
             out.add(i)
@@ -195,18 +198,18 @@ def due(pieces: list[Piece], tail: list[float], tail_record_bytes: float, policy
     return out
 
 
-def plan(segments: list[SegmentStat], tail: dict[str, list[float]], tail_record_bytes: float,
-         config: RetentionConfig, now: float) -> dict[int, set[str] | None]:
+def plan(segments: list[SegmentStat], tail: dict[str, list[tuple[float, float]]], config: RetentionConfig,
+         now: float) -> dict[int, set[str] | None]:
     """What goes: segment number -> the scenarios whose records in it go (None: the whole segment).
 
-    `tail`: per scenario, the write times (sorted) of its records in logs not rolled yet; `tail_record_bytes`:
-    their average size there. A scenario's bytes in a segment are its share of the segment's rows. Pins are not
-    known here: a pinned record counts as gone, so it never makes a younger record go in its place."""
+    `tail`: per scenario, (write time, bytes on disk) of its records in logs not rolled yet, sorted. A scenario's
+    bytes in a segment are its share of the segment's rows. Pins are not known here: a pinned record counts as
+    gone, so it never makes a younger record go in its place."""
     out: dict[int, set[str] | None] = {}
     if config.data_dir.active:
         pieces = [Piece(s.rows, s.bytes, s.oldest, s.newest) for s in segments]
-        every = sorted(t for times in tail.values() for t in times)
-        for i in due(pieces, every, tail_record_bytes, config.data_dir, now):
+        every = sorted(x for records in tail.values() for x in records)
+        for i in due(pieces, every, config.data_dir, now):
             out[segments[i].no] = None
     by_scenario: dict[str, list[tuple[int, Piece]]] = {}
     for s in segments:
@@ -217,7 +220,7 @@ def plan(segments: list[SegmentStat], tail: dict[str, list[float]], tail_record_
     for name, parts in by_scenario.items():
         policy = config.policy_for(name)
         if policy is not None and policy.active:
-            for i in due([p for _, p in parts], tail.get(name, []), tail_record_bytes, policy, now):
+            for i in due([p for _, p in parts], tail.get(name, []), policy, now):
                 out.setdefault(parts[i][0], set()).add(name)
     for s in segments:  # every scenario of a segment goes: the whole segment goes
         names = out.get(s.no)
@@ -276,8 +279,8 @@ class Retainer:
             min_age = self._min_age()
             if min_age is not None:  # a slow log would keep its records past max_age: roll it once they are due
                 self.store.rotate_if_older(now - min_age)
-            stats, tail, tail_record_bytes = self.store.retention_stats()
-            drops = plan(stats, tail, tail_record_bytes, self.config, now)
+            stats, tail = self.store.retention_stats()
+            drops = plan(stats, tail, self.config, now)
             done = {"segments": 0, "rewritten": 0, "records": 0, "bytes": 0, "pinned": 0, "skipped": 0}
             if drops:
                 candidates = self.store.eviction_candidates(drops)
