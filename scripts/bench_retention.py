@@ -7,14 +7,17 @@ Each run is a fresh soak (stub provider, scripts/serve.py with a primary and a r
 clients asking for `--rate` requests/s in all: more than this machine carries, so the rate reached is the
 throughput) with `--roll-records` records per segment both ways, so both roll as often; "on" adds the limits in
 `--on` (by default a records limit that the load passes within the first minute, so every later roll is followed
-by an eviction). Runs alternate off, on, off, on, ... and each pair gives a ratio on/off of requests per second and
-of the chat and report p50/p99, so a drift of the shared machine's load hits both sides of a pair alike.
+by an eviction). Pairs run off then on, on then off, ... and each pair gives a ratio on/off of requests per second
+and of the chat and report p50/p99, so a drift of the shared machine's load hits both sides alike. Reads during the
+load ask for one of the client's recent receipts both ways (older ones may be evicted with retention on, and a read
+from a segment costs more than one from a log, so both sides must read alike).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -29,14 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(args, on: bool, out: Path) -> dict:
     cmd = [sys.executable, "scripts/soak.py", "--warmup-minutes", "0", "--minutes", str(args.minutes), "--rate",
            str(args.rate), "--clients", str(args.clients), "--reads", "50", "--roll-records", str(args.roll_records),
-           "--out", str(out), *(shlex.split(args.on) if on else [])]
-    t0 = time.time()
+           "--recent-reads", "--out", str(out), *(shlex.split(args.on) if on else [])]
+    t0, load = time.time(), os.getloadavg()[0]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     r = json.loads((out / "soak.json").read_text())
     measured = [m for m in r["by_minute"] if not m["warmup"]]
     seconds = args.minutes * 60
     sizes = r["sizes"]
     return {"retention": on, "command": " ".join(cmd[1:]), "wall_s": round(time.time() - t0, 1),
+            "load_average_before": round(load, 2),
             "requests": r["requests"], "errors": r["errors"], "requests_per_s": round(r["requests"] / seconds, 1),
             "chat": r["by_kind"]["chat"], "report": r["by_kind"]["report"], "read": r["by_kind"]["read"],
             "p99_per_minute_ms": [m["p99_ms"] for m in measured],
@@ -44,6 +48,8 @@ def run(args, on: bool, out: Path) -> dict:
             "max_records_bytes": max((s["total"] for _, s in sizes), default=None),
             "sizes": [(t, s["total"]) for t, s in sizes],
             "evicted": (r.get("retention") or {}).get("evicted"),
+            "server_cpu_s": r["server_cpu_s"], "cpu_ms_per_request": round(r["server_cpu_s"] * 1e3 / r["requests"], 4),
+            "retention_cpu_s": (r.get("retention") or {}).get("retention_cpu_s"),
             "missing": (r.get("retention") or {}).get("n_missing")}
 
 
@@ -51,7 +57,8 @@ def ratio(on: dict, off: dict, get) -> float:
     return round(get(on) / get(off), 3)
 
 
-METRICS = {"requests/s": lambda r: r["requests_per_s"], "chat p50": lambda r: r["chat"]["p50_ms"],
+METRICS = {"requests/s": lambda r: r["requests_per_s"], "server CPU per request": lambda r: r["cpu_ms_per_request"],
+           "chat p50": lambda r: r["chat"]["p50_ms"],
            "chat p99": lambda r: r["chat"]["p99_ms"], "report p50": lambda r: r["report"]["p50_ms"],
            "report p99": lambda r: r["report"]["p99_ms"]}
 
@@ -72,12 +79,13 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="reef-bench-retention-") as tmp:
         for i in range(args.pairs):
-            for on in (False, True):
-                r = run(args, on, Path(tmp) / f"{i}-{'on' if on else 'off'}")
-                runs.append(r)
+            pair = {}
+            for on in ((False, True) if i % 2 == 0 else (True, False)):  # off first, then on first, ...
+                r = pair[on] = run(args, on, Path(tmp) / f"{i}-{'on' if on else 'off'}")
                 print(f"[bench] pair {i + 1} {'on ' if on else 'off'}: {r['requests_per_s']} requests/s, chat p50 "
                       f"{r['chat']['p50_ms']} ms p99 {r['chat']['p99_ms']} ms, records {r['final_records_bytes']:,} "
                       f"bytes, evicted {r['evicted']}", file=sys.stderr, flush=True)
+            runs += [pair[False], pair[True]]
     pairs = [(runs[2 * i + 1], runs[2 * i]) for i in range(args.pairs)]
     ratios = {k: [ratio(on, off, get) for on, off in pairs] for k, get in METRICS.items()}
     summary = {k: {"mean": round(statistics.mean(v), 3), "min": min(v), "max": max(v)} for k, v in ratios.items()}
@@ -94,26 +102,32 @@ def render(r: dict) -> str:
     a = r["args"]
     lines = [f"# Retention on and off under the soak's load ({r['started']})", "",
              f"Command: `.venv/bin/python {r['command'].strip()}` (plot: retention.png). {a['pairs']} pairs of "
-             f"{a['minutes']:g}-minute runs of `scripts/soak.py`, off then on, each on a fresh data dir: "
+             f"{a['minutes']:g}-minute runs of `scripts/soak.py`, retention off and on, each on a fresh data dir: "
              f"{a['clients']} clients asking for {a['rate']:g} requests/s in all (more than the machine carries: "
              f"what it reaches is the throughput), {a['roll_records']:,} records per segment both ways; on: "
-             f"`{a['on']}`. A cycle is a chat completion (every fourth streamed) and a report on it.", "",
+             f"`{a['on']}`. Pairs alternate which side runs first. A cycle is a chat completion (every fourth "
+             "streamed) and a report on it; every tenth also reads one of the client's 20 newest records. The "
+             "machine is a shared 2-CPU box: its load average before each run is in the table; the server's "
+             "CPU per request (its workers' CPU seconds over the load, per request) depends less on that load "
+             "than requests/s does, and retention's own CPU time (its rounds' thread time) is in the last "
+             "column.", "",
              "## Ratios on/off, per pair", "", "| metric | " + " | ".join(f"pair {i + 1}" for i in
                                                                           range(a["pairs"])) + " | mean |",
              "|---|" + "---|" * (a["pairs"] + 1)]
     for k, v in r["ratios_on_over_off"].items():
         lines.append(f"| {k} | " + " | ".join(f"{x:.3f}" for x in v) + f" | **{r['summary'][k]['mean']:.3f}** |")
     lines += ["", "## Runs", "",
-              "| run | requests/s | errors | chat p50 / p99 | report p50 / p99 | records folder at the end (max) | "
-              "evicted |", "|---|---|---|---|---|---|---|"]
+              "| run | load avg | requests/s | server CPU per request | errors | chat p50 / p99 | report p50 / p99 | "
+              "records folder at the end (max) | evicted (retention's CPU) |", "|---|---|---|---|---|---|---|---|---|"]
     for i, run_ in enumerate(r["runs"]):
         ev = run_["evicted"]
-        lines.append(f"| {i // 2 + 1} {'on' if run_['retention'] else 'off'} | {run_['requests_per_s']} | "
+        lines.append(f"| {i // 2 + 1} {'on' if run_['retention'] else 'off'} | {run_['load_average_before']} | "
+                     f"{run_['requests_per_s']} | {run_['cpu_ms_per_request']} ms | "
                      f"{run_['errors']} | {run_['chat']['p50_ms']} / {run_['chat']['p99_ms']} ms | "
                      f"{run_['report']['p50_ms']} / {run_['report']['p99_ms']} ms | "
                      f"{run_['final_records_bytes'] / 2**20:.1f} MB ({run_['max_records_bytes'] / 2**20:.1f} MB) | "
-                     + (f"{ev['segments']} segments, {ev['records']:,} records, {run_['missing']} missing"
-                        if ev else "-") + " |")
+                     + (f"{ev['segments']} segments, {ev['records']:,} records, {run_['missing']} missing "
+                        f"({run_['retention_cpu_s']} of {run_['server_cpu_s']} CPU s)" if ev else "-") + " |")
     lines.append("")
     return "\n".join(lines)
 

@@ -105,6 +105,12 @@ def records_size(data_dir: Path) -> dict:
             "largest_segment": max(segs, default=0), "largest_log": max(logs, default=0)}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> dict | None:
     """Resident memory in MB: all of it, its anonymous part (heaps: what a leak grows) and its file-backed part
     (pages of mapped files, shared libraries' code among them: polars' Parquet writer first touched at the first
@@ -250,7 +256,7 @@ def main() -> None:
         q = mp.get_context("spawn").Queue()
         load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate, total * 60, q,
                                                                    args.recent_reads or limits))
-        t0 = time.time()
+        t0, cpu0 = time.time(), {p: cpu_s(p) for p in pids}
         load.start()
         samples = []  # (seconds since start, {pid: rss MB})
         sizes = []  # (seconds since start, records_size)
@@ -264,6 +270,7 @@ def main() -> None:
             time.sleep(5)
         events, receipts, acknowledged = q.get()
         load.join()
+        server_cpu = round(sum(cpu_s(p) - cpu0[p] for p in pids), 2)  # the workers', over the load
         retention = check_retention(args, port, work, acknowledged, sizes) if limits else None
         t_load = min(e[0] for e in events)
         print(f"[soak] load done: {len(events)} requests; reading {args.reads} records by id", file=sys.stderr,
@@ -285,6 +292,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
     report["retention"] = retention
+    report["server_cpu_s"] = server_cpu
     (out / "soak.json").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
     (out / "soak.md").write_text(render(report))
     plot(samples, report, out / "soak.png")
@@ -320,6 +328,7 @@ def check_retention(args, port: int, work: Path, acknowledged: list[str], sizes:
             "must_keep": len(keep),
             "missing": sorted(keep - present)[:20], "n_missing": len(keep - present),
             "evicted": st["evicted"], "by_scenario": st["by_scenario"], "rounds": st["rounds"],
+            "retention_cpu_s": st["cpu_s"],
             "log_lines": lines, "final_size": final, "cap_bytes": cap,
             "max_total_bytes": max((s["total"] for _, s in sizes), default=0),
             "max_segment_bytes": max((s["largest_segment"] for _, s in sizes), default=0),
@@ -407,7 +416,8 @@ def render(r: dict) -> str:
                   f"{ret['acknowledged']:,} records acknowledged, {ret['stored']:,} still stored; the policy keeps "
                   f"{ret['must_keep']:,} of them: **{ret['n_missing']} missing**.",
                   f"Evicted (/reef/status): {ev['segments']} segments deleted, {ev['rewritten']} rewritten, "
-                  f"{ev['records']:,} records, {ev['bytes']:,} bytes in {ret['rounds']} rounds; the server logged "
+                  f"{ev['records']:,} records, {ev['bytes']:,} bytes in {ret['rounds']} rounds, which took "
+                  f"{ret['retention_cpu_s']} CPU seconds of the workers' {r['server_cpu_s']}; the server logged "
                   f"{ret['log_lines']} eviction lines.",
                   f"Records folder (segments + logs) at most {ret['max_total_bytes']:,} bytes in the samples, "
                   f"{ret['final_size']['total']:,} at the end; largest segment {ret['max_segment_bytes']:,} bytes"

@@ -13,7 +13,7 @@ still in a log waits for its roll) and in segment-sized units, oldest first:
 - A scenario's limits drop that scenario's part of a segment by the same rules, counted over its own records.
 - Pinned records stay whatever the limits say: those a learner still needs and those a release's lineage names
   (the Gateway says which; see docs/records.md). A segment whose records all go is deleted; one that keeps some
-  is rewritten without the others (reef_lab/records/store.py, `evict`).
+  is rewritten without the others (reef_lab/records/eviction.py, `evict`).
 
 `plan` is the pure decision (unit-tested on its own); `Retainer` runs it after every roll and on a timer.
 """
@@ -242,6 +242,7 @@ class Retainer:
         self.evicted = {"segments": 0, "rewritten": 0, "records": 0, "bytes": 0}
         self.by_scenario: dict[str, dict[str, int]] = {}
         self.rounds, self.last_round, self.last_error = 0, None, None
+        self.cpu_s = 0.0  # CPU time the rounds took, in the threads that ran them
         self._lock = threading.Lock()  # one round at a time (the thread's, or a caller's `run_round`)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -274,7 +275,7 @@ class Retainer:
     def run_round(self) -> dict:
         """One round: plan, fence, pin, evict segment by segment. Returns what it did."""
         with self._lock:
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.thread_time()
             now = self.clock()
             min_age = self._min_age()
             if min_age is not None:  # a slow log would keep its records past max_age: roll it once they are due
@@ -301,6 +302,7 @@ class Retainer:
                 finally:
                     self.store.unfence()
             self.rounds += 1
+            self.cpu_s += time.thread_time() - cpu
             self.last_round = {"at": now, "seconds": round(time.monotonic() - started, 3), **done}
             return self.last_round
 
@@ -323,6 +325,7 @@ class Retainer:
     def status(self) -> dict:
         return {"policy": self.config.describe(), "evicted": dict(self.evicted),
                 "by_scenario": {k: dict(v) for k, v in self.by_scenario.items()}, "rounds": self.rounds,
+                "cpu_s": round(self.cpu_s, 3),
                 "last_round": self.last_round, "last_error": self.last_error}
 
     def close(self) -> None:
