@@ -168,7 +168,8 @@ def plot(r: dict, path: Path) -> None:
     a.set(xlabel="minutes", ylabel="records folder (segments + logs), MB", title="size under load")
     a.legend()
     names = list(r["ratios_on_over_off"])
-    b.bar(names, [r["summary"][k]["mean"] for k in names], color="tab:green")
+    b.bar([k.replace("server CPU per request", "CPU/request") for k in names],
+          [r["summary"][k]["mean"] for k in names], color="tab:green")
     for i, k in enumerate(names):
         b.plot([i] * len(r["ratios_on_over_off"][k]), r["ratios_on_over_off"][k], "k.")
     b.axhline(1.0, color="grey", ls=":")
