@@ -17,9 +17,10 @@ from typing import Callable, Iterable, Iterator
 import orjson
 
 from reef_lab.engines.base import ChatRequest, Generation, SamplingParams
+from reef_lab.engines.tools import ToolCall, ToolCallParser, ToolUse, parse_turn
 from reef_lab.errors import BadRequest
-
-OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC = "openai.chat", "openai.responses", "anthropic.messages"
+from reef_lab.gateway import tools
+from reef_lab.gateway.tools import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
 
 def sse(data: dict | str, event: str | None = None) -> bytes:
@@ -72,12 +73,6 @@ def _stop_list(v, key: str) -> list[str]:
     raise BadRequest(f"'{key}' must be a string or a list of at most 16 strings")
 
 
-def _no_tools(body: dict) -> None:
-    if body.get("tools"):
-        raise BadRequest("'tools' are not supported by the embedded model; serve a tool-calling model with "
-                         "--upstream-url, or send the request without tools")
-
-
 def _check_object(body) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -89,13 +84,19 @@ def parse_openai_chat(body: dict) -> ChatRequest:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-    _no_tools(body)
-    out = []
+    tool_use = tools.read_tool_use(body, OPENAI_CHAT)
+    h = tools.History()
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise BadRequest(f"messages[{i}].role must be one of system, developer, user, assistant")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text_of(m.get("content"), f"messages[{i}]")})
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"{where}.role must be one of system, developer, user, assistant, tool")
+        if m["role"] == "tool":
+            h.result(f"{where}.tool_call_id", m.get("tool_call_id"), _text_of(m.get("content"), where))
+        elif m["role"] == "assistant":
+            h.assistant(_text_of(m.get("content"), where), tools.chat_tool_calls(h, m, where))
+        else:
+            role = "system" if m["role"] == "developer" else m["role"]
+            h.messages.append({"role": role, "content": _text_of(m.get("content"), where)})
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     params = SamplingParams(
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 1, 32768, 256, integer=True),
@@ -106,63 +107,77 @@ def parse_openai_chat(body: dict) -> ChatRequest:
     )
     if _number(body, "n", 1, 1, 1, integer=True) != 1:
         raise BadRequest("'n' must be 1")
-    return ChatRequest(out, params)
+    return ChatRequest(h.messages, params, tool_use=tool_use)
 
 
 def parse_openai_responses(body: dict) -> ChatRequest:
     _check_object(body)
-    _no_tools(body)
-    out = []
+    tool_use = tools.read_tool_use(body, OPENAI_RESPONSES)
+    h = tools.History()
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
             raise BadRequest("'instructions' must be a string")
-        out.append({"role": "system", "content": body["instructions"]})
+        h.messages.append({"role": "system", "content": body["instructions"]})
     inp = body.get("input")
     if isinstance(inp, str):
-        out.append({"role": "user", "content": inp})
+        h.messages.append({"role": "user", "content": inp})
     elif isinstance(inp, list) and inp:
         for i, item in enumerate(inp):
-            if not isinstance(item, dict) or item.get("type", "message") != "message":
-                raise BadRequest(f"input[{i}]: only message items are supported by the embedded model")
-            role = item.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
-                raise BadRequest(f"input[{i}].role must be one of system, developer, user, assistant")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text_of(item.get("content"), f"input[{i}]")})
+            where = f"input[{i}]"
+            kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind == "function_call":
+                args = tools.arguments_of(item.get("arguments"), f"{where}.arguments")
+                h.assistant("", [h.call(where, item.get("call_id"), item.get("name"), args, "call_id")], join=True)
+            elif kind == "function_call_output":
+                h.result(f"{where}.call_id", item.get("call_id"), _text_of(item.get("output"), f"{where}.output"))
+            elif kind != "message":
+                raise BadRequest(f"{where}: only message, function_call and function_call_output items are supported "
+                                 "by this engine")
+            elif item.get("role") not in ("system", "developer", "user", "assistant"):
+                raise BadRequest(f"{where}.role must be one of system, developer, user, assistant")
+            else:
+                role = item["role"]
+                h.messages.append({"role": "system" if role == "developer" else role,
+                                   "content": _text_of(item.get("content"), where)})
     else:
-        raise BadRequest("'input' must be a string or a non-empty list of message items")
+        raise BadRequest("'input' must be a string or a non-empty list of input items")
     params = SamplingParams(
         max_tokens=_number(body, "max_output_tokens", 1, 32768, 256, integer=True),
         temperature=_number(body, "temperature", 0, 2, 1.0),
         top_p=_number(body, "top_p", 0, 1, 1.0),
         seed=_number(body, "seed", -2**63, 2**63 - 1, None, integer=True),
     )
-    return ChatRequest(out, params)
+    return ChatRequest(h.messages, params, tool_use=tool_use)
 
 
 def parse_anthropic(body: dict) -> ChatRequest:
     _check_object(body)
-    _no_tools(body)
     if body.get("max_tokens") is None:
         raise BadRequest("'max_tokens' is required")
-    out = []
+    tool_use = tools.read_tool_use(body, ANTHROPIC)
+    h = tools.History()
     system = body.get("system")
     if system is not None:
-        out.append({"role": "system", "content": _text_of(system, "system")})
+        h.messages.append({"role": "system", "content": _text_of(system, "system")})
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise BadRequest(f"messages[{i}].role must be 'user' or 'assistant'")
-        out.append({"role": m["role"], "content": _text_of(m.get("content"), f"messages[{i}]")})
+        content = m.get("content")
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")
+                                             for b in content):
+            tools.anthropic_blocks(h, m["role"], content, f"messages[{i}]", _text_of)
+        else:
+            h.messages.append({"role": m["role"], "content": _text_of(content, f"messages[{i}]")})
     params = SamplingParams(
         max_tokens=_number(body, "max_tokens", 1, 32768, 256, integer=True),
         temperature=_number(body, "temperature", 0, 1, 1.0),
         top_p=_number(body, "top_p", 0, 1, 1.0),
         stop=_stop_list(body.get("stop_sequences"), "stop_sequences"),
     )
-    return ChatRequest(out, params)
+    return ChatRequest(h.messages, params, tool_use=tool_use)
 
 
 def parse_count_tokens(body: dict) -> list[dict]:
@@ -179,38 +194,105 @@ def new_response_id(dialect: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
+def call_id(dialect: str, rid: str, index: int) -> str:
+    """The id of an answer's `index`-th tool call, derived from the response id so that a stream and the record
+    (rendered once the stream ends) name each call alike."""
+    return ("toolu_" if dialect == ANTHROPIC else "call_") + rid[-24:] + f"{index:02d}"
+
+
 def _usage(gen: Generation) -> tuple[int, int]:
     return len(gen.prompt_token_ids), len(gen.token_ids)
 
 
-def render(dialect: str, gen: Generation, model: str, rid: str, created: int) -> dict:
+def _answer(gen: Generation, tool_use: ToolUse | None) -> str:
+    """The assistant turn's text: the tool-choice prefill the prompt ended with, then what was generated."""
+    return (tool_use.prefill() if tool_use else "") + gen.text
+
+
+def render(dialect: str, gen: Generation, model: str, rid: str, created: int,
+           tool_use: ToolUse | None = None) -> dict:
+    """The provider's response object. With tools, the text is parsed for calls (reef_lab/engines/tools.py)."""
     p, c = _usage(gen)
+    turn = parse_turn(tool_use, _answer(gen, tool_use))
+    calls = turn.calls
     if dialect == OPENAI_CHAT:
+        texts = turn.texts
+        msg = {"role": "assistant", "content": "\n".join(texts) if texts else (None if calls else ""),
+               "refusal": None}
+        if calls:
+            msg["tool_calls"] = [{"id": call_id(dialect, rid, tc.index), "type": "function",
+                                  "function": {"name": tc.name, "arguments": tc.arguments_json()}} for tc in calls]
         return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text, "refusal": None},
-                             "logprobs": None, "finish_reason": gen.finish_reason}],
+                "choices": [{"index": 0, "message": msg, "logprobs": None,
+                             "finish_reason": "tool_calls" if calls else gen.finish_reason}],
                 "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
     if dialect == OPENAI_RESPONSES:
-        return _responses_object(rid, model, created, "completed", gen.text, (p, c),
-                                 incomplete=gen.finish_reason == "length")
-    stop_reason = {"length": "max_tokens"}.get(gen.finish_reason,
-                                               "stop_sequence" if gen.stop_sequence else "end_turn")
+        output, m = [], 0
+        for part in turn.parts:
+            if isinstance(part, str):
+                output.append(_responses_message(_message_id(rid, m), part, "completed"))
+                m += 1
+            else:
+                output.append(_function_call_item(rid, part, "completed"))
+        return _responses_object(rid, model, created, "completed",
+                                 output or [_responses_message(_message_id(rid, 0), "", "completed")], (p, c),
+                                 incomplete=gen.finish_reason == "length" and not calls, tool_use=tool_use)
+    content = [{"type": "text", "text": part} if isinstance(part, str) else _tool_use_block(rid, part)
+               for part in turn.parts]
     return {"id": rid, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": gen.text}], "stop_reason": stop_reason,
+            "content": content or [{"type": "text", "text": ""}], "stop_reason": _stop_reason(gen, bool(calls)),
             "stop_sequence": gen.stop_sequence, "usage": {"input_tokens": p, "output_tokens": c}}
 
 
-def _responses_message(rid: str, text: str, status: str) -> dict:
-    return {"type": "message", "id": "msg_" + rid[5:], "status": status, "role": "assistant",
+def tool_record(dialect: str, gen: Generation, rid: str, tool_use: ToolUse | None) -> dict | None:
+    """What a record keeps of a tool-using answer (its `metadata`), so learning reads the calls without parsing:
+    the calls with their ids, the `<tool_call>`s that did not parse (kept in the text) and why, calls dropped with
+    parallel calls off, and the prefill the prompt ended with (in prompt_token_ids, not generated). None without
+    tools."""
+    if tool_use is None:
+        return None
+    turn = parse_turn(tool_use, _answer(gen, tool_use))
+    out: dict = {"tool_calls": [{"id": call_id(dialect, rid, tc.index), "name": tc.name, "arguments": tc.arguments}
+                                for tc in turn.calls]}
+    if turn.errors:
+        out["tool_call_errors"] = turn.errors
+    if turn.dropped:
+        out["tool_calls_dropped"] = [{"name": tc.name, "arguments": tc.arguments} for tc in turn.dropped]
+    if tool_use.prefill():
+        out["prefill"] = tool_use.prefill()
+    return out
+
+
+def _stop_reason(gen: Generation, called: bool) -> str:
+    if called:
+        return "tool_use"
+    return {"length": "max_tokens"}.get(gen.finish_reason, "stop_sequence" if gen.stop_sequence else "end_turn")
+
+
+def _tool_use_block(rid: str, tc: ToolCall) -> dict:
+    return {"type": "tool_use", "id": call_id(ANTHROPIC, rid, tc.index), "name": tc.name, "input": tc.arguments}
+
+
+def _message_id(rid: str, n: int) -> str:
+    return "msg_" + rid[5:] + (f"_{n}" if n else "")
+
+
+def _responses_message(item_id: str, text: str, status: str) -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def _responses_object(rid, model, created, status, text, usage, incomplete=False) -> dict:
-    output = [] if text is None else [_responses_message(rid, text, "completed")]
+def _function_call_item(rid: str, tc: ToolCall, status: str) -> dict:
+    return {"type": "function_call", "id": f"fc_{rid[5:]}_{tc.index}", "call_id": call_id(OPENAI_RESPONSES, rid, tc.index),
+            "name": tc.name, "arguments": tc.arguments_json() if status == "completed" else "", "status": status}
+
+
+def _responses_object(rid, model, created, status, output, usage, incomplete=False, tool_use=None) -> dict:
     obj = {"id": rid, "object": "response", "created_at": created, "model": model, "output": output,
            "status": "incomplete" if incomplete else status, "error": None,
            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-           "parallel_tool_calls": False, "tool_choice": "auto", "tools": [], "instructions": None,
+           "parallel_tool_calls": tool_use.parallel if tool_use else False,
+           "tool_choice": _responses_choice(tool_use), "tools": _responses_tools(tool_use), "instructions": None,
            "metadata": {}, "temperature": None, "top_p": None}
     if usage is not None:
         p, c = usage
@@ -220,26 +302,66 @@ def _responses_object(rid, model, created, status, text, usage, incomplete=False
     return obj
 
 
+def _responses_tools(tool_use: ToolUse | None) -> list[dict]:
+    """The request's tools as a Responses object lists them (`strict` false: schemas are not enforced)."""
+    return [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description"),
+             "parameters": t["function"]["parameters"], "strict": False} for t in (tool_use.tools if tool_use else [])]
+
+
+def _responses_choice(tool_use: ToolUse | None):
+    if tool_use is None:
+        return "auto"
+    if tool_use.choice == "function":
+        return {"type": "function", "name": tool_use.function}
+    return tool_use.choice
+
+
 # ---- streaming a Generation -----------------------------------------------------------------------------------
 def stream(dialect: str, deltas: Iterable[str], finish: Callable[[], tuple[Generation, str]], model: str,
-           rid: str, created: int, prompt_tokens: int = 0) -> Iterator[bytes]:
+           rid: str, created: int, prompt_tokens: int = 0, tool_use: ToolUse | None = None) -> Iterator[bytes]:
     """Server-sent events for a generation. `finish()` runs after the last delta: it returns the Generation and
-    the receipt of its record (written durably by then), which rides in the final event."""
+    the receipt of its record (written durably by then), which rides in the final event. With tools, text is held
+    back while it may be the start of a `<tool_call>`, and a call is streamed once it is complete and parses."""
+    parts = _parts(deltas, tool_use)
     if dialect == ANTHROPIC:
-        return _stream_anthropic(deltas, finish, model, rid, created, prompt_tokens)
+        return _stream_anthropic(parts, finish, model, rid, created, prompt_tokens, tool_use)
     fn = {OPENAI_CHAT: _stream_chat, OPENAI_RESPONSES: _stream_responses}[dialect]
-    return fn(deltas, finish, model, rid, created)
+    return fn(parts, finish, model, rid, created, tool_use)
 
 
-def _stream_chat(deltas, finish, model, rid, created):
+def _parts(deltas: Iterable[str], tool_use: ToolUse | None) -> Iterator[str | ToolCall]:
+    parser = ToolCallParser(tool_use)
+    if tool_use is not None and tool_use.prefill():
+        yield from parser.feed(tool_use.prefill())
+    for d in deltas:
+        yield from parser.feed(d)
+    yield from parser.close()
+
+
+def _pieces(text: str, size: int = 32) -> list[str]:
+    """A call's arguments in several deltas, as providers stream them."""
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _stream_chat(parts, finish, model, rid, created, tool_use):
     def chunk(delta, finish_reason=None):
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
     yield sse(chunk({"role": "assistant", "content": ""}))
-    for d in deltas:
-        yield sse(chunk({"content": d}))
+    calls, texted, separate = 0, False, False
+    for part in parts:
+        if isinstance(part, str):  # text segments around calls are joined by a newline, as render joins them
+            yield sse(chunk({"content": ("\n" if separate else "") + part}))
+            texted, separate = True, False
+            continue
+        head = {"index": part.index, "id": call_id(OPENAI_CHAT, rid, part.index), "type": "function",
+                "function": {"name": part.name, "arguments": ""}}
+        yield sse(chunk({"tool_calls": [head]}))
+        for piece in _pieces(part.arguments_json()):
+            yield sse(chunk({"tool_calls": [{"index": part.index, "function": {"arguments": piece}}]}))
+        calls, separate = calls + 1, texted
     gen, receipt = finish()
-    yield sse(chunk({}, gen.finish_reason))
+    yield sse(chunk({}, "tool_calls" if calls else gen.finish_reason))
     p, c = _usage(gen)
     yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
@@ -247,18 +369,43 @@ def _stream_chat(deltas, finish, model, rid, created):
     yield b"data: [DONE]\n\n"
 
 
-def _stream_anthropic(deltas, finish, model, rid, created, prompt_tokens):
+def _stream_anthropic(parts, finish, model, rid, created, prompt_tokens, tool_use):
+    def block_start(index, block):
+        return sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
+
+    def block_stop(index):
+        return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+
+    def block_delta(index, delta):
+        return sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
     yield sse({"type": "message_start", "message": {
         "id": rid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
         "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}}, "message_start")
-    yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-              "content_block_start")
-    for d in deltas:
-        yield sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}},
-                  "content_block_delta")
+    index, text_open = -1, False
+    if tool_use is None:  # without tools the text block opens at once, as it always did
+        index, text_open = 0, True
+        yield block_start(0, {"type": "text", "text": ""})
+    for part in parts:
+        if isinstance(part, str):
+            if not text_open:
+                index, text_open = index + 1, True
+                yield block_start(index, {"type": "text", "text": ""})
+            yield block_delta(index, {"type": "text_delta", "text": part})
+            continue
+        if text_open:
+            yield block_stop(index)
+        index, text_open = index + 1, False
+        yield block_start(index, {**_tool_use_block(rid, part), "input": {}})
+        for piece in _pieces(part.arguments_json()):
+            yield block_delta(index, {"type": "input_json_delta", "partial_json": piece})
+        yield block_stop(index)
     gen, receipt = finish()
-    final = render(ANTHROPIC, gen, model, rid, created)
-    yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+    final = render(ANTHROPIC, gen, model, rid, created, tool_use)
+    if index < 0:  # nothing at all was generated: one empty text block, as the rendered answer has
+        index, text_open = 0, True
+        yield block_start(0, {"type": "text", "text": ""})
+    if text_open:
+        yield block_stop(index)
     yield sse({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
                                                   "stop_sequence": final["stop_sequence"]},
                "usage": final["usage"]}, "message_delta")
@@ -266,28 +413,61 @@ def _stream_anthropic(deltas, finish, model, rid, created, prompt_tokens):
               "message_stop")
 
 
-def _stream_responses(deltas, finish, model, rid, created):
+def _stream_responses(parts, finish, model, rid, created, tool_use):
     seq = iter(range(1 << 30))
-    msg_id = "msg_" + rid[5:]
 
     def ev(kind, **fields):
         return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
-    yield ev("response.created", response=_responses_object(rid, model, created, "in_progress", None, None))
-    yield ev("response.in_progress", response=_responses_object(rid, model, created, "in_progress", None, None))
-    item = {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}
-    yield ev("response.output_item.added", output_index=0, item=item)
-    part = {"type": "output_text", "text": "", "annotations": []}
-    yield ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part)
-    for d in deltas:
-        yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=d,
-                 logprobs=[])
+    head = _responses_object(rid, model, created, "in_progress", [], None, tool_use=tool_use)
+    yield ev("response.created", response=head)
+    yield ev("response.in_progress", response=head)
+    index, messages, open_msg = -1, 0, None  # open_msg: [item id, output index, text so far]
+    part0 = {"type": "output_text", "text": "", "annotations": []}
+
+    def open_message():
+        nonlocal index, messages, open_msg
+        index, messages = index + 1, messages + 1
+        open_msg = [_message_id(rid, messages - 1), index, []]
+        item = {"type": "message", "id": open_msg[0], "status": "in_progress", "role": "assistant", "content": []}
+        return [ev("response.output_item.added", output_index=index, item=item),
+                ev("response.content_part.added", item_id=open_msg[0], output_index=index, content_index=0,
+                   part=part0)]
+
+    def close_message():
+        nonlocal open_msg
+        mid, i, text = open_msg[0], open_msg[1], "".join(open_msg[2])
+        open_msg = None
+        return [ev("response.output_text.done", item_id=mid, output_index=i, content_index=0, text=text, logprobs=[]),
+                ev("response.content_part.done", item_id=mid, output_index=i, content_index=0,
+                   part={**part0, "text": text}),
+                ev("response.output_item.done", output_index=i, item=_responses_message(mid, text, "completed"))]
+    if tool_use is None:  # without tools the message item opens at once, as it always did
+        yield from open_message()
+    for part in parts:
+        if isinstance(part, str):
+            if open_msg is None:
+                yield from open_message()
+            open_msg[2].append(part)
+            yield ev("response.output_text.delta", item_id=open_msg[0], output_index=open_msg[1], content_index=0,
+                     delta=part, logprobs=[])
+            continue
+        if open_msg is not None:
+            yield from close_message()
+        index += 1
+        item = _function_call_item(rid, part, "in_progress")
+        yield ev("response.output_item.added", output_index=index, item=item)
+        args = part.arguments_json()
+        for piece in _pieces(args):
+            yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=piece)
+        yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index, name=part.name,
+                 arguments=args)
+        yield ev("response.output_item.done", output_index=index, item=_function_call_item(rid, part, "completed"))
     gen, receipt = finish()
-    yield ev("response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=gen.text,
-             logprobs=[])
-    yield ev("response.content_part.done", item_id=msg_id, output_index=0, content_index=0,
-             part={**part, "text": gen.text})
-    yield ev("response.output_item.done", output_index=0, item=_responses_message(rid, gen.text, "completed"))
-    final = render(OPENAI_RESPONSES, gen, model, rid, created)
+    if index < 0:
+        yield from open_message()
+    if open_msg is not None:
+        yield from close_message()
+    final = render(OPENAI_RESPONSES, gen, model, rid, created, tool_use)
     kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     yield ev(kind, response=final, reef={"agent_record_id": receipt, "release_id": gen.release_id})
 
