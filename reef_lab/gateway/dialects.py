@@ -217,8 +217,8 @@ def render(dialect: str, gen: Generation, model: str, rid: str, created: int,
     calls = turn.calls
     if dialect == OPENAI_CHAT:
         texts = turn.texts
-        msg = {"role": "assistant", "content": "\n".join(texts) if texts else (None if calls else ""),
-               "refusal": None}
+        empty = None if tool_use is not None else ""  # with tools, null as the stream starts it
+        msg = {"role": "assistant", "content": "\n".join(texts) if texts else empty, "refusal": None}
         if calls:
             msg["tool_calls"] = [{"id": call_id(dialect, rid, tc.index), "type": "function",
                                   "function": {"name": tc.name, "arguments": tc.arguments_json()}} for tc in calls]
@@ -347,7 +347,8 @@ def _stream_chat(parts, finish, model, rid, created, tool_use):
     def chunk(delta, finish_reason=None):
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-    yield sse(chunk({"role": "assistant", "content": ""}))
+    # with tools the content starts null, as OpenAI's does for answers that may be only calls (render's null)
+    yield sse(chunk({"role": "assistant", "content": None if tool_use is not None else ""}))
     calls, texted, separate = 0, False, False
     for part in parts:
         if isinstance(part, str):  # text segments around calls are joined by a newline, as render joins them
