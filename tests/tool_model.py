@@ -27,6 +27,10 @@ def call(city: str) -> str:
     return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>' % city
 
 
+# A prompt where SmolLM2-135M (greedy) reliably writes a valid call (docs/tools.md: what it does)
+COPY = "Reply with exactly this text and nothing else:\n" + call("Paris")
+
+
 def result_turn(call_id: str = "c1") -> list[dict]:
     """The conversation after the Paris call was answered (ids are not in the prompt, so any id works)."""
     return [{"role": "user", "content": "Weather in Paris?"},
