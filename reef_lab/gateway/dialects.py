@@ -2,7 +2,9 @@
 
 Each dialect parses its request body into a `ChatRequest` for engines that generate (the embedded model), renders
 a `Generation` back into the provider's response object, streams it as the provider's server-sent events, and
-accumulates a relayed stream back into one response object for the record. The receipt rides in the final event
+accumulates a relayed stream back into one response object for the record. Tool calls: the requests' tool fields are
+read by tools.py, generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are rendered and
+streamed here in each dialect's shape (docs/tools.md). The receipt rides in the final event
 of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on
 `message_stop`; responses: on `response.completed`).
 """
