@@ -153,6 +153,10 @@ def test_tool_template_choice(tokenizer, tmp_path):
         ChatTokenizer(tokenizer, 2, "model")
     with pytest.raises(ValueError, match="is not a file"):
         ChatTokenizer(tokenizer, 2, str(tmp_path / "missing.jinja"))
+    from reef_lab.config import ServeConfig  # the --tool-template flag: checked at start
+    assert ServeConfig(tool_template=str(path)).tool_template == str(path)
+    with pytest.raises(ValueError, match="tool_template must be auto, model or a Jinja template file"):
+        ServeConfig(tool_template=str(tmp_path / "missing.jinja"))
 
 
 # ---- the dialects' requests ---------------------------------------------------------------------------------------
