@@ -72,6 +72,10 @@ class ServeConfig:
     model_path: str | None = field(default=None, metadata={
         "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
                 "default SmolLM2-135M-Instruct"})
+    tool_template: str = field(default="auto", metadata={
+        "help": "chat template of requests with tools (embedded, vllm, sglang engines): auto (the model's own when it "
+                "renders tools, else reef_lab/engines/templates/tool_call.jinja, Hermes-style <tool_call>), model (the "
+                "model's own, which must render tools) or a Jinja file; see docs/tools.md"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
         "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
@@ -147,6 +151,9 @@ class ServeConfig:
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
+        if self.tool_template not in ("auto", "model") and not Path(self.tool_template).is_file():
+            raise ValueError(f"tool_template must be auto, model or a Jinja template file; {self.tool_template!r} is "
+                             "not a file")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
         self.engine_settings()
         if self.wandb_mode not in (None, "offline", "online", "disabled"):

@@ -213,10 +213,11 @@ class Gateway:
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
                 raise err from e
-            resp = dialects.render(dialect, gen, model, rid, created)
+            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                         logprobs=gen.logprobs)
+                                         logprobs=gen.logprobs,
+                                         metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
             return gen, rec.id, resp
 
@@ -236,7 +237,7 @@ class Gateway:
             try:
                 prompt_tokens = len(handle.prompt_ids)
                 yield from dialects.stream(dialect, deltas(), lambda: finish()[:2], model, rid, created,
-                                           prompt_tokens)
+                                           prompt_tokens, req.tool_use)
                 done = True
             except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
                 done = True
