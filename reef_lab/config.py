@@ -20,6 +20,7 @@ from reef_lab.engines.upstream import UPSTREAM_DIALECTS
 from reef_lab.errors import ReefError
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.plugins import code_paths
+from reef_lab.records.retention import RetentionConfig, RetentionPolicy
 
 
 @dataclass
@@ -71,6 +72,10 @@ class ServeConfig:
     model_path: str | None = field(default=None, metadata={
         "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
                 "default SmolLM2-135M-Instruct"})
+    tool_template: str = field(default="auto", metadata={
+        "help": "chat template of requests with tools (embedded, vllm, sglang engines): auto (the model's own when it "
+                "renders tools, else reef_lab/engines/templates/tool_call.jinja, Hermes-style <tool_call>), model (the "
+                "model's own, which must render tools) or a Jinja file; see docs/tools.md"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
         "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
@@ -106,6 +111,27 @@ class ServeConfig:
         "help": "largest POST /reef/records/batch body, in MB (413 beyond)"})
     max_json_depth: int = field(default=64, metadata={
         "help": "deepest nesting of objects and arrays a JSON body may have (400 beyond)"})
+    retain_max_bytes: str | None = field(default=None, metadata={
+        "help": "keep the data dir's records (Parquet segments and logs) under this size, e.g. 20GB: a rolled "
+                "segment is evicted once the records newer than it hold this much (so the limit is exceeded by "
+                "less than one segment or log per worker writing logs, plus records learners or release lineage "
+                "still need; docs/records.md#retention); default: no limit"})
+    retain_max_age: str | None = field(default=None, metadata={
+        "help": "evict rolled records once older than this, e.g. 30d or 12h (a segment goes when its newest record "
+                "is that old); default: no limit"})
+    retain_max_records: int | None = field(default=None, metadata={
+        "help": "keep at least the newest this many records and evict older rolled segments beyond it; default: "
+                "no limit"})
+    retain_scenarios: str | None = field(default=None, metadata={
+        "help": "tighter limits for some scenarios: a YAML/JSON mapping (inline or a file) of scenario names or "
+                "fnmatch patterns to {max_bytes, max_age, max_records}, e.g. '{\"eval-*\": {max_age: 1d}}'; they "
+                "evict only that scenario's records and never keep any past the data dir's limits"})
+    retain_interval: float = field(default=60.0, metadata={
+        "help": "seconds between retention rounds (one also runs after every roll into Parquet)"})
+    roll_records: int = field(default=20_000, metadata={
+        "help": "records per log before it is rolled into a Parquet segment (the unit retention evicts)"})
+    roll_mb: float = field(default=64.0, metadata={
+        "help": "MB of log before it is rolled into a Parquet segment, whichever of the two comes first"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -125,6 +151,9 @@ class ServeConfig:
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
+        if self.tool_template not in ("auto", "model") and not Path(self.tool_template).is_file():
+            raise ValueError(f"tool_template must be auto, model or a Jinja template file; {self.tool_template!r} is "
+                             "not a file")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
         self.engine_settings()
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
@@ -150,6 +179,12 @@ class ServeConfig:
                              f"the JSON writer stops at 254), got {self.max_json_depth}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
+        if not 1 <= self.retain_interval <= 86_400:
+            raise ValueError(f"retain_interval must be 1..86400 seconds, got {self.retain_interval}")
+        if self.roll_records < 1 or not 0 < self.roll_mb <= 4096:
+            raise ValueError(f"roll_records must be at least 1 and roll_mb in (0, 4096], got {self.roll_records} "
+                             f"and {self.roll_mb}")
+        self.retention_config()  # a bad size, duration or override is refused at start
 
     def engine_name(self) -> str:
         return self.engine or ("upstream" if self.upstream_url else "embedded")
@@ -166,6 +201,16 @@ class ServeConfig:
     def recipe_settings(self) -> dict:
         """The recipe config as a mapping."""
         return _mapping(self.recipe_config, "recipe_config", "the recipe's config fields")
+
+    def retention_config(self) -> RetentionConfig:
+        """The operator's retention: the data dir's limits and the per-scenario ones (none: keep everything)."""
+        policy = RetentionPolicy.parse(self.retain_max_bytes, self.retain_max_age, self.retain_max_records,
+                                       where="retain_")
+        return RetentionConfig.from_mapping(policy, _mapping(self.retain_scenarios, "retain_scenarios",
+                                                             "scenario names to limits"), self.retain_interval)
+
+    def roll_bytes(self) -> int:
+        return int(self.roll_mb * (1 << 20))
 
     def allowed_recipe_list(self) -> list[str]:
         return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
@@ -369,9 +414,10 @@ def describe_config(cfg: ServeConfig, recipe_config) -> str:
             out.append("recipe_config:" + ("" if recipe_config is not None else " null"))
             if recipe_config is not None:
                 out += _describe(recipe_config, "  ")
-        elif f.name == "engine_options":
+        elif f.name in ("engine_options", "retain_scenarios"):
             out.append(f"# {f.metadata['help']}")
-            out.append(f"engine_options: {_inline(cfg.engine_settings() or None)}")
+            value = cfg.engine_settings() if f.name == "engine_options" else _mapping(cfg.retain_scenarios, f.name, "")
+            out.append(f"{f.name}: {_inline(value or None)}")
         else:
             out.append(f"# {f.metadata['help']}")
             out.append(f"{f.name}: {_inline(getattr(cfg, f.name))}")

@@ -64,7 +64,10 @@ for option in "$@"; do
         # shellcheck disable=SC2086 # one word per package
         npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact $packages
         echo "$packages" > "$astamp"
-      fi ;;
+      fi
+      # The OpenAI Agents SDK (the `agents` extra) for the Agents SDK tool loops in tests/test_tool_agents.py.
+      .venv/bin/python -c "import agents" 2>/dev/null \
+        || .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,agents]' ;;
     *) echo "setup.sh: unknown option $option (known: --vllm, --browser, --agents)" >&2; exit 2 ;;
   esac
 done

@@ -45,7 +45,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
     tokens_b, limits = [t.encode() for t in tokens], limits_from(cfg)
     client = workers.PrimaryClient(cfg.data_dir, tokens_b, limits)
     client.wait_ready()
-    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
+    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes())
 
     def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
         return dialect is None or environ.get("REQUEST_METHOD") == "POST" and \

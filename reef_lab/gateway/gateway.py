@@ -8,6 +8,7 @@ before it is stored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -27,14 +28,15 @@ from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
 from reef_lab.publishing.hub import HubConfig, HubPublisher
 from reef_lab.engines.lm import make_lm
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
-from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe, \
-    shipped_recipes
+from reef_lab.learning.recipe import LearnContext, Recipe, RecordHolder, RecordOnly, ScenarioLearner, check_offered, \
+    load_recipe, shipped_recipes
 from reef_lab.publishing.releases import BASE, ReleaseStore
 from reef_lab.records.record import KINDS, Record, content_hash, new_record_id
 from reef_lab.gateway.scenarios import ScenarioRegistry, check_name
 from reef_lab.gateway.relay import RelayCall
 from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply  # noqa: F401 - re-exported
 from reef_lab.schema import check_client_fields
+from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
 
 log = logging.getLogger("reef_lab.gateway.gateway")
@@ -48,15 +50,19 @@ class Gateway:
 
     def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
-                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None):
+                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
+                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
         self.data_dir = Path(data_dir)
+        self.retainer: Retainer | None = None
+        self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
+        self._handoff_lock = threading.Lock()
         # What a scenario may use: the shipped folders and what the operator named (never a client's own path).
         self.offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
         self._errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self._check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start, not on a request
-        self.store = RecordStore(self.data_dir)
+        self.store = RecordStore(self.data_dir, roll_records, roll_bytes)
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
         self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
@@ -75,6 +81,9 @@ class Gateway:
             evolves = self.recipe(s.name).evolves
             if evolves == "harness" or (evolves == "weights" and self.store.ids(s.name, "report")):
                 self._start_learner(s.name)
+        if retention is not None and retention.active:  # after the learners: they hold what they replayed
+            self.retainer = Retainer(self.store, retention, self._retention_pins).start()
+            self.store.on_roll = self.retainer.wake
 
     def _check_engine_fits(self, recipe) -> None:
         if recipe.evolves == "weights" and not isinstance(self.engine, ReleaseHost):
@@ -216,10 +225,11 @@ class Gateway:
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
                 raise err from e
-            resp = dialects.render(dialect, gen, model, rid, created)
+            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                         logprobs=gen.logprobs)
+                                         logprobs=gen.logprobs,
+                                         metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
             return gen, rec.id, resp
 
@@ -239,7 +249,7 @@ class Gateway:
             try:
                 prompt_tokens = len(handle.prompt_ids)
                 yield from dialects.stream(dialect, deltas(), lambda: finish()[:2], model, rid, created,
-                                           prompt_tokens)
+                                           prompt_tokens, req.tool_use)
                 done = True
             except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
                 done = True
@@ -343,6 +353,7 @@ class Gateway:
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         refs = self._check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.recipe(name).validate_report(body)
@@ -351,10 +362,54 @@ class Gateway:
                      tags=tags or {})
         if chosen is not None:
             rec.content_hash = content_hash(rec)
-        created = self.store.append([rec])[0]
-        if created and refs and self.recipe(name).evolves != "nothing":
-            self._start_learner(name, rec.to_dict())
+        with self._handing_over([rec.id, *refs]):
+            created = self.store.append([rec], refs_checked_at=epoch)[0]
+            if created and refs and self.recipe(name).evolves != "nothing":
+                self._start_learner(name, rec.to_dict())
         return created, rec.id
+
+    @contextlib.contextmanager
+    def _handing_over(self, ids: list[str]):
+        """While a stored record is on its way to its learner, retention sees it (and its references) as held."""
+        if self.retainer is None:
+            yield
+            return
+        token = object()
+        with self._handoff_lock:
+            self._handoff[token] = tuple(ids)
+        try:
+            yield
+        finally:
+            with self._handoff_lock:
+                del self._handoff[token]
+
+    def _retention_pins(self) -> set[str]:
+        """The records retention keeps whatever its limits say (docs/records.md#retention), gathered in the order a
+        report moves on: being handed to its learner, held by the learner, named by a candidate's or release's
+        lineage; one that moves on while this runs is found at its next stop. A scenario whose learner does not
+        say what it holds (not a RecordHolder), or could not be built, keeps all its reports and what they
+        reference."""
+        with self._handoff_lock:
+            pinned = {rid for ids in self._handoff.values() for rid in ids}
+        with self._learn_lock:
+            learners = dict(self._learners)
+        unknown = []
+        for s in self.scenarios.list():
+            ln = learners.get(s.name)
+            if isinstance(ln, RecordHolder):
+                pinned |= ln.held_records()
+                continue
+            try:
+                learns = ln is not None or s.name in self._errors or self.recipe(s.name).evolves != "nothing"
+            except NotFound:  # deleted meanwhile: its records are hidden, nothing needs them
+                continue
+            if learns:
+                unknown.append(s.name)
+        if unknown:
+            pinned |= self.store.reports_and_references(unknown)
+        for name in self.releases.scenarios():
+            pinned |= self.releases.lineage_records(name)
+        return pinned
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def learner(self, name: str) -> ScenarioLearner:
@@ -425,8 +480,8 @@ class Gateway:
 
     def list_releases(self, name: str) -> dict:
         self.scenarios.get(name)
-        idx = self.releases.index(name)
-        serving = self.releases.serving(name)
+        idx = self.releases.index(name)  # read once: a release published in between would show as serving, unlisted
+        serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
                "hub_main": idx.get("hub_main")}
@@ -507,6 +562,7 @@ class Gateway:
         if len(items) > 10_000:
             raise BadRequest("at most 10000 records per batch; split the import")
         records, pending = [], {}
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
                 rec = self._import_one(item, default_scenario, pending)
@@ -516,10 +572,11 @@ class Gateway:
             pending[rec.id] = rec
         for rec in records:
             self.scenarios.ensure(rec.scenario)
-        created = self.store.append(records)
-        for rec, c in zip(records, created, strict=True):
-            if c and rec.kind in ("report", "train") and self.recipe(rec.scenario).evolves != "nothing":
-                self._start_learner(rec.scenario, rec.to_dict())
+        with self._handing_over([rid for r in records for rid in (r.id, *r.references)]):
+            created = self.store.append(records, refs_checked_at=epoch)
+            for rec, c in zip(records, created, strict=True):
+                if c and rec.kind in ("report", "train") and self.recipe(rec.scenario).evolves != "nothing":
+                    self._start_learner(rec.scenario, rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
@@ -643,7 +700,8 @@ class Gateway:
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": {n: ln.status() for n, ln in self._learners.items()},
                 "scenario_errors": dict(self._errors),
-                "hub": None if self.hub is None else self._hub_status()}
+                "hub": None if self.hub is None else self._hub_status(),
+                "retention": None if self.retainer is None else self.retainer.status()}
 
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
@@ -657,6 +715,8 @@ class Gateway:
         return {"repo": self.hub.config.repo, "queued": self.hub._jobs.unfinished_tasks, "scenarios": scenarios}
 
     def close(self, close_engine: bool = True) -> None:
+        if self.retainer is not None:
+            self.retainer.close()
         for ln in list(self._learners.values()):
             ln.close()
         if self.hub is not None:

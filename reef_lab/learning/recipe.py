@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -72,6 +73,17 @@ class ScenarioLearner(Protocol):
     def status(self) -> dict: ...
 
     def close(self) -> None: ...
+
+
+class RecordHolder(ABC):
+    """A learner that says which records it still needs: retention (reef_lab/records/retention.py) never evicts
+    them. Those are the reports (and `train` records) it was handed but has not learned from yet and the records
+    they reference, and what it has learned from but not yet named in a candidate's lineage. A learner that does
+    not derive from this class is assumed to need every report of its scenario and all they reference."""
+
+    @abstractmethod
+    def held_records(self) -> set[str]:
+        """Ids of the records this learner still needs (called from retention's thread)."""
 
 
 class Recipe(Protocol):
