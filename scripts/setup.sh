@@ -65,6 +65,12 @@ for option in "$@"; do
         npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact $packages
         echo "$packages" > "$astamp"
       fi
+      # Debian's shellcheck lints the harness install script in tests/test_harness_install.py.
+      if ! command -v shellcheck >/dev/null; then
+        echo "[setup] installing shellcheck (Debian package) for the install-script tests" >&2
+        sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+        $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq shellcheck >/dev/null
+      fi
       # The OpenAI Agents SDK (the `agents` extra) for the Agents SDK tool loops in tests/test_tool_agents.py.
       .venv/bin/python -c "import agents" 2>/dev/null \
         || .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,agents]' ;;
