@@ -107,6 +107,9 @@ def test_calculator_episode_verdicts():
     v = task.score_episode(item, ep.transcript)
     assert (v.score, v.correct, v.valid_calls, v.invalid_calls) == (1.0, True, 2, 0), v
     assert item["answer"] in ep.transcript[-1]["content"]
+    assert v.report(["rec_1", "rec_2"], item["id"]) == {
+        "score": 1.0, "feedback": v.feedback, "references": ["rec_1", "rec_2"],
+        "metadata": {"correct": True, "valid_calls": 2, "invalid_calls": 0, "item": item["id"]}}
 
     v = task.score_episode(item, task.run_episode(scripted_calculator_model(wrong_answer=True), item).transcript)
     assert v.score == 0.0 and not v.correct and "expected" in v.feedback
@@ -273,3 +276,24 @@ def test_bfcl_task_items_and_reply_scoring():
     assert "expected 2 call(s), got 0" in task.feedback(it, "I would play Taylor Swift.")
     with pytest.raises(ValueError, match="not one of"):
         make_task({"name": "bfcl", "options": {"categories": ["simple_java"]}})
+
+
+def test_an_episode_verdict_is_a_report_the_server_takes(proxy):
+    """A live client's path: two calls of its episode (here relayed to the stub provider), its transcript scored
+    by the task, the verdict posted as a report on both receipts."""
+    import requests
+
+    h = {"x-reef-scenario": "tools"}
+    receipts = []
+    for _ in range(2):
+        r = requests.post(proxy.url + "/v1/chat/completions", headers=h,
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        receipts.append(r.headers["x-reef-agent-record-id"])
+    task = calculator(forms=["a + b"])
+    item = task.items(1, seed=5)[0]
+    verdict = task.score_episode(item, task.run_episode(scripted_calculator_model(), item).transcript)
+    r = requests.post(proxy.url + "/reef/report", headers=h, json=verdict.report(receipts, item["id"]))
+    assert r.status_code == 200, r.text
+    stored = proxy.gateway.store.get(r.json()["agent_record_id"])
+    assert stored["score"] == 1.0 and stored["references"] == receipts
+    assert stored["metadata"]["valid_calls"] == 1 and stored["feedback"] == verdict.feedback

@@ -56,6 +56,13 @@ class EpisodeScore:
     feedback: str
     details: dict = field(default_factory=dict)
 
+    def report(self, references: list[str], item_id: str | None = None) -> dict:
+        """The body of POST /reef/report (or Gateway.report) on the episode's receipts: its score and feedback, the
+        counts in metadata."""
+        meta = {"correct": self.correct, "valid_calls": self.valid_calls, "invalid_calls": self.invalid_calls,
+                **({"item": item_id} if item_id else {})}
+        return {"score": self.score, "feedback": self.feedback, "references": list(references), "metadata": meta}
+
 
 # ---- tool calls: schemas, argument checks, the Hermes text form ---------------------------------------------------
 def function_tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
