@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="*", default=["bfcl", "calculator"], choices=["bfcl", "calculator"])
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--out", default="results/tool-tasks-base")
+    ap.add_argument("--append", action="store_true", help="keep the other tasks already in <out>.json")
     args = ap.parse_args()
 
     engine = EmbeddedEngine.from_path(args.model_path, max_batch=args.n)
@@ -47,6 +48,8 @@ def main() -> None:
     out = {"command": " ".join(["python"] + sys.argv), "model": engine.model_name, "n": args.n, "seed": args.seed,
            "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tasks": {}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    if args.append and Path(f"{args.out}.json").is_file():
+        out["tasks"] = json.loads(Path(f"{args.out}.json").read_text())["tasks"]
     try:
         for name in args.tasks:
             task = make_task({"name": name, **({"options": {"max_turns": args.max_turns}} if name == "calculator"
@@ -54,6 +57,7 @@ def main() -> None:
             started = time.perf_counter()
             result = evaluate_episodes(task, chat, task.items(args.n, args.seed), workers=args.n)
             result["wall_s"] = round(time.perf_counter() - started, 1)
+            result["command"] = out["command"]
             out["tasks"][name] = result
             print(f"{name}: accuracy {result['accuracy']:.3f}, tool calls {result['tool_calls']} "
                   f"(valid {result['valid_call_fraction']}), episodes with calls {result['episodes_with_calls']}"
@@ -80,10 +84,12 @@ def report(out: dict) -> str:
                             f"`{' '.join(text.split())[:200]}`")
     return f"""# Tool tasks: the base model (SmolLM2-135M-Instruct), before any training
 
-Command: `{out['command']}` (greedy, max_tokens {out['max_tokens']} per reply, at most {out['max_turns']} replies per
-calculator episode, items of seed {out['seed']}; tools in the prompt
-in the Hermes form, replies parsed for `<tool_call>` blocks: the embedded engine takes no `tools` yet).
-Every transcript and verdict: the `.json` beside this page.
+Greedy, max_tokens {out['max_tokens']} per reply, at most {out['max_turns']} replies per calculator episode, items of
+seed {out['seed']}; the tools in the system prompt in the Hermes form and the replies parsed for `<tool_call>`
+blocks (the embedded engine takes no `tools` yet). Every transcript and verdict: the `.json` beside this page.
+Commands (on 2 shared CPU cores, hence the wall times):
+
+{chr(10).join(sorted({f"    {r.get('command', out['command'])}" for r in out['tasks'].values()}))}
 
 | task | items | success | episodes with a tool call | tool calls | valid share | replies per episode | wall s |
 |---|---|---|---|---|---|---|---|
