@@ -117,9 +117,10 @@ class RequestStore:
             raise NotFound(f"change request {rid!r} not found")
         return orjson.loads(path.read_bytes())
 
-    def list(self, scenario: str | None = None) -> list[dict]:
+    def list(self, scenario: str | None = None, since: float = 0.0) -> list[dict]:
+        """Requests, oldest first: all, or one scenario's made since `since` (its creation time)."""
         out = [orjson.loads(p.read_bytes()) for p in sorted(self.dir.glob("req_*.json"))] if self.dir.exists() else []
-        out = [r for r in out if scenario is None or r["scenario"] == scenario]
+        out = [r for r in out if (scenario is None or r["scenario"] == scenario) and r["created_at"] >= since]
         return sorted(out, key=lambda r: r["created_at"])
 
     def create(self, scenario: str, body: dict) -> dict:
@@ -376,7 +377,8 @@ class ChangeRequests:
         self._queue: deque[str] = deque()
         self._cv = threading.Condition()
         self._stop = False
-        for req in self.store.list(scenario):  # a restart: unfinished requests go back in the queue
+        since = gateway.scenarios.get(scenario).since  # a deleted earlier scenario of this name keeps its requests
+        for req in self.store.list(scenario, since):  # a restart: unfinished requests go back in the queue
             if req["state"] in OPEN:
                 self.store.move(req, "queued", "queued again after a restart")
                 self._queue.append(req["id"])
@@ -403,7 +405,7 @@ class ChangeRequests:
 
     def promote(self, candidate: str) -> dict | None:
         """Release a candidate a request left for review; None when no request owns it."""
-        req = next((r for r in self.store.list(self.scenario)
+        req = next((r for r in self.store.list(self.scenario, self.gw.scenarios.get(self.scenario).since)
                     if r["state"] == "pending_review" and r["candidate"] == candidate), None)
         if req is None:
             return None

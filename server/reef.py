@@ -83,8 +83,8 @@ def get_request(request_id: str):
 def list_requests(name: str):
     from reef_lab.harness_requests import RequestStore
 
-    g.gateway.scenarios.get(name)
-    return json_response({"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name)})
+    since = g.gateway.scenarios.get(name).since
+    return json_response({"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)})
 
 
 @bp.get("/scenarios/<name>/releases")

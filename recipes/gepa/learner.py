@@ -66,8 +66,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()
         req_cfg = self.config.request_config()  # change requests in plain words: reef_lab/harness_requests.py
-        proposer = LazyLM(lambda: ctx.make_lm(req_cfg.proposer_lm)) if req_cfg.proposer_lm else LazyLM(
-            lambda: task_lm)
+        proposer = LazyLM(lambda: ctx.make_lm(req_cfg.proposer_lm))  # None: the deployment's model (its upstream)
         self.requests = ChangeRequests(scenario, self.gw, proposer, req_cfg, recipe.name, self._evaluate_request)
         self._start(f"reef-gepa-{scenario}")
 

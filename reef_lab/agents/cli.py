@@ -68,14 +68,20 @@ def http(method: str, url: str, body: dict | None = None, scenario: str | None =
 
 def call(method: str, url: str, body: dict | None = None, scenario: str | None = None) -> dict:
     status, data = http(method, url, body, scenario)
-    if status >= 400:
-        try:
-            msg = json.loads(data)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            msg = data[:300].decode(errors="replace")
-        hint = " (set REEF_TOKEN to the server's token)" if status == 401 else ""
-        raise Failed(f"{method} {url} answered {status}: {msg}{hint}")
+    check(status, data, method, url)
     return json.loads(data) if data else {}
+
+
+def check(status: int, data: bytes, method: str, url: str) -> None:
+    """Failed with the server's own message when it refused."""
+    if status < 400:
+        return
+    try:
+        msg = json.loads(data)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = data[:300].decode(errors="replace")
+    hint = " (set REEF_TOKEN to the server's token)" if status == 401 else ""
+    raise Failed(f"{method} {url} answered {status}: {msg}{hint}")
 
 
 # ---- the install on disk ----------------------------------------------------------------------------------------
@@ -177,9 +183,9 @@ def cmd_install(a, inst: Install, release_id: str | None = None) -> int:
     if not scenario:
         raise Failed("which scenario? give --scenario (or $REEF_SCENARIO)")
     query = {"adapter": inst.adapter, "scenario": scenario, **({"release_id": release_id} if release_id else {})}
-    status, script = http("GET", f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}")
-    if status != 200:
-        call("GET", f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}")  # raises with the message
+    where = f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}"
+    status, script = http("GET", where)
+    check(status, script, "GET", where)
     done = subprocess.run(["sh", "-s", "--", str(inst.root)], input=script)
     return done.returncode
 
