@@ -7,16 +7,15 @@ serve.py never leaves an orphan holding the port), and rolls its record log into
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing.util
 import os
-import signal
 import sys
 
 import orjson
 
 from reef_lab.config import ServeConfig, tokens_from_env
+from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from server import workers
 from server.app import create_app
@@ -26,14 +25,6 @@ from server.hot import HotRoutes
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
 _governor = None  # this worker's workers.SliceGovernor, when it asks for a short time slice
 role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def build_relay(cfg: ServeConfig, tokens: list[str]):
@@ -55,7 +46,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
 def build():
     cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
+    die_with_parent()  # granian's workers; server/httpd.py's come through reef_lab.procs, which does this too
     tokens = tokens_from_env()
     global _governor, role
     primary = False
