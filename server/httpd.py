@@ -14,7 +14,8 @@ connections. Bodies are read whole before the app runs (what every reef_lab rout
 
 Processes: `run()` binds the socket, starts the workers (`python -m server.httpd <spec>`, the socket passed as an
 inherited fd), restarts one that dies after it was ready, stops all on SIGINT/SIGTERM (each finishes the requests
-it has started) and fails fast when one cannot start.
+it has started) and fails fast when one cannot start. Workers start through reef_lab.procs, so a worker and
+whatever it starts (a vLLM server) die with this process, `kill -9` included.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from pathlib import Path
 
 import httptools
 import orjson
+
+from reef_lab.procs import Popen
 
 log = logging.getLogger("reef_lab.server")
 
@@ -507,15 +510,17 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     sel = selectors.DefaultSelector()
-    procs: dict[int, subprocess.Popen] = {}
+    procs: dict[int, Popen] = {}
     ready: dict[int, bytes] = {}  # b"" until the worker is up, then b"1" (or b"P" for the app's primary)
     crashes: collections.deque[float] = collections.deque(maxlen=5)
 
     def spawn(k: int) -> None:
         r, w = os.pipe()
         spec = {"app": app, "fd": sock.fileno(), "ready_fd": w, "workers": workers, "limits": asdict(limits)}
-        procs[k] = subprocess.Popen([sys.executable, "-m", "server.httpd", orjson.dumps(spec).decode()],
-                                    pass_fds=(sock.fileno(), w), cwd=ROOT)
+        # reef_lab.procs: a worker and what it starts (a vLLM server) die with this process, kill -9 included; in
+        # this process group, so a supervisor's signal to the group reaches the workers at once, as it always has
+        procs[k] = Popen([sys.executable, "-m", "server.httpd", orjson.dumps(spec).decode()],
+                         pass_fds=(sock.fileno(), w), cwd=ROOT, new_session=False)
         os.close(w)
         ready[k] = b""
         sel.register(r, selectors.EVENT_READ, (k, procs[k]))
@@ -529,7 +534,7 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("worker %d did not stop within %.0f s; killing it", p.pid, limits.grace + 10)
+                log.warning("worker %d did not stop within %.0f s; killing it", p.child_pid, limits.grace + 10)
                 p.kill()
                 p.wait()
 
@@ -549,7 +554,8 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             if rc is None or stop.is_set():
                 continue
             if not ready[k]:
-                log.error("worker %d exited with code %s before it was ready; stopping (its log is above)", p.pid, rc)
+                log.error("worker %d exited with code %s before it was ready; stopping (its log is above)",
+                          p.child_pid, rc)
                 code = 1
                 stop.set()
                 break
@@ -562,12 +568,12 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             if ready[k] == b"P" and workers > 1:
                 # The primary keeps the state the others lean on (server/workers.py); a new one recovers the record
                 # logs on start, which it may do only once no other worker writes them: so all start afresh.
-                log.warning("the primary worker %d exited with code %s; restarting all workers", p.pid, rc)
+                log.warning("the primary worker %d exited with code %s; restarting all workers", p.child_pid, rc)
                 stop_all()
                 for j in range(workers):
                     spawn(j)
                 break
-            log.warning("worker %d exited with code %s; starting another", p.pid, rc)
+            log.warning("worker %d exited with code %s; starting another", p.child_pid, rc)
             spawn(k)
     stop_all()
     sock.close()

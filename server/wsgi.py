@@ -8,11 +8,9 @@ Parquet on a clean exit.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing.util
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import orjson
 
 from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
+from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from server import workers
 from server.app import create_app
@@ -29,14 +28,6 @@ from server.hot import HotRoutes
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
 _governor = None  # this worker's workers.SliceGovernor, when it asks for a short time slice
 role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def build_relay(cfg: ServeConfig, tokens: list[str]):
@@ -59,7 +50,7 @@ def build():
     raw = os.environ["REEF_LAB_SERVE_CONFIG"]  # the config as JSON, or the file scripts/serve.py wrote it to
     cfg = ServeConfig(**orjson.loads(raw if raw.lstrip().startswith("{") else Path(raw).read_bytes()))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
+    die_with_parent()  # granian's workers; server/httpd.py's come through reef_lab.procs, which does this too
     # This process takes clients' requests: from here on only code its operator named can be imported.
     plugins.restrict_to(cfg.code_paths())
     tokens = tokens_from_env()
