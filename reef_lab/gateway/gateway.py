@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -58,6 +58,7 @@ class Reply:
 class StreamReply:
     events: Iterator[bytes]
     headers: dict[str, str] = field(default_factory=dict)
+    cancel: Callable[[], None] | None = None  # stops the generation when the server sees the client go (any thread)
 
 
 class Gateway:
@@ -251,7 +252,7 @@ class Gateway:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id})
+        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id}, cancel=handle.cancel)
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:
