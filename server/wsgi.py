@@ -13,6 +13,7 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import time
 
 import orjson
 
@@ -35,7 +36,19 @@ def stopping() -> None:
     progress (waiting at most 1.5 s for it): each caller gets a 503 to retry and its error record, so the worker
     exits in seconds rather than after the longest prompt's prefill. Other engines' requests keep the grace."""
     for engine in _embedded:
+        started = time.monotonic()
         engine.close(timeout=1.5)
+        logging.getLogger("reef_lab.server").info("stopping: the embedded engine closed in %.1f s",
+                                                  time.monotonic() - started)
+
+
+def _closer(gateway):
+    def close() -> None:
+        started = time.monotonic()
+        gateway.close()
+        logging.getLogger("reef_lab.server").info("closed the gateway (records, learners, engine) in %.1f s",
+                                                  time.monotonic() - started)
+    return close
 
 
 def _die_with_parent() -> None:
@@ -86,7 +99,7 @@ def build():
     gateway = build_gateway(cfg)
     if cfg.engine_name() == "embedded":
         _embedded.append(gateway.engine)
-    multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
+    multiprocessing.util.Finalize(None, _closer(gateway), exitpriority=10)
     if not tokens:
         logging.getLogger("reef_lab.server").warning(
             "REEF_TOKEN is not set: the API takes requests without a token, from local programs only (browser pages "

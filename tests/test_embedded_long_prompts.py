@@ -202,9 +202,19 @@ def test_the_pacer_sizes_chunks_to_the_share_of_time():
     assert pacer.size(10.0) == 50  # 0.1 s of others' work per round: a chunk of 0.1 s
     pacer.chunk_done(tokens=512, seconds=0.01, shared=False)  # a full-size chunk teaches nothing here
     assert pacer.size(10.0) == 50
-    assert pacer.size(10.5) == 50 and pacer.size(11.5) == 512  # quiet for over a second: full chunks again
-    pacer.round_done(other_s=0.0, busy=False, now=12.0)
-    assert pacer.size(12.0) == 512
+    for now in (10.5, 10.7, 10.9):  # rounds with nothing else: still sharing for three rounds or a second
+        pacer.round_done(other_s=0.0, busy=False, now=now)
+        assert pacer.size(now) == 50
+    assert pacer.size(11.5) == 50  # more than a second, but within three rounds
+    pacer.round_done(other_s=0.0, busy=False, now=11.5)
+    assert pacer.size(11.5) == 512  # quiet for four rounds and over a second: full chunks again
+    slow_rounds = PrefillPacer(chunk=512, share=0.5, quiet_s=1.0)
+    slow_rounds.round_done(0.1, True, 0.0)
+    slow_rounds.round_done(0.0, False, 0.5)
+    slow_rounds.round_done(0.0, False, 0.6)
+    slow_rounds.round_done(0.0, False, 0.7)
+    slow_rounds.round_done(0.0, False, 0.8)
+    assert slow_rounds.sharing(0.9)  # four quick rounds, but within a second
     slow = PrefillPacer(chunk=512, share=0.2, min_chunk=16)
     slow.round_done(0.1, True, 0.0)
     slow.chunk_done(100, 1.0, True)  # 100 tokens/s; 0.025 s per round would be 2 tokens
@@ -225,3 +235,37 @@ def test_bad_chunking_settings_are_refused(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="prefill_share"):
         ServeConfig(prefill_share=1.5)
     assert ServeConfig(prefill_chunk=0).prefill_chunk == 0
+
+
+def test_close_abandons_a_forward_pass_at_its_next_layer(tiny_model, tokenizer):
+    """A stopping server does not wait for a long chunk to finish: the pass ends between two layers."""
+    engine = EmbeddedEngine(tiny_model, tokenizer, "tiny-llama", max_batch=4, prefill_chunk=CHUNK)
+    request = long_chat(engine, 1500, max_tokens=8, temperature=0)
+    first, second = tiny_model.model.layers[0], tiny_model.model.layers[1]
+    entered, go, after = threading.Event(), threading.Event(), []
+
+    def hold(module, args):
+        if threading.current_thread() is engine._thread and not entered.is_set():
+            entered.set()
+            assert go.wait(30)
+
+    hooks = [first.register_forward_pre_hook(hold),
+             second.register_forward_pre_hook(lambda m, a: after.append(entered.is_set()))]
+    try:
+        stream = engine.submit(request)
+        assert entered.wait(30)  # the first layer of the first chunk is running
+        closing = threading.Thread(target=engine.close, kwargs={"timeout": 60})
+        closing.start()
+        wait_until = time.monotonic() + 30
+        while not engine._closed and time.monotonic() < wait_until:
+            time.sleep(0.01)
+        go.set()
+        closing.join(60)
+        assert not closing.is_alive() and not engine._thread.is_alive()
+        with pytest.raises(EngineUnavailable, match="closed"):
+            stream.result(timeout=5)
+    finally:
+        go.set()
+        for hook in hooks:
+            hook.remove()
+    assert after == [], "the second layer ran after the engine was closed"

@@ -105,32 +105,38 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 class PrefillPacer:
     """How many prompt tokens the next chunk of a long prompt takes.
 
-    While no other request is in progress (and none was for `quiet_s`), a chunk is `chunk` tokens: the prompt
-    goes as fast as the hardware allows. While others are (decode steps, short prompts' prefill), the chunk is sized
-    to take `share / (1 - share)` times the time their work took in a round (a running average), using the prefill
-    speed measured on the recent such chunks: so the long prompt gets about `share` of the engine's time and the
-    others run at `1 - share` of their speed or better. It never goes below `min_chunk` tokens, so a long prompt
-    always progresses. The quiet period covers the moment between one wave of short requests ending and the next
-    arriving, when a full-size chunk would make them wait for it.
+    While no other request is in progress (and none was in the last `quiet_rounds` rounds nor `quiet_s`
+    seconds), a chunk is `chunk` tokens: the prompt goes as fast as the hardware allows. While others are (decode
+    steps, short prompts' prefill), the chunk is sized to take `share / (1 - share)` times the time their work took
+    in a round (a running average), using the prefill speed measured on the recent such chunks: so the long prompt
+    gets about `share` of the engine's time and the others run at `1 - share` of their speed or better. It never
+    goes below `min_chunk` tokens, so a long prompt always progresses. The quiet period covers the moment between
+    one wave of short requests ending and the next arriving (a client's next request comes a round trip later),
+    when a full-size chunk would make them wait for it.
     """
 
     chunk: int
     share: float
     min_chunk: int = 16
     quiet_s: float = 1.0
+    quiet_rounds: int = 3
     smoothing: float = 0.5
     rate: float | None = None  # tokens per second of recent chunks sized for sharing
     other_s: float | None = None  # the others' work per round (running average)
     last_busy: float = -math.inf
+    rounds_since_busy: int = 1 << 30
 
     def round_done(self, other_s: float, busy: bool, now: float) -> None:
         """A round ended: `other_s` seconds went to other requests' work; `busy` when there was any."""
         if busy:
-            self.last_busy = now
+            self.last_busy, self.rounds_since_busy = now, 0
             self.other_s = other_s if self.other_s is None else self._mix(self.other_s, other_s)
+        else:
+            self.rounds_since_busy += 1
 
     def sharing(self, now: float) -> bool:
-        return self.share < 1 and self.other_s is not None and now - self.last_busy <= self.quiet_s
+        recent = self.rounds_since_busy <= self.quiet_rounds or now - self.last_busy <= self.quiet_s
+        return self.share < 1 and self.other_s is not None and recent
 
     def size(self, now: float) -> int:
         if not self.sharing(now):

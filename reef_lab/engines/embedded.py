@@ -454,6 +454,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled",
                                      "prefill_chunks"], 0)
         self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
+        self._watch_close(self._model)
         self._thread.start()
         log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
                  self._param_count, max_batch, release_id)
@@ -490,7 +491,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         finite."""
         if release_id == self._release_id:
             raise ValueError(f"release id {release_id!r} names the base weights")
-        model = copy.deepcopy(self._model)
+        model = copy.deepcopy(self._model)  # the close watch comes along (hooks are copied)
         load_checkpoint(model, Path(folder))
         model.to(self._device).eval()
         with self._cv:
@@ -598,9 +599,8 @@ class EmbeddedEngine(Generator, ReleaseHost):
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop the scheduler: requests queued, prefilling or decoding fail with EngineUnavailable (503, retry).
 
-        The scheduler stops once the forward pass in progress returns (one decode step or one prefill chunk). If
-        that takes longer than `timeout`, the callers are answered now and the pass's result is dropped; a server
-        that is stopping need not wait for it. A second call returns at once."""
+        The scheduler abandons the forward pass in progress at its next layer. If even that takes longer than
+        `timeout`, the callers are answered now anyway. A second call returns at once."""
         with self._cv:
             if self._closed and not self._thread.is_alive():
                 return
@@ -625,6 +625,17 @@ class EmbeddedEngine(Generator, ReleaseHost):
     # prompt, sized by the pacer. Rows live in batches by (release, lane): a long prompt's row decodes in the
     # "long" lane, so short rows never carry its thousands of padding columns in their KV cache.
 
+    def _watch_close(self, model) -> None:
+        """Let close() end a forward pass between two layers: a long prompt's chunk on a busy CPU can take many
+        seconds, and a stopping server should not wait for it (nor should the process exit while torch runs it).
+        The hooks act on this engine's scheduler thread only; anyone else may run the same model."""
+        def check(module, args):
+            if self._closed and threading.current_thread() is self._thread:
+                raise _Closing()
+        for stack in (m for m in model.modules() if isinstance(m, torch.nn.ModuleList)):
+            for layer in stack:
+                layer.register_forward_pre_hook(check)
+
     def _run(self) -> None:
         stopped: BaseException = EngineUnavailable(_CLOSED)
         try:
@@ -633,6 +644,8 @@ class EmbeddedEngine(Generator, ReleaseHost):
                     self._round(newcomers)
                 if self._retired:
                     self._free_retired()
+        except _Closing:
+            log.info("closed during a forward pass; it was abandoned")
         except BaseException as exc:  # a scheduler bug: callers get it instead of waiting forever
             log.exception("the embedded engine's scheduler stopped")
             stopped = exc
@@ -649,10 +662,11 @@ class EmbeddedEngine(Generator, ReleaseHost):
         started = time.perf_counter()
         self._drop_cancelled()
         admitted = self._admit(newcomers) if newcomers else False
+        busy = admitted or bool(self._batches)  # before the steps: rows that finish in them were work too
         for key in list(self._batches):
             self._step(key)
         now = time.perf_counter()
-        self._pacer.round_done(now - started, bool(self._batches) or admitted, now)
+        self._pacer.round_done(now - started, busy, now)
         if self._prefilling:
             self._prefill_chunk(now)
         self._active = (sum(len(b.rows) for b in self._batches.values()), len(self._prefilling))
@@ -884,6 +898,11 @@ class EmbeddedEngine(Generator, ReleaseHost):
 
     def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
         self._stats["failed"] += sum(stream._fail(exc) for stream in streams)
+
+
+class _Closing(BaseException):
+    """Raised between two layers of a forward pass once the engine is closed: not an Exception, so it passes
+    the scheduler's per-batch error handling and ends the scheduler."""
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
