@@ -21,6 +21,8 @@ import http.client
 import json
 import logging
 import os
+import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -66,7 +68,7 @@ class Phase:
         self.arm, self.port, self.engine, self.prompts, self.args = arm, port, engine, prompts, args
         self.stop = threading.Event()
         self.short: list[dict] = []  # {start, seconds, overlapped}
-        self.long: list[dict] = []  # {start, end, seconds, status}
+        self.long: list[dict] = []  # {start, seconds} of the long requests that completed
         self.long_in_flight = 0
         self.lock = threading.Lock()
         self.samples: list[dict] = []
@@ -77,32 +79,49 @@ class Phase:
             body = {"model": "m", "max_tokens": 8, "temperature": 0,
                     "messages": [{"role": "user", "content": f"Client {i}, question {n}: what is {n} plus {i}?"}]}
             with self.lock:
-                overlapped = self.long_in_flight > 0
+                overlapped = self.long_in_flight > 0  # a long prompt is with the engine as this one arrives
             started = time.perf_counter()
             status, _ = post(self.port, body, "short")
             seconds = time.perf_counter() - started
-            with self.lock:
-                overlapped = overlapped and self.long_in_flight > 0
-            if status == 200 and not self.stop.is_set():
+            if status == 200:  # one that ends after the phase counts too: it started within it
                 self.short.append({"start": started, "seconds": seconds, "overlapped": overlapped})
             n += 1
 
     def long_client(self, i: int) -> None:
+        """Streams a long prompt's answer, again and again; at the phase's end it hangs up (the engine drops the
+        prompt after its chunk in progress, or, prefilled whole, after the pass)."""
         n = 0
         while not self.stop.is_set():
-            body = {"model": "m", "max_tokens": 8, "temperature": 0, "stream": False,
+            body = {"model": "m", "max_tokens": 8, "temperature": 0, "stream": True,
                     "messages": [{"role": "user", "content": self.prompts[(i * 7 + n) % len(self.prompts)]}]}
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
             with self.lock:
                 self.long_in_flight += 1
             started = time.perf_counter()
+            hang_up = threading.Thread(target=self._hang_up_at_stop, args=(c,), daemon=True)
             try:
-                status, _ = post(self.port, body, "long")
+                c.request("POST", "/v1/chat/completions", json.dumps(body),
+                          {"Content-Type": "application/json", "x-reef-scenario": "long"})
+                hang_up.start()
+                r = c.getresponse()
+                data = r.read()
+                done = r.status == 200 and b"[DONE]" in data
+            except (OSError, http.client.HTTPException):
+                done = False
             finally:
                 with self.lock:
                     self.long_in_flight -= 1
-            self.long.append({"start": started, "end": time.perf_counter(),
-                              "seconds": time.perf_counter() - started, "status": status})
+                c.close()
+            if done:
+                self.long.append({"start": started, "seconds": time.perf_counter() - started})
             n += 1
+
+    def _hang_up_at_stop(self, c: http.client.HTTPConnection) -> None:
+        self.stop.wait()
+        try:
+            c.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
 
     def run(self) -> dict:
         longs = [threading.Thread(target=self.long_client, args=(i,), daemon=True)
@@ -120,7 +139,8 @@ class Phase:
             t.start()
         while time.perf_counter() - started < self.args.phase_s:
             info = self.engine.info()
-            self.samples.append({k: info[k] for k in ("active_rows", "prefilling_rows", "queue_depth")})
+            self.samples.append({**{k: info[k] for k in ("active_rows", "prefilling_rows", "queue_depth")},
+                                 "long_in_flight": self.long_in_flight})
             time.sleep(1.0)
         self.stop.set()
         for t in shorts:
@@ -132,16 +152,17 @@ class Phase:
 
     def summary(self, started: float, ended: float) -> dict:
         counted = [s["seconds"] for s in self.short if s["overlapped"] or self.arm == "base"]
-        long_done = [r for r in self.long if r["status"] == 200]
+        long_done = self.long
         return {"arm": self.arm, "seconds": round(ended - started, 1), "short_requests": len(self.short),
                 "short_counted": len(counted), "short_latencies_s": [round(x, 4) for x in counted],
                 "p50_s": quantile(counted, 0.5), "p95_s": quantile(counted, 0.95),
                 "max_s": round(max(counted), 3) if counted else None,
                 "long_requests_done": len(long_done),
                 "long_latency_s": [round(r["seconds"], 2) for r in long_done],
-                "long_in_progress_share": round(sum(1 for s in self.samples if s["prefilling_rows"] or
-                                                    self.arm == "whole" and self.long_in_flight) /
-                                                max(1, len(self.samples)), 3) if self.arm != "base" else 0.0}
+                "long_in_flight_share": round(sum(1 for s in self.samples if s["long_in_flight"]) /
+                                              max(1, len(self.samples)), 3),
+                "prefilling_share": round(sum(1 for s in self.samples if s["prefilling_rows"]) /
+                                          max(1, len(self.samples)), 3)}
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -176,10 +197,11 @@ def main() -> None:
     parser.add_argument("--arms", default="base,chunked,whole", help="comma-separated: base, chunked, whole")
     parser.add_argument("--rounds", type=int, default=2, help="times each arm runs, interleaved")
     parser.add_argument("--phase-s", type=float, default=75.0, help="seconds the short clients run per phase")
-    parser.add_argument("--short-clients", type=int, default=8)
-    parser.add_argument("--long-clients", type=int, default=2)
-    parser.add_argument("--long-tokens", type=int, default=6000)
+    parser.add_argument("--short-clients", type=int, default=8, help="clients sending max_tokens 8 in a loop")
+    parser.add_argument("--long-clients", type=int, default=1, help="clients sending long prompts in a loop")
+    parser.add_argument("--long-tokens", type=int, default=6000, help="tokens of each long prompt")
     parser.add_argument("--prefill-share", type=float, default=0.5, help="the chunked arm's --prefill-share")
+    parser.add_argument("--model-path", default=None, help="HF folder or .gguf; default: the embedded SmolLM2")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "agents-fairness",
                         help="writes OUT.json, OUT.png and OUT.md")
     args = parser.parse_args()
@@ -188,7 +210,7 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         parser.error(f"unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
 
-    model, tokenizer, name = load_model(None, default_cache_dir())
+    model, tokenizer, name = load_model(args.model_path, default_cache_dir())
     prompts = [log_prompt(tokenizer, args.long_tokens, seed) for seed in range(4)]
     engines = {"chunked": EmbeddedEngine(model, tokenizer, name, prefill_chunk=512,
                                          prefill_share=args.prefill_share),
@@ -199,6 +221,15 @@ def main() -> None:
     began = time.perf_counter()
     phases = []
     try:
+        for key, (server, port, _) in servers.items():  # warm-up, not measured: first calls pay lazy set-up
+            warm = [threading.Thread(target=post, args=(port, {"model": "m", "max_tokens": 8, "messages": [
+                {"role": "user", "content": f"warm-up {i}"}]}, "w")) for i in range(args.short_clients)]
+            warm.append(threading.Thread(target=post, args=(port, {"model": "m", "max_tokens": 2, "messages": [
+                {"role": "user", "content": prompts[0][: len(prompts[0]) // 8]}]}, "w")))
+            for t in warm:
+                t.start()
+            for t in warm:
+                t.join()
         for r in range(args.rounds):
             for arm in arms:
                 key = "chunked" if arm == "base" else arm
@@ -216,10 +247,11 @@ def main() -> None:
             gateway.close(close_engine=False)
         for engine in engines.values():
             engine.close()
-    report(args, arms, phases, prompt_tokens, time.perf_counter() - began, os.cpu_count())
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(args, arms, phases, name, prompt_tokens, time.perf_counter() - began, os.cpu_count())
 
 
-def report(args, arms, phases, prompt_tokens: int, wall_s: float, cpus: int | None) -> None:
+def report(args, arms, phases, model_name: str, prompt_tokens: int, wall_s: float, cpus: int | None) -> None:
     by_arm = {a: [p for p in phases if p["arm"] == a] for a in arms}
     pooled = {a: quantile([x for p in ps for x in p["short_latencies_s"]], 0.95) for a, ps in by_arm.items()}
     p50 = {a: quantile([x for p in ps for x in p["short_latencies_s"]], 0.5) for a, ps in by_arm.items()}
@@ -234,13 +266,46 @@ def report(args, arms, phases, prompt_tokens: int, wall_s: float, cpus: int | No
     command = "python scripts/bench_long_prompts.py " + " ".join(sys.argv[1:])
     result = {"command": command.strip(), "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "cpus": cpus, "load_avg_at_end": os.getloadavg(), "wall_s": round(wall_s, 1),
-              "model": "SmolLM2-135M-Instruct (fp32, CPU)", "long_prompt_tokens": prompt_tokens,
+              "model": f"{model_name} (fp32, CPU)", "long_prompt_tokens": prompt_tokens,
               "settings": vars(args) | {"out": str(args.out)}, "p95_s": pooled, "p50_s": p50,
               "ratio_to_base": ratios, "phases": phases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     plot(args.out.with_suffix(".png"), arms, by_arm)
+    args.out.with_suffix(".md").write_text(markdown(result, arms, by_arm))
     print(json.dumps({k: result[k] for k in ("p95_s", "p50_s", "ratio_to_base", "wall_s")}, indent=1))
+
+
+def markdown(result: dict, arms, by_arm) -> str:
+    s = result["settings"]
+    lines = [
+        "# Short requests beside agents' long prompts on the embedded engine", "",
+        f"Command: `{result['command']}`, written {result['written']} on {result['cpus']} CPUs (load average at the "
+        f"end {', '.join(f'{x:.1f}' for x in result['load_avg_at_end'])}), {result['wall_s'] / 60:.0f} min. "
+        f"{result['model']}; {s['short_clients']} clients send chat requests with max_tokens 8 in a loop; in the "
+        f"long arms {s['long_clients']} client(s) stream {result['long_prompt_tokens']}-token prompts (max_tokens 8) "
+        f"in a loop. Arms interleave in {s['rounds']} rounds of {s['phase_s']:.0f} s phases; a short request counts "
+        "when a long prompt was with the engine as it arrived (every one in `base`).", "",
+        f"![latency]({Path(s['out']).name}.png)", "",
+        "| arm | prefill | short requests | p50 s | p95 s | max s | p95 / base p95 (pooled; per round) | long prompts "
+        "done (s each) |", "|---|---|---|---|---|---|---|---|"]
+    prefill = {"base": "no long prompts", "chunked": f"chunks of <= 512, share {s['prefill_share']}",
+               "whole": "whole prompt in one pass (before)"}
+    for a in arms:
+        lat = [x for p in by_arm[a] for x in p["short_latencies_s"]]
+        ratio = result["ratio_to_base"].get(a)
+        shown = f"**{ratio['pooled']}**; {', '.join(map(str, ratio['per_round']))}" if ratio else "1"
+        longs = [x for p in by_arm[a] for x in p["long_latency_s"]]
+        lines.append(f"| {a} | {prefill[a]} | {len(lat)} | {result['p50_s'][a]} | {result['p95_s'][a]} | "
+                     f"{max(lat) if lat else '-'} | {shown} | {len(longs)} ({', '.join(f'{x:.0f}' for x in longs)}) |")
+    lines += ["", "Per phase, in the order run:", "", "| round | arm | short requests | p50 s | p95 s | long done | "
+              "share of samples with a long prompt in flight / being prefilled in chunks | drained in s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in result["phases"]:
+        lines.append(f"| {p['round']} | {p['arm']} | {p['short_counted']} | {p['p50_s']} | {p['p95_s']} | "
+                     f"{p['long_requests_done']} | {p['long_in_flight_share']} / {p['prefilling_share']} | "
+                     f"{p['drain_s']} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(path: Path, arms, by_arm) -> None:
