@@ -144,3 +144,19 @@ def test_a_client_that_hangs_up_while_tokens_stream_stops_within_a_step(httpd, e
     generated = int(re.search(r"after (\d+) generated tokens", record["error"]).group(1))
     assert generated < 200, f"{generated} tokens were generated for a client that had left"
     assert len([p for p in passes if p[1] == 1]) < 250
+
+
+def test_a_streaming_client_that_stays_is_served_to_the_end(httpd, engine, slowed):
+    """The hang-up watch must not mistake a client that waits through a long prefill for one that left."""
+    gateway, url = httpd
+    delay, _ = slowed
+    delay[0] = 0.05
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", default_headers=H, max_retries=0)
+    content = long_chat(engine, 1500).messages[0]["content"]
+    chunks = list(oai.chat.completions.create(model="m", messages=[{"role": "user", "content": content}],
+                                              max_tokens=16, temperature=0, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and engine.info()["prefill_chunks"] >= 1500 // CHUNK
+    assert engine.info()["requests_cancelled"] == 0 and engine.info()["requests_completed"] == 1
+    records = gateway.list_records("long", kind="inference")["records"]
+    assert [r["status"] for r in records] == ["ok"]

@@ -77,7 +77,7 @@ def test_sigterm_exits_within_5_s_with_long_prompts_in_flight(tmp_path, tokenize
         r = post(port, {"model": "m", "stream": True, "max_tokens": 64,
                         "messages": [{"role": "user", "content": long_content}]})
         assert r.status == 200
-        r.fp.readline()  # the first event: the prompt is with the engine now
+        r.readline()  # the first event: the prompt is with the engine now
         started.set()
         try:
             rest = r.read().decode()

@@ -454,7 +454,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled",
                                      "prefill_chunks"], 0)
         self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
-        self._watch_close(self._model)
+        self._close_hooks = self._watch_close(self._model)
         self._thread.start()
         log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
                  self._param_count, max_batch, release_id)
@@ -625,16 +625,15 @@ class EmbeddedEngine(Generator, ReleaseHost):
     # prompt, sized by the pacer. Rows live in batches by (release, lane): a long prompt's row decodes in the
     # "long" lane, so short rows never carry its thousands of padding columns in their KV cache.
 
-    def _watch_close(self, model) -> None:
+    def _watch_close(self, model) -> list:
         """Let close() end a forward pass between two layers: a long prompt's chunk on a busy CPU can take many
         seconds, and a stopping server should not wait for it (nor should the process exit while torch runs it).
         The hooks act on this engine's scheduler thread only; anyone else may run the same model."""
         def check(module, args):
             if self._closed and threading.current_thread() is self._thread:
                 raise _Closing()
-        for stack in (m for m in model.modules() if isinstance(m, torch.nn.ModuleList)):
-            for layer in stack:
-                layer.register_forward_pre_hook(check)
+        return [layer.register_forward_pre_hook(check)
+                for stack in model.modules() if isinstance(stack, torch.nn.ModuleList) for layer in stack]
 
     def _run(self) -> None:
         stopped: BaseException = EngineUnavailable(_CLOSED)
@@ -657,6 +656,8 @@ class EmbeddedEngine(Generator, ReleaseHost):
             self._batches, self._prefilling, self._active = {}, deque(), (0, 0)
             for stream in pending + [row.stream for row in rows]:
                 stream._fail(stopped)
+            for hook in self._close_hooks:  # the model may live on (another engine, a trainer)
+                hook.remove()
 
     def _round(self, newcomers: list[EmbeddedStream]) -> None:
         started = time.perf_counter()
