@@ -592,9 +592,9 @@ def worker_main(spec: dict) -> None:
 
 
 def exit_now(code: int = 0) -> None:
-    """Run the exit handlers (the app's close: records made durable, logs flushed), then end the process without
-    the interpreter's teardown, which frees a loaded model's objects one by one: seconds of CPU, far more on a
-    busy machine, between a stop signal and the exit."""
+    """Run the exit handlers (the app's close: records made durable, learners stopped, logs flushed), then end the
+    process without the interpreter's teardown, which frees a loaded model's objects one by one: seconds of CPU,
+    far more on a busy machine, between a stop signal and the exit. Threads still running end with the process."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -452,7 +452,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._step_lock = threading.Lock()  # held for each scheduler round
         self._closed = False
         self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled",
-                                     "prefill_chunks"], 0)
+                                     "prefill_chunks", "prefill_chunk_tokens"], 0)
         self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
         self._close_hooks = self._watch_close(self._model)
         self._thread.start()
@@ -592,7 +592,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
             "active_rows": decoding + prefilling,  # requests holding a row: decoding, or prefilling in chunks
             "prefilling_rows": prefilling,
             "running": self._thread.is_alive(),
-            **{k if k in ("steps", "tokens_generated", "prefill_chunks") else f"requests_{k}": v
+            **{k if k in ("steps", "tokens_generated", "prefill_chunks", "prefill_chunk_tokens") else f"requests_{k}": v
                for k, v in self._stats.items()},
         }
 
@@ -808,6 +808,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
             return
         self._pacer.chunk_done(end - start, time.perf_counter() - began, shared)
         self._stats["prefill_chunks"] += 1
+        self._stats["prefill_chunk_tokens"] += end - start
         job.done = end
         if job.left:
             return
