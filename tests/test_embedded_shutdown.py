@@ -148,3 +148,4 @@ def test_sigterm_exits_within_5_s_with_long_prompts_in_flight(tmp_path, tokenize
     finally:
         store.close()
     assert not missing, f"{len(missing)} of {len(receipts)} acknowledged records lost, e.g. {missing[:3]}"
+    print(f"stopped {took:.1f} s after SIGTERM; {len(receipts)} acknowledged records, all kept")
