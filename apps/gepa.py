@@ -325,7 +325,7 @@ def _(example_ui):
 
 
 @app.cell
-def _(budget_ui, example, example_ui, out_ui, seed_ui):
+def _(budget_ui, example, example_ui, launch_ui, out_ui, seed_ui):
     # Only fields changed from the example become overrides: unchanged, the launch is the example's own command.
     overrides = {}
     if int(budget_ui.value) != (example.get("search") or {}).get("max_metric_calls", 200):

@@ -77,6 +77,15 @@ class ServeConfig:
                 "renders tools, else reef_lab/engines/templates/tool_call.jinja, Hermes-style <tool_call>), model (the "
                 "model's own, which must render tools) or a Jinja file; see docs/tools.md"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
+    prefill_chunk: int = field(default=512, metadata={
+        "help": "embedded engine: a prompt longer than this many tokens is prefilled in chunks of at most this "
+                "size, one per scheduler step, between the other requests' decode steps (so short requests are not "
+                "stuck behind an agent's long prompt); it also bounds the short prompts prefilled together in one "
+                "step. 0: every prompt in one step, the behaviour before chunking"})
+    prefill_share: float = field(default=0.5, metadata={
+        "help": "embedded engine: while other requests are decoding, the share of the engine's time a long "
+                "prompt's prefill may take; its chunks shrink to keep to it (at least 16 tokens each), so the "
+                "others run at no less than 1 - share of their speed. 1: chunks keep their full size"})
     threads: int = field(default=32, metadata={
         "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
     http_server: str = field(default="threads", metadata={
@@ -154,6 +163,12 @@ class ServeConfig:
         if self.tool_template not in ("auto", "model") and not Path(self.tool_template).is_file():
             raise ValueError(f"tool_template must be auto, model or a Jinja template file; {self.tool_template!r} is "
                              "not a file")
+        if self.prefill_chunk < 0 or 0 < self.prefill_chunk < 16:
+            raise ValueError(f"prefill_chunk must be 0 (whole prompts in one step) or at least 16 tokens, got "
+                             f"{self.prefill_chunk}")
+        if not 0 < self.prefill_share <= 1:
+            raise ValueError(f"prefill_share must be in (0, 1] (1: chunks keep their full size), got "
+                             f"{self.prefill_share}")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
         self.engine_settings()
         if self.wandb_mode not in (None, "offline", "online", "disabled"):

@@ -30,7 +30,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from reef_lab import procs  # noqa: E402
 from reef_lab.testing import free_port  # noqa: E402
 from server.workers import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
@@ -60,14 +60,15 @@ def wait_ready(port: int, path: str = "/v1/models", timeout: float = 60) -> None
     raise RuntimeError(f"nothing answered on port {port}")
 
 
-def start(cmd: list[str], log_path: Path | None = None) -> subprocess.Popen:
+def start(cmd: list[str], log_path: Path | None = None) -> procs.Popen:
     err = open(log_path, "wb") if log_path else subprocess.DEVNULL
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
 def _paced_clients(port: int, clients: int, rate: float, seconds: float, q) -> None:
+    procs.die_with_parent()  # a multiprocessing child: gone with the benchmark, kill -9 included
     body = json.dumps(CHAT).encode()
     headers = {"Content-Type": "application/json", "x-reef-scenario": "bench-latency"}
     interval = clients / rate
@@ -248,8 +249,8 @@ def run_wrk(url: str, script: str, seconds: int, conns: int = 16) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
     try:
-        return subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
-                              capture_output=True, text=True, check=True).stdout
+        return procs.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+                         capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
 
@@ -407,11 +408,11 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
             result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
-        procs = [p for _, _, p in servers.values()] + [stub]
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(timeout=60)
+        started = [p for _, _, p in servers.values()] + [stub]
+        for p in started:
+            p.terminate()
+        for p in started:
+            p.stop(60)
     from reef_lab.records.store import scan_records
     import polars as pl
     failed = scan_records(data_dir).filter(pl.col("status") != "ok").select("error").collect()["error"].to_list()

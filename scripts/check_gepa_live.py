@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
+from reef_lab import procs  # noqa: E402
 from reef_lab.testing import free_port, wait_http  # noqa: E402
 
 SCENARIO = "arithmetic-live"
@@ -47,7 +48,7 @@ def main() -> None:
                   "--temperature", "0", "--max-tokens", "48", "--rollouts", str(args.rollouts), "--concurrency", "3",
                   "--max-pool", "3", "--wait", "900"]
     log = open(out / "serve.log", "wb")
-    server = subprocess.Popen(serve_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    server = procs.Popen(serve_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started = time.time()
     try:
         wait_http(base + "/healthz", 300)
@@ -61,7 +62,7 @@ def main() -> None:
         lines += [f"- before any report: `x-reef-release-id` {first.headers.get('x-reef-release-id')}, "
                   f"`GET /reef/harness` -> {seed['release_id']} `{json.dumps(seed['files'])}`"]
         t0 = time.time()
-        res = subprocess.run(client_cmd, cwd=ROOT, capture_output=True, text=True)
+        res = procs.run(client_cmd, cwd=ROOT, capture_output=True, text=True)
         (out / "client.log").write_text(res.stdout + res.stderr)
         rel = requests.get(f"{base}/reef/scenarios/{SCENARIO}/releases", headers=h, timeout=30).json()
         ln = rel.get("learner") or {}
@@ -95,8 +96,7 @@ def main() -> None:
         Path(args.page).write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     finally:
-        server.terminate()
-        server.wait(60)
+        server.stop(60)
 
 
 if __name__ == "__main__":

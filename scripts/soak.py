@@ -34,7 +34,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from reef_lab import procs  # noqa: E402
 from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402
 from reef_lab.testing import free_port  # noqa: E402
@@ -67,26 +67,17 @@ def wait_ready(port: int, timeout: float = 120) -> None:
     raise RuntimeError(f"nothing answered on port {port}")
 
 
-def start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(log_path, "ab"))
+def start(cmd: list[str], log_path: Path) -> procs.Popen:
+    return procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log_path, "ab"))
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+def stop(proc: procs.Popen) -> None:
+    proc.stop(60)
 
 
 def workers_of(pid: int) -> list[int]:
-    """The server's worker processes: the children of serve.py's process."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            continue
-    return sorted(set(out))
+    """The server's worker processes: what serve.py's process started (past the reef_lab.procs reapers)."""
+    return sorted(procs.children(pid))
 
 
 def records_size(data_dir: Path) -> dict:
@@ -126,6 +117,7 @@ def rss_mb(pid: int) -> dict | None:
 
 # ---- the load (a child process, so its CPU use does not share a GIL with the sampler) ------------------------
 def _load(port: int, clients: int, rate: float, seconds: float, q, recent_reads: bool = False) -> None:
+    procs.die_with_parent()  # a multiprocessing child: gone with the soak, kill -9 included
     interval = clients * 2 / rate  # each cycle is two requests (a chat and its report), or three
     lock, events, receipts, acknowledged = threading.Lock(), [], [], []
 
@@ -249,7 +241,7 @@ def main() -> None:
     try:
         wait_ready(port)
         time.sleep(1.0)
-        pids = workers_of(server.pid)
+        pids = workers_of(server.child_pid)
         total = args.warmup_minutes + args.minutes
         print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
               f"requests/s, {args.clients} clients", file=sys.stderr, flush=True)

@@ -100,6 +100,9 @@ class HotRoutes:
             return self._send(start_response, 500, error_body(path, err), "application/json", {})
         if isinstance(reply, StreamReply):
             headers = [("Content-Type", "text/event-stream"), *SSE_HEADERS.items(), *reply.headers.items()]
+            on_hangup = environ.get("reef.on_hangup")  # server/httpd.py: calls back when the client goes
+            if on_hangup is not None and reply.cancel is not None:
+                on_hangup(reply.cancel)
             start_response("200 OK", headers)
             return reply.events
         return self._send(start_response, reply.status, reply.body, reply.content_type, reply.headers)

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from reef_lab.records.store import RecordStore, read_log
+from reef_lab import procs
 from reef_lab.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,7 +215,7 @@ def test_workers_threads_ask_for_a_short_time_slice(two_workers):
         c.request("POST", "/v1/chat/completions", body=json.dumps({"model": "m", "messages": []}),
                   headers={"x-reef-scenario": "slice", "Content-Type": "application/json"})
         assert c.getresponse().status == 200
-    kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    kids = procs.children(proc.pid)  # the workers
     assert len(kids) == 2
     slices = {int(t): thread_slice_us(int(t)) for k in kids for t in os.listdir(f"/proc/{k}/task")}
     slices = {t: v for t, v in slices.items() if v is not None}  # None: a thread that ended meanwhile

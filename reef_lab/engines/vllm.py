@@ -42,6 +42,7 @@ from typing import Iterator
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
 from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
 from reef_lab.errors import EngineUnavailable
+from reef_lab.procs import Popen
 
 log = logging.getLogger("reef_lab.engines.vllm")
 
@@ -187,7 +188,7 @@ class VLLMEngine(Generator, ReleaseHost):
         self.gate = WeightsGate("base")
         self._zero: Path | None = None  # lora transport: the zero adapter base requests use (module docstring)
         self._held_folder = self.model_dir  # the weights the server holds (weights transport)
-        self._process: subprocess.Popen | None = None
+        self._process: Popen | None = None
         self._log_file = None
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
@@ -250,8 +251,8 @@ class VLLMEngine(Generator, ReleaseHost):
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"reef-vllm-{os.getpid()}.log"
         self._log_file = open(log_path, "ab")
         log.info("starting vLLM: %s (log %s)", " ".join(self._cmd), log_path)
-        self._process = subprocess.Popen(self._cmd, env=self._env, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        # through reef_lab.procs: the server, its EngineCore and its workers die with this process, kill -9 included
+        self._process = Popen(self._cmd, env=self._env, stdout=self._log_file, stderr=subprocess.STDOUT)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -304,13 +305,8 @@ class VLLMEngine(Generator, ReleaseHost):
                     self._up.set()
 
     def _kill(self) -> None:
-        import signal
-
         if self._process is not None and self._process.poll() is None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._process.kill()  # the server and everything it started
             self._process.wait()
         if self._log_file is not None:
             self._log_file.close()
@@ -437,10 +433,8 @@ class VLLMEngine(Generator, ReleaseHost):
             log.warning("vLLM did not reset its prefix cache after the reload (%s); the pause cleared it", e)
 
     def _kill_for_restart(self) -> None:
-        import signal
-
         if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.kill()
 
     def unload(self, release_id: str) -> None:
         with self._lock:
@@ -459,19 +453,12 @@ class VLLMEngine(Generator, ReleaseHost):
             return {"engine": "vllm", "url": self.url, "model_name": self.model_name, "transport": self.transport,
                     "releases_loaded": ["base", *self._folders], "routes": dict(self._routes),
                     "weights_serving": self.gate.held if self.transport == "weights" else None,
-                    "child_pid": self._process.pid if self._process is not None else None}
+                    "child_pid": self._process.child_pid if self._process is not None else None}
 
     def close(self) -> None:
         self._closing = True
-        if self._process is not None and self._process.poll() is None:
-            import signal
-
-            os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
+        if self._process is not None:
+            self._process.stop(timeout=30)  # SIGTERM to the server; its whole tree SIGKILLed after 30 s
         if self._log_file is not None:
             self._log_file.close()
 

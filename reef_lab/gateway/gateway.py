@@ -257,7 +257,7 @@ class Gateway:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id})
+        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id}, cancel=handle.cancel)
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 RECEIPT_HEADER = "x-reef-agent-record-id"
 RELEASE_HEADER = "x-reef-release-id"
@@ -21,3 +21,4 @@ class Reply:
 class StreamReply:
     events: Iterator[bytes]
     headers: dict[str, str] = field(default_factory=dict)
+    cancel: Callable[[], None] | None = None  # stops the generation when the server sees the client go (any thread)

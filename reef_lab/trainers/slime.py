@@ -45,11 +45,11 @@ import math
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from reef_lab import procs
 from reef_lab.learning.samples import Sample
 from reef_lab.schema import build, check_fields
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
@@ -158,8 +158,8 @@ def read_model_args(script: str | Path) -> list[str]:
         raise FileNotFoundError(f"model args script {script} does not exist: name one of slime's "
                                 "scripts/models/*.sh (e.g. scripts/models/qwen2.5-0.5B.sh) in "
                                 "trainer.slime.model_args_script")
-    out = subprocess.run(["bash", "-c", 'source "$1" >/dev/null && printf "%s\\0" "${MODEL_ARGS[@]}"', "_",
-                          str(script)], capture_output=True, text=True, check=False)
+    out = procs.run(["bash", "-c", 'source "$1" >/dev/null && printf "%s\\0" "${MODEL_ARGS[@]}"', "_",
+                     str(script)], capture_output=True, text=True, check=False)
     args = [a for a in out.stdout.split("\0") if a]
     if out.returncode or not args:
         raise ValueError(f"{script} does not define MODEL_ARGS (bash said: {out.stderr.strip()[:300]})")
