@@ -49,7 +49,7 @@ SELECTIONS = ("review", "evaluate", "promote", "always")
 BODY_KEYS = {"text", "session", "release_id", "scenario"}
 MAX_TEXT = 8000
 _ID = re.compile(r"^req_[0-9a-f]{20}$")
-_SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # a session id (the wrapper's are uuid4)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 EXECUTABLE_SUFFIXES = (".sh", ".bash", ".zsh", ".fish", ".py", ".js", ".mjs", ".ts", ".rb", ".pl", ".php", ".exe",
                        ".bat", ".cmd", ".ps1")
@@ -159,7 +159,7 @@ def check_body(body: Any) -> dict:
     if len(text) > MAX_TEXT:
         raise BadRequest(f"'text' holds {len(text)} characters; at most {MAX_TEXT}")
     if body.get("session") is not None and (not isinstance(body["session"], str)
-                                            or not _SESSION.match(body["session"])):
+                                            or not SESSION_ID.match(body["session"])):
         raise BadRequest("'session' must be a session id: 1-128 letters, digits, '_', '.', ':' or '-'")
     if body.get("release_id") is not None and not isinstance(body["release_id"], str):
         raise BadRequest("'release_id' must be a release id such as 'v2' or '<scenario>:v2'")

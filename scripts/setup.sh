@@ -61,7 +61,7 @@ for option in "$@"; do
     --agents)
       # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench_agents.py: pinned npm versions
       # in .agents/node_modules (binaries in .agents/node_modules/.bin), the versions the relay was tried with.
-      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33"
+      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1"
       astamp=.agents/.installed
       if [ ! -f "$astamp" ] || [ "$(cat "$astamp")" != "$packages" ]; then
         command -v npm >/dev/null || { echo "setup.sh --agents needs npm (Node.js 18 or later)" >&2; exit 2; }

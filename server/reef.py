@@ -43,7 +43,7 @@ def _int_arg(key: str, default: int) -> int:
 @bp.get("/scenarios/<name>/records")
 def list_records(name: str):
     return json_response(g.gateway.list_records(name, request.args.get("kind"), _int_arg("limit", 50),
-                                                request.args.get("after")))
+                                                request.args.get("after"), request.args.get("session")))
 
 
 @bp.get("/scenarios/<name>/records/<record_id>")

@@ -183,3 +183,26 @@ def test_the_token_reaches_the_server_and_the_agent_but_no_file(live, tmp_path):
     assert "ok   token accepted" in doctor and "ok   reachable" in doctor
     bad = CLI(tmp_path, s.url, token="wrong")("doctor", "--bin", str(cli.fake))
     assert bad.returncode == 1 and "BAD  token: /reef/status answered 401" in bad.stdout
+
+
+def test_the_gateway_groups_a_session_s_calls(live):
+    """`?session=` keeps one session's calls (their session tag), across pages; a malformed id is a 400."""
+    start, _ = live
+    srv = start()
+    requests.post(srv.url + "/reef/scenarios", json={"name": "s"}).raise_for_status()
+    ids = {"a": [], "b": []}
+    for i in range(5):
+        sid = "a" if i % 2 == 0 else "b"
+        r = requests.post(srv.url + "/v1/chat/completions", json={"model": "m", "messages": [
+            {"role": "user", "content": f"hello {i}"}]}, headers={"x-reef-scenario": "s", "x-reef-tag-session": sid})
+        r.raise_for_status()
+        ids[sid].append(r.headers["x-reef-agent-record-id"])
+    base = srv.url + "/reef/scenarios/s/records?kind=inference"
+    got = requests.get(base + "&session=a").json()
+    assert [r["id"] for r in got["records"]] == ids["a"] and got["next"] is None
+    first = requests.get(base + "&session=b&limit=1").json()
+    rest = requests.get(base + f"&session=b&limit=1&after={first['next']}").json()
+    assert [r["id"] for r in first["records"] + rest["records"]] == ids["b"]
+    assert requests.get(base + "&session=nobody").json()["records"] == []
+    bad = requests.get(base + "&session=a%20b")
+    assert bad.status_code == 400 and "session" in bad.json()["error"]["message"]

@@ -39,7 +39,7 @@ def first_agent_request(agent: str, provider: ScriptedProvider, since: int) -> s
     return json.dumps(posts[0]["body"])
 
 
-@pytest.mark.parametrize("agent", ["claude", "codex", "opencode"])
+@pytest.mark.parametrize("agent", ["claude", "codex", "opencode", "pi"])
 def test_installed_harness_reaches_the_model_and_evolves(tmp_path, agent):
     if not installed(agent):
         pytest.skip(f"{agent} is not installed: bash scripts/setup.sh --agents")

@@ -31,6 +31,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from reef_lab import procs
 from reef_lab.agents.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, SESSION_ENV, parse_release
 
 COMMANDS = ("run", "install", "update", "versions", "report", "evolve", "doctor")
@@ -186,7 +187,7 @@ def cmd_install(a, inst: Install, release_id: str | None = None) -> int:
     where = f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}"
     status, script = http("GET", where)
     check(status, script, "GET", where)
-    done = subprocess.run(["sh", "-s", "--", str(inst.root)], input=script)
+    done = procs.run(["sh", "-s", "--", str(inst.root)], input=script)  # dies with the wrapper, kill -9 included
     return done.returncode
 
 
@@ -223,12 +224,13 @@ def cmd_run(a, inst: Install, agent_args: list[str]) -> int:
 
 
 def session_receipts(rel: dict, sid: str) -> list[str]:
-    """The receipts of the session's calls (records tagged session=<sid>), oldest first."""
+    """The receipts of the session's calls, oldest first: the gateway groups them by their session tag."""
     out, after = [], None
-    base = f"{rel['url']}/reef/scenarios/{urllib.parse.quote(rel['scenario'])}/records?kind=inference&limit=1000"
+    query = urllib.parse.urlencode({"kind": "inference", "limit": 1000, "session": sid})
+    base = f"{rel['url']}/reef/scenarios/{urllib.parse.quote(rel['scenario'])}/records?{query}"
     while True:
         page = call("GET", base + (f"&after={urllib.parse.quote(after)}" if after else ""))
-        out += [r["id"] for r in page["records"] if (r.get("tags") or {}).get("session") == sid]
+        out += [r["id"] for r in page["records"]]
         after = page.get("next")
         if not after:
             return out
@@ -320,7 +322,7 @@ def cmd_doctor(a, inst: Install) -> int:
         version = ""
         if binary:
             try:
-                version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                version = procs.run([binary, "--version"], capture_output=True, text=True,
                                          timeout=60).stdout.strip().splitlines()[0]
             except (OSError, subprocess.TimeoutExpired, IndexError) as e:
                 version = f"(--version failed: {e})"

@@ -33,6 +33,7 @@ from reef_lab.learning.recipe import LearnContext, Recipe, RecordHolder, RecordO
 from reef_lab.publishing.releases import BASE, ReleaseStore
 from reef_lab.records.record import KINDS, Record, content_hash, new_record_id
 from reef_lab.gateway.scenarios import ScenarioRegistry, check_name
+from reef_lab.harness_requests import SESSION_ID
 from reef_lab.gateway.relay import RelayCall
 from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply  # noqa: F401 - re-exported
 from reef_lab.schema import check_client_fields
@@ -639,14 +640,30 @@ class Gateway:
         return rec
 
     def list_records(self, scenario: str, kind: str | None = None, limit: int = 50,
-                     after: str | None = None) -> dict:
+                     after: str | None = None, session: str | None = None) -> dict:
+        """A page of the scenario's records; `session` keeps one session's (its `session` tag, which
+        `reef-lab agent` sends as x-reef-tag-session), so a client finds a session's calls without reading all."""
         s = self.scenarios.get(scenario)
         if kind is not None and kind not in KINDS:
             raise BadRequest(f"'kind' must be one of {list(KINDS)}")
         if not 1 <= limit <= 1000:
             raise BadRequest("'limit' must be between 1 and 1000")
-        page, nxt = self.store.page(scenario, kind, s.since, after, limit)
-        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
+        if session is None:
+            page, nxt = self.store.page(scenario, kind, s.since, after, limit)
+            return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
+        if not SESSION_ID.match(session):
+            raise BadRequest("'session' must be a session id: 1-128 letters, digits, '_', '.', ':' or '-'")
+        out: list[dict] = []
+        while True:
+            page, nxt = self.store.page(scenario, kind, s.since, after, 1000)
+            for rec in self.store.get_many(page):
+                if (rec.get("tags") or {}).get("session") == session:
+                    out.append(rec)
+                    if len(out) == limit:
+                        return {"records": [wire_record(r) for r in out], "next": rec["id"]}
+            if nxt is None:
+                return {"records": [wire_record(r) for r in out], "next": None}
+            after = nxt
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         s = self.scenarios.get(scenario)

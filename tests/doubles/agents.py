@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
-AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
+AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
+          "pi": "@mariozechner/pi-coding-agent"}
 
 
 def installed(agent: str) -> bool:
@@ -120,10 +121,11 @@ HEADLESS = {
     "codex": lambda prompt: ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                              prompt],
     "opencode": lambda prompt: ["run", "--format", "json", prompt],
+    "pi": lambda prompt: ["-p", "--mode", "json", "--offline", prompt],
 }
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
          "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-         "OPENCODE_PERMISSION": json.dumps({"edit": "allow", "bash": "allow"})}
+         "OPENCODE_PERMISSION": json.dumps({"edit": "allow", "bash": "allow"}), "PI_OFFLINE": "1"}
 
 
 def run_wrapper(agent: str, args: list[str], home: Path, cwd: Path, timeout: float = 300,
