@@ -88,6 +88,18 @@ def test_help_reads_well():
     assert "--wait" in sub.stdout and "plain words" in sub.stdout
 
 
+def test_the_wrapper_s_options_may_lead_a_command_or_the_agent_s_arguments():
+    from reef_lab.agents.cli import parser, split_run
+    a = parser().parse_args(split_run(["agent", "claude", "--scenario", "u", "evolve", "be brief", "--wait"]))
+    assert (a.command, a.scenario, a.text, a.wait) == ("evolve", "u", "be brief", True)
+    a = parser().parse_args(split_run(["agent", "codex", "--root=/r", "--url", "http://h:1", "versions"]))
+    assert (a.command, a.root, a.url) == ("versions", "/r", "http://h:1")
+    a = parser().parse_args(split_run(["agent", "claude", "--scenario", "u", "-p", "evolve"]))
+    assert (a.command, a.scenario, a.agent_args) == ("run", "u", ["--", "-p", "evolve"])
+    a = parser().parse_args(split_run(["agent", "pi", "--bin", "/x/pi", "--", "install"]))
+    assert (a.command, a.bin, a.agent_args) == ("run", "/x/pi", ["--", "install"])
+
+
 def test_install_run_report_evolve_update_rollback(live, tmp_path):
     start, provider = live
     s = start()

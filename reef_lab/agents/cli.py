@@ -39,6 +39,7 @@ HARNESS_DIRS = {"claude": ("skills", "commands"), "codex": ("skills", "prompts")
                 "pi": ("skills", "prompts"), "files": ()}
 AGENT_OWNED = {"codex": ("skills/.system/",)}  # what the agent writes into those folders itself (Codex's own skills)
 SESSIONS_FILE = ".reef-sessions"
+OURS = ("--root", "--scenario", "--url", "--bin")  # the wrapper's own options, which may come before the command
 DEFAULT_URL = "http://127.0.0.1:8900"
 
 
@@ -372,16 +373,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def split_run(argv: list[str]) -> list[str]:
-    """`reef-lab agent claude -p hi` means `... claude run -p hi`; our own options may lead the agent's."""
+    """`reef-lab agent claude -p hi` means `... claude run -p hi`; our own options may lead the agent's, and lead
+    a command too (`... claude --scenario s evolve "x"` is `... claude evolve --scenario s "x"`)."""
     if len(argv) < 2 or argv[0] != "agent" or argv[1] not in ADAPTERS:
         return argv
     rest = argv[2:]
     if rest and (rest[0] in COMMANDS or rest[0] in ("-h", "--help")):
         return argv
     ours, i = [], 0
-    while i < len(rest) and rest[i] in ("--root", "--scenario", "--url", "--bin") and i + 1 < len(rest):
-        ours += rest[i:i + 2]
-        i += 2
+    while i < len(rest) and i + 1 < len(rest) and (rest[i] in OURS or rest[i].split("=")[0] in OURS):
+        step = 1 if "=" in rest[i] else 2
+        ours += rest[i:i + step]
+        i += step
+    if i < len(rest) and rest[i] in COMMANDS:
+        return [*argv[:2], rest[i], *ours, *rest[i + 1:]]
     if i < len(rest) and rest[i] == "--":
         i += 1
     return [*argv[:2], "run", *ours, "--", *rest[i:]]
