@@ -110,6 +110,19 @@ def lint_scripts(url: str, work: Path) -> dict:
     return out
 
 
+def summary(rows: list[dict]) -> str:
+    """How many agents carried the expected text in each run's first request (and nothing they should not)."""
+    want = {"run on v1": (True, True, False), "run on v2": (True, True, True), "run after rollback": (True, True, False)}
+    parts = []
+    for phase, (rule, skill, evolved) in want.items():
+        good = [r["agent"] for r in rows for p in r["phases"] if p["phase"] == phase and p["rc"] == 0
+                and p["file_written"] and tuple(p["carries"].values()) == (rule, skill, evolved, False)]
+        parts.append(f"{phase}: {len(good)} of {len(rows)} ({', '.join(good) or 'none'})")
+        parts[-1] += " carried the installed rule and skill" + (" and the evolved text" if evolved else
+                                                                 ", not the evolved text")
+    return "**As expected** (and serving's rendering absent, the task's file written): " + "; ".join(parts) + "."
+
+
 def markdown(rows: list[dict], command: str) -> str:
     lines = ["# Harness releases installed into real coding agents", "",
              f"Command: `{command}` (scripts/check_agents_install.py; scripted provider, serve.py, `reef-lab agent`).",
@@ -117,6 +130,7 @@ def markdown(rows: list[dict], command: str) -> str:
              "(`RULE-ALPHA-7`), the installed skill's description (`SKILL-BETA-7`), the change request's text "
              "(`REEF-EVOLVED-7`, in the evolved rule and skill) and serving's own rendering (`Rules:`, must be absent: "
              "the agent carries the release in its own files, serving does not apply it twice).", "",
+             summary(rows), "",
              "| agent | run | rc | s | model requests | first request (KB) | rule | skill | evolved | `Rules:` | "
              "file written | record's release |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     yn = {True: "yes", False: "no"}
