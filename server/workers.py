@@ -43,7 +43,8 @@ import orjson
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.gateway.scenarios import check_name
+from reef_lab.gateway.inference import Relaying
+from reef_lab.scenarios import check_name
 from reef_lab.records.store import RelayLog
 from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
 
@@ -419,12 +420,9 @@ class PrimaryClient:
 class RelayGateway:
     """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
 
-    _relay = Gateway._relay
-    _relay_stream = Gateway._relay_stream
-    _inference_record = Gateway._inference_record
-
     def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
         self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
+        self._relaying = Relaying(engine, self.store)
         self.started_at = time.time()
         self._gen_map = _gen_counter(data_dir, writable=False)
         self._gen = -1
@@ -460,8 +458,8 @@ class RelayGateway:
             raise BadRequest("the request body must be a JSON object")
         info = self.serving(name) or {"release_id": None, "files": None}
         sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
-        return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                           info["release_id"] or "upstream")
+        return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                                    info["release_id"] or "upstream")
 
     def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
         """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""

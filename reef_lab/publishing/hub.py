@@ -108,11 +108,16 @@ class HubPublisher:
         self.releases.update_index(scenario, hub_main={"state": "pending", "version": version})
         self._jobs.put(("main", scenario, version))
 
+    @property
+    def queued(self) -> int:
+        """Pushes queued or running."""
+        return self._jobs.unfinished_tasks
+
     def wait(self, timeout: float = 120.0) -> bool:
         """Block until the queue is empty and no push is running (tests, experiments, shutdown)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self._jobs.unfinished_tasks == 0:
+            if self.queued == 0:
                 return True
             time.sleep(0.05)
         return False

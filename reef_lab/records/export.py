@@ -21,7 +21,7 @@ import orjson
 import polars as pl
 
 from reef_lab.publishing.releases import ReleaseStore
-from reef_lab.gateway.scenarios import ScenarioRegistry
+from reef_lab.scenarios import ScenarioRegistry
 from reef_lab.records.store import scan_records
 
 TABLES = ("inferences", "reports", "training")

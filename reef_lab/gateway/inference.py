@@ -1,0 +1,267 @@
+"""Inference: a provider-format request in, the engine's answer out, every call a durable record first.
+
+One path for HTTP and in-process callers: `infer` returns the provider's reply (server/hot.py writes it out),
+`infer_record` returns the stored record itself (experiments, TTT rollouts, held-out evaluation), so an in-process
+caller never reads back what it just wrote. Generation (an engine that makes its own tokens) records token ids and
+logprobs; a relay (an upstream provider) passes the body through and records what came back, streams included.
+The scenario's serving harness, when it has one, is applied to what the engine sees; the record keeps the body as
+the client sent it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import orjson
+
+from reef_lab import harness as harness_mod
+from reef_lab.engines.base import Engine, Relay
+from reef_lab.errors import BadRequest, ReefError, UpstreamError
+from reef_lab.gateway import dialects
+from reef_lab.records.record import Record, new_record_id
+from reef_lab.scenarios import check_name
+
+RECEIPT_HEADER = "x-reef-agent-record-id"
+RELEASE_HEADER = "x-reef-release-id"
+COMPONENTS_HEADER = "x-reef-release-components"
+PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
+         dialects.ANTHROPIC: "/v1/messages"}
+EVAL_TAG = "reef.eval"  # tags the held-out answers a candidate is judged on (reef_lab.publishing.releaser)
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    record: dict | None = None  # the stored record (in-process callers; the HTTP layer sends only the reply)
+
+
+@dataclass
+class StreamReply:
+    events: Iterator[bytes]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float, **kw) -> Record:
+    return Record(id=new_record_id(), scenario=name, kind="inference", dialect=dialect, request=body,
+                  response=response, tags=tags,
+                  timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
+
+
+class Relaying:
+    """Pass a body to an upstream provider; every call, failed or not, streaming or not, becomes a record. Shared by
+    the primary's Inference and a relay worker (server/workers.py RelayGateway), which writes its own log."""
+
+    def __init__(self, engine: Relay, store):
+        self.engine, self.store = engine, store
+
+    def relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
+              release: str, components: dict | None = None) -> Reply | StreamReply:
+        path, t0 = PATHS[dialect], time.perf_counter()
+        release_headers = release_header_values(release, components)
+
+        def record(response, error: str | None) -> Record:
+            rec = inference_record(name, dialect, body, tags, response, t0, release_id=release,
+                                   status="error" if error else "ok", error=error)
+            self.store.append([rec])
+            return rec
+        try:
+            if body.get("stream"):
+                up, events = self.engine.open_stream(path, sent, headers)
+            else:
+                up, events = self.engine.forward(path, sent, headers), None
+        except UpstreamError as e:
+            record(None, e.message)
+            raise
+        if events is not None:
+            return StreamReply(self.relay_stream(dialect, events, body, name, tags, t0, release),
+                               headers={**release_headers, **up.headers})
+        try:
+            resp = orjson.loads(up.body)
+        except orjson.JSONDecodeError:
+            resp = None
+        if up.status < 300 and not isinstance(resp, dict):
+            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
+            rec = record({"raw": up.body[:65536].decode(errors="replace")},
+                         f"the upstream provider answered HTTP {up.status} with {what}")
+            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
+                                f"{rec.id}")
+        rec = record(resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")},
+                     None if up.status < 300 else f"upstream answered HTTP {up.status}")
+        return Reply(up.status, up.body, up.content_type,
+                     {RECEIPT_HEADER: rec.id, **release_headers, **up.headers}, record=rec.to_dict())
+
+    def relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
+        acc = dialects.StreamAccumulator(dialect)
+        final, final_event, error = None, None, None
+        try:
+            for ev in events:
+                event_name, data = _parse_sse(ev)
+                if data == "[DONE]":
+                    break
+                try:
+                    obj = orjson.loads(data) if data else None
+                except orjson.JSONDecodeError:
+                    obj = None
+                if isinstance(obj, dict):
+                    acc.add(obj)
+                    kind = obj.get("type")
+                    if kind in ("message_stop", "response.completed", "response.incomplete", "response.failed"):
+                        final, final_event = obj, event_name
+                        continue
+                yield ev
+        except UpstreamError as e:
+            error = e.message
+        rec = inference_record(name, dialect, body, tags, acc.result(), t0, release_id=release,
+                               status="error" if error else "ok", error=error)
+        self.store.append([rec])
+        reef = {"agent_record_id": rec.id, "release_id": release}
+        if error:
+            yield dialects.error_event(dialect, error, reef)
+        elif dialect == dialects.OPENAI_CHAT:
+            r = acc.response
+            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
+                                "model": r.get("model"), "choices": [], "reef": reef})
+            yield b"data: [DONE]\n\n"
+        elif final is not None:
+            yield dialects.sse({**final, "reef": reef}, final_event)
+
+
+def release_header_values(release: str | None, components: dict | None) -> dict[str, str]:
+    """The release headers of an answer: the release id, and for a composite release its components."""
+    out = {RELEASE_HEADER: release} if release is not None else {}
+    if components:
+        out[COMPONENTS_HEADER] = ",".join(f"{k}={v}" for k, v in sorted(components.items()))
+    return out
+
+
+class Inference:
+    """Serves a scenario's requests. `serving(name)` gives what serves it besides the engine's own routing: the
+    harness release (id, files) and the composite release's components, or None (reef_lab.publishing.releaser)."""
+
+    def __init__(self, engine: Engine, store, scenarios, serving: Callable[[str], Any]):
+        self.engine, self.store, self.scenarios, self._serving = engine, store, scenarios, serving
+        self.started_at = time.time()
+        self._relaying = Relaying(engine, store) if isinstance(engine, Relay) else None
+
+    def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
+              client_headers: dict[str, str] | None = None, release: str | None = None) -> Reply | StreamReply:
+        """`release` (in-process callers only, never HTTP): answer with that loaded release instead of the
+        scenario's routing (a candidate's held-out evaluation)."""
+        name = check_name(scenario)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        self.scenarios.ensure(name)
+        serving = self._serving(name)
+        harness = serving.harness if serving is not None else None
+        components = serving.components if serving is not None else None
+        sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
+        label = serving.release_id if serving is not None and serving.release_id else None
+        if self._relaying is not None:
+            return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                                        label or "upstream", components)
+        return self._generate(dialect, body, name, tags or {}, sent, label, components, release)
+
+    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
+                     release: str | None = None, dialect: str = dialects.OPENAI_CHAT) -> dict:
+        """One answer, not streamed, for an in-process caller: the stored record (response, token ids, logprobs,
+        the release that served it). A failed generation raises, its error kept in a record too."""
+        reply = self.infer(dialect, {**body, "stream": False}, scenario, tags, release=release)
+        return reply.record
+
+    def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
+                  components: dict | None, release: str | None) -> Reply | StreamReply:
+        """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
+        it. A harness or composite release, when one serves the scenario, is the release named on the record and
+        header."""
+        req = dialects.PARSERS[dialect](sent)
+        req.scenario = name
+        if release is not None:
+            req.release, label = release, release
+        model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
+        rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
+        try:
+            handle = self.engine.submit(req)
+        except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
+            raise BadRequest(str(e)) from None
+
+        def finish():
+            try:
+                gen = handle.result()
+            except Exception as e:
+                rec = inference_record(name, dialect, body, tags, None, t0, status="error",
+                                       error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id)
+                self.store.append([rec])
+                err = ReefError(f"generation failed: {e} (record {rec.id})")
+                if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
+                    err.status, err.type, err.headers = e.status, e.type, e.headers
+                raise err from e
+            resp = dialects.render(dialect, gen, model, rid, created)
+            rec = inference_record(name, dialect, body, tags, resp, t0, release_id=label or gen.release_id,
+                                   prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
+                                   logprobs=gen.logprobs)
+            self.store.append([rec])
+            return gen, rec, resp
+
+        if not body.get("stream"):
+            gen, rec, resp = finish()
+            return Reply(200, orjson.dumps(resp), headers={
+                RECEIPT_HEADER: rec.id, **release_header_values(label or gen.release_id, components)},
+                record=rec.to_dict())
+
+        def receipt():
+            gen, rec, _ = finish()
+            return gen, rec.id
+
+        def deltas():
+            try:
+                yield from handle
+            except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
+                return
+
+        def events():
+            done = False
+            try:
+                prompt_tokens = len(handle.prompt_ids)
+                yield from dialects.stream(dialect, deltas(), receipt, model, rid, created, prompt_tokens)
+                done = True
+            except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
+                done = True
+                yield dialects.error_event(dialect, e.message)
+            finally:
+                if not done:
+                    handle.cancel()
+        return StreamReply(events(), headers=release_header_values(label or handle.release_id, components))
+
+    def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
+        if isinstance(self.engine, Relay):
+            up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
+            return Reply(up.status, up.body, up.content_type)
+        messages = dialects.parse_count_tokens(body)
+        return Reply(200, orjson.dumps({"input_tokens": self.engine.count_tokens(messages)}))
+
+    def models(self) -> Reply:
+        if isinstance(self.engine, Relay) and not self.engine.model:
+            up = self.engine.get("/v1/models")
+            return Reply(up.status, up.body, up.content_type)
+        m = self.engine.model_name
+        return Reply(200, orjson.dumps({"object": "list", "data": [
+            {"id": m, "object": "model", "created": int(self.started_at), "owned_by": "reef_lab",
+             "type": "model", "display_name": m, "created_at": time.strftime(
+                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))}]}))
+
+
+def _parse_sse(event: bytes) -> tuple[str | None, str]:
+    name, data = None, []
+    for line in event.decode(errors="replace").split("\n"):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    return name, "\n".join(data)
