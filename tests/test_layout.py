@@ -75,3 +75,41 @@ def test_no_capability_probes_in_the_gateway_and_learners():
             if re.search(r"\bhasattr\(", line) or re.search(r"\bgetattr\(\s*(self\.)?_?(engine|recipe|learner|ln)\b", line):
                 probes.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
     assert probes == []
+
+
+RELEASE_WRITERS = {"new_candidate", "update_candidate", "publish_candidate", "set_serving", "update_release",
+                   "update_index"}
+ROUTING = {"load_release", "route", "unload"}
+RELEASE_OWNERS = {"reef_lab/publishing/releaser.py", "reef_lab/publishing/releases.py"}
+
+
+def release_path_violations(root: Path) -> list[str]:
+    """Calls that write the release index (a ReleaseStore writer) or change what an engine serves (load, route,
+    unload a release) anywhere in the core, the recipes or the server but the releaser: a candidate becomes the
+    serving release one way only. Engines implement routing; test doubles drive an engine as a server would."""
+    found = []
+    for top in ("reef_lab", "recipes", "server"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in RELEASE_OWNERS or rel.startswith(("reef_lab/engines/", "reef_lab/testing/")):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in RELEASE_WRITERS | ROUTING:
+                    found.append(f"{rel}:{node.lineno} calls .{node.func.attr}()")
+    return found
+
+
+def test_one_release_path():
+    assert release_path_violations(ROOT) == []
+
+
+def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
+    (tmp_path / "recipes" / "x").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "publishing").mkdir(parents=True)
+    (tmp_path / "server").mkdir()
+    (tmp_path / "recipes" / "x" / "learner.py").write_text(
+        "def go(ctx):\n    ctx.releases.publish_candidate('s', 'c1')\n    ctx.engine.route('s', 'v1')\n")
+    (tmp_path / "reef_lab" / "publishing" / "releaser.py").write_text("def ok(store):\n    store.set_serving()\n")
+    assert release_path_violations(tmp_path) == ["recipes/x/learner.py:2 calls .publish_candidate()",
+                                                 "recipes/x/learner.py:3 calls .route()"]

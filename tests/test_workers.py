@@ -109,7 +109,7 @@ def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
         listed = {r["id"] for r in json.loads(data)["records"]}
         assert set(receipts) <= listed
     status, _, data = call(port, "GET", "/reef/scenarios/w")
-    assert json.loads(data)["records"] == {"inference": 60, "report": 30, "train": 0}
+    assert json.loads(data)["records"] == {"inference": 60, "report": 30, "train": 0, "eval": 0}
 
 
 @pytest.mark.heavy

@@ -42,7 +42,7 @@ class HarnessLearner(LearnerLoop):
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         task_lm = ctx.make_lm(self.config.task_lm)
         reflection_lm = ctx.make_lm(self.config.reflection_lm) if self.config.reflection_lm else task_lm
-        self.gw = ctx.gateway
+        self.gw, self.releaser = ctx.gateway, ctx.releaser
         self.dir = Path(ctx.data_dir) / "learn" / scenario
         self.dir.mkdir(parents=True, exist_ok=True)
         self._state_path = self.dir / "state.json"
@@ -54,8 +54,8 @@ class HarnessLearner(LearnerLoop):
         self._init_loop()
         serving = self._serving_files()
         if serving is None:  # serve the seed harness first, so every example was served under a known harness
-            self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
-                                    {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
+            self.releaser.publish_harness(scenario, dict(self.config.seed_harness),
+                                          {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
             serving = dict(self.config.seed_harness)
         task = make_task(self.config.val_task)
         val = task.items(self.config.val_size, seed=self.config.val_seed)
@@ -105,7 +105,7 @@ class HarnessLearner(LearnerLoop):
                 self._inbox.append(rec)
 
     def _serving_files(self) -> dict[str, str] | None:
-        rel = self.gw.releases.serving(self.scenario)
+        rel = self.releaser.serving_release(self.scenario)
         return harness_mod.read_tree(Path(rel["folder"])) if rel and rel.get("kind") == "harness" else None
 
     def _drain(self) -> None:
@@ -141,7 +141,7 @@ class HarnessLearner(LearnerLoop):
             feedback = json.dumps(feedback, ensure_ascii=False)
         rollout = Rollout(inf["id"], score, output, feedback or verdict,
                           "\n".join(m["content"] for m in messages if m["role"] == "user"))
-        rel = self.gw.releases.release(self.scenario, inf.get("release_id") or "")
+        rel = self.releaser.release(self.scenario, inf.get("release_id") or "")
         if rel is not None and rel.get("kind") == "harness":
             self.search.observe(harness_mod.read_tree(Path(rel["folder"])), rollout)
         if item["id"] not in self._example_ids:  # an inference referenced by two reports is one example
@@ -195,18 +195,16 @@ class HarnessLearner(LearnerLoop):
         if serving_mean is None:  # a harness published by hand: score it on the validation set once
             scores = [r.score for r in self.search.evaluate(serving, self.search.valset)]
             serving_mean = sum(scores) / len(scores)
-        policy = self.config.selection
-        ok = policy == "always" or (child.mean >= serving_mean if policy == "no_regression"
-                                    else child.mean > serving_mean)
-        reason = f"validation {child.mean:.4f} vs serving {serving_mean:.4f} ({policy})"
-        if not ok:
-            self.search.event({"event": "release_skipped", "candidate": child.id, "reason": reason})
-            return
-        rel = self.gw.publish_harness(self.scenario, {"files": child.components}, {
+        # judged by the releaser's selection policy on the validation means (the search scored both)
+        entry = self.releaser.publish_harness(self.scenario, child.components, {
             "recipe": self.recipe.name, "records": [e["id"] for e in batch],
-            "eval": {"accuracy": child.mean, "size": len(child.scores)},
             "gepa": {"candidate": child.id, "parents": child.parents, "changed": child.changed,
                      "val_mean": child.mean, "serving_val_mean": serving_mean,
-                     "metric_calls": self.search.metric_calls, "reason": reason}})
-        self.search.event({"event": "release", "release_id": rel["release_id"], "candidate": child.id,
-                            "reason": reason})
+                     "metric_calls": self.search.metric_calls}},
+            selection=self.config.selection, scores={"accuracy": child.mean, "size": len(child.scores)},
+            serving_scores={"accuracy": serving_mean})
+        if "release" not in entry:
+            self.search.event({"event": "release_skipped", "candidate": child.id, "reason": entry["reason"]})
+            return
+        self.search.event({"event": "release", "release_id": entry["release"]["release_id"], "candidate": child.id,
+                           "reason": entry["reason"]})

@@ -23,7 +23,7 @@ class TTTDLearner:
     def __init__(self, ctx: LearnContext, config: TTTDConfig):
         self.ctx, self.config = ctx, config
         self.discovery = Discovery(ctx.gateway, ctx.scenario, config, ctx.data_dir / "learn" / ctx.scenario,
-                                   tracker=ctx.tracker, on_release=ctx.on_release)
+                                   ctx.releaser, tracker=ctx.tracker)
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -6,69 +6,32 @@ None of it is on the hot path; every call names its scenario, and every refusal 
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from reef_lab import harness as harness_mod
-from reef_lab.engines.base import ReleaseHost
-from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError
+from reef_lab.errors import BadRequest, Conflict, NotFound
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
-from reef_lab.publishing.serving import Serving
-from reef_lab.records.record import KINDS, new_record_id
+from reef_lab.records.record import KINDS
 from reef_lab.scenarios import check_name
 from reef_lab.schema import check_client_fields
 
 
 class Admin:
-    def __init__(self, data_dir: Path, engine, store, scenarios, releases, learners, serving, hub=None):
+    def __init__(self, data_dir: Path, engine, store, scenarios, releaser, learners, serving, hub=None):
         self.data_dir, self.engine, self.store, self.scenarios = data_dir, engine, store, scenarios
-        self.releases, self.learners, self.serving, self.hub = releases, learners, serving, hub
+        self.releaser, self.learners, self.serving, self.hub = releaser, learners, serving, hub
         self.started_at = time.time()
-
-    def restore_releases(self) -> None:
-        """Serve each scenario's serving release again after a restart."""
-        for name in self.releases.scenarios():
-            rel = self.releases.serving(name)
-            if rel is None or name not in {s.name for s in self.scenarios.list()}:
-                continue
-            if rel.get("kind") == "harness":
-                self._set_harness(name, (rel["release_id"], harness_mod.read_tree(Path(rel["folder"]))))
-            elif isinstance(self.engine, ReleaseHost):
-                self.engine.load_release(rel["release_id"], rel["folder"])
-                self.engine.route(name, rel["release_id"])
-
-    def _set_harness(self, name: str, harness: tuple[str, dict[str, str]] | None) -> None:
-        self.serving.set(name, None if harness is None else Serving(harness[0], harness))
 
     # ---- harness releases -----------------------------------------------------------------------------------
     def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
-        """A new harness release from a file tree; it serves the scenario's next requests."""
+        """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
+        requests."""
         self.scenarios.ensure(name)
         files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
-        current = self.releases.serving(name)
-        if current is not None and current.get("kind") != "harness":
-            raise Conflict(f"scenario {name!r} serves trained weights ({current['release_id']}); a scenario "
-                           "evolves either its weights or its harness")
-        meta = {"kind": "harness", "recipe": (lineage or {}).get("recipe", "manual"),
-                "parent": current["release_id"] if current else BASE, **(lineage or {})}
-        staged = self.releases.folder(name) / "candidates" / f".staged-{new_record_id()}"
-        try:  # written whole before it becomes a candidate: a failed write leaves no candidate behind
-            harness_mod.write_tree(staged, files)
-        except OSError as e:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise ReefError(f"the harness could not be written: {e}") from None
-        cid, folder = self.releases.new_candidate(name, meta)
-        os.replace(staged, folder)
-        rel = self.releases.publish(name, cid)
-        self.releases.update_release(name, rel["version"], kind="harness")
-        self._set_harness(name, (rel["release_id"], files))
-        if self.hub is not None:
-            self.hub.release(name, rel["version"])
-        return {**rel, "kind": "harness"}
+        return self.releaser.publish_harness(name, files, lineage)["release"]
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         name = check_name(scenario)
@@ -78,7 +41,7 @@ class Admin:
             if serving is None or serving.harness is None:
                 raise NotFound(f"scenario {name!r} serves no harness release")
             return {"scenario": name, "release_id": serving.harness[0], "files": serving.harness[1]}
-        rel = self.releases.release(name, release_id)
+        rel = self.releaser.release(name, release_id)
         if rel is None or rel.get("kind") != "harness":
             raise NotFound(f"release {release_id!r} of scenario {name!r} is not a harness release")
         return {"scenario": name, "release_id": rel["release_id"],
@@ -94,8 +57,8 @@ class Admin:
 
     def list_releases(self, name: str) -> dict:
         self.scenarios.get(name)
-        idx = self.releases.index(name)
-        serving = self.releases.serving(name)
+        idx = self.releaser.index(name)
+        serving = self.releaser.serving_release(name)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
                "hub_main": idx.get("hub_main")}
@@ -108,23 +71,7 @@ class Admin:
         self.scenarios.get(name)
         if not isinstance(body, dict) or not isinstance(body.get("release_id"), str):
             raise BadRequest("the body must be {\"release_id\": \"vN\" | \"<scenario>:vN\" | \"base\"}")
-        rel = self.releases.release(name, body["release_id"])
-        target = rel["release_id"] if rel else BASE
-        current = self.serving.get(name)
-        if (rel or {}).get("kind") == "harness" or (rel is None and current is not None and current.harness):
-            self.releases.set_serving(name, target)
-            self._set_harness(name, None if rel is None else (target, harness_mod.read_tree(Path(rel["folder"]))))
-            if self.hub is not None:
-                self.hub.serving(name, rel["version"] if rel else None)
-            return self.list_releases(name)
-        if not isinstance(self.engine, ReleaseHost):
-            raise Conflict("this engine serves no weights of its own (upstream provider)")
-        if rel and target not in self.engine.loaded_releases():
-            self.engine.load_release(target, rel["folder"])
-        self.engine.route(name, target)
-        self.releases.set_serving(name, target)
-        if self.hub is not None:
-            self.hub.serving(name, rel["version"] if rel else None)
+        self.releaser.rollback(name, body["release_id"])
         ln = self.learners.running(name)
         if ln is not None:
             ln.on_rollback()
@@ -134,7 +81,7 @@ class Admin:
         self.scenarios.get(name)
         if not isinstance(body, dict) or not isinstance(body.get("candidate"), str):
             raise BadRequest("the body must be {\"candidate\": \"cN\"} (a candidate waiting for review)")
-        cand = self.releases.candidate(name, body["candidate"])
+        cand = self.releaser.candidate(name, body["candidate"])
         if cand["status"] != "pending_review":
             raise Conflict(f"candidate {cand['id']} is {cand['status']}; only candidates pending review can be "
                            "promoted")
@@ -207,8 +154,8 @@ class Admin:
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
         scenarios = {}
-        for name in self.releases.scenarios():
-            idx = self.releases.index(name)
+        for name in self.releaser.scenarios():
+            idx = self.releaser.index(name)
             states = {r["release_id"]: {k: (r.get("hub") or {}).get(k) for k in ("state", "error", "commit")}
                       for r in idx["releases"] if r.get("hub")}
             if states or idx.get("hub_main"):

@@ -22,6 +22,7 @@ from reef_lab.gateway.learners import Learners
 from reef_lab.gateway.reports import Reports, shown
 from reef_lab.learning.recipe import LearnContext, load_recipe, shipped_recipes
 from reef_lab.publishing.hub import HubConfig, HubPublisher
+from reef_lab.publishing.releaser import Releaser
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.serving import ServingTable
 from reef_lab.publishing.tracking import TrackingConfig
@@ -55,11 +56,12 @@ class Gateway:
         self.serving_table = ServingTable(self._changed)
         self.scenarios.on_change = self._changed
         self.inference = Inference(engine, self.store, self.scenarios, self._serving_of)
+        self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer)
         self.reports = Reports(self.store, self.scenarios, self.learners)
-        self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releases, self.learners,
+        self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
                            self.serving_table, self.hub)
         self.started_at = time.time()
-        self.admin.restore_releases()
+        self.releaser.restore({s.name for s in self.scenarios.list()})
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
             evolves = self.learners.recipe(s.name).evolves
             if evolves == "harness" or (evolves == "weights" and self.store.ids(s.name, "report")):
@@ -79,15 +81,8 @@ class Gateway:
 
     def _context(self, name: str, recipe, tracker) -> LearnContext:
         return LearnContext(scenario=name, data_dir=self.data_dir, store=self.store, releases=self.releases,
-                            engine=self.engine, gateway=self, make_lm=self.learners.make_lm, tracker=tracker,
-                            on_release=self._released)
-
-    def _released(self, scenario: str, release: dict) -> dict:
-        """A release went live: queue its Hub push; returns what the release's metrics row should add."""
-        if self.hub is None:
-            return {}
-        self.hub.release(scenario, release["version"])
-        return {"hub_url": f"{self.hub.api.endpoint}/{self.hub.config.repo_for(scenario)}/tree/{release['version']}"}
+                            releaser=self.releaser, engine=self.engine, gateway=self,
+                            make_lm=self.learners.make_lm, tracker=tracker)
 
     def serving(self, scenario: str) -> dict | None:
         """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.

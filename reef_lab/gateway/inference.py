@@ -28,7 +28,6 @@ RELEASE_HEADER = "x-reef-release-id"
 COMPONENTS_HEADER = "x-reef-release-components"
 PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
          dialects.ANTHROPIC: "/v1/messages"}
-EVAL_TAG = "reef.eval"  # tags the held-out answers a candidate is judged on (reef_lab.publishing.releaser)
 
 
 @dataclass
@@ -46,8 +45,9 @@ class StreamReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float, **kw) -> Record:
-    return Record(id=new_record_id(), scenario=name, kind="inference", dialect=dialect, request=body,
+def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
+                     kind: str = "inference", **kw) -> Record:
+    return Record(id=new_record_id(), scenario=name, kind=kind, dialect=dialect, request=body,
                   response=response, tags=tags,
                   timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
 
@@ -149,9 +149,10 @@ class Inference:
         self._relaying = Relaying(engine, store) if isinstance(engine, Relay) else None
 
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
-              client_headers: dict[str, str] | None = None, release: str | None = None) -> Reply | StreamReply:
-        """`release` (in-process callers only, never HTTP): answer with that loaded release instead of the
-        scenario's routing (a candidate's held-out evaluation)."""
+              client_headers: dict[str, str] | None = None, release: str | None = None,
+              kind: str = "inference") -> Reply | StreamReply:
+        """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
+        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`)."""
         name = check_name(scenario)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
@@ -164,17 +165,24 @@ class Inference:
         if self._relaying is not None:
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                                         label or "upstream", components)
-        return self._generate(dialect, body, name, tags or {}, sent, label, components, release)
+        return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind)
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
-                     release: str | None = None, dialect: str = dialects.OPENAI_CHAT) -> dict:
-        """One answer, not streamed, for an in-process caller: the stored record (response, token ids, logprobs,
-        the release that served it). A failed generation raises, its error kept in a record too."""
-        reply = self.infer(dialect, {**body, "stream": False}, scenario, tags, release=release)
+                     release: str | None = None, kind: str = "inference") -> dict:
+        """One chat completion, not streamed, for an in-process caller: the stored record (response, token ids,
+        logprobs, the release that served it). A failed generation raises, its error kept in a record too."""
+        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, release=release,
+                           kind=kind)
         return reply.record
 
+    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict) -> str:
+        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation)."""
+        rec = self.infer_record({"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens,
+                                 "temperature": 0.0}, scenario, tags, release=release, kind="eval")
+        return dialects.response_text(rec["dialect"], rec["response"])
+
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
-                  components: dict | None, release: str | None) -> Reply | StreamReply:
+                  components: dict | None, release: str | None, kind: str) -> Reply | StreamReply:
         """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
         it. A harness or composite release, when one serves the scenario, is the release named on the record and
         header."""
@@ -193,7 +201,7 @@ class Inference:
             try:
                 gen = handle.result()
             except Exception as e:
-                rec = inference_record(name, dialect, body, tags, None, t0, status="error",
+                rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
                                        error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id)
                 self.store.append([rec])
                 err = ReefError(f"generation failed: {e} (record {rec.id})")
@@ -201,7 +209,7 @@ class Inference:
                     err.status, err.type, err.headers = e.status, e.type, e.headers
                 raise err from e
             resp = dialects.render(dialect, gen, model, rid, created)
-            rec = inference_record(name, dialect, body, tags, resp, t0, release_id=label or gen.release_id,
+            rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
                                    logprobs=gen.logprobs)
             self.store.append([rec])

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
-from reef_lab.schema import check_fields
 from reef_lab.learning.tasks import TaskConfig
+from reef_lab.publishing.releaser import SELECTIONS
+from reef_lab.schema import check_fields
 
 MODES = ("auto", "manual", "hybrid")
 EVOLVES = ("weights", "harness", "nothing")
@@ -32,7 +33,6 @@ def _trainer_config():
     from reef_lab.trainers.base import TrainerConfig  # torch loads only where a config names a trainer
 
     return TrainerConfig
-SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 
 
 @dataclass
@@ -42,12 +42,12 @@ class LearnContext:
     scenario: str
     data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
     store: Any  # reef_lab.records.store.RecordStore: the scenario's records
-    releases: Any  # reef_lab.publishing.releases.ReleaseStore: its candidates and releases
+    releases: Any  # reef_lab.publishing.releases.ReleaseStore: its candidates and releases (read only)
+    releaser: Any  # reef_lab.publishing.releaser.Releaser: the one path from a candidate to the serving release
     engine: Any  # reef_lab.engines.base.Engine serving it
     gateway: Any  # reef_lab.gateway.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
     make_lm: Callable[[dict | None], Any]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
     tracker: Any = None  # reef_lab.publishing.tracking.Tracker (None: tracking off)
-    on_release: Callable[[str, dict], dict] | None = None  # call once a release serves (queues its Hub push)
 
 
 class ScenarioLearner(Protocol):
@@ -134,20 +134,6 @@ def require_score(recipe_name: str, report: dict) -> None:
     """The report schema of the reward-driven recipes: a report that references inferences carries a score."""
     if report.get("references") and report.get("score") is None:
         raise BadRequest(f"the {recipe_name} recipe needs a 'score' on every report that references inferences")
-
-
-def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[str, str]:
-    """The selection policy's verdict on a candidate: ("accepted" | "rejected" | "review", reason)."""
-    if policy == "always":
-        return "accepted", "selection 'always'"
-    if policy == "review":
-        return "review", "waiting for POST /reef/scenarios/{s}/promote"
-    c, s = candidate["accuracy"], serving["accuracy"]
-    if policy == "no_regression":
-        ok = c >= s
-        return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>=' if ok else '<'} serving {s:.4f}"
-    ok = c > s
-    return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>' if ok else '<='} serving {s:.4f}"
 
 
 _FOLDER_RE = re.compile(r"^[a-z][a-z0-9_]*$")

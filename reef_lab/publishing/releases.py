@@ -102,7 +102,7 @@ class ReleaseStore:
     def next_version(self, scenario: str) -> str:
         return f"v{len(self.index(scenario)['releases']) + 1}"
 
-    def publish(self, scenario: str, cid: str) -> dict:
+    def publish_candidate(self, scenario: str, cid: str) -> dict:
         """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
         with self._lock:
             idx = self.index(scenario)
@@ -118,7 +118,8 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa")}}
+                                                   "trainer_step", "gepa")},
+                       **({"kind": cand["kind"]} if cand.get("kind") else {})}
             idx["releases"].append(release)
             idx["serving"] = version
             cand.update(status="accepted", release_id=release["release_id"])

@@ -22,7 +22,7 @@ import polars as pl
 from reef_lab.errors import BadRequest
 
 SCHEMA_VERSION = 2  # 2 added stored_at; older segments read with it null (see store.scan_segments)
-KINDS = ("inference", "report", "train")
+KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a candidate was judged on
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 
 def new_record_id(now: float | None = None) -> str:
