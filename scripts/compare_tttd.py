@@ -138,7 +138,7 @@ def main(argv=None) -> None:
 def build_engine(cfg: TTTDExperimentConfig):
     from reef_lab.config import ServeConfig
     from reef_lab.engines import engine_class
-    from reef_lab.learning.experiment import ExperimentConfig, choose_engine
+    from reef_lab.experiments.weights import ExperimentConfig, choose_engine
 
     name = cfg.engine
     if name == "auto":

@@ -3,11 +3,11 @@
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
 The YAML names its `recipe` (a folder of recipes/ or module:Class) and holds that recipe's experiment fields: the
-weight recipes share reef_lab.learning.experiment.ExperimentConfig, gepa has recipes/gepa/experiment.py's
+weight recipes share reef_lab.experiments.weights.ExperimentConfig, gepa has recipes/gepa/experiment.py's
 GEPAExperimentConfig (each recipe runs its own experiments: `Recipe.run_experiment`); `--set key=value` overrides one (dotted keys reach into
 recipe_config/task, values parsed as YAML), `--seed` and `--out` are shortcuts. Progress shows as a bar with the
 trainer step, the last batch's reward and the last held-out accuracy; the run folder holds everything (see
-reef_lab/learning/experiment.py), and apps/sao.py plots it.
+reef_lab/experiments/weights.py), and apps/sao.py plots it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.learning.experiment import ExperimentConfig, run_experiment
+from reef_lab.experiments.weights import ExperimentConfig, run_experiment
 from reef_lab.learning.learner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_experiment_is_an_offline_wandb_run(tiny_model_dir, tmp_path, monkeypatc
 
 def test_auto_picks_vllm_only_where_it_can_serve_the_run(tmp_path, monkeypatch):
     import reef_lab.engines.vllm as vllm
-    from reef_lab.learning.experiment import choose_engine
+    from reef_lab.experiments.weights import choose_engine
 
     lora = {"trainer": {"lora_rank": 8}}
     monkeypatch.setattr(vllm, "DEFAULT_PYTHON", tmp_path / "none")

@@ -60,7 +60,7 @@ def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool =
                         close_engine: bool = True) -> dict:
     """Run (or resume) the experiment; returns its summary (also written to summary.json). `close_engine`: False
     keeps a given engine running for the next run."""
-    from reef_lab.learning.experiment import ExperimentConfig, choose_engine
+    from reef_lab.experiments.weights import ExperimentConfig, choose_engine
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

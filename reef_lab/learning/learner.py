@@ -51,8 +51,8 @@ class WeightRecipe(ABC):
 
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
-        """An experiment of a weight recipe: reef_lab.learning.experiment (a task stream through the gateway in-process)."""
-        from reef_lab.learning.experiment import run_weight_experiment
+        """An experiment of a weight recipe: reef_lab.experiments.weights (a task stream through the gateway in-process)."""
+        from reef_lab.experiments.weights import run_weight_experiment
 
         return run_weight_experiment(data, progress)
 

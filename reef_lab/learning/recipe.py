@@ -84,7 +84,7 @@ class Recipe(Protocol):
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
         """Run (or resume) an experiment of this recipe from its YAML mapping (scripts/run_experiment.py); its
-        summary. Weight recipes share reef_lab.learning.experiment; a recipe with another shape brings its own."""
+        summary. Weight recipes share reef_lab.experiments.weights; a recipe with another shape brings its own."""
 
 
 def recipe_class(spec: str) -> type:

@@ -33,7 +33,7 @@ from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.learning.tasks import make_task
 
-log = logging.getLogger("reef_lab.learning.experiment")
+log = logging.getLogger("reef_lab.experiments.weights")
 
 
 @dataclass
