@@ -138,12 +138,11 @@ def main(argv=None) -> None:
 def build_engine(cfg: TTTDExperimentConfig):
     from reef_lab.config import ServeConfig
     from reef_lab.engines import engine_class
-    from reef_lab.experiments.weights import ExperimentConfig, choose_engine
+    from reef_lab.experiments.driver import choose_engine
 
     name = cfg.engine
     if name == "auto":
-        name, why = choose_engine(ExperimentConfig(recipe="sft", model_path=cfg.model_path,
-                                                   recipe_config={"trainer": cfg.recipe_config().trainer}))
+        name, why = choose_engine(cfg.model_path, cfg.recipe_config().trainer.get("lora_rank", 0) > 0)
         print(f"[compare] engine {name} ({why})", flush=True)
     opts = orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None
     return engine_class(name).from_config(ServeConfig(engine=name, model_path=cfg.model_path,

@@ -113,3 +113,37 @@ def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
     (tmp_path / "reef_lab" / "publishing" / "releaser.py").write_text("def ok(store):\n    store.set_serving()\n")
     assert release_path_violations(tmp_path) == ["recipes/x/learner.py:2 calls .publish_candidate()",
                                                  "recipes/x/learner.py:3 calls .route()"]
+
+
+def layer_violations(root: Path) -> list[str]:
+    """The rooms inside the core: learners and recipes reach the deployment through their LearnContext, never the
+    gateway (its codecs in reef_lab.gateway.dialects are a library); a recipe's experiment runs on the shared driver
+    (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
+    nor learning); publishing is below the gateway."""
+    rules = [("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("reef_lab/records", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments"), ()),
+             ("reef_lab/publishing", ("reef_lab.gateway", "reef_lab.experiments"), ())]
+    found = []
+    for folder, banned, allowed in rules:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            ok = (*allowed, "reef_lab.experiments.driver") if rel.endswith("/experiment.py") else allowed
+            for line, module in imports(path):
+                if module.startswith(banned) and not module.startswith(ok):
+                    found.append(f"{rel}:{line} imports {module}")
+    return found
+
+
+def test_learners_and_recipes_do_not_import_the_gateway_and_records_sit_under_everything():
+    assert layer_violations(ROOT) == []
+
+
+def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
+    (tmp_path / "recipes" / "x").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "records").mkdir(parents=True)
+    (tmp_path / "recipes" / "x" / "learner.py").write_text(
+        "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.gateway.dialects import response_text\n")
+    (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.tasks\n")
+    assert layer_violations(tmp_path) == ["recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
+                                          "reef_lab/records/export.py:1 imports reef_lab.learning.tasks"]

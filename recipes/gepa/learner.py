@@ -42,7 +42,7 @@ class HarnessLearner(LearnerLoop):
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         task_lm = ctx.make_lm(self.config.task_lm)
         reflection_lm = ctx.make_lm(self.config.reflection_lm) if self.config.reflection_lm else task_lm
-        self.gw, self.releaser = ctx.gateway, ctx.releaser
+        self.records, self.releaser = ctx.records, ctx.releaser
         self.dir = Path(ctx.data_dir) / "learn" / scenario
         self.dir.mkdir(parents=True, exist_ok=True)
         self._state_path = self.dir / "state.json"
@@ -100,7 +100,7 @@ class HarnessLearner(LearnerLoop):
 
     # ---- examples from reports ------------------------------------------------------------------------------
     def _replay(self) -> None:
-        for rec in self.gw.store.get_many(self.gw.store.ids(self.scenario, "report")):
+        for rec in self.records.get_many(self.records.ids("report")):
             if rec["id"] not in self._consumed:
                 self._inbox.append(rec)
 
@@ -120,7 +120,7 @@ class HarnessLearner(LearnerLoop):
             answer = (report.get("metadata") or {}).get(self.config.answer_key)
             if answer is None:
                 continue  # no reference answer: a child could not be scored on it
-            for inf in self.gw.store.get_many(report.get("references") or []):
+            for inf in self.records.get_many(report.get("references") or []):
                 try:
                     self._add_example(inf, report, str(answer))
                 except Exception as e:  # noqa: BLE001 - one odd record is data, not a reason to stop

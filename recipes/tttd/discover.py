@@ -26,6 +26,7 @@ import orjson
 
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.files import write_atomic, write_json
+from reef_lab.learning.recipe import LearnContext
 from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import Loss, TrainerConfig, make_trainer
 
@@ -38,15 +39,15 @@ log = logging.getLogger("recipes.tttd")
 
 
 class Discovery:
-    """One TTT-Discover run of `scenario` on `gateway`, its state in `folder`."""
+    """One TTT-Discover run of the context's scenario, its state in `folder`."""
 
-    def __init__(self, gateway, scenario: str, config: TTTDConfig, folder: str | Path, releaser, tracker=None):
-        self.gw, self.scenario, self.cfg, self.releaser = gateway, scenario, config, releaser
+    def __init__(self, ctx: LearnContext, config: TTTDConfig, folder: str | Path):
+        self.ctx, self.scenario, self.cfg, self.releaser = ctx, ctx.scenario, config, ctx.releaser
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.tracker = tracker
+        self.tracker = ctx.tracker
         self.problem: Problem = make_problem(config.problem_config)
-        engine = gateway.engine
+        engine = ctx.engine
         if not isinstance(engine, Generator):
             raise ValueError("TTT-Discover samples its own rollouts: serve with a generating engine (embedded, vllm, "
                              "sglang), not a relay")
@@ -73,7 +74,7 @@ class Discovery:
         self.phase = "idle"
         self.last_row: dict | None = None
         if self.state["policy"] and config.policy_updates:  # resumed: serve the last policy again
-            self.releaser.serve_policy(scenario, self.state["policy"], self.state["policy_folder"])
+            self.releaser.serve_policy(self.scenario, self.state["policy"], self.state["policy_folder"])
 
     # ---- the loop -------------------------------------------------------------------------------------------
     @property
@@ -178,19 +179,17 @@ class Discovery:
         out = {"group": g, "parent": parent.id, "record_id": None, "reward": self.problem.invalid_reward,
                "valid": False, "kind": "error", "solution": None, "sample": None, "tokens": 0, "copy": False,
                "better": False}
-        try:
-            reply = self.gw.infer("openai.chat", body, self.scenario,
-                                  tags={"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})
-            rid = reply.headers["x-reef-agent-record-id"]
-            text = orjson.loads(reply.body)["choices"][0]["message"]["content"] or ""
+        try:  # the stored record comes back: its token ids and logprobs are the sample's
+            rec = self.ctx.infer(body, {"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})
+            rid = rec["id"]
+            text = rec["response"]["choices"][0]["message"]["content"] or ""
         except Exception as e:  # noqa: BLE001 - a failed rollout scores as invalid and is not trained on
             log.warning("rollout %d/%d of step %d failed: %s", g, k, t, e)
             return out
         verdict = self.problem.verify(text)
-        rec = self.gw.get_record(self.scenario, rid)
-        self.gw.report(self.scenario, {"score": verdict.reward, "references": [rid], "feedback": verdict.reason,
-                                       "metadata": {"valid": verdict.valid, "kind": verdict.kind,
-                                                    "tttd_step": t, "parent": parent.id}})
+        self.ctx.report({"score": verdict.reward, "references": [rid], "feedback": verdict.reason,
+                         "metadata": {"valid": verdict.valid, "kind": verdict.kind, "tttd_step": t,
+                                      "parent": parent.id}})
         copy = verdict.valid and (verdict.solution or "").strip() == parent.solution.strip()
         out.update(record_id=rid, reward=verdict.reward, valid=verdict.valid, kind=verdict.kind,
                    solution=verdict.solution, tokens=len(rec.get("token_ids") or []), copy=copy,

@@ -22,13 +22,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from reef_lab.errors import ReefError
-from reef_lab.gateway.gateway import Gateway
+from reef_lab.experiments.driver import ExperimentDriver, RunConfig, choose_engine  # noqa: F401 (re-exported)
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.learning.tasks import make_task
@@ -37,9 +37,7 @@ log = logging.getLogger("reef_lab.experiments.weights")
 
 
 @dataclass
-class ExperimentConfig:
-    name: str = field(default="experiment", metadata={"help": "run name (also the scenario's name)"})
-    recipe: str = field(default="sao", metadata={"help": "recipe: a folder in recipes/ or module:Class"})
+class ExperimentConfig(RunConfig):
     recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
     task: dict = field(default_factory=dict, metadata={"help": "reef_lab.learning.tasks.TaskConfig fields"})
     rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
@@ -50,20 +48,7 @@ class ExperimentConfig:
     max_pool: int = field(default=16, metadata={"help": "pause new requests while this many samples wait"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
     max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
-    seed: int = field(default=0, metadata={"help": "seed of the training prompts, sampling and the trainer"})
-    model_path: str | None = field(default=None, metadata={"help": "model to train (default: embedded SmolLM2)"})
-    engine: str = field(default="auto", metadata={
-        "help": "the engine that generates the rollouts: auto (vllm when `bash scripts/setup.sh --vllm` has installed "
-                "it, the model is the default one and the recipe trains LoRA, which vLLM's weight reload needs; "
-                "else embedded), embedded, vllm or module:Class (reef_lab.engines)"})
-    engine_options: dict = field(default_factory=dict, metadata={"help": "the engine's own settings"})
-    out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
-    wandb: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.publishing.tracking.TrackingConfig fields (project, entity, group, mode); the run is named after the "
-                "experiment and seed, grouped by the experiment's name"})
-    hub: dict = field(default_factory=dict, metadata={
-        "help": "publish releases to the Hub: reef_lab.publishing.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
 
     def __post_init__(self) -> None:
         if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
@@ -80,69 +65,43 @@ class ExperimentConfig:
             raise ValueError(f"rollouts ({self.rollouts}) must be a multiple of group_size ({self.group_size})")
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.out_dir or f"runs/{self.name}-seed{self.seed}")
-
-
-def choose_engine(cfg: ExperimentConfig) -> tuple[str, str]:
-    """`engine: auto`: the fastest rollout path this machine has for the run (results/engines.md: vLLM CPU
-    generates 3.5x the embedded engine's tokens/s at 32 concurrent), and why."""
-    from reef_lab.engines.vllm import DEFAULT_PYTHON
-
-    lora = int((cfg.recipe_config.get("trainer") or {}).get("lora_rank") or 0) > 0
-    if not DEFAULT_PYTHON.is_file():
-        return "embedded", "vLLM is not installed: bash scripts/setup.sh --vllm"
-    if cfg.model_path is not None:
-        return "embedded", "model_path is set; name engine: vllm to serve it with vLLM"
-    if not lora:
-        return "embedded", "the recipe trains full weights; vLLM's in-place reload needs trainer.lora_rank > 0"
-    return "vllm", "installed in .venv-vllm, default model, LoRA training"
+    def lora(self) -> bool:
+        return int((self.recipe_config.get("trainer") or {}).get("lora_rank") or 0) > 0
 
 
 def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) -> dict:
     """Run (or resume) an experiment; returns its summary."""
-    from tqdm import tqdm
+    return WeightsExperiment(cfg, engine).run(progress)
 
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    engine_name = cfg.engine  # config.json keeps what was asked (auto); the log says what auto chose
-    if engine is None and cfg.engine == "auto":
-        engine_name, why = choose_engine(cfg)
-        log.info("rollouts on the %s engine (%s)", engine_name, why)
-    (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
-    if engine is None:
-        from reef_lab.config import ServeConfig
-        from reef_lab.engines import engine_class
 
-        serve = ServeConfig(engine=engine_name, model_path=cfg.model_path, max_batch=max(cfg.concurrency, 1),
-                            engine_options=orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None)
-        engine = engine_class(engine_name).from_config(serve)
-    from reef_lab.publishing.hub import HubConfig
+class WeightsExperiment(ExperimentDriver):
+    """Rollouts of a task stream through the gateway, scored by the task's verifier and reported; the scenario's
+    weight learner trains, evaluates and releases as it would behind the server."""
 
-    hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
-    from reef_lab.publishing.tracking import TrackingConfig
+    cfg: ExperimentConfig
 
-    tracking = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}",
-                                 "extra_config": {"experiment": asdict(cfg)}, **cfg.wandb})
-    gw = Gateway(run_dir / "data", engine, default_recipe="basic", hub=hub, tracking=tracking,
-                 allowed_recipes=[cfg.recipe])
-    started = time.time()
-    try:
-        name = cfg.name
+    def __init__(self, cfg: ExperimentConfig, engine=None):
+        super().__init__(cfg, engine, close_engine=True)
+
+    def loop(self, progress: bool) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        engine = self.build_engine(cfg.concurrency, cfg.lora)
         recipe_config = {**cfg.recipe_config}
-        recipe_config.setdefault("trainer", {})
-        recipe_config["trainer"] = {"seed": cfg.seed, **recipe_config["trainer"]}
-        if name not in {s.name for s in gw.scenarios.list()}:
-            gw.create_scenario({"name": name, "recipe": cfg.recipe, "config": recipe_config}, operator=True)
+        recipe_config["trainer"] = {"seed": cfg.seed, **(recipe_config.get("trainer") or {})}
+        gw = self.gateway(engine, recipe_config)
+        started = time.time()
+        name = cfg.name
         learner = gw.learner(name)
         group_size = cfg.group_size
         task = make_task(cfg.task)
         prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
         done = _reported_indices(gw, name)
         todo = [k for k in range(cfg.rollouts) if k not in done]
-        base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releases.index(name)["releases"] \
+        base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releaser.index(name)["releases"] \
             else None
-        rollouts_log = open(run_dir / "rollouts.jsonl", "ab")
+        rollouts_log = open(self.run_dir / "rollouts.jsonl", "ab")
         lock = threading.Lock()
         bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
                    disable=not progress, dynamic_ncols=True)
@@ -156,14 +115,13 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
             tags = {"exp_index": str(k)}
             if group_size > 1:
                 tags["group"] = f"p{k // group_size}"
-            reply = gw.infer("openai.chat", body, name, tags=tags)
-            text = orjson.loads(reply.body)["choices"][0]["message"]["content"]
+            rec = gw.infer_record(body, name, tags)
+            text = rec["response"]["choices"][0]["message"]["content"]
             score = task.score(item, text)
-            receipt = reply.headers["x-reef-agent-record-id"]
-            gw.report(name, {"score": score, "references": [receipt], "metadata": {"exp_index": k}})
+            gw.report(name, {"score": score, "references": [rec["id"]], "metadata": {"exp_index": k}})
             with lock:
-                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": reply.headers[
-                    "x-reef-release-id"], "score": score, "time": time.time()}) + b"\n")
+                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": rec["release_id"],
+                                                 "score": score, "time": time.time()}) + b"\n")
                 rollouts_log.flush()
                 bar.update(1)
                 if bar.n % 16 == 0:
@@ -177,18 +135,14 @@ def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) ->
         if gw.hub is not None:
             gw.hub.wait(timeout=600)
         final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
-        idx = gw.releases.index(name)
+        idx = gw.releaser.index(name)
         base_eval = base_eval or idx.get("base_eval")
-        summary = {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
-                   "base_accuracy": (base_eval or {}).get("accuracy"),
-                   "final_accuracy": (final_eval or {}).get("accuracy"),
-                   "serving": gw.list_releases(name)["serving"], "releases": len(idx["releases"]),
-                   "candidates": len(idx["candidates"]), "wall_s": round(time.time() - started, 1),
-                   "metrics_file": str(learner.metrics_path)}
-        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        return summary
-    finally:
-        gw.close()
+        return {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
+                "base_accuracy": (base_eval or {}).get("accuracy"),
+                "final_accuracy": (final_eval or {}).get("accuracy"),
+                "serving": gw.list_releases(name)["serving"], "releases": len(idx["releases"]),
+                "candidates": len(idx["candidates"]), "wall_s": round(time.time() - started, 1),
+                "metrics_file": str(learner.metrics_path)}
 
 
 def launch_detached(config: str | Path, seed: int, out_dir: str | Path, overrides: dict | None = None,
@@ -224,7 +178,7 @@ def run_choices(found: list[str], launched: str | None = None) -> list[str]:
     return list(dict.fromkeys(([env] if env else []) + ([launched] if launched else []) + found))
 
 
-def _reported_indices(gw: Gateway, name: str) -> set[int]:
+def _reported_indices(gw, name: str) -> set[int]:
     done = set()
     for rec in gw.store.get_many(gw.store.ids(name, "report")):
         k = (rec.get("metadata") or {}).get("exp_index")
@@ -243,8 +197,3 @@ def _postfix(learner) -> dict:
     if cands:
         out["heldout"] = round(cands[-1]["accuracy"], 3)
     return out
-
-
-def run_weight_experiment(data: dict, progress: bool = True) -> dict:
-    """A weight recipe's experiment from its YAML mapping (scripts/run_experiment.py)."""
-    return run_experiment(ExperimentConfig(**data), progress=progress)

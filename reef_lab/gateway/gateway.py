@@ -26,6 +26,7 @@ from reef_lab.publishing.releaser import Releaser
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.serving import ServingTable
 from reef_lab.publishing.tracking import TrackingConfig
+from reef_lab.records.reader import RecordsReader
 from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioRegistry, check_name
 
@@ -80,9 +81,15 @@ class Gateway:
         return self.serving_table.get(name)
 
     def _context(self, name: str, recipe, tracker) -> LearnContext:
-        return LearnContext(scenario=name, data_dir=self.data_dir, store=self.store, releases=self.releases,
-                            releaser=self.releaser, engine=self.engine, gateway=self,
-                            make_lm=self.learners.make_lm, tracker=tracker)
+        def infer(body: dict, tags: dict | None = None) -> dict:
+            return self.inference.infer_record(body, name, tags)
+
+        def report(body: dict, tags: dict | None = None) -> tuple[bool, str]:
+            return self.reports.report(name, body, tags, notify=False)
+        return LearnContext(scenario=name, data_dir=self.data_dir, infer=infer, report=report,
+                            releaser=self.releaser, records=RecordsReader(self.store, name,
+                                                                          self.scenarios.get(name).since),
+                            engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker)
 
     def serving(self, scenario: str) -> dict | None:
         """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.

@@ -23,9 +23,11 @@ class Reports:
     def __init__(self, store, scenarios, learners):
         self.store, self.scenarios, self.learners = store, scenarios, learners
 
-    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None) -> tuple[bool, str]:
+    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
+               notify: bool = True) -> tuple[bool, str]:
         """Validate and store a report; returns (created, record id). A repeated id with the same content is
-        not created again."""
+        not created again. `notify`: hand it to the scenario's learner (False for the reports a learner makes on
+        its own rollouts: it already knows them)."""
         name = check_name(scenario)
         if not isinstance(body, dict):
             raise BadRequest("the report must be a JSON object {score?, feedback?, references?, metadata?}")
@@ -57,7 +59,7 @@ class Reports:
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         created = self.store.append([rec])[0]
-        if created and refs and self.learners.recipe(name).evolves != "nothing":
+        if notify and created and refs and self.learners.recipe(name).evolves != "nothing":
             self.learners.start(name, rec.to_dict())
         return created, rec.id
 

@@ -49,13 +49,6 @@ class WeightRecipe(ABC):
     def learner(self, ctx: LearnContext) -> Learner:
         return Learner(ctx, self)
 
-    @staticmethod
-    def run_experiment(data: dict, progress: bool = True) -> dict:
-        """An experiment of a weight recipe: reef_lab.experiments.weights (a task stream through the gateway in-process)."""
-        from reef_lab.experiments.weights import run_weight_experiment
-
-        return run_weight_experiment(data, progress)
-
     @property
     def rollouts_per_prompt(self) -> int:
         """How many rollouts of one prompt the recipe compares (experiments send this many per prompt)."""
@@ -92,9 +85,9 @@ class Learner(LearnerLoop):
         if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
-        scenario, store, data_dir, tracker = ctx.scenario, ctx.store, ctx.data_dir, ctx.tracker
+        scenario, data_dir, tracker = ctx.scenario, ctx.data_dir, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
-        self.store, self.engine, self.releaser = store, engine, ctx.releaser
+        self.records, self.engine, self.releaser = ctx.records, engine, ctx.releaser
         self.dir = Path(data_dir) / "learn" / scenario
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -153,8 +146,7 @@ class Learner(LearnerLoop):
     def _replay(self) -> None:
         """Queue reports (and demonstrations) that training has not consumed yet."""
         for kind in ("report", "train"):
-            ids = self.store.ids(self.scenario, kind)
-            for rec in self.store.get_many(ids):
+            for rec in self.records.get_many(self.records.ids(kind)):
                 self._inbox.append(("report" if kind == "report" else "demo", rec))
 
     def _drain(self) -> None:
@@ -184,7 +176,7 @@ class Learner(LearnerLoop):
                            extra={"demonstration": True})]
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
         out = []
-        for inference in self.store.get_many(refs):
+        for inference in self.records.get_many(refs):
             s = sample_from_records(inference, rec)
             if s is not None:
                 out.append(s)

@@ -3,7 +3,7 @@
 A recipe declares what it `evolves`: "weights" (a trained release the engine serves), "harness" (the prompts,
 rules and skills applied to each request) or "nothing" (it records and validates only). Every recipe checks the
 reports it is given against its own schema (`validate_report`) and, when it learns, builds the scenario's learner
-from a `LearnContext` (the store, releases, engine, gateway and LMs of the deployment): the learner is the recipe's
+from a `LearnContext` (the narrow ways a learner touches the deployment, never the gateway): the learner is the recipe's
 own. Weight recipes derive from reef_lab.learning.learner.WeightRecipe, which drives their hooks (`accepts`, `ready`,
 `build_batch`, `make_trainer`, `train`) with the shared weight learner; a harness recipe (recipes/gepa) brings its
 own learner.
@@ -37,15 +37,16 @@ def _trainer_config():
 
 @dataclass
 class LearnContext:
-    """What a scenario's learner is given by the deployment that runs it."""
+    """What a scenario's learner is given by the deployment that runs it: the narrow ways it touches the deployment,
+    never the gateway itself (tests/test_layout.py: no learner or recipe imports it)."""
 
     scenario: str
     data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
-    store: Any  # reef_lab.records.store.RecordStore: the scenario's records
-    releases: Any  # reef_lab.publishing.releases.ReleaseStore: its candidates and releases (read only)
+    infer: Callable[..., dict]  # infer(body, tags=None) -> the stored inference record of a rollout of its own
+    report: Callable[..., tuple[bool, str]]  # report(body, tags=None) -> (created, id); not handed back to it
     releaser: Any  # reef_lab.publishing.releaser.Releaser: the one path from a candidate to the serving release
-    engine: Any  # reef_lab.engines.base.Engine serving it
-    gateway: Any  # reef_lab.gateway.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
+    records: Any  # reef_lab.records.reader.RecordsReader: the scenario's records, read only
+    engine: Any  # reef_lab.engines.base.Engine: its capabilities, model and tokenizer (releases: the releaser)
     make_lm: Callable[[dict | None], Any]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
     tracker: Any = None  # reef_lab.publishing.tracking.Tracker (None: tracking off)
 
@@ -83,8 +84,8 @@ class Recipe(Protocol):
 
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
-        """Run (or resume) an experiment of this recipe from its YAML mapping (scripts/run_experiment.py); its
-        summary. Weight recipes share reef_lab.experiments.weights; a recipe with another shape brings its own."""
+        """Run (or resume) an experiment of this recipe from its YAML mapping (reef_lab.experiments.run); its
+        summary. Weight recipes (WeightRecipe) need none: they share reef_lab.experiments.weights."""
 
 
 def recipe_class(spec: str) -> type:
