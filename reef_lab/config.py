@@ -108,7 +108,8 @@ class ServeConfig:
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
-        self.engine_settings()
+        # the engine is resolved and checks its own options now, before any model loads
+        engine_class(self.engine_name()).check_options(self.engine_settings())
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
             raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
         if self.workers < 0:
@@ -250,12 +251,19 @@ def _read_config_file(path: str) -> dict:
 
 
 def _config_fields(cls: type, prefix: str = "") -> list[tuple[str, object, str]]:
-    """(dotted key, default, help) of a config dataclass and the dataclasses its mapping fields name (`schema`)."""
+    """(dotted key, default, help) of a config dataclass and the dataclasses its nested fields are (a field typed
+    with one, or a mapping naming one as `schema`)."""
+    import typing
+
+    from reef_lab.schema import config_class
+
+    hints = typing.get_type_hints(cls)
     out = []
     for f in fields(cls):
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)
-        schema = f.metadata.get("schema")
+        default = asdict(default) if is_dataclass(default) else default
+        schema = f.metadata.get("schema") or config_class(hints.get(f.name))
         if schema is not None:
             schema = schema if is_dataclass(schema) else schema()
             out.append((prefix + f.name, default, f.metadata.get("help", "")))
@@ -308,7 +316,10 @@ def _describe(obj, indent: str) -> list[str]:
     for f in fields(obj):
         value, schema = getattr(obj, f.name), f.metadata.get("schema")
         lines.append(f"{indent}# {f.metadata.get('help', '')}")
-        if schema is not None and isinstance(value, dict):
+        if is_dataclass(value):
+            lines.append(f"{indent}{f.name}:")
+            lines += _describe(value, indent + "  ")
+        elif schema is not None and isinstance(value, dict):
             schema = schema if is_dataclass(schema) else schema()
             lines.append(f"{indent}{f.name}:")
             lines += _describe(build(schema, value, f.name), indent + "  ")

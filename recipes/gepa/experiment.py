@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
-from reef_lab.engines.lm import make_lm
+from reef_lab.engines.lm import LMSpec, make_lm
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig
-from reef_lab.learning.tasks import Task, make_task
+from reef_lab.learning.tasks import Task, TaskConfig, make_task
+from reef_lab.schema import build
 
 from .search import GEPAConfig, Search, TaskSystem
 
@@ -50,8 +51,12 @@ class GEPAExperimentConfig(RunConfig):
     concurrency: int = field(default=16, metadata={"help": "task answers in flight"})
 
     def __post_init__(self) -> None:
+        self.check_run()
         if min(self.train_size, self.val_size, self.test_size) < 1:
             raise ValueError("train_size, val_size and test_size must be at least 1")
+        build(TaskConfig, {"system_prompt": "", **self.task}, "task")  # the task and the LMs, before any model loads
+        for key in ("task_lm", "reflection_lm"):
+            build(LMSpec, getattr(self, key), key)
         GEPAConfig(**{"seed": self.seed, **self.search})  # refuse a bad search config before any model loads
 
     def search_config(self) -> GEPAConfig:

@@ -28,7 +28,8 @@ from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.files import write_atomic, write_json
 from reef_lab.learning.recipe import LearnContext
 from reef_lab.learning.samples import Sample
-from reef_lab.trainers.base import Loss, TrainerConfig, make_trainer
+from reef_lab.trainers import make_trainer
+from reef_lab.trainers.base import Loss
 
 from .archive import Archive, State
 from .config import TTTDConfig
@@ -205,7 +206,7 @@ class Discovery:
     @property
     def trainer(self):
         if self._trainer is None:
-            self._trainer = make_trainer(TrainerConfig(**{"seed": self.cfg.seed, **self.cfg.trainer}),
+            self._trainer = make_trainer(self.cfg.trainer,
                                          self.engine.model_dir, self.state["policy_folder"])
         return self._trainer
 

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 
 
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig
-from reef_lab.schema import check_fields
 
 from .config import TTTDConfig
 
@@ -29,7 +28,7 @@ class TTTDExperimentConfig(RunConfig):
         "help": "recipes.tttd.config.TTTDConfig fields (the paper's choices)", "schema": TTTDConfig})
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        self.check_run()
         if self.recipe != "tttd":
             raise ValueError(f"this is the tttd experiment; recipe is {self.recipe!r}")
         self.recipe_config()
@@ -50,7 +49,7 @@ class TTTDExperiment(ExperimentDriver):
 
     def loop(self, progress: bool) -> dict:
         cfg, rc = self.cfg, self.cfg.recipe_config()
-        engine = self.build_engine(rc.concurrency, lora=rc.trainer.get("lora_rank", 0) > 0)
+        engine = self.build_engine(rc.concurrency, lora=rc.trainer.lora_rank > 0)
         gw = self.gateway(engine, asdict(rc))
         learner = gw.learner(cfg.name)
         summary = learner.discovery.run(progress=progress)

@@ -76,6 +76,11 @@ class Problem(ABC):
     def from_config(cls, cfg: ProblemConfig) -> Problem:
         """The problem a ProblemConfig describes (make_problem calls this on the class `cfg.name` names)."""
 
+    @classmethod
+    def check_config(cls, cfg: ProblemConfig) -> None:
+        """Refuse settings this problem cannot use (ValueError naming the field); called when the config is
+        built, before any model loads. By default anything goes."""
+
     @abstractmethod
     def initial_solution(self) -> str:
         """The starting state's solution (valid, so it has a reward)."""
@@ -302,10 +307,14 @@ class CircleCentres(Problem):
 
 def make_problem(config: ProblemConfig | dict) -> Problem:
     """The problem a config names: a built-in name (config.PROBLEMS) or a `module:Class` deriving Problem."""
+    cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
+    return problem_class(cfg.name).from_config(cfg)
+
+
+def problem_class(name: str) -> type[Problem]:
     from reef_lab.plugins import load_class
 
-    cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
-    return load_class(PROBLEMS.get(cfg.name, cfg.name), Problem, "problem.name").from_config(cfg)
+    return load_class(PROBLEMS.get(name, name), Problem, "problem.name")
 
 
 @dataclass(frozen=True)

@@ -508,6 +508,10 @@ class EmbeddedEngine(Generator, ReleaseHost):
                  self._param_count, max_batch, release_id)
 
     @classmethod
+    def check_options(cls, options: dict) -> None:
+        cls.no_options("embedded", options)
+
+    @classmethod
     def from_config(cls, cfg) -> EmbeddedEngine:
         """`--model-path` (default: the embedded SmolLM2), `--max-batch`."""
         return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)

@@ -179,6 +179,10 @@ class UpstreamEngine(Relay):
         self.pool = _Pool(self.base_url, connect_timeout, timeout, pool_size)
 
     @classmethod
+    def check_options(cls, options: dict) -> None:
+        cls.no_options("upstream", options)
+
+    @classmethod
     def from_config(cls, cfg) -> UpstreamEngine:
         """`--upstream-url`, `--upstream-model`, `--upstream-timeout`; the key from REEF_UPSTREAM_API_KEY."""
         if not cfg.upstream_url:

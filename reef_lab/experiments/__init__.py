@@ -15,5 +15,5 @@ def run(data: dict, progress: bool = True) -> dict:
     if issubclass(cls, WeightRecipe):
         from reef_lab.experiments.weights import ExperimentConfig, run_experiment
 
-        return run_experiment(ExperimentConfig(**data), progress=progress)
+        return run_experiment(ExperimentConfig.parse(data), progress=progress)
     return cls.run_experiment(data, progress=progress)

@@ -16,6 +16,9 @@ from pathlib import Path
 import orjson
 
 from reef_lab.files import write_json
+from reef_lab.publishing.hub import HubConfig
+from reef_lab.publishing.tracking import TrackingConfig
+from reef_lab.schema import check_fields
 
 log = logging.getLogger("reef_lab.experiments")
 
@@ -36,9 +39,26 @@ class RunConfig:
     out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
     wandb: dict = field(default_factory=dict, metadata={
         "help": "reef_lab.publishing.tracking.TrackingConfig fields (project, entity, group, mode); the run is named "
-                "after the experiment and seed, grouped by the experiment's name"})
+                "after the experiment and seed, grouped by the experiment's name", "schema": TrackingConfig})
     hub: dict = field(default_factory=dict, metadata={
-        "help": "publish releases to the Hub: reef_lab.publishing.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}"})
+        "help": "publish releases to the Hub: reef_lab.publishing.hub.HubConfig fields, e.g. {repo: me/reef-{scenario}}",
+        "schema": HubConfig})
+
+    def check_run(self) -> None:
+        """Every field at every depth, and the engine resolved with its options: a typo fails here, before any
+        model loads. A family's __post_init__ calls this first."""
+        check_fields(self)
+        if self.engine != "auto":
+            from reef_lab.engines import engine_class
+
+            engine_class(self.engine).check_options(self.engine_options)
+
+    @classmethod
+    def parse(cls, data: dict):
+        """The config a YAML mapping describes; an unknown key is named with the fields there are."""
+        from reef_lab.schema import build
+
+        return build(cls, data, "experiment")
 
     @property
     def run_dir(self) -> Path:

@@ -31,7 +31,7 @@ from reef_lab.errors import ReefError
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig, choose_engine  # noqa: F401 (re-exported)
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
-from reef_lab.learning.tasks import make_task
+from reef_lab.learning.tasks import TaskConfig, make_task
 
 log = logging.getLogger("reef_lab.experiments.weights")
 
@@ -39,7 +39,8 @@ log = logging.getLogger("reef_lab.experiments.weights")
 @dataclass
 class ExperimentConfig(RunConfig):
     recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
-    task: dict = field(default_factory=dict, metadata={"help": "reef_lab.learning.tasks.TaskConfig fields"})
+    task: TaskConfig = field(default_factory=TaskConfig, metadata={
+        "help": "reef_lab.learning.tasks.TaskConfig fields"})
     rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
     group_size: int = field(default=0, metadata={
         "help": "rollouts per prompt; 0: as many as the recipe compares (its rollouts_per_prompt: 1 for SAO, "
@@ -51,6 +52,7 @@ class ExperimentConfig(RunConfig):
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
 
     def __post_init__(self) -> None:
+        self.check_run()  # the task (a plug-in task resolved too), W&B, Hub and engine settings, before any model loads
         if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
             raise ValueError("rollouts, concurrency and max_pool must be at least 1, group_size at least 0")
         try:  # the recipe and its config are checked before any model loads

@@ -70,7 +70,7 @@ class WeightRecipe(ABC):
     def make_trainer(self, model_dir: Path, init_folder: Path | None):
         """The trainer state (a reef_lab.trainers.base.Trainer, or an object holding one): needs `steps` and
         `export(folder, metadata)`. Default: the backend the config's `trainer` names."""
-        from reef_lab.trainers.base import make_trainer
+        from reef_lab.trainers import make_trainer
 
         return make_trainer(self.config.trainer, model_dir, init_folder)
 

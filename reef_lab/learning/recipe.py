@@ -24,15 +24,10 @@ from reef_lab.errors import BadRequest
 from reef_lab.learning.tasks import TaskConfig
 from reef_lab.publishing.releaser import SELECTIONS
 from reef_lab.schema import check_fields
+from reef_lab.trainers.base import TrainerConfig
 
 MODES = ("auto", "manual", "hybrid")
 EVOLVES = ("weights", "harness", "nothing")
-
-
-def _trainer_config():
-    from reef_lab.trainers.base import TrainerConfig  # torch loads only where a config names a trainer
-
-    return TrainerConfig
 
 
 @dataclass
@@ -109,14 +104,13 @@ class LearnConfig:
         "help": "accept a candidate: always, no_regression (held-out accuracy >= serving), strict_gain (>), "
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
     steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
-    eval_task: dict | None = field(default=None, metadata={
-        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation",
-        "schema": TaskConfig})
+    eval_task: TaskConfig | None = field(default=None, metadata={
+        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
     eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
-    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.base.TrainerConfig",
-                                                          "schema": _trainer_config})
+    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
+        "help": "reef_lab.trainers.base.TrainerConfig: the optimiser and the backend that trains the policy"})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -181,6 +175,21 @@ class RecordOnly:
         return None
 
 
+def _unknown_keys(klass: type, config: dict | None) -> str | None:
+    """'unknown field(s) [...]; the fields are [...]' when `config` has keys the recipe's config dataclass lacks."""
+    from dataclasses import fields, is_dataclass
+
+    try:
+        default = klass().config
+    except Exception:  # noqa: BLE001 - a recipe that needs a config to build: Python's own message stays
+        return None
+    if not is_dataclass(default):
+        return None
+    names = [f.name for f in fields(default)]
+    unknown = sorted(set(config or {}) - set(names))
+    return f"unknown field(s) {unknown}; the fields are {names}" if unknown else None
+
+
 def recipe_path(spec: str) -> str:
     return spec if ":" in spec else f"recipes.{spec}:Recipe"
 
@@ -189,7 +198,10 @@ def load_recipe(spec: str, config: dict | None = None) -> Recipe:
     klass = recipe_class(spec)
     try:
         recipe = klass(**(config or {}))
-    except (TypeError, ValueError) as e:
+    except TypeError as e:  # most likely a key the config has no field for: name it, with the fields it has
+        raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {_unknown_keys(klass, config) or e}") \
+            from e
+    except ValueError as e:
         raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e
     if recipe.evolves not in EVOLVES:
         raise BadRequest(f"recipe {spec!r} declares evolves={recipe.evolves!r}; it must be one of {EVOLVES}")

@@ -27,6 +27,7 @@ from reef_lab.plugins import load_class
 from reef_lab.schema import check_fields
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
 
 
 @dataclass
@@ -36,8 +37,9 @@ class TaskConfig:
                 "choice rows, e.g. ARC) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
-    system_prompt: str = field(default="Answer with the final number only.", metadata={
-        "help": "system message put in front of every question ('' for none)"})
+    system_prompt: str | None = field(default=None, metadata={
+        "help": "system message put in front of every question ('' for none); default: the built-in tasks' "
+                f"{DEFAULT_SYSTEM_PROMPT!r}, none for a plug-in task (module:Class), which writes its own prompts"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
     max_terms: int = field(default=2, metadata={"help": "arithmetic: most operands"})
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
@@ -64,6 +66,11 @@ class TaskConfig:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
         if self.name not in TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
             raise ValueError(f"task name must be one of {sorted(TASKS)} or a module:Class path, got {self.name!r}")
+        if self.system_prompt is None:
+            self.system_prompt = DEFAULT_SYSTEM_PROMPT if self.name in TASKS else ""
+        # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
+        # and checks its own options
+        task_class(self.name).check_config(self)
         if self.name in ("jsonl", "choice") and not self.path:
             raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
@@ -87,6 +94,11 @@ class Task(ABC):
     def feedback(self, item: dict, text: str) -> str:
         """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
         return f"score {self.score(item, text):g}"
+
+    @classmethod
+    def check_config(cls, config: TaskConfig) -> None:
+        """Refuse settings this task cannot run (ValueError naming the field), its `options` included; called when
+        the config is built. By default anything goes."""
 
 
 class VerifiedTask(Task):
@@ -193,8 +205,11 @@ TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
 def make_task(config: TaskConfig | dict | None = None) -> Task:
     """The task a config names: a short name of TASKS or a module:Class path of a Task subclass."""
     cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
-    klass = TASKS.get(cfg.name) or load_class(cfg.name, Task, "task")
-    return klass(cfg)
+    return task_class(cfg.name)(cfg)
+
+
+def task_class(name: str) -> type[Task]:
+    return TASKS.get(name) or load_class(name, Task, "task")
 
 
 def score_item(item: dict, text: str) -> float:

@@ -7,8 +7,10 @@ policy's logprobs (and the frozen base's, for a KL term), exports a candidate as
 load, and starts from a release's weights (`init_folder`) to resume a scenario. Critics (SAO's value model) come
 from the same backend (`critic`).
 
-`TrainerConfig.backend` names the class: `torch`, `slime` or a `module:Class` path (an operator's choice, never a
-client's). The slime backend's own settings are `TrainerConfig.slime` (reef_lab.trainers.slime.SlimeConfig).
+`TrainerConfig.backend` names the class (reef_lab.trainers: a short name or a `module:Class` path, an operator's
+choice, never a client's); the backend owns its settings: `TrainerConfig.options` is a mapping the backend's
+`check_config` validates when the config is built (the slime backend's are reef_lab.trainers.slime.SlimeConfig), so
+this module names no backend and a new one edits nothing here.
 """
 
 from __future__ import annotations
@@ -18,16 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.learning.samples import Sample
-from reef_lab.plugins import load_class
-from reef_lab.schema import build, check_fields
+from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis", "is")
-
-
-def _slime_config():
-    from reef_lab.trainers.slime import SlimeConfig  # read only where a config sets it
-
-    return SlimeConfig
 
 
 @dataclass(frozen=True)
@@ -78,9 +73,9 @@ class TrainerConfig:
         "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA), slime "
                 "(reef_lab.trainers.slime: a slime job on NVIDIA GPUs, see docs/slime.md) or a module:Class path of "
                 "a reef_lab.trainers.base.Trainer", "operator": True, "code": True})
-    slime: dict = field(default_factory=dict, metadata={
-        "help": "the slime backend's settings (reef_lab.trainers.slime.SlimeConfig): slime checkout, spool and save "
-                "folders, Megatron model args, GPUs", "schema": _slime_config, "operator": True})
+    options: dict = field(default_factory=dict, metadata={
+        "help": "the backend's own settings, validated by the backend (slime: reef_lab.trainers.slime.SlimeConfig: "
+                "slime checkout, spool and save folders, Megatron model args, GPUs; torch: none)", "operator": True})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -88,14 +83,9 @@ class TrainerConfig:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
         if len(self.betas) != 2:
             raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
-        if self.backend == "slime":
-            from reef_lab.trainers.slime import check_trainer_config
+        from reef_lab.trainers import trainer_class  # the backend, resolved now: a wrong name fails at start
 
-            check_trainer_config(self)
-        elif self.slime and self.backend == "torch" and build(_slime_config(), self.slime, "trainer.slime") != \
-                _slime_config()():  # a printed config (--print-config) spells out the defaults: those are fine
-            raise ValueError("trainer.slime is set but trainer.backend is torch: set backend: slime, or drop "
-                             "trainer.slime")
+        trainer_class(self.backend).check_config(self)
 
 
 @dataclass
@@ -139,17 +129,10 @@ class Trainer(ABC):
     def critic(self, config: CriticConfig) -> Critic:
         """A value model on the same base and device (recipes with a learned baseline)."""
 
-
-BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer", "slime": "reef_lab.trainers.slime:SlimeTrainer"}
-
-
-def trainer_class(spec: str) -> type[Trainer]:
-    if spec not in BACKENDS and ":" not in spec:
-        raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
-    return load_class(BACKENDS.get(spec, spec), Trainer, "trainer backend")
-
-
-def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:
-    """The trainer a recipe's `trainer` config names, on the base model and a release's weights."""
-    cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
-    return trainer_class(cfg.backend)(model_dir, cfg, init_folder)
+    @classmethod
+    def check_config(cls, config: TrainerConfig) -> None:
+        """Refuse a config this backend cannot run (ValueError naming the field and the fix), its `options`
+        included; called when the config is built. By default a backend takes no options."""
+        if config.options:
+            raise ValueError(f"trainer.options {sorted(config.options)}: backend {config.backend!r} takes no "
+                             "options of its own")
