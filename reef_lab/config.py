@@ -17,7 +17,7 @@ import yaml
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
-from reef_lab.learning.recipe import load_recipe
+from reef_lab.learning.recipe import evolved, load_recipe
 
 
 @dataclass
@@ -225,7 +225,7 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(str(e))
     except ReefError as e:
         p.error(e.message)
-    if recipe.evolves == "weights" and not issubclass(engine, ReleaseHost):
+    if "weights" in evolved(recipe) and not issubclass(engine, ReleaseHost):
         p.error(f"recipe {cfg.recipe!r} trains model weights, which engine {cfg.engine_name()!r} cannot serve (an "
                 "upstream provider): drop --upstream-url to serve (and train) the embedded model, or choose a "
                 "recipe that does not train")

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab import harness as harness_mod
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
@@ -43,7 +42,7 @@ class HarnessLearner(LearnerLoop):
         task_lm = ctx.make_lm(self.config.task_lm)
         reflection_lm = ctx.make_lm(self.config.reflection_lm) if self.config.reflection_lm else task_lm
         self.records, self.releaser = ctx.records, ctx.releaser
-        self.dir = Path(ctx.data_dir) / "learn" / scenario
+        self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._state_path = self.dir / "state.json"
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
@@ -105,8 +104,7 @@ class HarnessLearner(LearnerLoop):
                 self._inbox.append(rec)
 
     def _serving_files(self) -> dict[str, str] | None:
-        rel = self.releaser.serving_release(self.scenario)
-        return harness_mod.read_tree(Path(rel["folder"])) if rel and rel.get("kind") == "harness" else None
+        return self.releaser.harness_files(self.scenario)
 
     def _drain(self) -> None:
         """Reports -> examples and observed rollouts (caller holds the lock)."""
@@ -141,9 +139,9 @@ class HarnessLearner(LearnerLoop):
             feedback = json.dumps(feedback, ensure_ascii=False)
         rollout = Rollout(inf["id"], score, output, feedback or verdict,
                           "\n".join(m["content"] for m in messages if m["role"] == "user"))
-        rel = self.releaser.release(self.scenario, inf.get("release_id") or "")
-        if rel is not None and rel.get("kind") == "harness":
-            self.search.observe(harness_mod.read_tree(Path(rel["folder"])), rollout)
+        served = self.releaser.harness_files(self.scenario, inf.get("release_id") or "")
+        if served is not None:
+            self.search.observe(served, rollout)
         if item["id"] not in self._example_ids:  # an inference referenced by two reports is one example
             self._example_ids.add(item["id"])
             self.examples.append(item)

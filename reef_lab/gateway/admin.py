@@ -40,12 +40,14 @@ class Admin:
             serving = self.serving.get(name)
             if serving is None or serving.harness is None:
                 raise NotFound(f"scenario {name!r} serves no harness release")
-            return {"scenario": name, "release_id": serving.harness[0], "files": serving.harness[1]}
+            out = {"scenario": name, "release_id": serving.release_id, "files": serving.harness[1]}
+            return {**out, "components": serving.components} if serving.components else out
         rel = self.releaser.release(name, release_id)
-        if rel is None or rel.get("kind") != "harness":
-            raise NotFound(f"release {release_id!r} of scenario {name!r} is not a harness release")
-        return {"scenario": name, "release_id": rel["release_id"],
-                "files": harness_mod.read_tree(Path(rel["folder"]))}
+        files = self.releaser.harness_files(name, release_id)
+        if rel is None or files is None:
+            raise NotFound(f"release {release_id!r} of scenario {name!r} holds no harness")
+        out = {"scenario": name, "release_id": rel["release_id"], "files": files}
+        return {**out, "components": rel["components"]} if rel.get("components") else out
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def train(self, scenario: str | None) -> dict:
@@ -133,7 +135,7 @@ class Admin:
                 raise BadRequest(str(e)) from None
             self.learners.check_engine_fits(recipe)
         s = self.scenarios.create(body["name"], body.get("recipe"), config)
-        if self.learners.evolves_harness(s.name):
+        if self.learners.serves_from_start(s.name):
             self.learners.start(s.name)
         return self.scenario_info(s.name)
 

@@ -64,8 +64,8 @@ class Gateway:
         self.started_at = time.time()
         self.releaser.restore({s.name for s in self.scenarios.list()})
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
-            evolves = self.learners.recipe(s.name).evolves
-            if evolves == "harness" or (evolves == "weights" and self.store.ids(s.name, "report")):
+            if self.learners.serves_from_start(s.name) or (
+                    self.learners.recipe(s.name).evolves == "weights" and self.store.ids(s.name, "report")):
                 self.learners.start(s.name)
 
     def _changed(self) -> None:
@@ -76,7 +76,7 @@ class Gateway:
         """What serves a scenario; a harness recipe's learner starts on first use (its seed serves from the first
         request on)."""
         if name not in self.serving_table and name not in self.learners.errors and \
-                self.learners.evolves_harness(name):
+                self.learners.serves_from_start(name):
             self.learners.start(name)
         return self.serving_table.get(name)
 
@@ -86,7 +86,8 @@ class Gateway:
 
         def report(body: dict, tags: dict | None = None) -> tuple[bool, str]:
             return self.reports.report(name, body, tags, notify=False)
-        return LearnContext(scenario=name, data_dir=self.data_dir, infer=infer, report=report,
+        return LearnContext(scenario=name, data_dir=self.data_dir, state_dir=self.data_dir / "learn" / name,
+                            infer=infer, report=report,
                             releaser=self.releaser, records=RecordsReader(self.store, name,
                                                                           self.scenarios.get(name).since),
                             engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker)

@@ -15,7 +15,8 @@ from typing import Callable
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.engines.lm import make_lm
 from reef_lab.errors import BadRequest, Conflict, ReefError
-from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe
+from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, evolved, \
+    load_recipe
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
 
 log = logging.getLogger("reef_lab.gateway.learners")
@@ -33,7 +34,7 @@ class Learners:
         self._lock = threading.Lock()
 
     def check_engine_fits(self, recipe) -> None:
-        if recipe.evolves == "weights" and not isinstance(self.engine, ReleaseHost):
+        if "weights" in evolved(recipe) and not isinstance(self.engine, ReleaseHost):
             raise Conflict(f"recipe {recipe.name!r} trains model weights, which this engine (an upstream provider) "
                            "cannot serve: use the embedded model (no --upstream-url) or a recipe that does not "
                            "train weights")
@@ -53,8 +54,10 @@ class Learners:
             self._recipes[name] = r
         return r
 
-    def evolves_harness(self, name: str) -> bool:
-        return self.recipe(name).evolves == "harness"
+    def serves_from_start(self, name: str) -> bool:
+        """Whether the scenario's learner starts with the scenario (a harness recipe's seed serves from the first
+        request; a composite's components too)."""
+        return self.recipe(name).evolves in ("harness", "composite")
 
     def start(self, name: str, record: dict | None = None) -> None:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a

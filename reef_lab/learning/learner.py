@@ -85,10 +85,10 @@ class Learner(LearnerLoop):
         if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
-        scenario, data_dir, tracker = ctx.scenario, ctx.data_dir, ctx.tracker
+        scenario, tracker = ctx.scenario, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         self.records, self.engine, self.releaser = ctx.records, engine, ctx.releaser
-        self.dir = Path(data_dir) / "learn" / scenario
+        self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self._state_path = self.dir / "state.json"
@@ -231,7 +231,7 @@ class Learner(LearnerLoop):
         if self._trainer is None:
             serving = self.releaser.serving_release(self.scenario)
             self._trainer = self.recipe.make_trainer(self.engine.model_dir,
-                                                     Path(serving["folder"]) if serving else None)
+                                                     self.releaser.serving_folder(self.scenario, "weights"))
             self._trainer.steps = (serving or {}).get("trainer_step") or 0
         release_steps = self._release_steps()
         staleness = [self._trainer.steps - release_steps.get(s.release_id, 0) for s in batch]

@@ -27,7 +27,7 @@ from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
 
 MODES = ("auto", "manual", "hybrid")
-EVOLVES = ("weights", "harness", "nothing")
+EVOLVES = ("weights", "harness", "nothing", "composite")  # composite: named components, each a recipe of its own
 
 
 @dataclass
@@ -36,7 +36,8 @@ class LearnContext:
     never the gateway itself (tests/test_layout.py: no learner or recipe imports it)."""
 
     scenario: str
-    data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
+    data_dir: Path  # the deployment's data dir
+    state_dir: Path  # the learner keeps its state here (data_dir/learn/<scenario>/; a component's below it)
     infer: Callable[..., dict]  # infer(body, tags=None) -> the stored inference record of a rollout of its own
     report: Callable[..., tuple[bool, str]]  # report(body, tags=None) -> (created, id); not handed back to it
     releaser: Any  # reef_lab.publishing.releaser.Releaser: the one path from a candidate to the serving release
@@ -68,7 +69,7 @@ class ScenarioLearner(Protocol):
 
 class Recipe(Protocol):
     name: str
-    evolves: str  # one of EVOLVES
+    evolves: str  # one of EVOLVES; a composite recipe also has `components: dict[str, Recipe]`
     config: Any  # its config dataclass (help text per field; `operator` fields are never a client's to set)
 
     def validate_report(self, report: dict) -> None:
@@ -123,6 +124,13 @@ class LearnConfig:
                              "(e.g. {name: arithmetic}) or use selection 'always' or 'review'")
         if self.steps_per_candidate < 1 or self.eval_size < 1:
             raise ValueError("steps_per_candidate and eval_size must be at least 1")
+
+
+def evolved(recipe) -> set[str]:
+    """What a recipe evolves: its own `evolves`, or its components' for a composite."""
+    if recipe.evolves == "composite":
+        return {c.evolves for c in recipe.components.values()}
+    return {recipe.evolves}
 
 
 def require_score(recipe_name: str, report: dict) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from reef_lab.publishing.releases import ReleaseStore
+from reef_lab.publishing.releases import BASE, ReleaseStore
 
 log = logging.getLogger("reef_lab.publishing.hub")
 
@@ -66,6 +66,8 @@ def model_card(scenario: str, release: dict, base_model: str, wandb_url: str | N
         f"| base model | {base_model} |",
         f"| recipe | {release.get('recipe')} |",
         f"| parent release | {release.get('parent')} |",
+        *([f"| components | {', '.join(f'{k}: {v or BASE}' for k, v in sorted(release['components'].items()))} "
+           "(manifest.json; each component in its folder) |"] if release.get("components") else []),
         f"| trainer step | {release.get('trainer_step')} |",
         f"| records consumed | {len(records)} |",
         f"| reports consumed | {len(reports)} |",

@@ -101,9 +101,51 @@ class Releaser:
     def scenarios(self) -> list[str]:
         return self._store.scenarios()
 
+    def components(self, scenario: str) -> list[str] | None:
+        """The component names of a composite scenario (None: its releases are of one kind)."""
+        return self._store.index(scenario).get("components")
+
+    def serving_folder(self, scenario: str, component: str) -> Path | None:
+        """The folder of what serves as `component` (weights or harness); None: the base weights, no harness."""
+        rel = self._store.serving(scenario)
+        if rel is None:
+            return None
+        if rel.get("kind") == "composite":
+            folder = rel["folders"].get(component)
+            return Path(folder) if folder else None
+        return Path(rel["folder"]) if (rel.get("kind") == "harness") == (component == "harness") else None
+
+    def harness_files(self, scenario: str, release_id: str | None = None) -> dict[str, str] | None:
+        """The harness files of the serving release (or of `release_id`); None when it holds no harness."""
+        if release_id is None:
+            folder = self.serving_folder(scenario, "harness")
+            return harness_mod.read_tree(folder) if folder else None
+        try:
+            rel = self._store.release(scenario, release_id)
+        except ReefError:
+            return None
+        if rel is None:
+            return None
+        if rel.get("kind") == "composite":
+            folder = rel["folders"].get("harness")
+            return harness_mod.read_tree(Path(folder)) if folder else None
+        return harness_mod.read_tree(Path(rel["folder"])) if rel.get("kind") == "harness" else None
+
+    def declare_components(self, scenario: str, names: list[str]) -> None:
+        """Make the scenario composite: from now on each release is a manifest of these components' versions."""
+        if self.components(scenario) != sorted(names):
+            current = self._store.serving(scenario)
+            if current is not None and current.get("kind") != "composite":
+                raise Conflict(f"scenario {scenario!r} already serves {current['release_id']}, which is not "
+                               "composite; create a new scenario for a composite recipe")
+            self._store.update_index(scenario, components=sorted(names))
+
     # ---- candidates -----------------------------------------------------------------------------------------
     def start_candidate(self, scenario: str, lineage: dict) -> tuple[str, Path]:
-        """A candidate entry (status `training`) and the folder its files go to."""
+        """A candidate entry (status `training`) and the folder its files go to; in a composite scenario it is a
+        new version of the component its kind says (weights unless `kind: harness`)."""
+        if self.components(scenario):
+            lineage = {**lineage, "component": "harness" if lineage.get("kind") == "harness" else "weights"}
         return self._store.new_candidate(scenario, lineage)
 
     def fail(self, scenario: str, cid: str, error: BaseException | str, log_row: Log | None = None,
@@ -188,7 +230,7 @@ class Releaser:
             if log_row is not None:
                 log_row({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
             return result
-        result = self.evaluate(scenario, serving["release_id"], held_out)
+        result = self.evaluate(scenario, self._weights_key(serving), held_out)  # the serving harness applies
         self._store.update_release(scenario, serving["version"], eval=result)
         return result
 
@@ -204,8 +246,11 @@ class Releaser:
                 raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
             key = release_key(scenario, self._store.next_version(scenario))
             parent, was = self._store.serving(scenario), self.serving.get(scenario)
+            components = self.components(scenario)
             try:
-                if cand.get("kind") == "harness":  # serves first, then the index names it
+                if components:
+                    rel = self._release_component(scenario, cid, cand, key, components)
+                elif cand.get("kind") == "harness":  # serves first, then the index names it
                     files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
                     self.serving.set(scenario, Serving(key, (key, files)))
                     rel = self._store.publish_candidate(scenario, cid)
@@ -218,10 +263,10 @@ class Releaser:
                     if rel["release_id"] != key:
                         raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
             except Exception as e:
-                if cand.get("kind") == "harness":
+                if cand.get("kind") == "harness" or components:
                     self.serving.set(scenario, was)
-                elif isinstance(self.engine, ReleaseHost):
-                    self.engine.route(scenario, parent["release_id"] if parent else BASE)
+                if cand.get("kind") != "harness" and isinstance(self.engine, ReleaseHost):
+                    self.engine.route(scenario, self._weights_key(parent))
                 self.fail(scenario, cid, e)
                 if log_row is not None:
                     log_row({"event": "release_failed", "release_id": key, "error": str(e)})
@@ -235,13 +280,50 @@ class Releaser:
         log.info("scenario %s: release %s serving (swap %.2f s)", scenario, rel["release_id"], swap_s)
         return {**rel, **extra}
 
+    def _release_component(self, scenario: str, cid: str, cand: dict, key: str, components: list[str]) -> dict:
+        """A composite scenario's next release: the engine serves the new weights (the harness: the serving table)
+        before the index names the release."""
+        component = cand.get("component") or "weights"
+        prev = self._store.serving(scenario) or {}
+        versions = {**{c: (prev.get("components") or {}).get(c) for c in components}, component: key}
+        files = None
+        if component == "weights":
+            self._host().load_release(key, self.candidate_folder(scenario, cid))
+            self.engine.route(scenario, key)
+        else:
+            files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
+        self.serving.set(scenario, self._serving_of(key, versions, files, prev))
+        rel = self._store.publish_component(scenario, cid, component, components)
+        if rel["release_id"] != key:
+            raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
+        return rel
+
+    def _serving_of(self, release_id: str, versions: dict, files: dict | None, prev: dict | None) -> Serving:
+        """What serves a composite release: its id on records, its harness files, its components (weights named
+        `base` while untrained)."""
+        if files is None and versions.get("harness"):
+            folder = (prev or {}).get("folders", {}).get("harness")
+            files = harness_mod.read_tree(Path(folder)) if folder else None
+        shown = {c: v for c, v in versions.items() if v} | ({"weights": BASE} if "weights" in versions
+                                                             and not versions["weights"] else {})
+        return Serving(release_id, (versions["harness"], files) if files is not None else None, shown)
+
+    @staticmethod
+    def _weights_key(rel: dict | None) -> str:
+        """The engine release that serves a release's weights (`base` when none was trained)."""
+        if rel is None or rel.get("kind") == "harness":
+            return BASE
+        if rel.get("kind") == "composite":
+            return (rel.get("components") or {}).get("weights") or BASE
+        return rel["release_id"]
+
     def publish_harness(self, scenario: str, files: dict[str, str], lineage: dict | None = None,
                         selection: str = "always", scores: dict | None = None,
                         serving_scores: dict | None = None) -> dict:
         """A harness candidate from a file tree, judged (`selection` on the given scores) and released when
         accepted. Returns the candidate's entry (`release` set when it serves)."""
         current = self._store.serving(scenario)
-        if current is not None and current.get("kind") != "harness":
+        if current is not None and current.get("kind") not in ("harness", "composite"):
             raise Conflict(f"scenario {scenario!r} serves trained weights ({current['release_id']}); a scenario "
                            "evolves either its weights or its harness")
         meta = {"recipe": (lineage or {}).get("recipe", "manual"),
@@ -252,7 +334,7 @@ class Releaser:
         except OSError as e:
             shutil.rmtree(staged, ignore_errors=True)
             raise ReefError(f"the harness could not be written: {e}") from None
-        cid, folder = self._store.new_candidate(scenario, meta)
+        cid, folder = self.start_candidate(scenario, meta)
         os.replace(staged, folder)
         return self.submit(scenario, cid, selection, scores=scores, serving_scores=serving_scores)
 
@@ -263,7 +345,10 @@ class Releaser:
             rel = self._store.release(scenario, release_id)
             target = rel["release_id"] if rel else BASE
             current = self.serving.get(scenario)
-            if (rel or {}).get("kind") == "harness" or (rel is None and current is not None and current.harness):
+            if self.components(scenario):
+                self._serve_composite(scenario, rel)
+                self._store.set_serving(scenario, target)
+            elif (rel or {}).get("kind") == "harness" or (rel is None and current is not None and current.harness):
                 self._store.set_serving(scenario, target)
                 self.serving.set(scenario, None if rel is None else Serving(
                     target, (target, harness_mod.read_tree(Path(rel["folder"])))))
@@ -283,12 +368,30 @@ class Releaser:
             rel = self._store.serving(name)
             if rel is None or name not in scenarios:
                 continue
-            if rel.get("kind") == "harness":
+            if rel.get("kind") == "composite":
+                self._serve_composite(name, rel)
+            elif rel.get("kind") == "harness":
                 self.serving.set(name, Serving(rel["release_id"], (rel["release_id"],
                                                                    harness_mod.read_tree(Path(rel["folder"])))))
             elif isinstance(self.engine, ReleaseHost):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
+
+    def _serve_composite(self, scenario: str, rel: dict | None) -> None:
+        """Serve a composite release (or, None, the base weights and no harness): every component it names."""
+        key = self._weights_key(rel)
+        if isinstance(self.engine, ReleaseHost):
+            if key != BASE and key not in self.engine.loaded_releases():
+                self.engine.load_release(key, rel["folders"]["weights"])
+            self.engine.route(scenario, key)
+        elif key != BASE:
+            raise Conflict("this engine serves no weights of its own (upstream provider)")
+        if rel is None:
+            self.serving.set(scenario, None)
+            return
+        folder = rel["folders"].get("harness")
+        files = harness_mod.read_tree(Path(folder)) if folder else None
+        self.serving.set(scenario, self._serving_of(rel["release_id"], rel["components"], files, None))
 
     # ---- on-policy serving between releases (a recipe that samples from its own policy, e.g. TTT) -----------
     def serve_policy(self, scenario: str, key: str, folder: str | Path, previous: str | None = None) -> None:
