@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
 
-Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
+Starts the stub provider (`tests.doubles.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
 one with the kernel's default time slice, and one with its data dir in memory to split the added latency into the
 disk's flush and the rest), then measures with 16 concurrent clients:
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reef_lab.testing import free_port  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
 from server.workers import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
@@ -328,7 +328,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
     """One stub (answering after `delay_ms`) and reef_lab in front of it (plus `variants`, each a server of its
     own); returns (result, raw latencies)."""
     stub_port = free_port()
-    stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port),
+    stub = start([sys.executable, "-m", "tests.doubles.stub_provider", "--port", str(stub_port),
                   "--delay-ms", str(delay_ms)])
     servers = {}  # name -> (port, data dir, process)
     for name, v in {"reef_lab": {"args": []}, **(variants or {})}.items():
@@ -581,7 +581,7 @@ def render(r: dict) -> str:
 
 Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs{cpu}, Python \
 {r['machine']['python']}; the host took {100 * r.get('cpu_steal_share', 0):.1f}% of the CPU time as steal); load \
-generator, stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
+generator, stub and server share these CPUs. Stub: `tests.doubles.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
 server/workers.py), every record fsynced before its receipt. 16 concurrent

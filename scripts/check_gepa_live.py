@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
-from reef_lab.testing import free_port, wait_http  # noqa: E402
+from tests.doubles import free_port, wait_http  # noqa: E402
 
 SCENARIO = "arithmetic-live"
 

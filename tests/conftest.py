@@ -12,7 +12,7 @@ from werkzeug.serving import make_server
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir, default_gguf_path
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.testing.stub_provider import serve_in_thread
+from tests.doubles.stub_provider import serve_in_thread
 from server.app import create_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

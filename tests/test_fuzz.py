@@ -1,6 +1,6 @@
 """Fuzzing the real server: `scripts/serve.py --workers 2` (a primary and a relay) in front of the stub provider.
 
-Seeded requests from reef_lab/testing/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
+Seeded requests from tests/doubles/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
 may hold its connection, none may be dropped without an answer, refusals the API promises (a recipe naming code,
 an over-size body, a body that is not JSON) must be what it says, and afterwards a well-formed inference and a
 report on it succeed. A small count runs by default; 10,000 requests with `-m slow -k 10k`. A request that stops
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab.records.store import read_log
-from reef_lab.testing import free_port
-from reef_lab.testing.fuzz import FuzzReport, generate, run, stalled_body
+from tests.doubles import free_port
+from tests.doubles.fuzz import FuzzReport, generate, run, stalled_body
 
 ROOT = Path(__file__).resolve().parents[1]
 

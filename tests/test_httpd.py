@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reef_lab.testing import free_port
+from tests.doubles import free_port
 from server.httpd import Limits, Server, listen
 
 ROOT = Path(__file__).resolve().parents[1]

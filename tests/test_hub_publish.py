@@ -19,7 +19,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.publishing.hub import HubConfig
 from reef_lab.learning.tasks import make_task
-from reef_lab.testing.hub_server import serve_in_thread
+from tests.doubles.hub_server import serve_in_thread
 from tests.conftest import Running
 
 TOKEN = "hub-test-token"
@@ -215,7 +215,7 @@ def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_mo
     import http.client
     import signal
 
-    from reef_lab.testing import free_port
+    from tests.doubles import free_port
 
     _, url = hub
     root = Path(__file__).resolve().parents[1]

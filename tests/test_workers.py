@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from reef_lab.records.store import RecordStore, read_log
-from reef_lab.testing import free_port
+from tests.doubles import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
