@@ -38,7 +38,7 @@ with app.setup:
     from apps.shared import (figure, hub_cell, progress_html, run_status, signature, svg, tidy, utc, wandb_md,
                              wandb_runs)
     from recipes.gepa.search import read_events
-    from reef_lab.experiments.weights import launch_detached, run_choices, yaml_value
+    from apps.launch import launch_detached, run_choices, yaml_value
 
     SEARCH_FILES = ("events.jsonl", "summary.json", "test_answers.jsonl", "config.json", "index.json", "run.log",
                     "run.pid")

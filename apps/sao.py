@@ -38,7 +38,7 @@ with app.setup:
 
     from apps.shared import (figure, hub_cell, link, mean_ci, progress_html, run_status, signature, svg, tidy, utc,
                              wandb_md, wandb_runs, wilson)
-    from reef_lab.experiments.weights import launch_detached, run_choices, yaml_value
+    from apps.launch import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
     PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out accuracy (95% CI)"), ("loss", "policy loss"),

@@ -30,7 +30,7 @@ with app.setup:
     from apps.shared import figure, progress_html, run_status, signature, svg, tidy, wandb_md, wandb_runs
     from recipes.tttd.archive import Archive
     from recipes.tttd.problems import make_problem
-    from reef_lab.experiments.weights import launch_detached
+    from apps.launch import launch_detached
 
     STATE_FILES = ("metrics.jsonl", "archive.json", "state.json", "best.json", "summary.json", "run.pid")
 
