@@ -24,7 +24,6 @@ with app.setup:
     import html
     import json
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -33,7 +32,6 @@ with app.setup:
     from matplotlib.ticker import MaxNLocator
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # recipes/ and apps/shared.py ship in the repository, not in the installed package
 
     from apps.shared import (figure, hub_cell, progress_html, run_status, signature, svg, tidy, utc, wandb_md,
                              wandb_runs)

@@ -24,7 +24,6 @@ with app.setup:
     import hashlib
     import html
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -34,7 +33,6 @@ with app.setup:
     from matplotlib.ticker import MaxNLocator
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
     from apps.shared import (figure, hub_cell, link, mean_ci, progress_html, run_status, signature, svg, tidy, utc,
                              wandb_md, wandb_runs, wilson)

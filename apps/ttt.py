@@ -17,7 +17,6 @@ app = marimo.App(width="full", app_title="reef_lab TTT-Discover")
 
 with app.setup:
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -25,7 +24,6 @@ with app.setup:
     import polars as pl
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))
 
     from apps.shared import figure, progress_html, run_status, signature, svg, tidy, wandb_md, wandb_runs
     from recipes.tttd.archive import Archive

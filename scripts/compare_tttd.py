@@ -18,11 +18,9 @@ import argparse
 import logging
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
 import yaml  # noqa: E402

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import requests  # noqa: E402
 from openai import OpenAI  # noqa: E402

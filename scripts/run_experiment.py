@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # Not offline: models load from local folders (local_files_only), and a run with hub.repo pushes its releases.
 
 import yaml  # noqa: E402

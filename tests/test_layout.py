@@ -147,3 +147,22 @@ def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
     (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.tasks\n")
     assert layer_violations(tmp_path) == ["recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
                                           "reef_lab/records/export.py:1 imports reef_lab.learning.tasks"]
+
+
+def test_scripts_and_apps_do_not_touch_sys_path():
+    """They import the repository's folders as packages: scripts/setup.sh puts the repository root on its venv's
+    path (a .pth file), so no script or app edits sys.path to find them."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for top in ("scripts", "apps") for p in sorted((ROOT / top).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "sys.path.insert" in line or "sys.path.append" in line]
+    assert found == []
+
+
+def test_the_repository_folders_import_from_anywhere_in_its_venv(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import recipes.sft, server.app, apps.launch, scripts.run_experiment, tests.doubles; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
