@@ -16,7 +16,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import matplotlib
+from reef_lab.extras import need
+
+need("apps")
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -187,12 +187,10 @@ class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptio
 
 
 def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
-    """ServeConfig from `-c file.yaml` plus flags (flags win), parsed by transformers' HfArgumentParser. The recipe
+    """ServeConfig from `-c file.yaml` plus flags (flags win), one flag per field (`dataclass_parser`). The recipe
     config is checked at every depth before anything starts; `--help` lists the chosen recipe's own fields, and
     `--print-config` prints the whole effective configuration as a YAML file `-c` reads back."""
     import sys
-
-    from transformers import HfArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -206,7 +204,7 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         except ValueError as e:
             file_error = str(e)
     spec = known.recipe or file_values.get("recipe") or "basic"
-    p = HfArgumentParser(ServeConfig, prog="scripts/serve.py", description=DESCRIPTION, formatter_class=_HelpFormat,
+    p = dataclass_parser(ServeConfig, prog="scripts/serve.py", description=DESCRIPTION, formatter_class=_HelpFormat,
                          epilog=_recipe_help(spec))
     p.add_argument("-c", "--config", help="YAML file with any of the options below (the command line wins)")
     p.add_argument("--print-config", action="store_true", help=(
@@ -216,7 +214,8 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(file_error)
     p.set_defaults(**file_values)
     try:
-        cfg, extra = p.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        ns = p.parse_args(argv)
+        cfg = ServeConfig(**{f.name: getattr(ns, f.name) for f in fields(ServeConfig)})
         recipe = load_recipe(cfg.recipe, cfg.recipe_settings())
         for name in cfg.allowed_recipe_list():
             load_recipe(name)
@@ -229,10 +228,28 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(f"recipe {cfg.recipe!r} trains model weights, which engine {cfg.engine_name()!r} cannot serve (an "
                 "upstream provider): drop --upstream-url to serve (and train) the embedded model, or choose a "
                 "recipe that does not train")
-    if extra.print_config:
+    if ns.print_config:
         print(describe_config(cfg, recipe.config), end="")
         raise SystemExit(0)
     return cfg
+
+
+def dataclass_parser(cls: type, **kwargs) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of config dataclass `cls` (`--data_dir` and `--data-dir`), typed by
+    the field's annotation, its help text and default shown. Plain argparse: the server's command line needs no
+    optional dependency."""
+    import types
+    import typing
+
+    p = argparse.ArgumentParser(**kwargs)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        p.add_argument(*names, dest=f.name, type=tp, default=f.default, help=f.metadata.get("help", ""))
+    return p
 
 
 def _read_config_file(path: str) -> dict:

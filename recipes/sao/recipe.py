@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reef_lab.extras import need
+
+need("train", "the sao recipe")
 import torch
 
 from reef_lab.learning import rl

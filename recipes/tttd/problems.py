@@ -35,6 +35,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from reef_lab.extras import need
+
 from recipes.tttd.config import PROBLEMS, ProblemConfig
 from recipes.tttd.sandbox import Limits, run_python
 
@@ -220,6 +222,7 @@ class CirclePacking(Problem):
 def solve_radii(centres: list[tuple[float, float]]) -> list[float]:
     """The radii with the largest sum for fixed centres in the unit square: a linear program (HiGHS)."""
     import numpy as np
+    need("tttd")
     from scipy.optimize import linprog
 
     n = len(centres)
@@ -341,6 +344,7 @@ def repair(circles: list[tuple[float, float, float]]) -> list[tuple[float, float
 def scipy_baseline(n: int, seconds: float, seed: int = 0) -> BaselineResult:
     """SLSQP multistart on the same instance within a wall-time budget (starts are not begun after it runs out)."""
     import numpy as np
+    need("tttd")
     from scipy.optimize import minimize
 
     rng = np.random.default_rng(seed)

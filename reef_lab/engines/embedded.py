@@ -53,6 +53,9 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reef_lab.extras import need
+
+need("train", "the embedded engine")
 import torch
 
 from reef_lab.checkpoints import load_checkpoint

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import orjson
 
+from reef_lab.extras import need
 from reef_lab.errors import EngineUnavailable
 
 
@@ -39,6 +40,7 @@ class ChatTokenizer:
 
     @classmethod
     def from_folder(cls, model_dir) -> ChatTokenizer:
+        need("train", "a remote engine's tokenizer")
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

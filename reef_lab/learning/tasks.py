@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+from reef_lab.extras import need
 from reef_lab.plugins import load_class
 from reef_lab.schema import check_fields
 
@@ -124,6 +125,7 @@ class ArithmeticTask(VerifiedTask):
     """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier."""
 
     def items(self, n: int, seed: int) -> list[dict]:
+        need("tasks", "the arithmetic task")
         import reasoning_gym
 
         c = self.config
@@ -156,6 +158,7 @@ class JsonlTask(VerifiedTask):
 
     def _load_rows(self) -> list[dict]:
         if self._rows is None:
+            need("tasks", "jsonl and choice tasks")
             import datasets
 
             path = resolve_path(self.config.path)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from reef_lab.extras import need
 from reef_lab.publishing.releases import BASE, ReleaseStore
 
 log = logging.getLogger("reef_lab.publishing.hub")
@@ -85,6 +86,7 @@ class HubPublisher:
     """Pushes releases (and `main` moves) in the background; see the module docstring."""
 
     def __init__(self, config: HubConfig, releases: ReleaseStore, base_model: str = "unknown"):
+        need("hub")
         from huggingface_hub import HfApi
 
         self.config, self.releases, self.base_model = config, releases, base_model  # the index, read only

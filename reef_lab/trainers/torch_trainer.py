@@ -21,6 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from reef_lab.extras import need
+
+need("train", "the torch trainer")
 import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
