@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from tests.doubles import free_port  # noqa: E402
-from server.workers import cpu_ticks  # noqa: E402
+from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
 
@@ -491,7 +491,7 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
 _NOTES = {
     "reef_lab, kernel's default time slice": "the same reef_lab with `--sched-slice-us 0`: its threads keep the "
                                              "scheduler's default slice instead of asking for 100 us while the "
-                                             "machine is less than 85% busy (server/workers.py SliceGovernor)",
+                                             "machine is less than 85% busy (server/tuning.py SliceGovernor)",
     "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
                                     "durable; shown only to split the added latency into disk and the rest",
 }

@@ -195,7 +195,7 @@ def test_every_route_needs_the_token_on_either_worker(tmp_path, stub_url):
 def test_workers_threads_ask_for_a_short_time_slice(two_workers):
     """Every thread of both workers, those started after the worker was built included, carries the 100 us slice
     (`--sched-slice-us`); skipped where the kernel has no custom slices (before Linux 6.12)."""
-    from server.workers import thread_slice_us
+    from server.tuning import thread_slice_us
     port, _, proc = two_workers
     if thread_slice_us() is None:
         pytest.skip("sched_getattr is not available here")
@@ -216,7 +216,7 @@ def test_workers_threads_ask_for_a_short_time_slice(two_workers):
 
 GOVERNOR = """
 import os, sys, time, threading
-from server.workers import SliceGovernor, thread_slice_us
+from server.tuning import SliceGovernor, thread_slice_us
 share = [0.0]  # the machine's busy share as the governor reads it: the test says it, the real machine may be busy
 gov = SliceGovernor(100, busy=0.6, period=0.05, load=lambda: share[0])
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread besides the main one
@@ -235,10 +235,10 @@ for line in sys.stdin:  # the test says when the CPUs are busy or idle again
 
 def test_threads_give_the_short_slice_back_while_the_machine_is_saturated():
     """With every CPU busy the governor puts all threads back on the kernel's default slice, and on the short
-    one again once the CPUs idle (server/workers.py SliceGovernor). The load the governor reads is the test's, so
+    one again once the CPUs idle (server/tuning.py SliceGovernor). The load the governor reads is the test's, so
     that the test holds on a machine that other work keeps busy; tests/test_workers.py::test_machine_load_reads_
     proc_stat checks the real reading."""
-    from server.workers import thread_slice_us
+    from server.tuning import thread_slice_us
     if thread_slice_us() is None:
         pytest.skip("sched_getattr is not available here")
     root = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ def test_threads_give_the_short_slice_back_while_the_machine_is_saturated():
 def test_machine_load_reads_proc_stat():
     """The governor's default load: None before it has two readings' worth of counters, then a share in [0, 1]
     that counts this process's own spinning as busy time."""
-    from server.workers import MachineLoad, cpu_ticks
+    from server.tuning import MachineLoad, cpu_ticks
     if not cpu_ticks():
         pytest.skip("/proc/stat is not readable here")
     load = MachineLoad()
