@@ -74,12 +74,13 @@ class ServeConfig:
                 "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
                 "others relay inference (server/workers.py)"})
     pin_workers: int = field(default=1, metadata={
-        "help": "1: pin each of several workers to a CPU of its own (Linux; more requests/s on 2 "
-                "cores); 0: leave placement to the OS scheduler"})
-    sched_slice_us: int = field(default=100, metadata={
-        "help": "with --upstream-url, the CPU time slice in microseconds each worker thread asks the Linux scheduler "
-                "for (EEVDF custom slices, kernel 6.12+; older kernels ignore it): a short one lets a thread woken by "
-                "its record's flush or its provider's answer run sooner. 0: the kernel's default"})
+        "help": "1: pin each of several workers to a CPU of its own (Linux; more requests/s on 2 cores, "
+                "results/server-tuning.md); 0: leave placement to the OS scheduler"})
+    sched_slice_us: int = field(default=0, metadata={
+        "help": "opt-in (no gain measured, results/server-tuning.md): with --upstream-url, the CPU time slice in "
+                "microseconds each worker thread asks the Linux scheduler for (EEVDF custom slices, kernel 6.12+; "
+                "older kernels ignore it), e.g. 100: a thread woken by its record's flush or its provider's answer "
+                "may run sooner. 0: the kernel's default"})
     sched_slice_busy: float = field(default=0.85, metadata={
         "help": "the share of the machine's CPU time in use (over 0.25 s) above which worker threads give the short "
                 "slice back and take the kernel's default, until it falls below this less 0.15: at saturation a "

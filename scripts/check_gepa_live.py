@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import requests  # noqa: E402
 
-from tests.doubles import free_port, wait_http  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
+from tests.doubles.processes import start_child  # noqa: E402
 
 SCENARIO = "arithmetic-live"
 
@@ -45,11 +46,9 @@ def main() -> None:
     client_cmd = [sys.executable, "scripts/live_client.py", "--url", base, "--scenario", SCENARIO, "--feedback",
                   "--temperature", "0", "--max-tokens", "48", "--rollouts", str(args.rollouts), "--concurrency", "3",
                   "--max-pool", "3", "--wait", "900"]
-    log = open(out / "serve.log", "wb")
-    server = subprocess.Popen(serve_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started = time.time()
+    server = start_child(serve_cmd, port, out / "serve.log", timeout=300)
     try:
-        wait_http(base + "/healthz", 300)
         lines = ["# Live GEPA through the server", "", f"Command: `python scripts/check_gepa_live.py --rollouts "
                  f"{args.rollouts}`, which runs", "", "```", " ".join(serve_cmd[1:]), " ".join(client_cmd[1:]), "```",
                  ""]
@@ -94,8 +93,7 @@ def main() -> None:
         Path(args.page).write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
     finally:
-        server.terminate()
-        server.wait(60)
+        server.stop(60)
 
 
 if __name__ == "__main__":

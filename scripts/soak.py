@@ -24,9 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,33 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from tests.doubles import free_port  # noqa: E402
+from tests.doubles.processes import start_child  # noqa: E402
 
 SCENARIO = "soak"
 HEADERS = {"Content-Type": "application/json", "x-reef-scenario": SCENARIO}
-
-
-def wait_ready(port: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answered on port {port}")
-
-
-def start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(log_path, "ab"))
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 def workers_of(pid: int) -> list[int]:
@@ -186,13 +161,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="reef-soak-"))
     stub_port, port = free_port(), free_port()
     py = sys.executable
-    stub = start([py, "-m", "tests.doubles.stub_provider", "--port", str(stub_port)], work / "stub.log")
+    stub = start_child([py, "-m", "tests.doubles.stub_provider", "--port", str(stub_port)], stub_port,
+                       work / "stub.log", ready_path="/v1/models")
     serve_cmd = [py, "scripts/serve.py", "--port", str(port), "--data-dir", str(work / "data"), "--upstream-url",
                  f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *args.server_args.split()]
-    server = start(serve_cmd, work / "server.log")
+    server = start_child(serve_cmd, port, work / "server.log", settle=1.0)
     try:
-        wait_ready(port)
-        time.sleep(1.0)
         pids = workers_of(server.pid)
         total = args.warmup_minutes + args.minutes
         print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
@@ -216,13 +190,12 @@ def main() -> None:
               flush=True)
         ids = random.Random(0).sample(receipts, min(args.reads, len(receipts)))
         before = read_latencies(port, ids)
-        stop(server)
-        server = start(serve_cmd, work / "server.log")
-        wait_ready(port)
+        server.stop(60)
+        server = start_child(serve_cmd, port, work / "server.log")
         after = read_latencies(port, ids)
     finally:
-        stop(server)
-        stop(stub)
+        server.stop(60)
+        stub.stop(60)
     report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
     (out / "soak.json").write_text(json.dumps({**report, "samples": samples}, indent=1))
     (out / "soak.md").write_text(render(report))

@@ -1,7 +1,7 @@
-"""Server tuning for several workers on few CPUs: each worker pinned to a CPU of its own, and a short scheduler time
-slice for its threads while the machine has idle CPU (SliceGovernor). Both are opt-in (`--pin-workers 1`,
-`--sched-slice-us 100`); scripts/bench_tuning.py measures them against plain settings side by side and
-results/server-tuning.md holds what it found.
+"""Server tuning for several workers on few CPUs: each worker pinned to a CPU of its own (`--pin-workers`, on by
+default), and a short scheduler time slice for its threads while the machine has idle CPU (SliceGovernor,
+`--sched-slice-us 100`, opt-in). scripts/bench_tuning.py measures both against plain settings side by side;
+results/server-tuning.md holds what it found and why pinning is a default and the slice is not.
 """
 
 from __future__ import annotations
@@ -17,6 +17,22 @@ from pathlib import Path
 from typing import Callable
 
 log = logging.getLogger("reef_lab.server")
+
+
+def apply(cfg, held: list):
+    """The tuning a ServeConfig asks for, in this worker process, before it starts any thread (they inherit it):
+    its CPU slot (kept open in `held` for the process's life) and the slice governor, which it returns (or None)."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    governor = SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy) \
+        if cfg.upstream_url and cfg.sched_slice_us else None
+    if cfg.worker_count() > 1 and cfg.pin_workers:
+        slot = pin_worker(cfg.data_dir, cfg.worker_count())
+        if slot is not None:  # None: every slot taken (a respawned worker before its old one died), left unpinned
+            held.append(slot)
+    return governor
 
 
 def pin_worker(data_dir: str | Path, workers: int):

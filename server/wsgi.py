@@ -59,14 +59,8 @@ def build():
     tokens = tokens_from_env()
     global _governor, role
     primary = False
-    if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
-        # before any thread this worker starts: they inherit it
-        _governor = tuning.SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy)
+    _governor = tuning.apply(cfg, _held)  # before this worker starts any thread: they inherit it
     if cfg.worker_count() > 1:
-        slot = tuning.pin_worker(cfg.data_dir, cfg.worker_count()) \
-            if cfg.pin_workers and sys.platform.startswith("linux") else None
-        if slot is not None:  # None: every slot taken (a respawned worker before its old one died), left unpinned
-            _held.append(slot)
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
             role = "relay"

@@ -11,8 +11,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from reef_lab.records.store import RecordStore, scan_records
+from tests.doubles import processes
 from tests.doubles import free_port
 
 # Kill -9 of the real server under load, seconds each: not in the default run (.ci/run runs `pytest -m heavy`).
@@ -29,20 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(data_dir, upstream, port):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port),
-                             "--data-dir", str(data_dir), "--upstream-url", upstream, "--log-level", "warning"],
-                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start: " + proc.stderr.read().decode()[-2000:])
+    return processes.start_server("--upstream-url", upstream, "--log-level", "warning", data_dir=data_dir, port=port,
+                                  log=Path(str(data_dir) + "-serve.log"))
 
 
 def client(port, n, receipts, stop):

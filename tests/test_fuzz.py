@@ -15,14 +15,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from reef_lab.records.store import read_log
-from tests.doubles import free_port
+from tests.doubles.processes import start_server
 from tests.doubles.fuzz import FuzzReport, generate, run, stalled_body
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,28 +42,12 @@ class Server:
 
 
 def start(data_dir: Path, stub_url: str, log: Path) -> Server:
-    port = free_port()
-    # stderr to a file, not a pipe: nobody reads a pipe during the run, and a full one would stall the server
-    with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", str(data_dir),
-                                 "--upstream-url", stub_url, "--workers", "2", "--log-level", "warning",
-                                 "--read-timeout", str(BODY_TIMEOUT_S)],
-                                cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
-    srv = Server(port, proc, data_dir, log)
-    deadline = time.time() + 60
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("server did not start: " + srv.log_tail(3000), pytrace=False)
-            time.sleep(0.1)
-    time.sleep(0.5)  # the relay connects to the primary after the primary answers
-    return srv
+    try:
+        child = start_server("--upstream-url", stub_url, "--workers", "2", "--log-level", "warning",
+                             "--read-timeout", str(BODY_TIMEOUT_S), data_dir=data_dir, log=log)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    return Server(child.port, child.proc, data_dir, log)
 
 
 def stop(srv: Server, within: float = 30.0) -> float:
