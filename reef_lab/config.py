@@ -17,7 +17,7 @@ import yaml
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import ReefError
-from reef_lab.learning.recipe import evolved, load_recipe
+from reef_lab.learning.recipe import evolved, load_recipe, shipped_recipes
 
 
 @dataclass
@@ -27,8 +27,7 @@ class ServeConfig:
     data_dir: str = field(default="./.reef_lab", metadata={
         "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
     recipe: str = field(default="basic", metadata={
-        "help": "recipe of new scenarios: a folder name in recipes/ (basic, sft, sao, grpo, gepa) or a "
-                "module:Class path"})
+        "help": "recipe of new scenarios: a folder name in recipes/ or a module:Class path"})
     recipe_config: str | None = field(default=None, metadata={
         "help": "config of new scenarios' recipe: a YAML/JSON file, e.g. recipes/sao/examples/live.yaml, or "
                 "an inline mapping '{batch_size: 8}' (in a -c file also a mapping); --help with --recipe lists its "
@@ -205,8 +204,11 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         except ValueError as e:
             file_error = str(e)
     spec = known.recipe or file_values.get("recipe") or "basic"
-    p = dataclass_parser(ServeConfig, prog="scripts/serve.py", description=DESCRIPTION, formatter_class=_HelpFormat,
-                         epilog=_recipe_help(spec))
+    # the recipes this installation ships are its folders, read now (no list to keep up to date)
+    recipes = {"recipe": f"recipe of new scenarios: one of the folders of recipes/ ({', '.join(shipped_recipes())}) "
+                         "or a module:Class path"}
+    p = dataclass_parser(ServeConfig, helps=recipes, prog="scripts/serve.py", description=DESCRIPTION,
+                         formatter_class=_HelpFormat, epilog=_recipe_help(spec))
     p.add_argument("-c", "--config", help="YAML file with any of the options below (the command line wins)")
     p.add_argument("--print-config", action="store_true", help=(
         "print the effective configuration (the deployment's options and the recipe's config, every field with "
@@ -235,10 +237,10 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
     return cfg
 
 
-def dataclass_parser(cls: type, **kwargs) -> argparse.ArgumentParser:
+def dataclass_parser(cls: type, helps: dict[str, str] | None = None, **kwargs) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of config dataclass `cls` (`--data_dir` and `--data-dir`), typed by
     the field's annotation, its help text and default shown. Plain argparse: the server's command line needs no
-    optional dependency."""
+    optional dependency. `helps` replaces a field's help text."""
     import types
     import typing
 
@@ -249,7 +251,8 @@ def dataclass_parser(cls: type, **kwargs) -> argparse.ArgumentParser:
         if typing.get_origin(tp) in (typing.Union, types.UnionType):
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
         names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
-        p.add_argument(*names, dest=f.name, type=tp, default=f.default, help=f.metadata.get("help", ""))
+        p.add_argument(*names, dest=f.name, type=tp, default=f.default,
+                       help=(helps or {}).get(f.name, f.metadata.get("help", "")))
     return p
 
 

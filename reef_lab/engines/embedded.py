@@ -94,9 +94,15 @@ def default_gguf_path() -> Path:
 def load_model(model_path: str | None, cache_dir: Path, dtype: torch.dtype = torch.float32):
     """Load (model, tokenizer, model_name) for serving.
 
-    `model_path` None means the embedded default SmolLM2; a `.gguf` file is dequantised once into
-    `cache_dir/<name>` as safetensors and loaded from there afterwards; a folder is loaded as a Hugging Face model.
+    `model_path` None means the embedded default SmolLM2; `tiny` the tests' tiny random model (reef_lab/engines/tiny.py,
+    built once into the cache); a `.gguf` file is dequantised once into `cache_dir/<name>` as safetensors and loaded
+    from there afterwards; a folder is loaded as a Hugging Face model.
     """
+    if model_path == "tiny":
+        from reef_lab.engines.tiny import tiny_model_dir
+
+        folder = tiny_model_dir(Path(cache_dir))
+        return (*_load_folder(folder, dtype), "tiny")
     if model_path is None:
         gguf, name = default_gguf_path(), DEFAULT_MODEL_NAME
     elif str(model_path).endswith(".gguf"):

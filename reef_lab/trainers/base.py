@@ -29,7 +29,9 @@ LOSSES = ("nll", "dis", "is")
 class Loss:
     """A policy loss, summed over completion tokens and divided by the batch's real-token count by the trainer.
 
-    - `nll`: negative log-likelihood of the completion (SFT);
+    - `nll`: negative log-likelihood of the completion under the model's own distribution, temperature 1, whatever
+      temperature sampled it (SFT imitates the text, not the sampler: the engine applies the serving temperature
+      when it samples, so training the tempered distribution would apply it twice);
     - `dis`: the DIS policy gradient: token ratio pi_theta / pi_rollout (the engine's recorded logprob) times the
       sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO);
     - `is`: unclipped importance sampling, -rho * (A - kl_coef * sg(log pi_theta - log pi_base)) per token with

@@ -17,7 +17,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -163,6 +163,8 @@ class TorchTrainer(Trainer):
     def step(self, samples: list[Sample], loss: Loss) -> dict:
         """One optimizer step on the recipe's loss (reef_lab.trainers.base.Loss). A KL penalty (`is` with kl_coef
         > 0) first scores the batch under the frozen base (LoRA adapters off) into `extra["base_logprobs"]`."""
+        if loss.kind == "nll":  # the model's own distribution, temperature 1 (Loss's docstring says why)
+            samples = [replace(s, temperature=1.0) for s in samples]
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
                 s.extra["base_logprobs"] = base
