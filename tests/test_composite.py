@@ -160,3 +160,32 @@ def test_a_composite_config_names_what_each_component_must_evolve(tmp_path, stub
         with pytest.raises(BadRequest) as e:
             load_recipe("composite", {"components": components})
         assert words in e.value.message, e.value.message
+
+
+def test_a_harness_components_default_model_is_the_scenarios_serving_weights(tiny_model, tokenizer, tmp_path):
+    """In a composite scenario the harness component's task model, left to the deployment, is EngineLM with the
+    scenario: it answers with the weights routed to the scenario, not the base."""
+    import copy
+
+    import torch
+
+    from reef_lab.engines.lm import EngineLM
+
+    trained = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    trained.save_pretrained(tmp_path / "w")
+    tokenizer.save_pretrained(tmp_path / "w")
+    tiny_model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    engine = EmbeddedEngine.from_path(str(tmp_path / "base"))
+    try:
+        engine.load_release("mix:v2", tmp_path / "w")
+        engine.route("mix", "mix:v2")
+        msgs = [{"role": "user", "content": "Calculate 2 + 3."}]
+        serving = EngineLM(engine, scenario="mix").complete(msgs, max_tokens=8, temperature=0)
+        assert serving == EngineLM(engine, release="mix:v2").complete(msgs, max_tokens=8, temperature=0)
+        assert serving != EngineLM(engine).complete(msgs, max_tokens=8, temperature=0)  # the base answers otherwise
+    finally:
+        engine.close()
