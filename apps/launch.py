@@ -8,13 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reef_lab.procs import Popen
+
 
 def launch_detached(config: str | Path, seed: int, out_dir: str | Path, overrides: dict | None = None,
-                    root: str | Path | None = None) -> subprocess.Popen:
+                    root: str | Path | None = None) -> Popen:
     """Start `scripts/run_experiment.py <config> --seed N --out DIR [--set k=v ...]` as a detached child whose
     output goes to `<out_dir>/run.log` and whose pid goes to `<out_dir>/run.pid`: the apps launch runs this way so
     a run outlives the notebook. Each override is written as YAML reads it back (3e-05 as 3.0e-05: YAML takes
-    `3e-05` for a string)."""
+    `3e-05` for a string).
+
+    Detached on purpose, unlike every other child reef_lab starts: a run has a budget and ends by itself, it
+    resumes where it stopped, and its results are what the user came for, so closing the browser tab or restarting
+    the notebook's kernel must not throw away an hour of training; the app finds it again by its folder and pid.
+    What the run starts (a vLLM server) dies with the run, `kill -9` included (reef_lab.procs), and
+    `kill()` on the handle, or SIGTERM to the pid in run.pid, stops the run and everything below it."""
     root = Path(root) if root else Path(__file__).resolve().parents[1]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -23,8 +31,8 @@ def launch_detached(config: str | Path, seed: int, out_dir: str | Path, override
     for key, value in (overrides or {}).items():
         cmd += ["--set", f"{key}={yaml_value(value)}"]
     with open(out_dir / "run.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
-    (out_dir / "run.pid").write_text(f"{proc.pid}\n")
+        proc = Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, detached=True)
+    (out_dir / "run.pid").write_text(f"{proc.child_pid}\n")
     return proc
 
 

@@ -31,7 +31,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,15 +39,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from reef_lab import procs  # noqa: E402
 from tests.doubles.processes import start_server, start_stub  # noqa: E402
 from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
 
-
-
 # ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
 def _paced_clients(port: int, clients: int, rate: float, seconds: float, q) -> None:
+    procs.die_with_parent()  # a multiprocessing child: gone with the benchmark, kill -9 included
     body = json.dumps(CHAT).encode()
     headers = {"Content-Type": "application/json", "x-reef-scenario": "bench-latency"}
     interval = clients / rate
@@ -229,8 +228,8 @@ def run_wrk(url: str, script: str, seconds: int, conns: int = 16) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
     try:
-        return subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
-                              capture_output=True, text=True, check=True).stdout
+        return procs.run(["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+                         capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
 
@@ -382,7 +381,10 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             reports = wrk(f"http://127.0.0.1:{reef_port}/reef/report", WRK_REPORT % ids_file, args.seconds)
             result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
-        for child in [p for _, _, p in servers.values()] + [stub]:
+        started = [p for _, _, p in servers.values()] + [stub]
+        for child in started:  # all at once: each one's shutdown overlaps the others'
+            child.proc.terminate()
+        for child in started:
             child.stop(60)
     from reef_lab.records.store import scan_records
     import polars as pl

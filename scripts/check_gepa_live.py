@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import requests  # noqa: E402
 
+from reef_lab import procs  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> None:
         lines += [f"- before any report: `x-reef-release-id` {first.headers.get('x-reef-release-id')}, "
                   f"`GET /reef/harness` -> {seed['release_id']} `{json.dumps(seed['files'])}`"]
         t0 = time.time()
-        res = subprocess.run(client_cmd, cwd=ROOT, capture_output=True, text=True)
+        res = procs.run(client_cmd, cwd=ROOT, capture_output=True, text=True)
         (out / "client.log").write_text(res.stdout + res.stderr)
         rel = requests.get(f"{base}/reef/scenarios/{SCENARIO}/releases", headers=h, timeout=30).json()
         ln = rel.get("learner") or {}

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import requests  # noqa: E402
 
+from reef_lab import procs  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child, start_server  # noqa: E402
 
@@ -57,7 +57,7 @@ def main() -> None:
                "--set", f"rollouts={args.rollouts}", "--set", "recipe_config.steps_per_candidate=2",
                "--set", "recipe_config.critic_warmup_steps=1", "--set", "hub.repo=me/reef-{scenario}"]
         started = time.time()
-        subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+        procs.run(cmd, cwd=ROOT, env=env, check=True)
         log.append(f"experiment: `{' '.join(cmd[1:])}` ({time.time() - started:.0f} s)")
         index = json.loads((out / "run/data/releases/sao-arithmetic/index.json").read_text())
         for r in index["releases"]:
@@ -65,8 +65,8 @@ def main() -> None:
                        f"tag {r['hub'].get('tag')}, held-out {r['eval']['accuracy']}")
 
         dl = out / "v2"
-        subprocess.run([str(bin_dir / "hf"), "download", REPO, "--revision", "v2", "--local-dir", str(dl)],
-                       env=env, check=True, capture_output=True)
+        procs.run([str(bin_dir / "hf"), "download", REPO, "--revision", "v2", "--local-dir", str(dl)],
+                  env=env, check=True, capture_output=True)
         log.append(f"`hf download {REPO} --revision v2 --local-dir {dl}`: {sorted(p.name for p in dl.iterdir())}")
         from transformers import AutoModelForCausalLM
 
@@ -108,16 +108,16 @@ def main() -> None:
         v1_dl = out / "v1"
         main_dl = out / "main"
         for rev, d in (("v1", v1_dl), ("main", main_dl)):
-            subprocess.run([str(bin_dir / "hf"), "download", REPO, "--revision", rev, "--local-dir", str(d)],
-                           env=env, check=True, capture_output=True)
+            procs.run([str(bin_dir / "hf"), "download", REPO, "--revision", rev, "--local-dir", str(d)],
+                      env=env, check=True, capture_output=True)
         same_files = (v1_dl / "model.safetensors").read_bytes() == (main_dl / "model.safetensors").read_bytes()
         log.append(f"rollback to v1 through the API: hub_main {state.get('state')}; main {main_of(before)[:8]} -> "
                    f"{main_of(after)[:8]}; tags before {tags_of(before)} after {tags_of(after)} (unchanged: "
                    f"{tags_of(before) == tags_of(after)}); main's weights equal v1's: {same_files}")
 
         for folder in sorted((out / "run/data/wandb").glob("offline-run-*")):  # the experiment's, not serve.py's
-            res = subprocess.run([str(bin_dir / "wandb"), "leet", "inspect", "--json", str(folder)],
-                                 capture_output=True, text=True, check=True)
+            res = procs.run([str(bin_dir / "wandb"), "leet", "inspect", "--json", str(folder)],
+                            capture_output=True, text=True, check=True)
             recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
             run = next(x["run"] for x in recs if x["type"] == "run")
             if run.get("run_group") == "sao-arithmetic":

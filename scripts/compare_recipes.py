@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from reef_lab import procs  # noqa: E402
 from reef_lab.learning.learner import read_metrics  # noqa: E402
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -43,8 +43,8 @@ def run(config: str, seed: int, out: Path) -> dict:
     summary = run_dir / "summary.json"
     if not summary.exists():
         print(f"[compare] {config} seed {seed} -> {run_dir}", flush=True)
-        subprocess.run([sys.executable, str(ROOT / "scripts/run_experiment.py"), config, "--seed", str(seed),
-                        "--out", str(run_dir)], check=True)
+        procs.run([sys.executable, str(ROOT / "scripts/run_experiment.py"), config, "--seed", str(seed),
+                   "--out", str(run_dir)], check=True)
     return {"config": config, "name": name, "seed": seed, "dir": str(run_dir), **json.loads(summary.read_text())}
 
 

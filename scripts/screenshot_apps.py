@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,16 +24,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from reef_lab import procs  # noqa: E402
+
 
 @contextmanager
 def app_server(name: str, env: dict):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "marimo", "run", f"apps/{name}.py", "--headless", "--port",
-                             str(port), "--no-token"], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    proc = procs.Popen([sys.executable, "-m", "marimo", "run", f"apps/{name}.py", "--headless", "--port",
+                        str(port), "--no-token"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(300):
@@ -45,8 +45,7 @@ def app_server(name: str, env: dict):
                 time.sleep(0.3)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.stop(30)
 
 
 def settle(page, quiet: float = 2.0, timeout: float = 180) -> None:

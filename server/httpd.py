@@ -10,19 +10,27 @@ thread blocked in `recv` (little memory); every socket and disk wait releases th
 HTTP/1.1 parsing is httptools (llhttp, the parser of Node.js and uvicorn). Supported: keep-alive, pipelining, chunked
 request bodies, `Expect: 100-continue`, streamed answers (chunked, or close-delimited for HTTP/1.0), HEAD. Limits
 answer with their own status: 400 malformed, 408 too slow, 413 body too large, 431 headers too large, 503 too many
-connections. Bodies are read whole before the app runs (what every reef_lab route wants).
+connections. Bodies are read whole before the app runs (what every reef_lab route wants). While an answer streams,
+the connection is watched for the client closing it: the app can hand `environ["reef.on_hangup"]` a callback (the
+gateway cancels the generation), since a stream that writes nothing for a while (a long prompt's prefill) would
+otherwise notice only at its next write.
 
 Processes: `run()` binds the socket, starts the workers (`python -m server.httpd <spec>`, the socket passed as an
 inherited fd), restarts one that dies after it was ready, stops all on SIGINT/SIGTERM (each finishes the requests
-it has started) and fails fast when one cannot start.
+it has started) and fails fast when one cannot start. Workers start through reef_lab.procs, so a worker and
+whatever it starts (a vLLM server) die with this process, `kill -9` included. An app module may define `stopping()`:
+a stopping worker calls it once it takes no new requests and before it waits for those in progress (server/wsgi.py
+ends the embedded engine's generations there, so a worker exits in seconds, not after the longest generation).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import io
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -33,10 +41,13 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from email.utils import formatdate
+from functools import partial
 from pathlib import Path
 
 import httptools
 import orjson
+
+from reef_lab.procs import Popen
 
 log = logging.getLogger("reef_lab.server")
 
@@ -172,6 +183,81 @@ def _plain(status: int, reason: str, message: str) -> bytes:
             f"\r\nConnection: close\r\nDate: {_http_date()}\r\n\r\n").encode() + body
 
 
+class _Hangups:
+    """Watches the connections of streaming answers and calls the app's callback when a client closes one.
+
+    One thread per server polls the watched sockets (every `interval` s, to take new ones); end of input or a reset
+    means the client is gone. Input that is data instead (a pipelined next request) ends the watch: that client is
+    still there. A client that only half-closes (shuts its sending side, keeps reading) reads as gone too.
+    """
+
+    _GONE = select.POLLHUP | select.POLLERR | select.POLLRDHUP
+
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
+        self._watched: dict[socket.socket, object] = {}
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self, conn: socket.socket, callback) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._watched[conn] = callback
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="http-hangups")
+                self._thread.start()
+            self._cv.notify()
+
+    def forget(self, conn: socket.socket) -> None:
+        if self._watched:
+            with self._cv:
+                self._watched.pop(conn, None)
+
+    def close(self) -> None:
+        """Stop watching (a stopping server shuts its connections' input itself)."""
+        with self._cv:
+            self._closed = True
+            self._watched.clear()
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._watched and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                watched = list(self._watched)
+            poller, by_fd = select.poll(), {}
+            for conn in watched:
+                fd = conn.fileno()
+                if fd >= 0:
+                    by_fd[fd] = conn
+                    poller.register(fd, select.POLLIN | select.POLLRDHUP)
+            for fd, events in poller.poll(self.interval * 1000):
+                conn = by_fd[fd]
+                gone = self._gone(conn, events)
+                with self._cv:
+                    callback = self._watched.pop(conn, None)
+                if gone and callback is not None:
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("the hang-up callback of a streaming answer failed")
+
+    def _gone(self, conn: socket.socket, events: int) -> bool:
+        if events & self._GONE:
+            return True
+        try:
+            return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+
 class Server:
     """Serve a WSGI `app` on a bound, listening socket `sock` until `stop()` (or a signal handler raising in the
     thread that runs `serve_forever`)."""
@@ -184,6 +270,7 @@ class Server:
         self._slots = threading.BoundedSemaphore(self.limits.max_requests)
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._hangups = _Hangups()
 
     # ---- accepting ---------------------------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -218,9 +305,11 @@ class Server:
                 continue
             t.start()
 
-    def stop(self, grace: float | None = None) -> None:
-        """Stop taking connections; requests in progress finish (up to `grace` s), idle connections close."""
+    def stop(self, grace: float | None = None, on_stop=None) -> None:
+        """Stop taking connections; requests in progress finish (up to `grace` s), idle connections close.
+        `on_stop()`, when given, runs once no new request is taken, before the wait."""
         self.stopping = True
+        self._hangups.close()  # shutting the input below would read as every streaming client gone
         with self._lock:
             conns = list(self._conns.items())
         for conn, _ in conns:
@@ -228,6 +317,8 @@ class Server:
                 conn.shutdown(socket.SHUT_RD)  # wakes a thread waiting for the next request; answers still go out
             except OSError:
                 pass
+        if on_stop is not None:
+            on_stop()
         deadline = time.monotonic() + (self.limits.grace if grace is None else grace)
         for _, t in conns:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -341,8 +432,12 @@ class Server:
             conn.sendall(_plain(400, "Bad Request", f"malformed request target {req.url[:200]!r}"))
             return False
         conn.settimeout(self.limits.read_timeout)
+        env["reef.on_hangup"] = partial(self._hangups.watch, conn)
         with self._slots:
-            return _Exchange(self, conn, req).run(env)
+            try:
+                return _Exchange(self, conn, req).run(env)
+            finally:
+                self._hangups.forget(conn)
 
 
 class _Exchange:
@@ -491,8 +586,25 @@ def worker_main(spec: dict) -> None:
         server.serve_forever()
     except _Stop:
         pass
-    server.stop()
+    stopped = time.monotonic()
+    server.stop(on_stop=getattr(mod, "stopping", None))
     sock.close()
+    log.info("worker %d: requests in progress ended %.1f s after the stop signal", os.getpid(),
+             time.monotonic() - stopped)
+    exit_now()
+
+
+def exit_now(code: int = 0) -> None:
+    """Run the exit handlers (the app's close: records made durable, learners stopped, logs flushed), then end the
+    process without the interpreter's teardown, which frees a loaded model's objects one by one: seconds of CPU,
+    far more on a busy machine, between a stop signal and the exit. Threads still running end with the process."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None = None) -> int:
@@ -507,15 +619,17 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     sel = selectors.DefaultSelector()
-    procs: dict[int, subprocess.Popen] = {}
+    procs: dict[int, Popen] = {}
     ready: dict[int, bytes] = {}  # b"" until the worker is up, then b"1" (or b"P" for the app's primary)
     crashes: collections.deque[float] = collections.deque(maxlen=5)
 
     def spawn(k: int) -> None:
         r, w = os.pipe()
         spec = {"app": app, "fd": sock.fileno(), "ready_fd": w, "workers": workers, "limits": asdict(limits)}
-        procs[k] = subprocess.Popen([sys.executable, "-m", "server.httpd", orjson.dumps(spec).decode()],
-                                    pass_fds=(sock.fileno(), w), cwd=ROOT)
+        # reef_lab.procs: a worker and what it starts (a vLLM server) die with this process, kill -9 included; in
+        # this process group, so a supervisor's signal to the group reaches the workers at once, as it always has
+        procs[k] = Popen([sys.executable, "-m", "server.httpd", orjson.dumps(spec).decode()],
+                         pass_fds=(sock.fileno(), w), cwd=ROOT, new_session=False)
         os.close(w)
         ready[k] = b""
         sel.register(r, selectors.EVENT_READ, (k, procs[k]))
@@ -529,7 +643,7 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("worker %d did not stop within %.0f s; killing it", p.pid, limits.grace + 10)
+                log.warning("worker %d did not stop within %.0f s; killing it", p.child_pid, limits.grace + 10)
                 p.kill()
                 p.wait()
 
@@ -549,7 +663,8 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             if rc is None or stop.is_set():
                 continue
             if not ready[k]:
-                log.error("worker %d exited with code %s before it was ready; stopping (its log is above)", p.pid, rc)
+                log.error("worker %d exited with code %s before it was ready; stopping (its log is above)",
+                          p.child_pid, rc)
                 code = 1
                 stop.set()
                 break
@@ -562,12 +677,12 @@ def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None 
             if ready[k] == b"P" and workers > 1:
                 # The primary keeps the state the others lean on (server/workers.py); a new one recovers the record
                 # logs on start, which it may do only once no other worker writes them: so all start afresh.
-                log.warning("the primary worker %d exited with code %s; restarting all workers", p.pid, rc)
+                log.warning("the primary worker %d exited with code %s; restarting all workers", p.child_pid, rc)
                 stop_all()
                 for j in range(workers):
                     spawn(j)
                 break
-            log.warning("worker %d exited with code %s; starting another", p.pid, rc)
+            log.warning("worker %d exited with code %s; starting another", p.child_pid, rc)
             spawn(k)
     stop_all()
     sock.close()

@@ -293,8 +293,9 @@ class PrimaryClient:
 class RelayGateway:
     """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
 
-    def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
-        self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
+    def __init__(self, engine, client: PrimaryClient, data_dir: str | Path, roll_records: int = 20_000,
+                 roll_bytes: int = 64 << 20):
+        self.engine, self.client, self.store = engine, client, RelayLog(data_dir, roll_records, roll_bytes)
         self._relaying = Relaying(engine, self.store)
         self.started_at = time.time()
         self._gen_map = _gen_counter(data_dir, writable=False)

@@ -1,22 +1,24 @@
 """The WSGI entry point granian loads in its worker process (`server.wsgi:app`).
 
-scripts/serve.py passes the ServeConfig through the REEF_LAB_SERVE_CONFIG environment variable; the worker
-builds the gateway (loading the model) before it takes traffic, dies with its parent (so `kill -9` of
-serve.py never leaves an orphan holding the port), and rolls its record log into Parquet on a clean exit.
+scripts/serve.py passes the ServeConfig through the REEF_LAB_SERVE_CONFIG environment variable (the path of a
+JSON file, or the JSON itself); the worker builds the gateway (loading the model) before it takes traffic, dies
+with its parent (so `kill -9` of serve.py never leaves an orphan holding the port), and rolls its record log into
+Parquet on a clean exit.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing.util
 import os
-import signal
-import sys
+from pathlib import Path
+import time
 
 import orjson
 
+from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
+from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from server import tuning, workers
 from server.app import create_app
@@ -26,14 +28,28 @@ from server.hot import HotRoutes
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
 _governor = None  # this worker's tuning.SliceGovernor, when it asks for a short time slice
 role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
+_embedded: list = []  # this worker's embedded engine, for stopping()
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
+def stopping() -> None:
+    """server/httpd.py calls this when the worker stops (SIGTERM/SIGINT), once it takes no new requests and before
+    it waits for those in progress. The embedded engine then ends its generations after the forward pass in
+    progress (waiting at most 1.5 s for it): each caller gets a 503 to retry and its error record, so the worker
+    exits in seconds rather than after the longest prompt's prefill. Other engines' requests keep the grace."""
+    for engine in _embedded:
+        started = time.monotonic()
+        engine.close(timeout=1.5)
+        logging.getLogger("reef_lab.server").info("stopping: the embedded engine closed in %.1f s",
+                                                  time.monotonic() - started)
+
+
+def _closer(gateway):
+    def close() -> None:
+        started = time.monotonic()
+        gateway.close()
+        logging.getLogger("reef_lab.server").info("closed the gateway (records, learners, engine) in %.1f s",
+                                                  time.monotonic() - started)
+    return close
 
 
 def build_relay(cfg: ServeConfig, tokens: list[str]):
@@ -42,7 +58,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
     tokens_b, limits = [t.encode() for t in tokens], limits_from(cfg)
     client = workers.PrimaryClient(cfg.data_dir, tokens_b, limits)
     client.wait_ready()
-    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
+    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes())
 
     def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
         return dialect is None or environ.get("REQUEST_METHOD") == "POST" and \
@@ -53,9 +69,12 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
 
 
 def build():
-    cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
+    raw = os.environ["REEF_LAB_SERVE_CONFIG"]  # the config as JSON, or the file scripts/serve.py wrote it to
+    cfg = ServeConfig(**orjson.loads(raw if raw.lstrip().startswith("{") else Path(raw).read_bytes()))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
+    die_with_parent()  # granian's workers; server/httpd.py's come through reef_lab.procs, which does this too
+    # This process takes clients' requests: from here on only code its operator named can be imported.
+    plugins.restrict_to(cfg.code_paths())
     tokens = tokens_from_env()
     global _governor, role
     primary = False
@@ -68,7 +87,9 @@ def build():
         _held.append(lock)
         primary, role = True, "primary"
     gateway = build_gateway(cfg)
-    multiprocessing.util.Finalize(None, gateway.close, exitpriority=10)
+    if cfg.engine_name() == "embedded":
+        _embedded.append(gateway.engine)
+    multiprocessing.util.Finalize(None, _closer(gateway), exitpriority=10)
     if not tokens:
         logging.getLogger("reef_lab.server").warning(
             "REEF_TOKEN is not set: the API takes requests without a token, from local programs only (browser pages "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from reef_lab import procs
 from tests.doubles.processes import start_server
 from tests.doubles import free_port
 from server.httpd import Limits, Server, listen
@@ -306,7 +307,7 @@ def _roles(parent: int, port: int, gone: int | None = None, timeout: float = 60)
     """(primary pid, relay pid) of a two-worker server once both serve (the primary holds .primary.lock)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        kids = [int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+        kids = procs.children(parent)  # the workers (each started through a reef_lab.procs reaper)
         if len(kids) == 2 and gone not in kids:
             holds = [k for k in kids if _holds(k, ".primary.lock")]
             if len(holds) == 1:

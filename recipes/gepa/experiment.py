@@ -7,7 +7,8 @@ made disjoint by question text. The task model answers greedily behind each cand
 (the same or another, e.g. an OpenAI-compatible endpoint) rewrites components. Each new best candidate (by mean
 validation score) is published as a harness release of the experiment's scenario in `run_dir/data`, exactly as a
 live scenario's would be (and pushed to the Hub when `hub.repo` is set). The run folder holds `events.jsonl` and
-`state.json` (the search; re-running the command resumes it), `summary.json` and the data dir; apps/gepa.py shows it.
+`state.json` (the search; re-running the command resumes it), `summary.json`, `heartbeat.json` and the data dir;
+apps/gepa.py shows it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import orjson
 
 from reef_lab.engines.lm import LMSpec, make_lm
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig
+from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.learning.tasks import Task, TaskConfig, make_task
 from reef_lab.schema import build
 
@@ -90,8 +92,11 @@ def score_on(system: TaskSystem, harness: dict[str, str], items: list[dict]) -> 
 
 
 def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool = True) -> dict:
-    """Run (or resume) the experiment; returns its summary. A given engine is left running."""
-    return GEPAExperiment(cfg, engine).run(progress)
+    """Run (or resume) the search and score its best harness on the test split; returns the summary. A given engine
+    is left running. Its heartbeat (reef_lab.learning.heartbeat) tells apps/gepa.py it runs while it writes nothing
+    else."""
+    with Heartbeat(cfg.run_dir):
+        return GEPAExperiment(cfg, engine).run(progress)
 
 
 class GEPAExperiment(ExperimentDriver):

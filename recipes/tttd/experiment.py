@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig
+from reef_lab.learning.heartbeat import Heartbeat
 
 from .config import TTTDConfig
 
@@ -40,8 +41,10 @@ class TTTDExperimentConfig(RunConfig):
 def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool = True,
                         close_engine: bool = True) -> dict:
     """Run (or resume) the experiment; returns its summary (also written to summary.json). `close_engine`: False
-    keeps a given engine running for the next run."""
-    return TTTDExperiment(cfg, engine, close_engine).run(progress)
+    keeps a given engine running for the next run. Its heartbeat (reef_lab.learning.heartbeat) tells apps/ttt.py it
+    runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return TTTDExperiment(cfg, engine, close_engine).run(progress)
 
 
 class TTTDExperiment(ExperimentDriver):

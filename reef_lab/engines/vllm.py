@@ -42,6 +42,7 @@ from typing import Iterator
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
 from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
 from reef_lab.errors import EngineUnavailable
+from reef_lab.procs import Popen
 
 log = logging.getLogger("reef_lab.engines.vllm")
 
@@ -175,18 +176,19 @@ class VLLMEngine(Generator, ReleaseHost):
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
-                 transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64):
+                 transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64,
+                 tool_template: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.model_dir, self.transport = Path(model_dir), transport
-        self.chat = ChatTokenizer.from_folder(self.model_dir)
+        self.chat = ChatTokenizer.from_folder(self.model_dir, tool_template)
         self._lock = threading.RLock()
         self._folders: dict[str, Path] = {}
         self._routes: dict[str, str] = {}
         self.gate = WeightsGate("base")
         self._zero: Path | None = None  # lora transport: the zero adapter base requests use (module docstring)
         self._held_folder = self.model_dir  # the weights the server holds (weights transport)
-        self._process: subprocess.Popen | None = None
+        self._process: Popen | None = None
         self._log_file = None
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
@@ -227,7 +229,7 @@ class VLLMEngine(Generator, ReleaseHost):
             if not (model_dir / "config.json").is_file():
                 raise ValueError(f"{model_dir} holds no converted model yet: start the embedded engine once, or "
                                  "give --model-path (a transformers folder)")
-        return cls(model_dir, **opts)
+        return cls(model_dir, **opts, tool_template=cfg.tool_template)
 
     # ---- the child process ----------------------------------------------------------------------------------
     def _launch(self, python: Path, port: int, threads_bind: str | None, kv_cache_gib: int, max_model_len: int,
@@ -253,8 +255,8 @@ class VLLMEngine(Generator, ReleaseHost):
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"reef-vllm-{os.getpid()}.log"
         self._log_file = open(log_path, "ab")
         log.info("starting vLLM: %s (log %s)", " ".join(self._cmd), log_path)
-        self._process = subprocess.Popen(self._cmd, env=self._env, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        # through reef_lab.procs: the server, its EngineCore and its workers die with this process, kill -9 included
+        self._process = Popen(self._cmd, env=self._env, stdout=self._log_file, stderr=subprocess.STDOUT)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -307,13 +309,8 @@ class VLLMEngine(Generator, ReleaseHost):
                     self._up.set()
 
     def _kill(self) -> None:
-        import signal
-
         if self._process is not None and self._process.poll() is None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._process.kill()  # the server and everything it started
             self._process.wait()
         if self._log_file is not None:
             self._log_file.close()
@@ -342,7 +339,7 @@ class VLLMEngine(Generator, ReleaseHost):
         p = request.params
         if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
             raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
         release = request.release or self.release_for(request.scenario)
         if release != "base" and release not in self._folders:
             raise ValueError(f"release {release!r} is not loaded in this engine")
@@ -440,10 +437,8 @@ class VLLMEngine(Generator, ReleaseHost):
             log.warning("vLLM did not reset its prefix cache after the reload (%s); the pause cleared it", e)
 
     def _kill_for_restart(self) -> None:
-        import signal
-
         if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.kill()
 
     def unload(self, release_id: str) -> None:
         with self._lock:
@@ -462,19 +457,12 @@ class VLLMEngine(Generator, ReleaseHost):
             return {"engine": "vllm", "url": self.url, "model_name": self.model_name, "transport": self.transport,
                     "releases_loaded": ["base", *self._folders], "routes": dict(self._routes),
                     "weights_serving": self.gate.held if self.transport == "weights" else None,
-                    "child_pid": self._process.pid if self._process is not None else None}
+                    "child_pid": self._process.child_pid if self._process is not None else None}
 
     def close(self) -> None:
         self._closing = True
-        if self._process is not None and self._process.poll() is None:
-            import signal
-
-            os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
+        if self._process is not None:
+            self._process.stop(timeout=30)  # SIGTERM to the server; its whole tree SIGKILLed after 30 s
         if self._log_file is not None:
             self._log_file.close()
 

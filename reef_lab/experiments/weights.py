@@ -28,6 +28,7 @@ from reef_lab.errors import ReefError
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig, choose_engine  # noqa: F401 (re-exported)
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
+from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.learning.tasks import TaskConfig, make_task
 
 log = logging.getLogger("reef_lab.experiments.weights")
@@ -69,8 +70,10 @@ class ExperimentConfig(RunConfig):
 
 
 def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) -> dict:
-    """Run (or resume) an experiment; returns its summary."""
-    return WeightsExperiment(cfg, engine).run(progress)
+    """Run (or resume) an experiment; returns its summary. Its heartbeat (reef_lab.learning.heartbeat) tells the
+    apps it runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return WeightsExperiment(cfg, engine).run(progress)
 
 
 class WeightsExperiment(ExperimentDriver):

@@ -11,22 +11,26 @@ live traffic exercise the same code.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from reef_lab.engines.base import Engine
+from reef_lab.errors import NotFound
 from reef_lab.gateway.admin import Admin, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
 from reef_lab.gateway.learners import Learners
 from reef_lab.gateway.reports import Reports, shown
-from reef_lab.learning.recipe import LearnContext, load_recipe, shipped_recipes
+from reef_lab.learning.recipe import LearnContext, RecordHolder, load_recipe, shipped_recipes
 from reef_lab.publishing.hub import HubConfig, HubPublisher
 from reef_lab.publishing.releaser import Releaser
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.serving import ServingTable
 from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.records.reader import RecordsReader
+from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioRegistry, check_name
 
@@ -38,7 +42,8 @@ class Gateway:
 
     def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
-                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None):
+                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
+                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -49,7 +54,10 @@ class Gateway:
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self.learners = Learners(engine, self.scenarios, offered, tracking, self._context, self.data_dir)
         self.learners.check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start
-        self.store = RecordStore(self.data_dir)
+        self.store = RecordStore(self.data_dir, roll_records, roll_bytes)
+        self.retainer: Retainer | None = None
+        self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
+        self._handoff_lock = threading.Lock()
         self.releases = ReleaseStore(self.data_dir)
         self.hub = HubPublisher(hub, self.releases, engine.hub_id or engine.model_name) \
             if hub is not None and hub.repo else None
@@ -58,7 +66,7 @@ class Gateway:
         self.scenarios.on_change = self._changed
         self.inference = Inference(engine, self.store, self.scenarios, self._serving_of)
         self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer)
-        self.reports = Reports(self.store, self.scenarios, self.learners)
+        self.reports = Reports(self.store, self.scenarios, self.learners, self._handing_over)
         self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
                            self.serving_table, self.hub)
         self.started_at = time.time()
@@ -67,6 +75,9 @@ class Gateway:
             if self.learners.serves_from_start(s.name) or (
                     self.learners.recipe(s.name).evolves == "weights" and self.store.ids(s.name, "report")):
                 self.learners.start(s.name)
+        if retention is not None and retention.active:  # after the learners: they hold what they replayed
+            self.retainer = Retainer(self.store, retention, self._retention_pins).start()
+            self.store.on_roll = self.retainer.wake
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -91,6 +102,49 @@ class Gateway:
                             releaser=self.releaser, records=RecordsReader(self.store, name,
                                                                           self.scenarios.get(name).since),
                             engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker)
+
+    @contextlib.contextmanager
+    def _handing_over(self, ids: list[str]):
+        """While a stored record is on its way to its learner, retention sees it (and its references) as held."""
+        if self.retainer is None:
+            yield
+            return
+        token = object()
+        with self._handoff_lock:
+            self._handoff[token] = tuple(ids)
+        try:
+            yield
+        finally:
+            with self._handoff_lock:
+                del self._handoff[token]
+
+    def _retention_pins(self) -> set[str]:
+        """The records retention keeps whatever its limits say (docs/records.md#retention), gathered in the order a
+        report moves on: being handed to its learner, held by the learner, named by a candidate's or release's
+        lineage; one that moves on while this runs is found at its next stop. A scenario whose learner does not
+        say what it holds (not a RecordHolder), or could not be built, keeps all its reports and what they
+        reference."""
+        with self._handoff_lock:
+            pinned = {rid for ids in self._handoff.values() for rid in ids}
+        built = self.learners.built()
+        unknown = []
+        for s in self.scenarios.list():
+            ln = built.get(s.name)
+            if isinstance(ln, RecordHolder):
+                pinned |= ln.held_records()
+                continue
+            try:
+                learns = ln is not None or s.name in self.learners.errors or \
+                    self.learners.recipe(s.name).evolves != "nothing"
+            except NotFound:  # deleted meanwhile: its records are hidden, nothing needs them
+                continue
+            if learns:
+                unknown.append(s.name)
+        if unknown:
+            pinned |= self.store.reports_and_references(unknown)
+        for name in self.releases.scenarios():
+            pinned |= self.releases.lineage_records(name)
+        return pinned
 
     def serving(self, scenario: str) -> dict | None:
         """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.
@@ -166,9 +220,11 @@ class Gateway:
         return self.admin.delete_scenario(name)
 
     def status(self) -> dict:
-        return self.admin.status()
+        return {**self.admin.status(), "retention": None if self.retainer is None else self.retainer.status()}
 
     def close(self, close_engine: bool = True) -> None:
+        if self.retainer is not None:
+            self.retainer.close()
         self.learners.close()
         if self.hub is not None:
             self.hub.close()

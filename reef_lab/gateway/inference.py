@@ -11,132 +11,35 @@ the client sent it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import orjson
 
 from reef_lab import harness as harness_mod
 from reef_lab.engines.base import Engine, Relay
-from reef_lab.errors import BadRequest, ReefError, UpstreamError
+from reef_lab.errors import BadRequest, NotFound, ReefError
 from reef_lab.gateway import dialects
-from reef_lab.records.record import Record, new_record_id
+from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
+from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
+    release_header_values
 from reef_lab.scenarios import check_name
 
-RECEIPT_HEADER = "x-reef-agent-record-id"
-RELEASE_HEADER = "x-reef-release-id"
-COMPONENTS_HEADER = "x-reef-release-components"
-PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
-         dialects.ANTHROPIC: "/v1/messages"}
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-    record: dict | None = None  # the stored record (in-process callers; the HTTP layer sends only the reply)
-
-
-@dataclass
-class StreamReply:
-    events: Iterator[bytes]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
-                     kind: str = "inference", **kw) -> Record:
-    return Record(id=new_record_id(), scenario=name, kind=kind, dialect=dialect, request=body,
-                  response=response, tags=tags,
-                  timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
+__all__ = ["Inference", "Relaying", "Reply", "StreamReply", "RECEIPT_HEADER", "RELEASE_HEADER", "COMPONENTS_HEADER",
+           "PATHS", "inference_record", "release_header_values"]
 
 
 class Relaying:
-    """Pass a body to an upstream provider; every call, failed or not, streaming or not, becomes a record. Shared by
-    the primary's Inference and a relay worker (server/workers.py RelayGateway), which writes its own log."""
+    """Pass a body to an upstream provider, translated when it speaks another dialect (reef_lab/gateway/relay.py);
+    every call, failed or not, streaming or not, becomes a record. Shared by the primary's Inference and a relay
+    worker (server/workers.py RelayGateway), which writes its own log."""
 
     def __init__(self, engine: Relay, store):
         self.engine, self.store = engine, store
 
     def relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
               release: str, components: dict | None = None) -> Reply | StreamReply:
-        path, t0 = PATHS[dialect], time.perf_counter()
-        release_headers = release_header_values(release, components)
-
-        def record(response, error: str | None) -> Record:
-            rec = inference_record(name, dialect, body, tags, response, t0, release_id=release,
-                                   status="error" if error else "ok", error=error)
-            self.store.append([rec])
-            return rec
-        try:
-            if body.get("stream"):
-                up, events = self.engine.open_stream(path, sent, headers)
-            else:
-                up, events = self.engine.forward(path, sent, headers), None
-        except UpstreamError as e:
-            record(None, e.message)
-            raise
-        if events is not None:
-            return StreamReply(self.relay_stream(dialect, events, body, name, tags, t0, release),
-                               headers={**release_headers, **up.headers})
-        try:
-            resp = orjson.loads(up.body)
-        except orjson.JSONDecodeError:
-            resp = None
-        if up.status < 300 and not isinstance(resp, dict):
-            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
-            rec = record({"raw": up.body[:65536].decode(errors="replace")},
-                         f"the upstream provider answered HTTP {up.status} with {what}")
-            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
-                                f"{rec.id}")
-        rec = record(resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")},
-                     None if up.status < 300 else f"upstream answered HTTP {up.status}")
-        return Reply(up.status, up.body, up.content_type,
-                     {RECEIPT_HEADER: rec.id, **release_headers, **up.headers}, record=rec.to_dict())
-
-    def relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
-        acc = dialects.StreamAccumulator(dialect)
-        final, final_event, error = None, None, None
-        try:
-            for ev in events:
-                event_name, data = _parse_sse(ev)
-                if data == "[DONE]":
-                    break
-                try:
-                    obj = orjson.loads(data) if data else None
-                except orjson.JSONDecodeError:
-                    obj = None
-                if isinstance(obj, dict):
-                    acc.add(obj)
-                    kind = obj.get("type")
-                    if kind in ("message_stop", "response.completed", "response.incomplete", "response.failed"):
-                        final, final_event = obj, event_name
-                        continue
-                yield ev
-        except UpstreamError as e:
-            error = e.message
-        rec = inference_record(name, dialect, body, tags, acc.result(), t0, release_id=release,
-                               status="error" if error else "ok", error=error)
-        self.store.append([rec])
-        reef = {"agent_record_id": rec.id, "release_id": release}
-        if error:
-            yield dialects.error_event(dialect, error, reef)
-        elif dialect == dialects.OPENAI_CHAT:
-            r = acc.response
-            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
-                                "model": r.get("model"), "choices": [], "reef": reef})
-            yield b"data: [DONE]\n\n"
-        elif final is not None:
-            yield dialects.sse({**final, "reef": reef}, final_event)
-
-
-def release_header_values(release: str | None, components: dict | None) -> dict[str, str]:
-    """The release headers of an answer: the release id, and for a composite release its components."""
-    out = {RELEASE_HEADER: release} if release is not None else {}
-    if components:
-        out[COMPONENTS_HEADER] = ",".join(f"{k}={v}" for k, v in sorted(components.items()))
-    return out
+        return RelayCall(self.engine, self.store, dialect, body, name, tags, headers, sent, release,
+                         time.perf_counter(), components).run()
 
 
 class Inference:
@@ -208,10 +111,11 @@ class Inference:
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
                 raise err from e
-            resp = dialects.render(dialect, gen, model, rid, created)
+            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                   logprobs=gen.logprobs)
+                                   logprobs=gen.logprobs,
+                                   metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
             return gen, rec, resp
 
@@ -235,7 +139,8 @@ class Inference:
             done = False
             try:
                 prompt_tokens = len(handle.prompt_ids)
-                yield from dialects.stream(dialect, deltas(), receipt, model, rid, created, prompt_tokens)
+                yield from dialects.stream(dialect, deltas(), receipt, model, rid, created, prompt_tokens,
+                                           req.tool_use)
                 done = True
             except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
                 done = True
@@ -243,12 +148,16 @@ class Inference:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers=release_header_values(label or handle.release_id, components))
+        return StreamReply(events(), headers=release_header_values(label or handle.release_id, components),
+                           cancel=handle.cancel)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
         if isinstance(self.engine, Relay):
+            if self.engine.upstream_dialect not in (None, dialects.ANTHROPIC):
+                raise NotFound("token counting is an Anthropic API; the upstream provider speaks "
+                               f"{self.engine.upstream_dialect}, which has none")
             up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
             return Reply(up.status, up.body, up.content_type)
         messages = dialects.parse_count_tokens(body)
@@ -264,12 +173,3 @@ class Inference:
              "type": "model", "display_name": m, "created_at": time.strftime(
                  "%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))}]}))
 
-
-def _parse_sse(event: bytes) -> tuple[str | None, str]:
-    name, data = None, []
-    for line in event.decode(errors="replace").split("\n"):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    return name, "\n".join(data)

@@ -18,6 +18,7 @@ from reef_lab.errors import BadRequest, Conflict, ReefError
 from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, evolved, \
     load_recipe
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
+from reef_lab.schema import check_client_fields
 
 log = logging.getLogger("reef_lab.gateway.learners")
 
@@ -30,6 +31,7 @@ class Learners:
         self._context = context
         self.errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self._recipes: dict[str, Recipe] = {}
+        self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
         self._learners: dict[str, ScenarioLearner] = {}
         self._lock = threading.Lock()
 
@@ -46,13 +48,26 @@ class Learners:
         if r is None:
             s = self.scenarios.get(name)
             try:
-                r = load_recipe(check_offered(s.recipe, self.offered), s.config)
+                spec = check_offered(s.recipe, self.offered)
+                if s.origin != "operator":  # a client's config, read back: as refused as when it was sent
+                    self.check_client_config(spec, s.config)
+                r = load_recipe(spec, s.config)
             except ReefError as e:
                 self.errors[name] = f"recipe {s.recipe!r} cannot be built: {e.message}"
                 log.error("scenario %s serves and records without learning: %s", name, self.errors[name])
                 r = RecordOnly(self.errors[name])
             self._recipes[name] = r
         return r
+
+    def check_client_config(self, spec: str, config: dict | None) -> None:
+        """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""
+        if spec not in self._config_classes:
+            recipe = load_recipe(spec)  # the recipe's defaults: nothing of the client's is read
+            self._config_classes[spec] = type(recipe.config) if recipe.config is not None else None
+        try:
+            check_client_fields(self._config_classes[spec], config or {})
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
 
     def serves_from_start(self, name: str) -> bool:
         """Whether the scenario's learner starts with the scenario (a harness recipe's seed serves from the first
@@ -121,6 +136,11 @@ class Learners:
         ln = self._learners.pop(name, None)
         if ln is not None:
             ln.close()
+
+    def built(self) -> dict[str, ScenarioLearner]:
+        """The learners built so far, by scenario (a snapshot)."""
+        with self._lock:
+            return dict(self._learners)
 
     def status(self) -> dict:
         return {n: ln.status() for n, ln in list(self._learners.items())}

@@ -8,6 +8,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -20,8 +21,10 @@ REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "meta
 
 
 class Reports:
-    def __init__(self, store, scenarios, learners):
+    def __init__(self, store, scenarios, learners, handing_over=None):
+        """`handing_over(ids)`: a context in which retention holds the records on their way to a learner."""
         self.store, self.scenarios, self.learners = store, scenarios, learners
+        self.handing_over = handing_over or (lambda ids: contextlib.nullcontext())
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
                notify: bool = True) -> tuple[bool, str]:
@@ -50,6 +53,7 @@ class Reports:
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         refs = self.check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.learners.recipe(name).validate_report(body)
@@ -58,9 +62,10 @@ class Reports:
                      tags=tags or {})
         if chosen is not None:
             rec.content_hash = content_hash(rec)
-        created = self.store.append([rec])[0]
-        if notify and created and refs and self.learners.recipe(name).evolves != "nothing":
-            self.learners.start(name, rec.to_dict())
+        with self.handing_over([rec.id, *refs]):
+            created = self.store.append([rec], refs_checked_at=epoch)[0]
+            if notify and created and refs and self.learners.recipe(name).evolves != "nothing":
+                self.learners.start(name, rec.to_dict())
         return created, rec.id
 
     def check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
@@ -94,6 +99,7 @@ class Reports:
         if len(items) > 10_000:
             raise BadRequest("at most 10000 records per batch; split the import")
         records, pending = [], {}
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
                 rec = self._import_one(item, default_scenario, pending)
@@ -103,10 +109,12 @@ class Reports:
             pending[rec.id] = rec
         for rec in records:
             self.scenarios.ensure(rec.scenario)
-        created = self.store.append(records)
-        for rec, c in zip(records, created, strict=True):
-            if c and rec.kind in ("report", "train") and self.learners.recipe(rec.scenario).evolves != "nothing":
-                self.learners.start(rec.scenario, rec.to_dict())
+        with self.handing_over([rid for r in records for rid in (r.id, *r.references)]):
+            created = self.store.append(records, refs_checked_at=epoch)
+            for rec, c in zip(records, created, strict=True):
+                if c and rec.kind in ("report", "train") and \
+                        self.learners.recipe(rec.scenario).evolves != "nothing":
+                    self.learners.start(rec.scenario, rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}

@@ -26,7 +26,7 @@ from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import Conflict
 from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.recipe import LearnConfig, LearnContext
+from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.learning.samples import Sample, sample_from_records
 from reef_lab.learning.tasks import make_task
 from reef_lab.publishing.releaser import HeldOut
@@ -79,7 +79,7 @@ class WeightRecipe(ABC):
         """One training step on the batch; metrics (with `policy_step`: whether the policy's weights moved)."""
 
 
-class Learner(LearnerLoop):
+class Learner(LearnerLoop, RecordHolder):
     def __init__(self, ctx: LearnContext, recipe: WeightRecipe):
         engine = ctx.engine
         if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
@@ -96,6 +96,7 @@ class Learner(LearnerLoop):
         self._consumed: set[str] = set(state.get("consumed", []))
         self._init_loop()
         self._pool: list[Sample] = []
+        self._in_round: list[Sample] = []  # taken from the pool by the round now training
         self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._reset = False
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
@@ -134,6 +135,23 @@ class Learner(LearnerLoop):
         with self._cv:
             self._reset = True
             self._policy_steps_since_candidate = 0
+
+    def held_records(self) -> set[str]:
+        """Reports queued, samples in the pool or training now, and samples trained on since the last candidate
+        (its lineage will name them), with their reports. Read in the order a record moves through them, so one
+        that moves on meanwhile is still seen."""
+        held: set[str] = set()
+        with self._cv:
+            for _, rec in self._inbox:
+                held.add(rec["id"])
+                held.update(rec.get("references") or ())
+            samples = [*self._pool, *self._in_round]
+        samples += list(self._since_candidate)
+        for s in samples:
+            held.add(s.record_id)
+            if s.report_id:
+                held.add(s.report_id)
+        return held
 
     def status(self) -> dict:
         with self._cv:
@@ -208,6 +226,7 @@ class Learner(LearnerLoop):
                 batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
                 taken = {s.record_id for s in batch + dropped}
                 self._pool = [s for s in self._pool if s.record_id not in taken]
+                self._in_round = batch
                 self.phase = "training"
             try:
                 self._round(batch, dropped, manual)
@@ -220,6 +239,7 @@ class Learner(LearnerLoop):
             finally:
                 with self._cv:
                     self.phase = "idle"
+                    self._in_round = []
 
     def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
         if dropped:
@@ -255,13 +275,14 @@ class Learner(LearnerLoop):
     # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
     def _candidate(self, metrics: dict) -> None:
         self.phase = "evaluating"
-        used, self._since_candidate = self._since_candidate, []
+        used = list(self._since_candidate)  # they leave it once the candidate's lineage names them
         serving = self.releaser.serving_release(self.scenario)
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
             serving or {}).get("release_id", BASE), "records": [s.record_id for s in used],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releaser.start_candidate(self.scenario, lineage)
+        self._since_candidate = self._since_candidate[len(used):]
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})
         except Exception as e:

@@ -35,7 +35,8 @@ DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
         "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
-                "choice rows, e.g. ARC) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
+                "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
+                "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
     system_prompt: str | None = field(default=None, metadata={
@@ -65,8 +66,9 @@ class TaskConfig:
         check_fields(self)
         if self.answer_format and self.answer_format.count("{answer}") != 1:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
-        if self.name not in TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
-            raise ValueError(f"task name must be one of {sorted(TASKS)} or a module:Class path, got {self.name!r}")
+        if self.name not in TASKS and self.name not in TOOL_TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
+            raise ValueError(f"task name must be one of {sorted(TASKS) + sorted(TOOL_TASKS)} or a module:Class "
+                             f"path, got {self.name!r}")
         if self.system_prompt is None:
             self.system_prompt = DEFAULT_SYSTEM_PROMPT if self.name in TASKS else ""
         # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
@@ -203,16 +205,18 @@ class ChoiceTask(JsonlTask):
 
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
+# Tool tasks (episodes with tool calls; reef_lab/learning/tool_tasks.py), imported when named
+TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl": "reef_lab.learning.bfcl:BfclTask"}
 
 
 def make_task(config: TaskConfig | dict | None = None) -> Task:
-    """The task a config names: a short name of TASKS or a module:Class path of a Task subclass."""
+    """The task a config names: a short name of TASKS or TOOL_TASKS, or a module:Class path of a Task subclass."""
     cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
     return task_class(cfg.name)(cfg)
 
 
 def task_class(name: str) -> type[Task]:
-    return TASKS.get(name) or load_class(name, Task, "task")
+    return TASKS.get(name) or load_class(name, Task, "task", names=TOOL_TASKS)
 
 
 def score_item(item: dict, text: str) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -31,6 +32,17 @@ from reef_lab.extras import need
 from reef_lab.publishing.releases import BASE, ReleaseStore
 
 log = logging.getLogger("reef_lab.publishing.hub")
+
+_VERSION = re.compile(r"v[1-9][0-9]{0,8}")
+
+
+def checked_version(version: object) -> str:
+    """`version` when it is a release version (v1, v2, ...); it names a staging folder and a Hub tag, so anything
+    else (`../x`, a path, a tag of another repo's making) is refused before it is used."""
+    if not isinstance(version, str) or _VERSION.fullmatch(version) is None:
+        raise ValueError(f"release name {version!r} is not a release version (v1, v2, ...); refused before it names a "
+                         "folder or a Hub tag")
+    return version
 
 
 @dataclass
@@ -104,6 +116,7 @@ class HubPublisher:
     # ---- requests (any thread) --------------------------------------------------------------------------------
     def release(self, scenario: str, version: str) -> None:
         """Queue the push of release `version` (a commit on main, tagged `version`)."""
+        checked_version(version)
         self.on_state("release", scenario, version, state="pending", repo=self.config.repo_for(scenario), attempts=0)
         self._jobs.put(("release", scenario, version))
 
@@ -112,6 +125,7 @@ class HubPublisher:
         if version is None:
             self.on_state("main", scenario, None, state="skipped", reason="base weights serve")
             return
+        checked_version(version)
         self.on_state("main", scenario, version, state="pending")
         self._jobs.put(("main", scenario, version))
 
@@ -164,10 +178,10 @@ class HubPublisher:
 
     def _push(self, kind: str, scenario: str, version: str) -> dict:
         repo = self.config.repo_for(scenario)
-        rel = self.releases.release(scenario, version)
+        rel = self.releases.release(scenario, checked_version(version))
         self.api.create_repo(repo, repo_type="model", private=self.config.private, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="reef-hub-") as tmp:
-            stage = Path(tmp) / version
+            stage = Path(tmp) / checked_version(rel["version"])  # the name the folder and the tag get
             shutil.copytree(rel["folder"], stage)
             link = self.links[scenario]() if scenario in self.links else self.config.wandb_url
             (stage / "README.md").write_text(model_card(scenario, rel, self.base_model, link))

@@ -15,7 +15,7 @@ BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer", "slime": "r
 def trainer_class(spec: str) -> type[Trainer]:
     if spec not in BACKENDS and ":" not in spec:
         raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
-    return load_class(BACKENDS.get(spec, spec), Trainer, "trainer backend")
+    return load_class(spec, Trainer, "trainer backend", names=BACKENDS)
 
 
 def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:

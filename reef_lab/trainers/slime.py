@@ -45,11 +45,11 @@ import math
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from reef_lab import procs
 from reef_lab.learning.samples import Sample
 from reef_lab.schema import build, check_fields
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
@@ -158,8 +158,8 @@ def read_model_args(script: str | Path) -> list[str]:
         raise FileNotFoundError(f"model args script {script} does not exist: name one of slime's "
                                 "scripts/models/*.sh (e.g. scripts/models/qwen2.5-0.5B.sh) in "
                                 "trainer.options.model_args_script")
-    out = subprocess.run(["bash", "-c", 'source "$1" >/dev/null && printf "%s\\0" "${MODEL_ARGS[@]}"', "_",
-                          str(script)], capture_output=True, text=True, check=False)
+    out = procs.run(["bash", "-c", 'source "$1" >/dev/null && printf "%s\\0" "${MODEL_ARGS[@]}"', "_",
+                     str(script)], capture_output=True, text=True, check=False)
     args = [a for a in out.stdout.split("\0") if a]
     if out.returncode or not args:
         raise ValueError(f"{script} does not define MODEL_ARGS (bash said: {out.stderr.strip()[:300]})")
@@ -327,6 +327,9 @@ class SlimeTrainer(Trainer):
 
     def _check(self, samples: list[Sample], loss: Loss) -> None:
         sc = self.slime
+        if not isinstance(loss, Loss):
+            raise TypeError(f"the slime backend runs only the built-in losses (reef_lab.trainers.base.Loss), not "
+                            f"{type(loss).__name__}: a recipe's own loss needs trainer.backend torch")
         if loss.kind != sc.loss or (loss.kind == "dis" and (loss.dis_low, loss.dis_high) != (sc.dis_low,
                                                                                           sc.dis_high)):
             raise ValueError(f"the recipe asks for {loss}, but the slime job was launched for loss {sc.loss!r} "
@@ -414,7 +417,7 @@ def _spooled(s: Sample, loss: Loss) -> dict:
     return {"record_id": s.record_id, "report_id": s.report_id, "release_id": s.release_id,
             "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "logprobs": list(s.logprobs) if s.logprobs is not None else None, "score": s.score,
-            "temperature": s.temperature, "group": s.group,
+            "temperature": s.temperature, "group": s.group, "loss_mask": list(s.mask),
             "advantages": list(s.extra["advantages"]) if loss.kind == "dis" else None}
 
 

@@ -1,8 +1,8 @@
 """Starting a server as a child process and waiting for it: the one helper the tests and the measuring scripts share
 (`scripts/serve.py`, the stub provider, the Hub double).
 
-A child runs in its own session (so stopping it reaches the worker processes it starts), from the repository root,
-with its stderr in a log file (a pipe nobody reads during a run can fill and stall it), and counts as started when a
+A child runs through reef_lab.procs.Popen (it and everything it starts die with the test process, `kill -9`
+included), from the repository root, with its stderr in a log file (a pipe nobody reads during a run can fill and stall it), and counts as started when a
 URL answers; if it exits or stays silent, the failure carries the log's tail.
 """
 
@@ -10,26 +10,27 @@ from __future__ import annotations
 
 import http.client
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from reef_lab import procs
 from tests.doubles import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Child:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path):
+    def __init__(self, proc: procs.Popen, port: int, log: Path):
         self.proc, self.port, self.log = proc, port, log
         self.url = f"http://127.0.0.1:{port}"
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The child's own pid (not its reaper's)."""
+        return self.proc.child_pid
 
     def wait(self, timeout: float | None = None) -> int:
         return self.proc.wait(timeout)
@@ -38,15 +39,9 @@ class Child:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
     def stop(self, within: float = 30.0) -> float:
-        """SIGTERM to the child's session; SIGKILL after `within` + 60 s. Returns the seconds it took."""
+        """SIGTERM to the child; its whole tree SIGKILLed after `within` + 60 s. Returns the seconds it took."""
         t0 = time.monotonic()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=within + 60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        self.proc.stop(within + 60)
         return time.monotonic() - t0
 
 
@@ -60,8 +55,8 @@ def start_child(cmd: list[str], port: int, log: Path | None = None, env: dict | 
     if log is None:
         log = Path(tempfile.mkstemp(prefix="reef-child-", suffix=".log")[1])
     with open(log, "ab") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**(os.environ if base_env is None else base_env), **(env or {})})
+        proc = procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                           env={**(os.environ if base_env is None else base_env), **(env or {})})
     child = Child(proc, port, log)
     if ready_path is None:
         return child
