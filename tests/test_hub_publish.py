@@ -257,7 +257,7 @@ def test_a_release_name_that_is_not_a_version_never_names_a_folder_or_a_tag(hub,
     cid, folder = releases.new_candidate("s", {"recipe": "sft"})
     folder.mkdir(parents=True)
     (folder / "weights.bin").write_bytes(b"w")
-    releases.publish("s", cid)
+    releases.publish_candidate("s", cid)
     escape = Path(tempfile.gettempdir()) / f"reef-escape-{uuid.uuid4().hex[:8]}"
     index = releases.index("s")
     index["releases"][0]["version"] = f"../{escape.name}"
