@@ -71,7 +71,7 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path, stub_url, round_):
     threads = [threading.Thread(target=client, args=(port, i, receipts, stop)) for i in range(16)]
     [t.start() for t in threads]
     time.sleep(random.Random(round_).uniform(0.8, 2.5))
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.group, signal.SIGKILL)
     proc.wait()
     stop.set()
     [t.join(15) for t in threads]
@@ -92,7 +92,7 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path, stub_url, round_):
         c.request("GET", f"/reef/scenarios/crash/records/{receipts[0][0]}")
         assert c.getresponse().status == 200
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.group, signal.SIGKILL)
         proc.wait()
 
 
@@ -108,5 +108,5 @@ def test_kill_9_of_the_main_process_takes_the_worker_with_it(tmp_path, stub_url)
             time.sleep(0.1)
         except OSError:
             return
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.group, signal.SIGKILL)
     pytest.fail("the worker kept serving after its parent was killed")

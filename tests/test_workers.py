@@ -149,7 +149,7 @@ def test_records_survive_a_restart_with_relay_logs(tmp_path, two_workers):
     port, data_dir, proc = two_workers
     receipts = chat_until_both_answer(port, data_dir, 40)
     # kill -9 the whole server: the relay's log is then a dead writer's, which the next primary rolls
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.group, signal.SIGKILL)
     proc.wait()
     store = RecordStore(data_dir)
     assert all(store.entry(r) is not None for r in receipts)

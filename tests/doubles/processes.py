@@ -32,6 +32,11 @@ class Child:
         """The child's own pid (not its reaper's)."""
         return self.proc.child_pid
 
+    @property
+    def group(self) -> int:
+        """The process group of the child's whole tree (its reaper's): `os.killpg(child.group, sig)` reaches all."""
+        return self.proc.pid
+
     def wait(self, timeout: float | None = None) -> int:
         return self.proc.wait(timeout)
 
