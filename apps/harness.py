@@ -20,15 +20,11 @@ with app.setup:
     import difflib
     import html
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
     import orjson
     import polars as pl
-
-    ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
     from apps.shared import hub_cell, signature, tidy, utc
     from reef_lab.harness import read_tree

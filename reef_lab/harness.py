@@ -88,8 +88,9 @@ def write_tree(folder: Path, files: dict[str, str]) -> None:
 
 def read_tree(folder: Path) -> dict[str, str]:
     skip = {"README.md", "reef_checkpoint.json"}
-    return {str(p.relative_to(folder).as_posix()): p.read_text(encoding="utf-8") for p in sorted(Path(folder).rglob("*"))
-            if p.is_file() and p.name not in skip}
+    # bytes decoded, not read_text: its newline translation would turn a file's \r\n into \n
+    return {str(p.relative_to(folder).as_posix()): p.read_bytes().decode("utf-8")
+            for p in sorted(Path(folder).rglob("*")) if p.is_file() and p.name not in skip}
 
 
 def split_front_matter(text: str) -> tuple[dict, str]:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -339,13 +341,13 @@ def unified_diff(old: dict[str, str], new: dict[str, str]) -> str:
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
 
 
-def session_context(store, scenario: str, session: str | None, limit_chars: int) -> tuple[str, list[str]]:
+def session_context(records, session: str | None, limit_chars: int) -> tuple[str, list[str]]:
     """The session's conversation as text (its newest call holds every turn so far) and its feedback; also the
     receipts of its calls. Calls are found by their `session` tag (x-reef-tag-session)."""
     if not session or limit_chars <= 0:
         return "", []
-    ids = store.ids(scenario, "inference")[-5000:]
-    calls = [r for r in store.get_many(ids) if (r.get("tags") or {}).get("session") == session]
+    ids = records.ids("inference")[-5000:]
+    calls = [r for r in records.get_many(ids) if (r.get("tags") or {}).get("session") == session]
     if not calls:
         return f"(no call of session {session} is recorded)", []
     receipts = [r["id"] for r in calls]
@@ -354,7 +356,7 @@ def session_context(store, scenario: str, session: str | None, limit_chars: int)
     turns.append({"role": "assistant", "content": response_text(last.get("dialect"), last.get("response"))})
     lines = [f"{t['role']}: {t['content'][:1500]}" for t in turns if t["content"].strip()]
     refs = set(receipts)
-    for rep in store.get_many(store.ids(scenario, "report")[-5000:]):
+    for rep in records.get_many(records.ids("report")[-5000:]):
         if refs & set(rep.get("references") or []):
             fb = rep.get("feedback")
             lines.append(f"feedback: score {rep.get('score')}; {fb if isinstance(fb, str) else json.dumps(fb)}")
@@ -366,18 +368,19 @@ def session_context(store, scenario: str, session: str | None, limit_chars: int)
 class ChangeRequests:
     """One scenario's change requests, worked through one at a time on a thread of their own.
 
-    `gateway` publishes (stage_harness, publish_harness) and holds releases and records; `lm` is the proposer;
-    `evaluate(files) -> (accepted, reason)` is the recipe's own evaluation (selection `evaluate`)."""
+    `releaser` (reef_lab.publishing.releaser) takes candidates to releases, `records` (a RecordsReader) holds the
+    scenario's records; `lm` is the proposer; `evaluate(files) -> (accepted, reason)` is the recipe's own evaluation
+    (selection `evaluate`)."""
 
-    def __init__(self, scenario: str, gateway, lm, config: RequestConfig, recipe: str,
+    def __init__(self, scenario: str, releaser, records, data_dir: Path, lm, config: RequestConfig, recipe: str,
                  evaluate: Callable[[dict[str, str]], tuple[bool, str]] | None = None):
-        self.scenario, self.gw, self.lm, self.config, self.recipe = scenario, gateway, lm, config, recipe
-        self.evaluate = evaluate
-        self.store = RequestStore(gateway.data_dir)
+        self.scenario, self.releaser, self.records, self.lm = scenario, releaser, records, lm
+        self.config, self.recipe, self.evaluate = config, recipe, evaluate
+        self.store = RequestStore(data_dir)
         self._queue: deque[str] = deque()
         self._cv = threading.Condition()
         self._stop = False
-        since = gateway.scenarios.get(scenario).since  # a deleted earlier scenario of this name keeps its requests
+        since = records.since  # a deleted earlier scenario of this name keeps its requests
         for req in self.store.list(scenario, since):  # a restart: unfinished requests go back in the queue
             if req["state"] in OPEN:
                 self.store.move(req, "queued", "queued again after a restart")
@@ -388,7 +391,7 @@ class ChangeRequests:
     def submit(self, body: Any) -> dict:
         fields = check_body(body)
         if fields["release_id"] is not None:
-            rel = self.gw.releases.release(self.scenario, fields["release_id"])
+            rel = self.releaser.release(self.scenario, fields["release_id"])
             if rel is None or rel.get("kind") != "harness":
                 raise BadRequest(f"release {fields['release_id']!r} is not a harness release of {self.scenario!r}")
             fields["release_id"] = rel["release_id"]
@@ -405,12 +408,11 @@ class ChangeRequests:
 
     def promote(self, candidate: str) -> dict | None:
         """Release a candidate a request left for review; None when no request owns it."""
-        req = next((r for r in self.store.list(self.scenario, self.gw.scenarios.get(self.scenario).since)
+        req = next((r for r in self.store.list(self.scenario, self.records.since)
                     if r["state"] == "pending_review" and r["candidate"] == candidate), None)
         if req is None:
             return None
-        rel = self.gw.publish_harness(self.scenario, None, self._lineage(req, "promoted by a person"),
-                                      candidate=candidate)
+        rel = self._release(candidate, self._lineage(req, "promoted by a person"))
         self.store.move(req, "released", None, release_id=rel["release_id"], release=rel["version"])
         return rel
 
@@ -450,8 +452,8 @@ class ChangeRequests:
                     self._busy = False
 
     def _files(self, release_id: str | None) -> tuple[str | None, dict[str, str]]:
-        rel = self.gw.releases.release(self.scenario, release_id) if release_id else \
-            self.gw.releases.serving(self.scenario)
+        rel = self.releaser.release(self.scenario, release_id) if release_id else \
+            self.releaser.serving_release(self.scenario)
         if rel is None or rel.get("kind") != "harness":
             return None, {}
         return rel["release_id"], harness_mod.read_tree(Path(rel["folder"]))
@@ -460,7 +462,7 @@ class ChangeRequests:
         self.store.move(req, "proposing")
         seen_id, seen = self._files(req["seen_release"])
         base_id, base = self._files(None)
-        context, receipts = session_context(self.gw.store, self.scenario, req["session"], self.config.context_chars)
+        context, receipts = session_context(self.records, req["session"], self.config.context_chars)
         try:
             answer = self.lm.complete(proposer_messages(req, seen, seen_id, context),
                                       max_tokens=self.config.max_tokens, temperature=self.config.temperature)
@@ -476,7 +478,7 @@ class ChangeRequests:
         diff = unified_diff(base, files)
         meta = {"kind": "harness", "recipe": self.recipe, "parent": base_id or "base",
                 "request": self._request_meta(req, receipts)}
-        cid = self.gw.stage_harness(self.scenario, files, meta)
+        cid = self._stage(files, meta)
         self.store.move(req, "evaluating", None, summary=str(obj.get("summary") or "")[:500],
                         mutations=obj["mutations"], diff=diff, base_release=base_id, candidate=cid,
                         session_calls=len(receipts))
@@ -485,15 +487,33 @@ class ChangeRequests:
         except Rejected as e:
             verdict, reason = "rejected", str(e)
         if verdict == "rejected":
-            self.gw.releases.update_candidate(self.scenario, cid, status="rejected", reason=reason)
+            self.releaser.annotate(self.scenario, cid, status="rejected", reason=reason)
             self.store.move(req, "rejected", reason, review=reason)
         elif verdict == "review":
-            self.gw.releases.update_candidate(self.scenario, cid, status="pending_review", reason=reason)
+            self.releaser.annotate(self.scenario, cid, status="pending_review", reason=reason)
             self.store.move(req, "pending_review", reason, review=reason)
         else:
-            rel = self.gw.publish_harness(self.scenario, None, self._lineage(req, reason), candidate=cid)
+            rel = self._release(cid, self._lineage(req, reason))
             self.store.move(req, "released", None, review=reason, release_id=rel["release_id"],
                             release=rel["version"])
+
+    def _stage(self, files: dict[str, str], meta: dict) -> str:
+        """A harness candidate written whole before it is listed (a failed write leaves none behind); its id."""
+        cid, folder = self.releaser.start_candidate(self.scenario, meta)
+        staged = folder.parent / f".staged-{cid}"
+        try:
+            harness_mod.write_tree(staged, harness_mod.check_files(files))
+            os.replace(staged, folder)
+        except OSError as e:
+            shutil.rmtree(staged, ignore_errors=True)
+            self.releaser.fail(self.scenario, cid, e)
+            raise
+        return cid
+
+    def _release(self, cid: str, lineage: dict) -> dict:
+        """The candidate becomes the serving release vN (queued for the Hub with its request)."""
+        self.releaser.annotate(self.scenario, cid, **lineage)
+        return self.releaser.release_candidate(self.scenario, cid)
 
     def _select(self, req: dict, files: dict[str, str], diff: str) -> tuple[str, str]:
         policy = self.config.selection

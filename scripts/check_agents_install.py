@@ -23,12 +23,11 @@ from pathlib import Path
 import requests
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tests.doubles import free_port
+from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
+from tests.doubles.scripted_provider import ScriptedProvider
 
-from reef_lab.testing import free_port  # noqa: E402
-from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version  # noqa: E402
-from tests.doubles.scripted_provider import ScriptedProvider  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SEED = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- RULE-ALPHA-7 run the tests before you stop",
         "skills/tidy.md": "---\nname: tidy\ndescription: SKILL-BETA-7 sort the imports\n---\nSort them."}

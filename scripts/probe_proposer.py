@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from reef_lab.engines.lm import make_lm  # noqa: E402
-from reef_lab.harness_requests import (RequestConfig, Rejected, apply_mutations, json_object,  # noqa: E402
-                                       proposer_messages)
+from reef_lab.engines.lm import make_lm
+from reef_lab.harness_requests import RequestConfig, Rejected, apply_mutations, json_object, proposer_messages
 
 HARNESS = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- Run the tests before you stop.\n"}
 REQUESTS = ["Always add a CHANGELOG entry when you change behaviour", "Add a skill for writing commit messages",

@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from reef_lab.testing import free_port
+from tests.doubles import free_port
 from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
 

@@ -247,7 +247,7 @@ def test_a_request_survives_kill_9(tmp_path):
     """serve.py killed with SIGKILL while the proposer is still answering: the next serve.py finishes the request."""
     import yaml
 
-    from reef_lab.testing import free_port
+    from tests.doubles import free_port
     from tests.doubles.agents import ReefServer
 
     with ScriptedProvider(delay_s=8.0) as provider:
@@ -273,7 +273,7 @@ def test_a_released_request_is_a_harness_revision_on_the_hub(tmp_path, monkeypat
     from huggingface_hub import constants, hf_hub_download
 
     from reef_lab.publishing.hub import HubConfig
-    from reef_lab.testing.hub_server import serve_in_thread
+    from tests.doubles.hub_server import serve_in_thread
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hub-token")
