@@ -258,14 +258,14 @@ def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record
             assert r.status == 200
             receipts.append(r.getheader("x-reef-agent-record-id"))
     try:
-        primary, relay = _roles(proc.pid, port)
+        primary, relay = _roles(srv.pid, port)
         traffic()
         os.kill(relay, signal.SIGKILL)
-        primary2, relay2 = _roles(proc.pid, port, gone=relay)
+        primary2, relay2 = _roles(srv.pid, port, gone=relay)
         assert primary2 == primary and relay2 != relay  # only the relay was replaced
         traffic()
         os.kill(primary, signal.SIGKILL)
-        primary3, relay3 = _roles(proc.pid, port, gone=primary)
+        primary3, relay3 = _roles(srv.pid, port, gone=primary)
         assert {primary3, relay3}.isdisjoint({primary, relay2})  # all restarted
         traffic()
         for rid in receipts:  # every receipt, from all three generations of workers, is still there
