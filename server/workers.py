@@ -331,9 +331,11 @@ class RelayGateway:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         info = self.serving(name) or {"release_id": None, "files": None}
-        sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
+        installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+        sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
+        release = (installed or info["release_id"]) if info["files"] else info["release_id"]
         return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                    info["release_id"] or "upstream")
+                                    release or "upstream")
 
     def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
         """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""
