@@ -29,6 +29,7 @@ pins); the child runs from there. Releases reach it by one of two transports (`e
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
@@ -39,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
+from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, YieldsToTraining
 from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
 from reef_lab.errors import EngineUnavailable
 from reef_lab.procs import Popen
@@ -170,13 +171,14 @@ class VLLMStream:
             conn.sock.close()
 
 
-class VLLMEngine(Generator, ReleaseHost):
+class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
     """Generates through a vLLM server and serves trained releases on it (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
-                 transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64):
+                 transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64,
+                 pause_for_training: bool | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.model_dir, self.transport = Path(model_dir), transport
@@ -189,6 +191,10 @@ class VLLMEngine(Generator, ReleaseHost):
         self._held_folder = self.model_dir  # the weights the server holds (weights transport)
         self._process: Popen | None = None
         self._log_file = None
+        self._pause_lock = threading.Lock()
+        self._pauses = 0  # training steps and weight switches that hold the server paused now
+        # default: pause when the server is ours, so on this machine's CPUs (module docstring)
+        self.pause_for_training = url is None if pause_for_training is None else pause_for_training
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
                                max_loras, max_lora_rank)
@@ -211,10 +217,11 @@ class VLLMEngine(Generator, ReleaseHost):
         """--model-path: the base model's HF folder (default: the embedded SmolLM2's converted folder);
         engine_options: {transport (weights | lora), url (attach instead of starting one; a lora server needs
         --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), python, port, threads_bind, kv_cache_gib,
-        max_model_len, start_timeout, timeout, max_loras, max_lora_rank}."""
+        max_model_len, start_timeout, timeout, max_loras, max_lora_rank, pause_for_training (default: when the
+        server is started here)}."""
         opts = cfg.engine_settings()
         allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
-                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank"}
+                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank", "pause_for_training"}
         if set(opts) - allowed:
             raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
         model_dir = opts.pop("model_dir", None) or cfg.model_path
@@ -285,6 +292,9 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._wait_ready(self._start_timeout)
                 self.gate.reset("base")  # a fresh server holds the base; requests switch weights as they need
                 self._held_folder = self.model_dir
+                with self._pause_lock:
+                    if self._pauses:  # a training step still runs: the fresh server waits for it too
+                        self.client.call("POST", "/pause?mode=keep")
                 if self.transport == "lora":
                     with self._lock:
                         zero, self._zero = self._zero, None
@@ -403,7 +413,7 @@ class VLLMEngine(Generator, ReleaseHost):
         started = time.perf_counter()
         # No lease is out, so whatever the server still runs was abandoned by its client: abort it; the pause
         # clears the KV and prefix caches once drained, and nothing is scheduled until /resume.
-        self.client.call("POST", "/pause?mode=abort&clear_cache=true")
+        self._pause("abort&clear_cache=true")
         try:
             try:
                 self._reload(folder)
@@ -418,7 +428,7 @@ class VLLMEngine(Generator, ReleaseHost):
                 raise EngineError(f"the engine refused release {release_id}'s weights: {e}") from e
         finally:
             try:
-                self.client.call("POST", "/resume")
+                self._unpause()
             except Exception:  # noqa: BLE001 - a server that cannot resume is restarted by the supervisor
                 log.exception("vLLM did not resume")
         log.info("vLLM now holds %s (%.2f s)", release_id, time.perf_counter() - started)
@@ -434,6 +444,43 @@ class VLLMEngine(Generator, ReleaseHost):
     def _kill_for_restart(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
+
+    # ---- sharing the CPUs with a trainer -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def training_step(self):
+        """While a training step runs, the server schedules nothing (`/pause?mode=keep`: requests running and
+        arriving stay queued, with their KV cache, and go on at `/resume`), so the trainer has the CPUs; a step
+        beside a generating server took 4-7x as long (results/train-beside-vllm.md). Off with
+        `pause_for_training: false` (a server on other hardware)."""
+        paused = False
+        if self.pause_for_training:
+            try:
+                self._pause("keep")
+                paused = True
+            except (EngineError, EngineUnavailable) as e:  # a server restarting: the step runs beside it
+                log.warning("could not pause vLLM for a training step (%s); training beside it", e)
+        try:
+            yield
+        finally:
+            if paused:
+                try:
+                    self._unpause()
+                except Exception:  # noqa: BLE001 - the step is done either way; the supervisor sees a broken server
+                    log.exception("vLLM did not resume after a training step")
+
+    def _pause(self, mode: str) -> None:
+        """Count a holder of the pause: the server is paused by the first (a weight switch pauses with `abort` even
+        when a step holds it already, to drop abandoned requests and the caches) and resumed by the last."""
+        with self._pause_lock:
+            if self._pauses == 0 or mode != "keep":
+                self.client.call("POST", f"/pause?mode={mode}")
+            self._pauses += 1
+
+    def _unpause(self) -> None:
+        with self._pause_lock:
+            self._pauses -= 1
+            if self._pauses == 0:
+                self.client.call("POST", "/resume")
 
     def unload(self, release_id: str) -> None:
         with self._lock:
