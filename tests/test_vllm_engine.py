@@ -151,6 +151,28 @@ def test_a_reload_the_server_refuses_leaves_the_base_serving(vllm_engine, tmp_pa
     assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) < 2e-3  # the base's weights, whole
 
 
+def test_requests_during_a_training_step_wait_and_are_answered_after_it(vllm_engine):
+    """training_step() pauses the server (the trainer gets the CPUs): requests that arrive meanwhile get no token
+    until the step ends, then each is answered whole, with token ids and logprobs; requests running when the step
+    began are answered too."""
+    from reef_lab.engines.base import ChatRequest, SamplingParams
+
+    def ask(i: int):
+        return vllm_engine.submit(ChatRequest([{"role": "user", "content": f"Count from {i} to {i + 20}."}],
+                                              SamplingParams(max_tokens=24, temperature=0.7)))
+    running = [ask(i) for i in range(2)]
+    with vllm_engine.training_step():
+        assert vllm_engine.client.call("GET", "/is_paused") == {"is_paused": True}
+        arrived = [ask(i) for i in range(2, 6)]
+        time.sleep(3)
+        for stream in arrived:
+            with pytest.raises(TimeoutError):  # queued, not generated: the server schedules nothing
+                stream.result(timeout=0.01)
+    assert vllm_engine.client.call("GET", "/is_paused") == {"is_paused": False}
+    for gen in (s.result(timeout=600) for s in running + arrived):
+        assert gen.token_ids and len(gen.logprobs) == len(gen.token_ids) and gen.release_id == "base"
+
+
 def test_a_killed_engine_restarts_with_503s_meanwhile_and_loses_nothing(vllm_engine, tmp_path):
     import os
     import signal

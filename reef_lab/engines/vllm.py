@@ -25,6 +25,12 @@ pins); the child runs from there. Releases reach it by one of two transports (`e
   gives requests without an adapter the wrong logprobs (off by up to 1.8 nats) when they share a batch with adapter
   requests after another adapter has served; adapters among themselves batch correctly
   (scripts/probe_vllm_lora_batching.py shows both).
+
+Training beside it: a server started here shares this machine's CPUs with the trainer, and its threads kept the
+cores while a step ran. So the learner holds `training_step()` around each step and the server is paused meanwhile
+(`/pause?mode=keep`: running and arriving requests wait with their KV cache, and go on at `/resume`); a paused
+server uses about 1% of a CPU (results/train-beside-vllm.md). The server, its EngineCore and its workers die with
+this process, `kill -9` included (reef_lab.procs).
 """
 
 from __future__ import annotations
@@ -449,8 +455,8 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
     @contextlib.contextmanager
     def training_step(self):
         """While a training step runs, the server schedules nothing (`/pause?mode=keep`: requests running and
-        arriving stay queued, with their KV cache, and go on at `/resume`), so the trainer has the CPUs; a step
-        beside a generating server took 4-7x as long (results/train-beside-vllm.md). Off with
+        arriving stay queued, with their KV cache, and go on at `/resume`), so the trainer has the CPUs (a policy
+        step beside a generating server took 110 s against 14-25 s beside the embedded engine: issue 28). Off with
         `pause_for_training: false` (a server on other hardware)."""
         paused = False
         if self.pause_for_training:

@@ -248,8 +248,8 @@ class Learner(LearnerLoop):
             self._trainer.steps = (serving or {}).get("trainer_step") or 0
         release_steps = self._release_steps()
         staleness = [self._trainer.steps - release_steps.get(s.release_id, 0) for s in batch]
-        # An engine on the trainer's CPUs (a vLLM server here) stands aside for the step: sharing the cores, the
-        # step ran 4-7x slower (results/train-beside-vllm.md)
+        # An engine on the trainer's CPUs (a vLLM server here) stands aside for the step, which otherwise shares the
+        # cores with it (results/train-beside-vllm.md)
         started = time.perf_counter()
         with self.engine.training_step() if isinstance(self.engine, YieldsToTraining) else nullcontext():
             metrics = self.recipe.train(self._trainer, batch)
