@@ -5,11 +5,14 @@
 
 A search folder holds `events.jsonl` (recipes/gepa/search.py): an experiment's run folder
 (scripts/run_experiment.py recipes/gepa/examples/*.yaml, with `summary.json`, `test_answers.jsonl`, its releases
-under `data/releases` and its W&B run under `wandb`) or a live scenario's `data/learn/<scenario>/gepa`. The app
-shows the search's status and progress (metric calls of the budget), validation score against metric calls, the
-candidate tree, one candidate's files (wrapped) with a coloured diff to its parent, every validation item's score
-under every candidate (the Pareto front's winners marked), the saved test answers of the seed and the best harness,
-and links to the W&B run folder and each release's Hub revision. The launch form starts from the example's values
+under `data/releases` and its W&B run under `wandb`) or a live scenario's `data/learn/<scenario>/gepa`. Searches
+under runs/ and .reef_lab/learn are offered; "open a path" opens any other (a search folder, or a folder holding
+some) without a restart. The app shows the search's status (its heartbeat: running, finished, failed, stopped) and
+progress (metric calls of the budget), validation score against metric calls, the candidate tree, one candidate's
+files (wrapped) with a coloured diff to its parent and its answers on the validation items with their scores, every
+validation item's score under every candidate (each item's Pareto front marked as the search computes it), the
+saved test answers of the seed and the best harness, and links to the W&B run folder and each release's Hub
+revision. The launch form starts from the example's values
 (only changed fields become overrides). Auto-refresh re-reads only when the search's files changed and keeps the
 picked candidate.
 """
@@ -30,18 +33,18 @@ with app.setup:
     import marimo as mo
     import polars as pl
     import yaml
-    from matplotlib.ticker import MaxNLocator
 
     ROOT = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(ROOT))  # recipes/ and apps/shared.py ship in the repository, not in the installed package
 
-    from apps.shared import (figure, hub_cell, progress_html, run_status, signature, svg, tidy, utc, wandb_md,
-                             wandb_runs)
-    from recipes.gepa.search import read_events
+    from apps.shared import (answers_html, figure, fit_axes, hub_cell, progress_html, run_status, signature, svg,
+                             tidy, utc, wandb_md, wandb_runs)
+    from recipes.gepa.pareto import item_fronts, pareto_counts
+    from recipes.gepa.search import harness_hash, read_events
     from reef_lab.learning.experiment import launch_detached, run_choices, yaml_value
 
-    SEARCH_FILES = ("events.jsonl", "summary.json", "test_answers.jsonl", "config.json", "index.json", "run.log",
-                    "run.pid")
+    SEARCH_FILES = ("events.jsonl", "state.json", "summary.json", "test_answers.jsonl", "config.json", "index.json",
+                    "run.log", "run.pid")
     PRE = "white-space: pre-wrap; overflow-wrap: anywhere; margin: 0.3em 0 0.8em; font-size: 0.85em"
     DIFF_STYLE = {"+": "background: #e6ffec; color: #1a7f37", "-": "background: #ffebe9; color: #cf222e",
                   "@": "background: #ddf4ff; color: #0550ae"}
@@ -102,6 +105,8 @@ def load_search(folder: str | Path) -> dict:
     answers_file = folder / "test_answers.jsonl"
     answers = [json.loads(x) for x in answers_file.read_text().splitlines() if x.strip()] if answers_file.exists() \
         else []
+    state_file = folder / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
     live = config is None and folder.name == "gepa"
     status = ("finished" if summary else "live scenario" if live
               else run_status(folder, False, [folder / "events.jsonl"]))
@@ -110,7 +115,8 @@ def load_search(folder: str | Path) -> dict:
             "iterations": iterations, "fronts": fronts, "releases": [e for e in events if e["event"] == "release"],
             "config": config, "summary": summary, "test_answers": answers, "index": release_index(folder, config),
             "wandb": wandb_runs(folder, folder / "data"), "status": status, "budget": budget,
-            "metric_calls": events[-1]["metric_calls"] if events else 0}
+            "metric_calls": events[-1]["metric_calls"] if events else 0,
+            "cache": state.get("cache") or [], "val_ids": state.get("val_ids") or []}
 
 
 @app.function
@@ -184,47 +190,91 @@ def plot_search(search: dict):
         ax1.legend(loc="lower right")
     for r in search["releases"]:
         ax1.axvline(r["metric_calls"], color="grey", linestyle="--", alpha=0.5)
+    fit_axes(ax1, c["metric_calls"].to_list() + [r["metric_calls"] for r in search["releases"]],
+             c["val_mean"].to_list())
     ax1.set_xlabel("metric calls")
     ax1.set_ylabel("validation mean")
     ax1.set_title("validation score (dashed: releases)")
+    xs, ys = [], []
     for k, f in enumerate(search["fronts"]):
         ids = [int(i) for i in f["front"]]
         ax2.scatter([k] * len(ids), ids, s=[30 + 20 * f["front"][str(i)] for i in ids], color="C1")
-    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
+        xs += [k] * len(ids)
+        ys += ids
+    fit_axes(ax2, xs, ys, integer_y=True)  # y: candidate ids
     ax2.set_xlabel("pool update (new candidate)")
     ax2.set_ylabel("candidate on the front")
-    ax2.set_title("Pareto front (size ~ items where best)")
+    ax2.set_title("Pareto front (size ~ parent-draw weight)")
     return fig
 
 
 @app.function
-def pareto_items_html(search: dict, picked: int | None) -> str:
-    """Every validation item's score under every candidate; the best score of each item in bold on green (the
-    candidates holding one are the Pareto front), the picked candidate's column outlined; a last row counts the
-    items each candidate is best on."""
+def pareto_view(search: dict) -> dict:
+    """What the Pareto table marks, as the search computes it (recipes/gepa/pareto.py, gepa 0.1.4's pruning): each
+    item's front (empty where no candidate scores above 0: nobody wins an item nobody solves), the front candidates
+    (those a parent is drawn from) with their draw weights, and how many items each is best on with a score > 0."""
     cands = sorted(search["cands"].values(), key=lambda c: c["id"])
-    n = max(len(c["scores"]) for c in cands)
-    head = "".join(f"<th style='padding: 2px 10px; {'outline: 2px solid #0969da' if c['id'] == picked else ''}'>"
-                   f"c{c['id']}</th>" for c in cands)
-    rows, wins = [], {c["id"]: 0 for c in cands}
-    for i in range(n):
-        scores = [c["scores"][i] if i < len(c["scores"]) else None for c in cands]
-        top = max(s for s in scores if s is not None)
+    n = max((len(c["scores"]) for c in cands), default=0)
+    pool = {c["id"]: c["scores"] for c in cands if len(c["scores"]) == n}  # a candidate not scored on all: unmarked
+    fronts = item_fronts(pool)
+    tops = [max(s[i] for s in pool.values()) for i in range(n)] if pool else []
+    shown = [f if top > 0 else set() for f, top in zip(fronts, tops, strict=True)]
+    return {"fronts": shown, "weights": pareto_counts(pool), "tops": tops,
+            "best_on": {c["id"]: sum(c["id"] in f for f in shown) for c in cands}}
+
+
+@app.function
+def pareto_items_html(search: dict, picked: int | None) -> str:
+    """Every validation item's score under every candidate: in bold on green the item's front (its best score > 0,
+    dominated candidates pruned as the search prunes them); an item no candidate scores on in grey; the picked
+    candidate's column outlined; the front candidates marked in the header; last rows: items each is best on, and its
+    weight when the search draws a parent."""
+    cands = sorted(search["cands"].values(), key=lambda c: c["id"])
+    view = pareto_view(search)
+    pad = "padding: 2px 10px; text-align: right"
+    outline = "outline: 2px solid #0969da; "
+
+    def head(c):
+        front = "<br/><small class='gepa-front'>front</small>" if c["id"] in view["weights"] else ""
+        return f"<th style='{pad}; {outline if c['id'] == picked else ''}'>c{c['id']}{front}</th>"
+
+    rows = []
+    for i in range(max((len(c["scores"]) for c in cands), default=0)):
+        nobody = i < len(view["tops"]) and view["tops"][i] <= 0
         cells = []
-        for c, s in zip(cands, scores, strict=True):
-            best = s is not None and s == top
-            wins[c["id"]] += best
+        for c in cands:
+            s = c["scores"][i] if i < len(c["scores"]) else None
+            best = i < len(view["fronts"]) and c["id"] in view["fronts"][i]
             style = ("font-weight: 700; background: #dafbe1; " if best else "") + (
-                "outline: 2px solid #0969da; " if c["id"] == picked else "")
-            cells.append(f"<td style='text-align: right; padding: 2px 10px; {style}'>"
+                outline if c["id"] == picked else "")
+            cells.append(f"<td class='{'front' if best else ''}' style='{pad}; {style}'>"
                          f"{'' if s is None else format(s, 'g')}</td>")
-        rows.append(f"<tr><td style='padding: 2px 10px'>val-{i}</td>{''.join(cells)}</tr>")
-    foot = "".join(f"<td style='text-align: right; padding: 2px 10px'>{wins[c['id']]}</td>" for c in cands)
+        label = f"val-{i}" + (" <small>(no candidate scores)</small>" if nobody else "")
+        rows.append(f"<tr class='{'nobody' if nobody else ''}' style='{'color: #8c959f' if nobody else ''}'>"
+                    f"<td style='padding: 2px 10px'>{label}</td>{''.join(cells)}</tr>")
+    foot = "".join(
+        f"<tr><td style='padding: 2px 10px'><i>{name}</i></td>"
+        + "".join(f"<td style='{pad}'>{counts.get(c['id'], 0)}</td>" for c in cands) + "</tr>"
+        for name, counts in (("best on", view["best_on"]), ("parent-draw weight", view["weights"])))
     return (f"<table id='gepa-pareto-items' style='width: auto'><thead><tr>"
-            f"<th style='text-align: left; padding: 2px 10px'>item</th>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody>"
-            f"<tfoot><tr><td style='padding: 2px 10px'><i>best on</i></td>{foot}</tr></tfoot></table>")
+            f"<th style='text-align: left; padding: 2px 10px'>item</th>{''.join(head(c) for c in cands)}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody><tfoot>{foot}</tfoot></table>")
+
+
+@app.function
+def candidate_answers(search: dict, cid: int) -> tuple[list[dict], bool]:
+    """A candidate's answers on the validation items, in the order of its scores, from the search's rollout cache
+    (state.json); True when that order is known (a search from before `val_ids` was saved: every cached answer of
+    the harness, validation and training items alike, by item id)."""
+    cand = search["cands"][cid]
+    key = harness_hash(cand["components"])
+    mine = {r["example_id"]: r for h, r in search["cache"] if h == key}
+    def row(label: str, r: dict) -> dict:
+        return {"item": label, "question": r.get("question") or "", "answer": r.get("output"),
+                "score": r.get("score"), "feedback": r.get("feedback")}
+    if search["val_ids"]:
+        return [row(f"val-{i} ({ex})", mine[ex]) for i, ex in enumerate(search["val_ids"]) if ex in mine], True
+    return [row(ex, mine[ex]) for ex in sorted(mine)], False
 
 
 @app.function
@@ -275,7 +325,7 @@ def _(example_ui):
 
 
 @app.cell
-def _(budget_ui, example, example_ui, out_ui, seed_ui):
+def _(budget_ui, example, example_ui, launch_ui, out_ui, seed_ui):
     # Only fields changed from the example become overrides: unchanged, the launch is the example's own command.
     overrides = {}
     if int(budget_ui.value) != (example.get("search") or {}).get("max_metric_calls", 200):
@@ -310,16 +360,45 @@ def _(example_ui, launch_dir, launch_ui, overrides, seed_ui, set_folder):
     return (launched,)
 
 
+@app.function
+def typed_path(value: str) -> Path | None:
+    """The path typed into "open a path": absolute, or relative to the repository; None when empty."""
+    if not value.strip():
+        return None
+    p = Path(value.strip()).expanduser()
+    return p if p.is_absolute() else ROOT / p
+
+
 @app.cell
-def _(launched):
+def _(set_folder):
+    def _open(value: str) -> None:
+        _p = typed_path(value)
+        if _p is not None and (_p / "events.jsonl").is_file():
+            set_folder(str(_p))  # a search folder: show it at once
+    path_ui = mo.ui.text(value="", label="open a path (a search folder, or a folder to look for searches in)",
+                         full_width=True, on_change=_open)
+    return (path_ui,)
+
+
+@app.cell
+def _(launched, path_ui):
+    _typed = typed_path(path_ui.value)
+
     def folders_now() -> list[str]:
-        """The searches offered: $REEF_LAB_RUN, the one launched here, then those under runs/ and .reef_lab/learn."""
-        return run_choices(find_searches(ROOT / "runs") + find_searches(ROOT / ".reef_lab" / "learn"), launched)
+        """The searches offered: $REEF_LAB_RUN, the one launched here, the typed path (a search, or the searches
+        under it), then those under runs/ and .reef_lab/learn."""
+        typed = ([] if _typed is None else [str(_typed)] if (_typed / "events.jsonl").is_file()
+                 else find_searches(_typed))
+        return run_choices(typed + find_searches(ROOT / "runs") + find_searches(ROOT / ".reef_lab" / "learn"),
+                           launched)
 
     get_folders, set_folders = mo.state(folders_now())
     # Shown by the cell that makes it: a cell showing it elsewhere would re-run on every tick.
     refresh_ui = mo.ui.refresh(options=["5s", "10s", "30s", "1m"], default_interval="10s", label="auto-refresh")
-    mo.hstack([mo.md("## Open a search"), refresh_ui], justify="start", gap=2, align="center")
+    _none = _typed is not None and not ((_typed / "events.jsonl").is_file() or find_searches(_typed))
+    mo.vstack([mo.hstack([mo.md("## Open a search"), refresh_ui], justify="start", gap=2, align="center"), path_ui]
+              + ([mo.callout(mo.md(f"No GEPA search at or under `{_typed}` (a search folder holds events.jsonl)."),
+                             kind="warn")] if _none else []))
     return folders_now, get_folders, refresh_ui, set_folders
 
 
@@ -407,6 +486,7 @@ def _(cand_ui, search):
         _files = "".join(f"<p><b>{html.escape(k)}</b></p><pre class='gepa-component' style='{PRE}'>"
                          f"{html.escape(v)}</pre>" for k, v in sorted(_c["components"].items()))
         _diff = diff_to_parent(search, _c["id"])
+        _answers, _ordered = candidate_answers(search, _c["id"])
         _out = mo.vstack([
             mo.md(f"### Candidate {_c['id']} ({_c['origin']}; parents {_c['parents'] or '-'}; rewrote "
                   f"{_c.get('changed') or '-'}): validation mean {_c['mean']:.3f}"),
@@ -414,8 +494,15 @@ def _(cand_ui, search):
             mo.Html(diff_html(_diff)) if _diff else mo.md("_(the seed: no parent)_"),
             mo.md("### Pareto view: each validation item's score under each candidate"),
             mo.Html(pareto_items_html(search, _c["id"])),
-            mo.md("Bold on green: the best score on that item (the candidates holding one form the Pareto front); "
-                  "outlined: the picked candidate."),
+            mo.md("Bold on green: the item's Pareto front, the best score on it (above 0) less the dominated "
+                  "candidates the search prunes (as gepa 0.1.4 does); grey: an item no candidate scores on. *front* "
+                  "marks the candidates a parent is drawn from, with the weights in the last row. Outlined: the "
+                  "picked candidate."),
+            mo.md(f"### Candidate {_c['id']}'s answers on the validation items"),
+            mo.Html("<div id='gepa-candidate-answers'>" + answers_html(
+                f"{len(_answers)} answers, mean score {_c['mean']:.3f}" + ("" if _ordered else
+                " (an older search: every cached answer of this harness, training items included)"),
+                _answers, open_=True) + "</div>"),
             mo.md("### Iterations"),
             mo.ui.table(tidy(search["iterations"]), selection=None, show_column_summaries=False,
                         show_data_types=False)])

@@ -7,7 +7,8 @@
 Read-only and safe while a server writes to the data dir: everything comes from `reef_lab.records.store.scan_records`
 (one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
 registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
-"include hidden records" to see everything on disk.
+"include hidden records" to see everything on disk. Per release: reward and held-out accuracy with the lineage, and
+sample answers (what it served, with the reports' scores, and its held-out ones) next to them.
 """
 
 import marimo
@@ -30,7 +31,8 @@ with app.setup:
     ROOT = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
-    from apps.shared import figure, hub_cell, mean_ci, signature, svg, wandb_md, wandb_runs, wilson
+    from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, signature, svg,
+                             wandb_md, wandb_runs, wilson)
     from reef_lab.publishing.releases import BASE, ReleaseStore
     from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
     from reef_lab.records.store import scan_records
@@ -218,6 +220,45 @@ def releases_table_html(rows: list[dict], index: dict) -> str:
 
 
 @app.function
+def no_release_text(scenario: str | None) -> str:
+    """What "Records by release" says when there is nothing to show: of the scenario picked, else of them all."""
+    return f"Scenario `{scenario}` has no release yet." if scenario else "No scenario has a release yet."
+
+
+@app.function
+def served_answers(records_lf: pl.LazyFrame, scenario: str, k: int = 5) -> dict[str, list[dict]]:
+    """Per release of `scenario`: the newest `k` scored answers it served (the question, the answer and the mean
+    score of the reports on it), in one scan of the records."""
+    got = (records_lf.filter((pl.col("scenario") == scenario) & (pl.col("kind") == "inference")
+                             & pl.col("release_id").is_not_null() & pl.col("score").is_not_null())
+           .sort("created_at", descending=True).group_by("release_id", maintain_order=True).head(k)
+           .select("release_id", "id", "request", "response", "score").collect())
+    out: dict[str, list[dict]] = {}
+    for r in got.iter_rows(named=True):
+        out.setdefault(r["release_id"], []).append({
+            "item": r["id"], "question": snippet(last_user_message(r["request"]), 300),
+            "answer": snippet(answer_text(r["response"]), 400), "score": round(r["score"], 3)})
+    return out
+
+
+@app.function
+def release_answers_html(rows: list[dict], index: dict, scenario: str, records_lf: pl.LazyFrame) -> str:
+    """For each release (the base model first): answers it served with their report scores, and its held-out
+    evaluation's sample answers (item, expected answer, answer, score), next to its mean reward and held-out score."""
+    evals = {BASE: index.get("base_eval"), **{r["version"]: r.get("eval") for r in index["releases"]}}
+    by_release = served_answers(records_lf, scenario)
+    blocks = []
+    for r in rows:
+        served = by_release.get(r["release_id"], [])
+        heldout = [{**a, "item": f"held-out {a['item']}"} for a in eval_answers(evals.get(r["release"]))]
+        reward = "" if r["reward"] is None else f"; mean reward <b>{r['reward']:.3f}</b> over {r['reports']} reports"
+        acc = "" if r["heldout"] is None else f"; held-out <b>{r['heldout']:.3f}</b>"
+        blocks.append(answers_html(f"<b>{html.escape(r['release'])}</b>: {len(served)} newest scored answers served, "
+                                   f"{len(heldout)} held-out{reward}{acc}", served + heldout))
+    return f"<div id='records-release-answers'>{''.join(blocks)}</div>"
+
+
+@app.function
 def plot_releases(rows: list[dict], scenario: str):
     """Mean reward of the traffic each release served and its held-out accuracy, release by release."""
     fig, axes = figure(1080, 320, 1, 2)
@@ -234,7 +275,11 @@ def plot_releases(rows: list[dict], scenario: str):
         ax2.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
                      marker="o", capsize=4, color="C2")
     ax2.set_title("held-out accuracy (95% Wilson CI)")
-    for ax in (ax1, ax2):
+    rewards = [v for r in rows if r["reward"] is not None for v in (r["reward"] - (r["reward_ci"] or 0),
+                                                                       r["reward"] + (r["reward_ci"] or 0))]
+    heldout = [v for r in rows if r["heldout"] is not None for v in (r["heldout_lo"], r["heldout_hi"])]
+    for ax, ys in ((ax1, rewards), (ax2, heldout)):
+        fit_axes(ax, None, ys)  # x: one release per tick, labelled below
         ax.set_xticks(xs, labels if ax is ax1 else [r["release"] for r in rows])
         ax.set_xlim(-0.5, len(rows) - 0.5)
     return fig
@@ -468,8 +513,7 @@ def _(data_dir, flt, records_lf, scenario_names):
     release_scenario = flt["scenario"] if flt["scenario"] else (_with[0] if _with else None)
     release_view = None
     if release_scenario is None or not _store.index(release_scenario)["releases"]:
-        _out = mo.md("## Records by release\n_" + (f"Scenario `{release_scenario}` has" if release_scenario
-                                                   else "No scenario has") + " no release yet._")
+        _out = mo.md(f"## Records by release\n_{no_release_text(release_scenario)}_")
     else:
         release_view, _index = release_rows(data_dir, release_scenario, records_lf)
         _out = mo.vstack([
@@ -478,7 +522,9 @@ def _(data_dir, flt, records_lf, scenario_names):
             mo.Html(f"<div id='records-by-release'>{releases_table_html(release_view, _index)}</div>"),
             svg(plot_releases(release_view, release_scenario), "records-release-figure"),
             mo.md("Reward: the mean score of the reports on the inferences each release served. Held-out: the "
-                  "release's own evaluation when it was made. " + wandb_md(wandb_runs(data_dir)))])
+                  "release's own evaluation when it was made. " + wandb_md(wandb_runs(data_dir))),
+            mo.md("### Sample answers by release (click to open)"),
+            mo.Html(release_answers_html(release_view, _index, release_scenario, records_lf))])
     _out
     return release_scenario, release_view
 

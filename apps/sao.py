@@ -9,10 +9,10 @@ A run is a folder written by scripts/run_experiment.py (reef_lab/learning/experi
 index `data/releases/<scenario>/index.json` (with each release's Hub revision) and the W&B run under `data/wandb`.
 The launch form starts from the example's own values, so launching it unchanged runs the published config (only
 changed fields become `--set` overrides); the run is a detached child that outlives the app. The runs table gives
-each run's status and progress; tick several to overlay their curves, with each group's mean and 95% band
+each run's status (from its heartbeat: docs/apps.md) and progress; tick several to overlay their curves, with each group's mean and 95% band
 (a group: runs whose configs differ only in seed) and the config fields that differ. One run in detail: every
-panel against the policy step, held-out accuracy with 95% Wilson intervals, releases as dashed lines, links to its
-W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
+panel against the policy step, held-out accuracy with 95% Wilson intervals, releases as dashed lines, each
+candidate's sample held-out answers next to its accuracy, links to its W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
 """
 
 import marimo
@@ -31,13 +31,12 @@ with app.setup:
     import orjson
     import polars as pl
     import yaml
-    from matplotlib.ticker import MaxNLocator
 
     ROOT = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
-    from apps.shared import (figure, hub_cell, link, mean_ci, progress_html, run_status, signature, svg, tidy, utc,
-                             wandb_md, wandb_runs, wilson)
+    from apps.shared import (STEP, answers_html, eval_answers, figure, fit_axes, hub_cell, link, mean_ci, progress_html,
+                             run_status, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
     from reef_lab.learning.experiment import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
@@ -160,21 +159,24 @@ def plot_run(run: dict):
     line where a release went live; 1080 x 560 px."""
     fig, axes = figure(1080, 560, 2, 3)
     steps = run["steps"]
+    released = [s for s in run["releases"]["trainer_step"].to_list() if s is not None]
     for ax, (col, title) in zip(axes.flat, PANELS, strict=True):
         if col == "accuracy":
             xs, ys, lo, hi = accuracy_points(run)
             if xs:
                 bars = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4)
                 bars.lines[2][0].set_gid("accuracy-ci")  # the interval bars
+            fit_axes(ax, xs + released, None)
             ax.set_ylim(-0.02, max([0.2] + [y + h for y, h in zip(ys, hi, strict=True)]) * 1.05)
         else:
             data = steps.filter(pl.col(col).is_not_null())
-            ax.plot(data["trainer_step"].to_list(), data[col].to_list(), marker=".", linestyle="-")
-        for step in run["releases"]["trainer_step"].to_list():
+            xs, ys = data["trainer_step"].to_list(), data[col].to_list()
+            ax.plot(xs, ys, marker=".", linestyle="-")
+            fit_axes(ax, xs + released, ys)
+        for step in released:
             ax.axvline(step, color="grey", linestyle="--", alpha=0.5)
         ax.set_title(title)
-        ax.set_xlabel("policy step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(STEP)
     return fig
 
 
@@ -204,6 +206,7 @@ def plot_compare(runs: list[dict]):
     for r in runs:
         groups.setdefault(group_key(r["config"]), []).append(r)
     names = [g.rsplit("-", 1)[0] for g in groups]
+    drawn: dict = {ax: [] for ax in axes.flat}  # every value drawn on each panel, for its axes
     for k, (key, members) in enumerate(groups.items()):
         colour = f"C{k}"
         name = key if names.count(names[k]) > 1 else names[k]
@@ -212,18 +215,23 @@ def plot_compare(runs: list[dict]):
             series = [by_step(r, col) for r in members]
             for s in series:
                 ax.plot(list(s), list(s.values()), color=colour, alpha=0.35, linewidth=1)
+                drawn[ax].append((list(s), list(s.values())))
             xs = sorted(set().union(*series))
             stats = [mean_ci([s[x] for s in series if x in s]) for x in xs]
             means = [m for m, _ in stats]
-            line, = ax.plot(xs, means, color=colour, linewidth=2.5, label=f"{name} (n={len(members)}): mean ± 95% CI")
+            line, = ax.plot(xs, means, color=colour, linewidth=2.5, marker="o" if len(xs) == 1 else None,
+                            label=f"{name} (n={len(members)}): mean ± 95% CI")
             line.set_gid(f"mean-{key}")
             if len(members) > 1:
                 band = ax.fill_between(xs, [m - h for m, h in stats], [m + h for m, h in stats], color=colour,
                                        alpha=0.18, linewidth=0)
                 band.set_gid(f"band-{key}")
+                drawn[ax] += [(xs, [m - h for m, h in stats]), (xs, [m + h for m, h in stats])]
+            drawn[ax].append((xs, means))
             ax.set_title(title)
-            ax.set_xlabel("policy step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel(STEP)
+    for ax, lines in drawn.items():
+        fit_axes(ax, [x for xs, _ in lines for x in xs], [y for _, ys in lines for y in ys])
     axes.flat[0].legend(loc="upper left")
     return fig
 
@@ -285,6 +293,26 @@ def releases_html(run: dict) -> str:
     head = "".join(f"<th style='text-align:left; padding-right:1.5em'>{h}</th>" for h in
                    ("release", "parent", "policy step", "held-out", "95% CI", "released (UTC)", "Hub revision"))
     return f"<table id='sao-releases'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+@app.function
+def answers_by_candidate_html(run: dict) -> str:
+    """Each evaluation's sample held-out answers next to its score: the base model, then every candidate (and the
+    release it became), newest first; from the release index (the first 8 items of each evaluation)."""
+    index = run["index"]
+    version = {r["candidate"]: r["version"] for r in index["releases"]}
+    blocks = []
+    for c in reversed(index["candidates"]):
+        ev = c.get("eval") or {}
+        acc = "" if ev.get("accuracy") is None else f": held-out accuracy <b>{ev['accuracy']:.3f}</b> of {ev.get('n')}"
+        rel = f" → release <b>{html.escape(version[c['id']])}</b>" if c["id"] in version else ""
+        blocks.append(answers_html(f"candidate {html.escape(c['id'])} (policy step {c.get('trainer_step')}, "
+                                   f"{html.escape(str(c.get('status')))}){rel}{acc}", eval_answers(ev)))
+    base = index.get("base_eval")
+    if base:
+        blocks.append(answers_html(f"base model: held-out accuracy <b>{base['accuracy']:.3f}</b> of {base.get('n')}",
+                                   eval_answers(base)))
+    return f"<div id='sao-answers'>{''.join(blocks)}</div>" if blocks else "<p><i>No evaluation yet.</i></p>"
 
 
 @app.cell
@@ -503,6 +531,8 @@ def _(get_shown, run_ui):
              mo.md("### Releases"), mo.Html(releases_html(run)),
              mo.md("### Candidates"),
              mo.ui.table(tidy(_cands), selection=None, show_column_summaries=False, show_data_types=False),
+             mo.md("### Sample answers: each candidate's held-out answers next to its score (click to open)"),
+             mo.Html(answers_by_candidate_html(run)),
              mo.md("### Steps"),
              mo.ui.table(tidy(run["steps"]), selection=None, show_column_summaries=False, show_data_types=False)]
             + ([mo.md(f"### Errors\n{run['errors']}")] if run["errors"] else []))

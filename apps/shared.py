@@ -21,6 +21,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
+
+from reef_lab.learning import heartbeat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +43,47 @@ def figure(width_px: int, height_px: int, rows: int = 1, cols: int = 1):
     """A matplotlib figure of the given on-screen size (px) in the apps' style, and its axes."""
     fig, axes = plt.subplots(rows, cols, figsize=(width_px / PX_PER_INCH, height_px / PX_PER_INCH), squeeze=False)
     return fig, axes
+
+
+# Every chart's x axis that counts steps is the policy step as the runs' metrics rows number it: a weight run's
+# `trainer_step` (the base model at 0), a TTT-Discover row's `step` (1 after the first policy update; the archive's
+# initial states at 0, a state sampled during row k's step at k).
+STEP = "policy step"
+
+
+class PlainFormatter(Formatter):
+    """Each tick labelled with its own value (6 significant digits, an exponent only where the value needs one):
+    no shared offset or multiplier text at the axis's end ("1e-7+3e-1")."""
+
+    def __call__(self, x, pos=None) -> str:
+        lo, hi = self.axis.get_view_interval()
+        if abs(x) < 1e-9 * max(abs(lo), abs(hi)):  # 0 up to the tick arithmetic's rounding
+            x = 0.0
+        return f"{x:.6g}".replace("-", "\u2212")
+
+
+def fit_axes(ax, xs=None, ys=None, *, integer_x: bool = True, integer_y: bool = False) -> None:
+    """The one axis set-up every chart uses, after its data are drawn: integer ticks on a step (or count) axis, no
+    offset labels ("1e-7+3e-1"), and a readable range around a single point or a constant series (matplotlib would
+    zoom into rounding noise, or tick a single step from -0.045 to 0.045). `xs`, `ys`: the values drawn (None:
+    leave that axis alone); `integer_x`, `integer_y`: that axis counts (steps, calls, ids)."""
+    for axis, values, integer in ((ax.xaxis, xs, integer_x), (ax.yaxis, ys, integer_y)):
+        if values is None:
+            continue
+        if integer:
+            axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        if axis.get_scale() != "linear":
+            continue
+        axis.set_major_formatter(PlainFormatter())
+        vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+        if not vals:
+            continue
+        lo, hi = min(vals), max(vals)
+        if hi - lo > 1e-3 * max(abs(lo), abs(hi)):
+            continue  # a real spread: matplotlib's own margins
+        mid = (lo + hi) / 2
+        pad = 0.5 if integer else (0.1 * abs(mid) if mid else 0.5)
+        (ax.set_xlim if axis is ax.xaxis else ax.set_ylim)(mid - pad, mid + pad)
 
 
 def svg(fig, fig_id: str):
@@ -164,33 +208,40 @@ def signature(root: str | Path | None, names: tuple[str, ...], max_depth: int = 
     return tuple(sorted(out))
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, exited but not yet waited for, does not)."""
+def pid_file_alive(pid_file: Path) -> bool:
+    """Whether the process a launcher's pid file names runs, and is the one it started: a process that started after
+    the file was written has only been given the same pid."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+        pid = int(pid_file.read_text().strip() or 0)
+        written = pid_file.stat().st_mtime
+        ticks = heartbeat.process_start(pid) if pid > 0 else None
+        btime = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+    except (OSError, ValueError, StopIteration):
         return False
-    except OSError:  # no /proc (not Linux): ask the kernel
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
+    return ticks is not None and btime + ticks / os.sysconf("SC_CLK_TCK") <= written + 2
 
 
 def run_status(folder: str | Path, finished: bool, activity: list[Path], quiet_s: float = 180) -> str:
-    """finished, running, failed or stopped: from the summary, the launcher's pid file, the run's log and when its
-    files last changed."""
+    """running, finished, failed (with the error) or stopped (with its last sign of life), from the run's heartbeat
+    (reef_lab.learning.heartbeat: every experiment writes one), its summary (`finished`), the launcher's pid file
+    (an app-launched run before its heartbeat starts) and its log. A folder without a heartbeat (a run from before
+    heartbeats) is judged by when its `activity` files last changed."""
     folder = Path(folder)
+    beat = heartbeat.read(folder)
+    if beat is not None and heartbeat.alive(beat):
+        return "running"
     if finished:
         return "finished"
-    pid_file = folder / "run.pid"
-    if pid_file.exists() and pid_alive(int(pid_file.read_text().strip() or 0)):
+    if beat is not None and beat.get("state") == "failed":
+        return "failed: " + str(beat.get("error"))[:200]
+    if pid_file_alive(folder / "run.pid"):
         return "running"
     log = folder / "run.log"
     tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
     if "Traceback (most recent call last)" in tail:
         return "failed: " + tail.strip().splitlines()[-1][:200]
+    if beat is not None:
+        return f"stopped (last heartbeat {utc(beat.get('beat_at'))} UTC)"
     times = [p.stat().st_mtime for p in activity if p.exists()]
     if times and time.time() - max(times) < quiet_s:
         return "running"
@@ -201,3 +252,34 @@ def progress_html(done: int, total: int, unit: str) -> str:
     pct = 100 * done / total if total else 0
     return (f"<progress value='{done}' max='{max(total, 1)}' style='width: 14em; vertical-align: middle'></progress>"
             f" <b>{done} of {total} {unit}</b> ({pct:.0f}%)")
+
+
+def answers_html(summary: str, answers: list[dict], open_: bool = False) -> str:
+    """A collapsible block of sample answers with their scores: `summary` (one line, HTML) over a table of `answers`
+    (dicts of item, question, expected, answer, score, feedback; the columns any of them has), wrapped."""
+    cols = [c for c in ("item", "question", "expected", "answer", "score", "feedback") if any(c in a for a in answers)]
+    cell = "padding: 2px 10px; vertical-align: top; white-space: pre-wrap; overflow-wrap: anywhere"
+    width = {"question": "max-width: 26em", "answer": "max-width: 30em", "feedback": "max-width: 24em"}
+
+    def shown(a: dict, c: str) -> str:
+        v = a.get(c)
+        if v is None:
+            return ""
+        if c == "score":
+            ok = "background: #dafbe1" if isinstance(v, (int, float)) and v > 0 else "background: #ffebe9"
+            return f"<td style='{cell}; text-align: right; {ok}'>{format(v, 'g')}</td>"
+        return f"<td style='{cell}; {width.get(c, '')}'>{html.escape(str(v))}</td>"
+
+    head = "".join(f"<th style='text-align: left; padding: 2px 10px'>{c}</th>" for c in cols)
+    rows = "".join("<tr style='border-bottom: 1px solid #e5e7eb'>" + "".join(shown(a, c) or f"<td style='{cell}'></td>"
+                                                                            for c in cols) + "</tr>"
+                   for a in answers)
+    table = (f"<table class='sample-answers' style='width: auto'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
+             "</table>" if answers else "<p><i>No answers saved.</i></p>")
+    return f"<details{' open' if open_ else ''}><summary>{summary}</summary>{table}</details>"
+
+
+def eval_answers(ev: dict | None) -> list[dict]:
+    """The sample held-out answers an evaluation kept (reef_lab.learning.evaluation: the first 8 items)."""
+    return [{"item": e.get("id"), "expected": e.get("answer"), "answer": e.get("text"), "score": e.get("score")}
+            for e in (ev or {}).get("examples") or []]

@@ -27,7 +27,8 @@ with app.setup:
     ROOT = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(ROOT))
 
-    from apps.shared import figure, progress_html, run_status, signature, svg, tidy, wandb_md, wandb_runs
+    from apps.shared import (STEP, figure, fit_axes, progress_html, run_status, signature, svg, tidy, wandb_md,
+                             wandb_runs)
     from recipes.tttd.archive import Archive
     from recipes.tttd.problems import make_problem
     from reef_lab.learning.experiment import launch_detached
@@ -61,6 +62,14 @@ def load_run(run_dir: str) -> dict | None:
 
 
 @app.function
+def status_of(run_dir: str) -> str:
+    """running, finished, failed or stopped (apps.shared.run_status: the run's heartbeat first)."""
+    learn = sorted(Path(run_dir).glob("data/learn/*/archive.json"))
+    activity = [learn[0].parent / f for f in ("metrics.jsonl", "archive.json")] if learn else []
+    return run_status(run_dir, (Path(run_dir) / "summary.json").exists(), activity)
+
+
+@app.function
 def circles_of(solution: str, problem: dict) -> list[tuple[float, float, float]] | None:
     """The circles a solution stands for, as the run's problem verifies it (a program runs in the sandbox)."""
     try:
@@ -81,8 +90,10 @@ def plot_progress(run: dict):
     known = next((r.get("best_known") for r in rows if r.get("best_known")), None)
     if known:
         ax.axhline(known, color="black", ls="--", lw=1, label=f"best known {known:.4f}")
-    ax.set(xlabel="policy step", ylabel="reward (sum of radii; invalid = 0)", title="reward")
+    ax.set(xlabel=STEP, ylabel="reward (sum of radii; invalid = 0)", title="reward")
     ax.legend(loc="lower right")
+    fit_axes(ax, steps, [r[k] for r in rows for k in ("best_reward", "mean_reward", "step_best")] + [known or None])
+    betas = [b for r in rows for b in (r.get("betas") or []) if b is not None]
     for r in rows:
         for g, beta in enumerate(r.get("betas") or []):
             if beta is not None:
@@ -91,10 +102,18 @@ def plot_progress(run: dict):
         if dropped:
             bx.annotate(f"{dropped} dropped", (r["step"], 0), fontsize=11, ha="center", va="bottom",
                         xycoords=("data", "axes fraction"))
-    bx.set(xlabel="policy step", ylabel="beta (KL = ln 2)", title="beta per group (colour: group)")
-    if any(b for r in rows for b in (r.get("betas") or []) if b):
+    bx.set(xlabel=STEP, ylabel="beta (KL = ln 2)", title="beta per group (colour: group)")
+    if any(betas):
         bx.set_yscale("log")
+    fit_axes(bx, steps, betas)
     return svg(fig, "ttt-progress")
+
+
+@app.function
+def row_step(state) -> int:
+    """The metrics row (`step`) whose sampling made `state`: the archive counts from 0 (-1: an initial state), the
+    rows from 1, and every chart numbers steps as the rows do."""
+    return state.step + 1
 
 
 @app.function
@@ -108,18 +127,19 @@ def plot_tree(archive: Archive):
     for s in states.values():
         if s.parent in states:
             p = states[s.parent]
-            ax.plot([p.step, s.step], [p.reward, s.reward], color="0.7", lw=0.8, zorder=1)
-    xs = [s.step for s in states.values()]
+            ax.plot([row_step(p), row_step(s)], [p.reward, s.reward], color="0.7", lw=0.8, zorder=1)
+    xs = [row_step(s) for s in states.values()]
     ys = [s.reward for s in states.values()]
     cs = [scores.get(s.id, 0) for s in states.values()]
     pts = ax.scatter(xs, ys, c=cs, cmap="viridis", s=36, zorder=2)
     ring = [s for s in states.values() if s.id in chosen]
-    ax.scatter([s.step for s in ring], [s.reward for s in ring], facecolors="none", edgecolors="red", s=110,
+    ax.scatter([row_step(s) for s in ring], [s.reward for s in ring], facecolors="none", edgecolors="red", s=110,
                zorder=3, label="PUCT's next parents")
     fig.colorbar(pts, ax=ax, label="PUCT score")
-    ax.set(xlabel="policy step that made the state (-1: initial)", ylabel="reward",
+    ax.set(xlabel=f"{STEP} that sampled the state (0: initial)", ylabel="reward",
            title=f"archive: {len(states)} states, {archive.expansions} expansions")
     ax.legend(loc="lower right")
+    fit_axes(ax, xs, ys)
     return svg(fig, "ttt-tree")
 
 
@@ -215,7 +235,8 @@ def _(get_runs):
 @app.cell
 def _(get_sig, refresh_ui, run_ui, set_sig):
     refresh_ui.value
-    _sig = (run_ui.value, signature(run_ui.value, STATE_FILES)) if run_ui.value else ()
+    # the status too: a run that dies (or goes quiet while alive) changes it without writing a file
+    _sig = (run_ui.value, signature(run_ui.value, STATE_FILES), status_of(run_ui.value)) if run_ui.value else ()
     if _sig != get_sig():
         set_sig(_sig)  # the views below redraw only now
     return
@@ -236,8 +257,7 @@ def _(run):
         _cfg = (run["config"].get("config") or {})
         _steps = int(_cfg.get("steps") or 0) or max((r["step"] for r in run["rows"]), default=0)
         _done = int(run["state"].get("step", 0))
-        _status = run_status(run["dir"], run["summary"] is not None,
-                             [Path(run["folder"]) / f for f in ("metrics.jsonl", "archive.json")])
+        _status = status_of(run["dir"])
         _best = run["archive"].best()
         _known = next((r.get("best_known") for r in run["rows"] if r.get("best_known")), None)
         _last = run["rows"][-1] if run["rows"] else {}

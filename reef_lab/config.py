@@ -16,8 +16,11 @@ import yaml
 
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
+from reef_lab.engines.upstream import UPSTREAM_DIALECTS
 from reef_lab.errors import ReefError
 from reef_lab.learning.recipe import load_recipe
+from reef_lab.plugins import code_paths
+from reef_lab.records.retention import RetentionConfig, RetentionPolicy
 
 
 @dataclass
@@ -56,9 +59,23 @@ class ServeConfig:
         "help": "model name sent upstream (replaces the client's 'model'); default: the client's"})
     upstream_timeout: float = field(default=120.0, metadata={
         "help": "seconds to wait for the upstream provider before answering 504"})
+    upstream_dialect: str | None = field(default=None, metadata={
+        "help": "the dialect the upstream provider speaks: anthropic (/v1/messages), openai-chat "
+                "(/v1/chat/completions: vLLM, SGLang, llama.cpp, most open-model hosts) or openai-responses "
+                "(/v1/responses); requests in another dialect are translated, answers and streams translated back "
+                "(docs/relay.md). Default: none, each request goes to the provider in its client's own dialect, "
+                "untranslated (nothing is probed)"})
+    upstream_key_from_client: bool = field(default=False, metadata={
+        "help": "bring your own key: when reef_lab holds no provider key (REEF_UPSTREAM_API_KEY unset), send the "
+                "client's own x-api-key or 'Authorization: Bearer' to the provider. reef_lab's own token (REEF_TOKEN) "
+                "is never sent on; with REEF_TOKEN set, a client sends it in the other of the two headers"})
     model_path: str | None = field(default=None, metadata={
         "help": "serve another local model (a transformers folder or a .gguf file) instead of the embedded "
                 "default SmolLM2-135M-Instruct"})
+    tool_template: str = field(default="auto", metadata={
+        "help": "chat template of requests with tools (embedded, vllm, sglang engines): auto (the model's own when it "
+                "renders tools, else reef_lab/engines/templates/tool_call.jinja, Hermes-style <tool_call>), model (the "
+                "model's own, which must render tools) or a Jinja file; see docs/tools.md"})
     max_batch: int = field(default=16, metadata={"help": "most requests the embedded engine decodes together"})
     threads: int = field(default=32, metadata={
         "help": "requests in progress at once per worker (each open stream holds one until it ends); more wait"})
@@ -94,6 +111,27 @@ class ServeConfig:
         "help": "largest POST /reef/records/batch body, in MB (413 beyond)"})
     max_json_depth: int = field(default=64, metadata={
         "help": "deepest nesting of objects and arrays a JSON body may have (400 beyond)"})
+    retain_max_bytes: str | None = field(default=None, metadata={
+        "help": "keep the data dir's records (Parquet segments and logs) under this size, e.g. 20GB: a rolled "
+                "segment is evicted once the records newer than it hold this much (so the limit is exceeded by "
+                "less than one segment or log per worker writing logs, plus records learners or release lineage "
+                "still need; docs/records.md#retention); default: no limit"})
+    retain_max_age: str | None = field(default=None, metadata={
+        "help": "evict rolled records once older than this, e.g. 30d or 12h (a segment goes when its newest record "
+                "is that old); default: no limit"})
+    retain_max_records: int | None = field(default=None, metadata={
+        "help": "keep at least the newest this many records and evict older rolled segments beyond it; default: "
+                "no limit"})
+    retain_scenarios: str | None = field(default=None, metadata={
+        "help": "tighter limits for some scenarios: a YAML/JSON mapping (inline or a file) of scenario names or "
+                "fnmatch patterns to {max_bytes, max_age, max_records}, e.g. '{\"eval-*\": {max_age: 1d}}'; they "
+                "evict only that scenario's records and never keep any past the data dir's limits"})
+    retain_interval: float = field(default=60.0, metadata={
+        "help": "seconds between retention rounds (one also runs after every roll into Parquet)"})
+    roll_records: int = field(default=20_000, metadata={
+        "help": "records per log before it is rolled into a Parquet segment (the unit retention evicts)"})
+    roll_mb: float = field(default=64.0, metadata={
+        "help": "MB of log before it is rolled into a Parquet segment, whichever of the two comes first"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
 
     def __post_init__(self) -> None:
@@ -103,10 +141,19 @@ class ServeConfig:
             raise ValueError("upstream_model needs upstream_url: name the provider to send the model name to")
         if self.upstream_url and self.model_path:
             raise ValueError("give either upstream_url (proxy a provider) or model_path (serve a local model)")
+        if self.upstream_dialect is not None and self.upstream_dialect not in UPSTREAM_DIALECTS:
+            raise ValueError(f"upstream_dialect must be one of {', '.join(UPSTREAM_DIALECTS)}, got "
+                             f"{self.upstream_dialect!r}")
+        if (self.upstream_dialect or self.upstream_key_from_client) and not self.upstream_url:
+            raise ValueError("upstream_dialect and upstream_key_from_client need upstream_url: they describe the "
+                             "provider reef_lab relays to")
         if self.upstream_url and not self.upstream_url.startswith(("http://", "https://")):
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
+        if self.tool_template not in ("auto", "model") and not Path(self.tool_template).is_file():
+            raise ValueError(f"tool_template must be auto, model or a Jinja template file; {self.tool_template!r} is "
+                             "not a file")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
         self.engine_settings()
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
@@ -132,6 +179,12 @@ class ServeConfig:
                              f"the JSON writer stops at 254), got {self.max_json_depth}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
+        if not 1 <= self.retain_interval <= 86_400:
+            raise ValueError(f"retain_interval must be 1..86400 seconds, got {self.retain_interval}")
+        if self.roll_records < 1 or not 0 < self.roll_mb <= 4096:
+            raise ValueError(f"roll_records must be at least 1 and roll_mb in (0, 4096], got {self.roll_records} "
+                             f"and {self.roll_mb}")
+        self.retention_config()  # a bad size, duration or override is refused at start
 
     def engine_name(self) -> str:
         return self.engine or ("upstream" if self.upstream_url else "embedded")
@@ -149,11 +202,83 @@ class ServeConfig:
         """The recipe config as a mapping."""
         return _mapping(self.recipe_config, "recipe_config", "the recipe's config fields")
 
+    def retention_config(self) -> RetentionConfig:
+        """The operator's retention: the data dir's limits and the per-scenario ones (none: keep everything)."""
+        policy = RetentionPolicy.parse(self.retain_max_bytes, self.retain_max_age, self.retain_max_records,
+                                       where="retain_")
+        return RetentionConfig.from_mapping(policy, _mapping(self.retain_scenarios, "retain_scenarios",
+                                                             "scenario names to limits"), self.retain_interval)
+
+    def roll_bytes(self) -> int:
+        return int(self.roll_mb * (1 << 20))
+
     def allowed_recipe_list(self) -> list[str]:
         return [r.strip() for r in (self.allowed_recipes or "").split(",") if r.strip()]
 
+    def code_paths(self) -> list[str]:
+        """Every module:Class this deployment's operator named (options, recipe config, engine options, allowed
+        recipes): all that the plug-in loader may import in a server process (reef_lab.plugins.restrict_to)."""
+        named = [self.to_dict(), self.recipe_settings(), self.engine_settings(), self.allowed_recipe_list()]
+        return [path for _, path in code_paths(named)]
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config file or inline mapping (-c, --recipe-config, --engine-options)
+MAX_CONFIG_DEPTH = 64  # nested mappings and lists in one
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses, at parse time and with the line, nesting deeper than MAX_CONFIG_DEPTH (its
+    composer recurses once per level: 10,000 levels were a RecursionError) and aliases (an alias repeats a subtree,
+    so ten levels of ten would be 10^10 nodes once the config is passed on as JSON)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise ValueError(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not supported "
+                             "in a config; write the value out")
+        nests = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+        self.depth += nests
+        try:
+            if self.depth > MAX_CONFIG_DEPTH:
+                raise ValueError(f"line {event.start_mark.line + 1}: nested deeper than {MAX_CONFIG_DEPTH} levels "
+                                 "of mappings and lists")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nests
+
+
+def load_config_text(text: str, name: str) -> object:
+    """A YAML/JSON config's value, refused with a message naming `name` and the limit when it is over
+    MAX_CONFIG_BYTES, nested deeper than MAX_CONFIG_DEPTH or not YAML."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{name} is {size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes (1 MB)")
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{name} is not YAML/JSON: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def read_config_file(path: str, name: str) -> object:
+    """load_config_text of a file, its size checked before it is read."""
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{name} file {path!r} is {size:,} bytes; a config may be at most "
+                             f"{MAX_CONFIG_BYTES:,} bytes (1 MB)")
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{name} file {path!r} cannot be read: {e}") from None
+    return load_config_text(text, f"{name} file {path!r}")
 
 
 def _mapping(value, name: str, what: str) -> dict:
@@ -161,17 +286,14 @@ def _mapping(value, name: str, what: str) -> dict:
     if value is None or isinstance(value, dict):
         return dict(value or {})
     if value.lstrip().startswith("{"):
-        try:
-            data = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{name} is not a YAML/JSON mapping: {e}") from None
+        data = load_config_text(value, name)
     else:
         if not Path(value).is_file():
             raise ValueError(f"{name} file {value!r} does not exist (give a YAML/JSON file or an inline mapping "
                              "'{key: value}')")
-        data = yaml.safe_load(Path(value).read_text()) or {}
+        data = read_config_file(value, name) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{name} ({value!r}) must hold a mapping of {what}")
+        raise ValueError(f"{name} ({value[:200]!r}) must hold a mapping of {what}")
     return data
 
 
@@ -235,7 +357,7 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
 
 
 def _read_config_file(path: str) -> dict:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_config_file(path, "-c") or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of option names to values")
     names = {f.name for f in fields(ServeConfig)}
@@ -292,9 +414,10 @@ def describe_config(cfg: ServeConfig, recipe_config) -> str:
             out.append("recipe_config:" + ("" if recipe_config is not None else " null"))
             if recipe_config is not None:
                 out += _describe(recipe_config, "  ")
-        elif f.name == "engine_options":
+        elif f.name in ("engine_options", "retain_scenarios"):
             out.append(f"# {f.metadata['help']}")
-            out.append(f"engine_options: {_inline(cfg.engine_settings() or None)}")
+            value = cfg.engine_settings() if f.name == "engine_options" else _mapping(cfg.retain_scenarios, f.name, "")
+            out.append(f"{f.name}: {_inline(value or None)}")
         else:
             out.append(f"# {f.metadata['help']}")
             out.append(f"{f.name}: {_inline(getattr(cfg, f.name))}")

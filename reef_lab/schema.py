@@ -14,6 +14,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Union
 
+from reef_lab.plugins import code_paths
+
 
 def check_fields(obj: Any, path: str = "") -> None:
     """Raise ValueError naming the first field of dataclass `obj` (at any depth) whose value does not fit."""
@@ -47,11 +49,24 @@ def build(cls: type, data: Any, where: str):
     return obj
 
 
-def check_client_fields(cls: type, data: Any, where: str = "config") -> None:
-    """Refuse a config a client sent (POST /reef/scenarios) that sets a field only the operator may set: one marked
-    `field(metadata={"operator": True})`, at any depth (a file to read or write, an endpoint and the environment
-    variable whose value is sent to it as a key), or that names code to import (`module:Class`) in a field marked
-    `code`. The operator sets those in --recipe-config."""
+def check_client_fields(cls: type | None, data: Any, where: str = "config") -> None:
+    """Refuse a config a client sent (POST /reef/scenarios, or a client's scenario read back at start) that names code
+    or sets a field only the operator may set; the operator sets those in --recipe-config.
+
+    Code, by default deny: any string at any depth (keys included, whatever the field) that the plug-in loader would
+    import (reef_lab.plugins.names_code), so a field added later cannot let a client choose code. Operator-only: a
+    field marked `field(metadata={"operator": True})` at any depth of `cls`'s schema (a file to read or write, an
+    endpoint and the environment variable whose value is sent to it as a key, the sandbox's limits)."""
+    named = code_paths(data, where)
+    if named:
+        at, path = named[0]
+        raise ValueError(f"{at} = {path[:80]!r} names code to import (module:Class), which only the server's "
+                         "operator may do (--recipe-config); a client may use the short names")
+    if cls is not None and is_dataclass(cls):
+        _check_operator_fields(cls, data, where)
+
+
+def _check_operator_fields(cls: type, data: Any, where: str) -> None:
     if not isinstance(data, dict):
         return
     by_name = {f.name: f for f in fields(cls)}
@@ -62,12 +77,9 @@ def check_client_fields(cls: type, data: Any, where: str = "config") -> None:
         if f.metadata.get("operator"):
             raise ValueError(f"{where}.{key} can be set only by the server's operator (--recipe-config), not by "
                              "a client")
-        if f.metadata.get("code") and isinstance(value, str) and ":" in value:
-            raise ValueError(f"{where}.{key} = {value[:80]!r} names code to import (module:Class), which only the "
-                             "server's operator may do (--recipe-config); a client may use the short names")
         schema = f.metadata.get("schema")
         if schema is not None and isinstance(value, dict):
-            check_client_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")
+            _check_operator_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")
 
 
 def check_type(value: Any, tp: Any, where: str) -> None:

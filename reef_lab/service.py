@@ -29,4 +29,5 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
                               mode=cfg.wandb_mode)
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
-                   allowed_recipes=cfg.allowed_recipe_list())
+                   allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
+                   roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes())

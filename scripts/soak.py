@@ -14,6 +14,15 @@ their allocators' arenas into the process once (tens of MB). What it shows, per 
 requests' p50/p99 and the errors. Afterwards: `--reads` records read by id one at a time (GET /reef/scenarios/{s}/records/{id})
 before a restart and after it (the restart rolls every log into Parquet, so afterwards each read comes from a
 segment through the on-disk index).
+
+With retention (`--retain-max-bytes`, `--retain-max-age`, `--retain-max-records`, passed on to serve.py, and
+`--roll-records` for segments small enough to see several): the records folder's size is sampled with memory, and
+when the load ends the script reads /reef/status's eviction counts and every acknowledged record still stored, and
+checks that none the policy keeps is missing: the newest `--retain-max-records` and those younger than
+`--retain-max-age` (less a margin), in `retention` of soak.json and a section of soak.md.
+
+    .venv/bin/python scripts/soak.py --warmup-minutes 0 --minutes 2 --roll-records 1000 --retain-max-records 6000 \
+        --retain-max-age 60s --out /tmp/soak-retention
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import argparse
 import http.client
 import json
 import multiprocessing as mp
+import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reef_lab import procs  # noqa: E402
+from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
+from reef_lab.records.segments import collect_records  # noqa: E402
 from reef_lab.testing import free_port  # noqa: E402
 
 SCENARIO = "soak"
@@ -67,6 +80,28 @@ def workers_of(pid: int) -> list[int]:
     return sorted(procs.children(pid))
 
 
+def records_size(data_dir: Path) -> dict:
+    """Bytes of the records folder's segments and logs (what retention limits), and the largest segment."""
+    segs, logs = [], []
+    for p in (data_dir / "records").iterdir() if (data_dir / "records").exists() else ():
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:  # rolled or evicted meanwhile
+            continue
+        if p.name.startswith("seg-") and p.name.endswith(".parquet"):
+            segs.append(size)
+        elif p.name.startswith("log-"):
+            logs.append(size)
+    return {"segments": sum(segs), "logs": sum(logs), "total": sum(segs) + sum(logs), "n_segments": len(segs),
+            "largest_segment": max(segs, default=0), "largest_log": max(logs, default=0)}
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> dict | None:
     """Resident memory in MB: all of it, its anonymous part (heaps: what a leak grows) and its file-backed part
     (pages of mapped files, shared libraries' code among them: polars' Parquet writer first touched at the first
@@ -81,10 +116,10 @@ def rss_mb(pid: int) -> dict | None:
 
 
 # ---- the load (a child process, so its CPU use does not share a GIL with the sampler) ------------------------
-def _load(port: int, clients: int, rate: float, seconds: float, q) -> None:
+def _load(port: int, clients: int, rate: float, seconds: float, q, recent_reads: bool = False) -> None:
     procs.die_with_parent()  # a multiprocessing child: gone with the soak, kill -9 included
     interval = clients * 2 / rate  # each cycle is two requests (a chat and its report), or three
-    lock, events, receipts = threading.Lock(), [], []
+    lock, events, receipts, acknowledged = threading.Lock(), [], [], []
 
     def call(c, method, path, body=None) -> tuple[int, bytes, dict]:
         c.request(method, path, None if body is None else json.dumps(body).encode(), HEADERS)
@@ -96,6 +131,7 @@ def _load(port: int, clients: int, rate: float, seconds: float, q) -> None:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         t_start = time.perf_counter()
         nxt, end, cycle, mine, got = t_start + rng.uniform(0, interval), t_start + seconds, 0, [], []
+        reported = []
         while True:
             now = time.perf_counter()
             if nxt > now:
@@ -118,12 +154,15 @@ def _load(port: int, clients: int, rate: float, seconds: float, q) -> None:
                 if rid:
                     got.append(rid)
                     t0 = time.perf_counter()
-                    status, _, _ = call(c, "POST", "/reef/report", {"score": rng.random(), "feedback": "fine",
-                                                                   "references": [rid]})
+                    status, data, _ = call(c, "POST", "/reef/report", {"score": rng.random(), "feedback": "fine",
+                                                                      "references": [rid]})
                     mine.append((t0, time.perf_counter() - t0, "report", status == 200))
+                    if status == 200:
+                        reported.append(json.loads(data)["agent_record_id"])
                 if cycle % 10 == 0 and got:
                     t0 = time.perf_counter()
-                    status, _, _ = call(c, "GET", f"/reef/scenarios/{SCENARIO}/records/{rng.choice(got)}")
+                    pick = rng.choice(got[-20:] if recent_reads else got)  # older ones may be evicted
+                    status, _, _ = call(c, "GET", f"/reef/scenarios/{SCENARIO}/records/{pick}")
                     mine.append((t0, time.perf_counter() - t0, "read", status == 200))
             except OSError as e:
                 mine.append((time.perf_counter(), 0.0, f"error {type(e).__name__}", False))
@@ -133,10 +172,11 @@ def _load(port: int, clients: int, rate: float, seconds: float, q) -> None:
         with lock:
             events.extend(mine)
             receipts.extend(got)
+            acknowledged.extend(got + reported)
     ts = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     [t.start() for t in ts]
     [t.join() for t in ts]
-    q.put((events, receipts))
+    q.put((events, receipts, acknowledged))
 
 
 def read_latencies(port: int, ids: list[str], rounds: int = 2) -> list[float]:
@@ -172,7 +212,21 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=500, help="records read by id before and after the restart")
     ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.json, soak.png")
     ap.add_argument("--server-args", default="", help="extra scripts/serve.py flags, e.g. '--http-server granian'")
+    ap.add_argument("--retain-max-bytes", help="serve.py's retention limit; checked afterwards (see above)")
+    ap.add_argument("--retain-max-age", help="serve.py's retention limit; checked afterwards")
+    ap.add_argument("--retain-max-records", type=int, help="serve.py's retention limit; checked afterwards")
+    ap.add_argument("--roll-records", type=int, help="serve.py's records per log (segment size)")
+    ap.add_argument("--recent-reads", action="store_true",
+                    help="read back one of the client's 20 newest receipts instead of any (on with a retain limit)")
+    ap.add_argument("--keep-work", action="store_true", help="keep the temporary data dir and logs")
+    ap.add_argument("--retain-interval", type=float, default=5.0,
+                    help="serve.py's seconds between retention rounds (with a retain limit)")
     args = ap.parse_args()
+    retain = [f for k in ("retain_max_bytes", "retain_max_age", "retain_max_records", "roll_records")
+              if getattr(args, k) is not None for f in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]
+    limits = any(getattr(args, k) is not None for k in ("retain_max_bytes", "retain_max_age", "retain_max_records"))
+    if limits:
+        retain += ["--retain-interval", str(args.retain_interval)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="reef-soak-"))
@@ -180,7 +234,9 @@ def main() -> None:
     py = sys.executable
     stub = start([py, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)], work / "stub.log")
     serve_cmd = [py, "scripts/serve.py", "--port", str(port), "--data-dir", str(work / "data"), "--upstream-url",
-                 f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *args.server_args.split()]
+                 f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *retain, *args.server_args.split()]
+    if retain:  # the eviction log lines are INFO
+        serve_cmd[serve_cmd.index("--log-level") + 1] = "info"
     server = start(serve_cmd, work / "server.log")
     try:
         wait_ready(port)
@@ -190,23 +246,32 @@ def main() -> None:
         print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
               f"requests/s, {args.clients} clients", file=sys.stderr, flush=True)
         q = mp.get_context("spawn").Queue()
-        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate, total * 60, q))
-        t0 = time.time()
+        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate, total * 60, q,
+                                                                   args.recent_reads or limits))
+        t0, cpu0 = time.time(), {p: cpu_s(p) for p in pids}
         load.start()
         samples = []  # (seconds since start, {pid: rss MB})
+        sizes = []  # (seconds since start, records_size)
         while load.is_alive() and time.time() - t0 < total * 60:  # not the load's wind-down
             samples.append((round(time.time() - t0, 1), {p: rss_mb(p) for p in pids}))
+            sizes.append((samples[-1][0], records_size(work / "data")))
             if len(samples) % 12 == 0:
                 print(f"[soak] {samples[-1][0] / 60:4.1f} min  MB (all/anon) " +
                       " ".join(f"{p}:{v['rss']}/{v['anon']}" for p, v in samples[-1][1].items() if v),
                       file=sys.stderr, flush=True)
             time.sleep(5)
-        events, receipts = q.get()
+        events, receipts, acknowledged = q.get()
         load.join()
+        server_cpu = round(sum(cpu_s(p) - cpu0[p] for p in pids), 2)  # the workers', over the load
+        retention = check_retention(args, port, work, acknowledged, sizes) if limits else None
         t_load = min(e[0] for e in events)
         print(f"[soak] load done: {len(events)} requests; reading {args.reads} records by id", file=sys.stderr,
               flush=True)
-        ids = random.Random(0).sample(receipts, min(args.reads, len(receipts)))
+        if retention is None:
+            ids = random.Random(0).sample(receipts, min(args.reads, len(receipts)))
+        else:  # the newest receipts still stored: older ones may be evicted while they are read
+            present = retention.pop("present")
+            ids = [r for r in sorted(receipts) if r in present][-args.reads:]
         before = read_latencies(port, ids)
         stop(server)
         server = start(serve_cmd, work / "server.log")
@@ -215,11 +280,52 @@ def main() -> None:
     finally:
         stop(server)
         stop(stub)
+    if not args.keep_work:  # kept (with server.log) when the run failed
+        shutil.rmtree(work, ignore_errors=True)
     report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
-    (out / "soak.json").write_text(json.dumps({**report, "samples": samples}, indent=1))
+    report["retention"] = retention
+    report["server_cpu_s"] = server_cpu
+    (out / "soak.json").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
     (out / "soak.md").write_text(render(report))
     plot(samples, report, out / "soak.png")
     print(render(report))
+
+
+def check_retention(args, port: int, work: Path, acknowledged: list[str], sizes: list) -> dict:
+    """After the load: wait for a retention round that started after it, then compare what is stored with what the
+    policy keeps, and the eviction counts with the files and the server's log."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def status() -> dict:
+        c.request("GET", "/reef/status")
+        return json.loads(c.getresponse().read())["retention"]
+    t_end = time.time()
+    deadline = t_end + 180
+    while (status()["last_round"] or {}).get("at", 0) < t_end + 1 and time.time() < deadline:
+        time.sleep(1)  # a round after every roll, and at least every --retain-interval seconds
+    now = time.time()
+    present = set(collect_records(work / "data", lambda lf: lf.select("id"))["id"].to_list())
+    final, st = records_size(work / "data"), status()
+    acked = sorted(acknowledged)  # server ids sort by the time they were made
+    keep = set(acked)
+    if args.retain_max_records is not None:
+        keep &= set(acked[-args.retain_max_records:])
+    if args.retain_max_age is not None:  # a margin for the time the check itself takes
+        cutoff = (now - parse_duration(args.retain_max_age) + 10) * 1000
+        keep &= {r for r in acked if int(r[4:16], 16) >= cutoff}
+    lines = sum(line.count(b"retention: segment ") for line in (work / "server.log").read_bytes().splitlines())
+    cap = parse_bytes(args.retain_max_bytes) if args.retain_max_bytes else None
+    slack = [(t, s["total"] - cap, s["largest_segment"]) for t, s in sizes] if cap else []
+    return {"present": present, "acknowledged": len(acked), "stored": len(present & set(acked)),
+            "must_keep": len(keep),
+            "missing": sorted(keep - present)[:20], "n_missing": len(keep - present),
+            "evicted": st["evicted"], "by_scenario": st["by_scenario"], "rounds": st["rounds"],
+            "retention_cpu_s": st["cpu_s"],
+            "log_lines": lines, "final_size": final, "cap_bytes": cap,
+            "max_total_bytes": max((s["total"] for _, s in sizes), default=0),
+            "max_segment_bytes": max((s["largest_segment"] for _, s in sizes), default=0),
+            "max_log_bytes": max((s["largest_log"] for _, s in sizes), default=0),
+            "max_over_cap_bytes": max((x for _, x, _ in slack), default=None)}
 
 
 def memory_table(samples, pids, warm: float) -> dict:
@@ -295,6 +401,20 @@ def render(r: dict) -> str:
               f"{rd['n']} records read one at a time (GET /reef/scenarios/soak/records/{{id}}, one keep-alive client):",
               f"before the restart p50 {rd['before_p50_ms']} ms (p99 {rd['before_p99_ms']}), after it p50 "
               f"{rd['after_p50_ms']} ms (p99 {rd['after_p99_ms']}): **{rd['ratio_p50']}x**.", ""]
+    ret = r.get("retention")
+    if ret:
+        ev = ret["evicted"]
+        lines += ["## Retention", "",
+                  f"{ret['acknowledged']:,} records acknowledged, {ret['stored']:,} still stored; the policy keeps "
+                  f"{ret['must_keep']:,} of them: **{ret['n_missing']} missing**.",
+                  f"Evicted (/reef/status): {ev['segments']} segments deleted, {ev['rewritten']} rewritten, "
+                  f"{ev['records']:,} records, {ev['bytes']:,} bytes in {ret['rounds']} rounds, which took "
+                  f"{ret['retention_cpu_s']} CPU seconds of the workers' {r['server_cpu_s']}; the server logged "
+                  f"{ret['log_lines']} eviction lines.",
+                  f"Records folder (segments + logs) at most {ret['max_total_bytes']:,} bytes in the samples, "
+                  f"{ret['final_size']['total']:,} at the end; largest segment {ret['max_segment_bytes']:,} bytes"
+                  + (f"; at most {ret['max_over_cap_bytes']:,} bytes over the {ret['cap_bytes']:,}-byte limit."
+                     if ret["cap_bytes"] else "."), ""]
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None, limits: Limits
 
     @app.before_request
     def authenticate():
-        g.gateway, g.limits = gateway, limits
+        g.gateway, g.limits, g.tokens = gateway, limits, tokens_b
         if request.path != "/healthz":
             admit(request.environ, tokens_b, limits)
 

@@ -135,17 +135,36 @@ def json_depth(obj, stop: int) -> int:
     return deepest
 
 
-def check_token(tokens: list[bytes], authorization: str, api_key: str) -> None:
-    """Accept `Authorization: Bearer <token>` or `x-api-key: <token>`; every token compared in constant time."""
-    if not tokens:
-        return
-    given = (authorization[7:] if authorization[:7].lower() == "bearer " else api_key).encode()
+def is_token(value: str, tokens: list[bytes]) -> bool:
+    """Whether a header value (`Bearer <token>` or the token alone) is one of reef_lab's tokens; constant time."""
+    given = (value[7:] if value[:7].lower() == "bearer " else value).encode()
     ok = False
     for t in tokens:
         ok |= hmac.compare_digest(given, t)
+    return ok
+
+
+def check_token(tokens: list[bytes], authorization: str, api_key: str) -> None:
+    """Accept `Authorization: Bearer <token>` or `x-api-key: <token>` (either one: a client bringing its own
+    provider key sends that in the other); every token compared in constant time."""
+    if not tokens:
+        return
+    ok = is_token(authorization, tokens) if authorization[:7].lower() == "bearer " else False
+    ok |= is_token(api_key, tokens) if api_key else False
     if not ok:
         raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <REEF_TOKEN>' "
                            "(or 'x-api-key' for Anthropic clients)")
+
+
+def client_headers(environ, tokens: list[bytes]) -> dict[str, str]:
+    """The request's headers with lower-case names, for the relay to pass on by its rules
+    (reef_lab/engines/headers.py), less a credential header that holds one of reef_lab's own tokens."""
+    out = {k[5:].lower().replace("_", "-"): v for k, v in environ.items()
+           if k.startswith("HTTP_") and isinstance(v, str)}
+    for name in ("authorization", "x-api-key"):
+        if name in out and tokens and is_token(out[name], tokens):
+            del out[name]
+    return out
 
 
 def error_body(path: str, err: ReefError) -> bytes:

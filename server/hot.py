@@ -17,7 +17,8 @@ import orjson
 from reef_lab.gateway import dialects
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway, StreamReply
-from server.common import DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, error_body, parse_json, read_body
+from server.common import (DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, client_headers, error_body, parse_json,
+                           read_body)
 
 log = logging.getLogger("reef_lab.server")
 
@@ -25,7 +26,6 @@ INFERENCE = {"/v1/chat/completions": dialects.OPENAI_CHAT, "/v1/responses": dial
              "/v1/messages": dialects.ANTHROPIC}
 REPORT = "/reef/report"
 _TAG = "HTTP_X_REEF_TAG_"
-_FORWARDED = {"HTTP_ANTHROPIC_VERSION": "anthropic-version", "HTTP_ANTHROPIC_BETA": "anthropic-beta"}
 _STATUS = {s.value: f"{s.value} {s.phrase}" for s in HTTPStatus}
 
 
@@ -91,8 +91,7 @@ class HotRoutes:
                 out = orjson.dumps({"agent_record_id": rid, "scenario": scenario, "request_type": "report",
                                     "id": rid, "created": created})
                 return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})
-            forwarded = {name: environ[k] for k, name in _FORWARDED.items() if k in environ}
-            reply = self.gateway.infer(dialect, body, scenario, tags, forwarded)
+            reply = self.gateway.infer(dialect, body, scenario, tags, client_headers(environ, self.tokens))
         except ReefError as e:
             return self._send(start_response, e.status, error_body(path, e), "application/json", e.headers)
         except Exception as e:  # a bug, not the client's fault: logged, answered 500, serving goes on

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from flask import Blueprint, g, request
 
-from server.common import json_body, to_response
+from server.common import client_headers, json_body, to_response
 
 bp = Blueprint("inference", __name__)
-
-_FORWARDED = ("anthropic-version", "anthropic-beta")
 
 
 @bp.post("/v1/messages/count_tokens")
 def count_tokens():
-    headers = {h: request.headers[h] for h in _FORWARDED if h in request.headers}
-    return to_response(g.gateway.count_tokens(json_body(), headers))
+    return to_response(g.gateway.count_tokens(json_body(), client_headers(request.environ, g.tokens)))
 
 
 @bp.get("/v1/models")

@@ -36,7 +36,7 @@ import threading
 import time
 from http import HTTPStatus
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import orjson
 
@@ -135,27 +135,40 @@ def machine_busy(prev: list[int] | None = None) -> tuple[float | None, list[int]
     return (1 - (d[3] + d[4]) / total if total > 0 else None), ticks  # fields 3, 4: idle, iowait
 
 
+class MachineLoad:
+    """The machine's busy share since the previous call (machine_busy with its counters kept)."""
+
+    def __init__(self) -> None:
+        _, self.prev = machine_busy()
+
+    def __call__(self) -> float | None:
+        share, self.prev = machine_busy(self.prev)
+        return share
+
+
 class SliceGovernor:
     """Keeps this worker's threads on the short slice while the machine has idle CPU, on the kernel's default while
     it is saturated (busy above `busy`, back once below `busy - 0.15`), checked every `period` seconds.
 
     Why: the short slice buys latency by letting a woken thread preempt sooner; that only pays while a CPU is
     free to run it. Saturated, every thread is runnable and the short slice only multiplies preemptions: the
-    kernel's default serves more requests/s there (results/gateway-notes.md).
+    kernel's default serves more requests/s there (results/gateway-notes.md). `load` gives the busy share (0..1,
+    None when unknown); tests pass their own so that the decision does not depend on how busy the test machine is.
     """
 
-    def __init__(self, short_us: int, busy: float = 0.85, period: float = 0.25):
+    def __init__(self, short_us: int, busy: float = 0.85, period: float = 0.25,
+                 load: Callable[[], float | None] | None = None):
         self.short_us, self.busy, self.period = short_us, busy, period
+        self.load = load or MachineLoad()
         self.current = short_us
         ask_short_slice(short_us)
         if busy < 1:
             threading.Thread(target=self._run, name="reef-slice-governor", daemon=True).start()
 
     def _run(self) -> None:
-        _, prev = machine_busy()
         while True:
             time.sleep(self.period)
-            share, prev = machine_busy(prev)
+            share = self.load()
             if share is None:
                 continue
             want = 0 if share > self.busy else self.short_us if share < self.busy - 0.15 else self.current
@@ -407,11 +420,11 @@ class RelayGateway:
     """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
 
     _relay = Gateway._relay
-    _relay_stream = Gateway._relay_stream
     _inference_record = Gateway._inference_record
 
-    def __init__(self, engine, client: PrimaryClient, data_dir: str | Path):
-        self.engine, self.client, self.store = engine, client, RelayLog(data_dir)
+    def __init__(self, engine, client: PrimaryClient, data_dir: str | Path, roll_records: int = 20_000,
+                 roll_bytes: int = 64 << 20):
+        self.engine, self.client, self.store = engine, client, RelayLog(data_dir, roll_records, roll_bytes)
         self.started_at = time.time()
         self._gen_map = _gen_counter(data_dir, writable=False)
         self._gen = -1

@@ -1,8 +1,9 @@
 """The WSGI entry point granian loads in its worker process (`server.wsgi:app`).
 
-scripts/serve.py passes the ServeConfig through the REEF_LAB_SERVE_CONFIG environment variable; the worker
-builds the gateway (loading the model) before it takes traffic, dies with its parent (so `kill -9` of
-serve.py never leaves an orphan holding the port), and rolls its record log into Parquet on a clean exit.
+scripts/serve.py passes the ServeConfig through the REEF_LAB_SERVE_CONFIG environment variable (the path of a
+JSON file, or the JSON itself); the worker builds the gateway (loading the model) before it takes traffic, dies
+with its parent (so `kill -9` of serve.py never leaves an orphan holding the port), and rolls its record log into
+Parquet on a clean exit.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import logging
 import multiprocessing.util
 import os
 import sys
+from pathlib import Path
 
 import orjson
 
+from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
@@ -33,7 +36,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
     tokens_b, limits = [t.encode() for t in tokens], limits_from(cfg)
     client = workers.PrimaryClient(cfg.data_dir, tokens_b, limits)
     client.wait_ready()
-    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir)
+    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes())
 
     def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
         return dialect is None or environ.get("REQUEST_METHOD") == "POST" and \
@@ -44,9 +47,12 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
 
 
 def build():
-    cfg = ServeConfig(**orjson.loads(os.environ["REEF_LAB_SERVE_CONFIG"]))
+    raw = os.environ["REEF_LAB_SERVE_CONFIG"]  # the config as JSON, or the file scripts/serve.py wrote it to
+    cfg = ServeConfig(**orjson.loads(raw if raw.lstrip().startswith("{") else Path(raw).read_bytes()))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent()  # granian's workers; server/httpd.py's come through reef_lab.procs, which does this too
+    # This process takes clients' requests: from here on only code its operator named can be imported.
+    plugins.restrict_to(cfg.code_paths())
     tokens = tokens_from_env()
     global _governor, role
     primary = False

@@ -91,3 +91,19 @@ def tiny_model_dir(tiny_model, tokenizer, tmp_path_factory):
     tiny_model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tool_model(tiny_model, tokenizer):
+    """The tiny Llama taught the tool-calling script of tests/tool_model.py (a few dozen steps, once a session)."""
+    from tests.tool_model import train_tool_model
+
+    return train_tool_model(tiny_model, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tool_model, tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tool-llama")
+    tool_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

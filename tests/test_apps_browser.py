@@ -192,6 +192,16 @@ def readable_figure(app: AppPage, selector: str) -> dict:
       return {width: r.width, height: r.height, texts: texts}; }""")
 
 
+def tick_labels(app: AppPage, selector: str, axis: str = "x") -> list[list[str]]:
+    """Each axes' tick labels of an inline-SVG figure (matplotlib groups them as <g id="xtick_N">), per axes."""
+    return app.page.locator(selector).first.evaluate(f"""svg => Array.from(svg.querySelectorAll('g[id^="axes_"]'))
+      .map(ax => Array.from(ax.querySelectorAll('g[id^="{axis}tick_"] text')).map(t => t.textContent.trim()))""")
+
+
+def integer_labels(labels: list[str]) -> bool:
+    return bool(labels) and all(re.fullmatch(r"[−-]?\d+", t) for t in labels)
+
+
 # ---- real data --------------------------------------------------------------------------------------------------
 def sao_config(out: Path, recipe: str, seed: int, **kw):
     from reef_lab.learning.experiment import ExperimentConfig
@@ -296,6 +306,25 @@ def test_gepa_app_keeps_the_picked_candidate_and_shows_what_the_search_saved(bro
         rows = items.locator("tbody tr").all_inner_texts()
         assert [r.split()[0] for r in rows] == ["val-0", "val-1", "val-2", "val-3"]
         assert all(r.split()[1:3] == ["0", "1"] for r in rows), rows  # seed 0 everywhere, child 1 everywhere
+        # marked as an item's front: only the search's own front candidates, and never a score of 0
+        state = json.loads((gepa_run / "state.json").read_text())
+        from recipes.gepa.pareto import item_fronts
+        fronts = item_fronts({c["id"]: c["scores"] for c in state["cands"]})
+        marked = items.locator("tbody tr").evaluate_all("""rows => rows.map(r => Array.from(r.querySelectorAll('td'))
+          .slice(1).map((td, k) => getComputedStyle(td).fontWeight === '700' ? [k, td.innerText] : null)
+          .filter(x => x))""")
+        ids = sorted(c["id"] for c in state["cands"])
+        assert [{ids[k] for k, _ in row} for row in marked] == fronts, (marked, fronts)
+        assert all(float(score) > 0 for row in marked for _, score in row)
+        # the picked candidate's answers on the validation items, with their scores
+        cand_rows = app.page.locator("#gepa-candidate-answers table.sample-answers tbody tr")
+        assert cand_rows.count() == 4
+        cached = {r["example_id"]: r for _, r in state["cache"]}
+        first = cached[state["val_ids"][0]]
+        row0 = cand_rows.first.inner_text()
+        assert first["output"].strip().splitlines()[0][:30] in row0 and format(first["score"], "g") in row0
+        # the validation-score chart and the front chart: integer ticks on their count axes
+        assert all(integer_labels(t) for t in tick_labels(app, "svg#gepa-figure")), tick_labels(app, "svg#gepa-figure")
 
         # saved test answers: seed and best side by side
         shown = app.page.locator("#gepa-test-answers").inner_text()
@@ -311,6 +340,21 @@ def test_gepa_app_keeps_the_picked_candidate_and_shows_what_the_search_saved(bro
             assert app.page.locator(f"a[href='{rel['hub']['url']}']").count() >= 1
         assert app.errors() == []
         app.shot(tmp_path / "gepa.png")
+
+        # a search outside the repository's folders opens from a typed path, without a restart
+        elsewhere = tmp_path / "elsewhere" / "calc-copy"
+        shutil.copytree(gepa_run, elsewhere, ignore=shutil.ignore_patterns("wandb", "data"))
+        app.fill("text", "open a path", elsewhere.parent)  # a folder holding searches: offered
+        options = app.widget("dropdown", "search folder").locator("option").all_inner_texts()
+        assert str(elsewhere) in options, options
+        app.fill("text", "open a path", elsewhere)  # the search itself: shown at once
+        app.page.get_by_text(f"{elsewhere}: ").first.wait_for(timeout=60_000)
+        app.settle()
+        assert app.widget("dropdown", "search folder").locator("select").input_value() == str(elsewhere)
+        assert app.page.locator("#gepa-pareto-items").count() == 1
+        app.fill("text", "open a path", tmp_path / "no-such-folder")
+        app.page.get_by_text("No GEPA search at or under").first.wait_for(timeout=30_000)
+        assert app.errors() == []
 
 
 # ---- apps/records.py --------------------------------------------------------------------------------------------
@@ -350,6 +394,16 @@ def test_records_app_joins_scores_shows_feedback_filters_by_release_and_refreshe
             by_rel = app.page.locator("#records-by-release")
             assert by_rel.count() == 1, "no records-by-release view"
             shown = by_rel.inner_text()
+            # each release's answers next to its reward: what it served with the reports' scores, its held-out ones
+            per_release = app.page.locator("#records-release-answers details")
+            assert per_release.count() == len(index["releases"]) + 1  # and the base model
+            v1 = per_release.nth(1)
+            assert v1.locator("summary").inner_text().startswith("v1:")
+            v1.locator("summary").click()
+            rows = v1.locator("table.sample-answers tbody tr").all_inner_texts()
+            served = recs.filter(kind="inference", release_id="tiny-sao:v1")["id"].to_list()
+            assert not served or any(r.split("\t")[0] in served for r in rows), rows
+            assert any(r.startswith("held-out") for r in rows), rows
             for rel in index["releases"]:
                 assert rel["version"] in shown and rel["parent"].split(":")[-1] in shown
                 assert app.page.locator(f"a[href='{rel['hub']['url']}']").count() >= 1  # its Hub revision
@@ -447,6 +501,18 @@ def test_sao_app_plots_compares_links_and_launches_the_published_config(browser,
         tables = " ".join(app.page.locator("marimo-table").all_inner_texts())
         assert not re.search(r"\b1[7-9]\d{8}\.\d+", tables), "raw timestamps in a table"
         assert not re.search(r"\d\.\d{7,}", tables), "unrounded floats in a table"
+        # every panel's policy-step axis ticks whole steps
+        assert all(integer_labels(t) for t in tick_labels(app, "svg#sao-run-figure")), \
+            tick_labels(app, "svg#sao-run-figure")
+        # each candidate's held-out answers next to its accuracy (and the release it became)
+        answers = app.page.locator("#sao-answers details")
+        assert answers.count() == len(index["candidates"]) + 1  # and the base model
+        newest = index["candidates"][-1]
+        summary = answers.first.locator("summary").inner_text()
+        assert f"candidate {newest['id']}" in summary and f"{newest['eval']['accuracy']:.3f}" in summary
+        answers.first.locator("summary").click()
+        shown = answers.first.locator("table.sample-answers").inner_text()
+        assert all(e["text"].strip()[:20] in shown for e in newest["eval"]["examples"] if e["text"].strip())
 
         # compare: tick both SAO seeds and the GRPO run; curves overlaid with mean and 95% band per group, the
         # config differences in a panel, status and progress per run
@@ -496,6 +562,48 @@ def test_sao_app_plots_compares_links_and_launches_the_published_config(browser,
         assert app.errors() == []
 
 
+HOLD = """import sys, time
+from reef_lab.learning.heartbeat import Heartbeat
+with Heartbeat(sys.argv[1], interval_s=1):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_sao_app_shows_a_quiet_live_run_as_running_until_it_is_killed(browser, runs, tmp_path):
+    """A run started from the command line that has written nothing for 10 minutes: running while its process
+    lives (its heartbeat), stopped after a kill -9, without reloading the page."""
+    quiet = tmp_path / "quiet" / "tiny-sao-seed1"
+    shutil.copytree(runs[1]["tiny-sao-seed1"], quiet, ignore=shutil.ignore_patterns("summary.json", "heartbeat.json"))
+    old = time.time() - 600
+    for p in quiet.rglob("*"):
+        os.utime(p, (old, old))
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(quiet)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        with marimo_app("sao", tmp_path, REEF_LAB_RUNS=quiet.parent) as url:
+            app = AppPage(browser, url, "Launch a run")
+            app.page.get_by_text("Candidates").first.wait_for(timeout=60_000)
+            app.settle()
+            runs_table = app.table_with("progress")
+            assert [r["status"] for r in app.table_rows(runs_table)] == ["running"]
+            assert "tiny-sao (sao, seed 1): running" in app.text()
+            proc.kill()
+            proc.wait(timeout=30)
+            deadline = time.time() + 60  # the next auto-refresh tick (10 s) redraws it
+            while not app.table_rows(app.table_with("progress"))[0]["status"].startswith("stopped"):
+                assert time.time() < deadline, app.table_rows(app.table_with("progress"))
+                time.sleep(1)
+            app.settle()
+            assert "tiny-sao (sao, seed 1): stopped (last heartbeat" in app.text()
+            assert app.errors() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 # ---- apps/ttt.py ------------------------------------------------------------------------------------------------
 def hashed_packing():
     """Circle packing whose verifier scores a packing drawn from the reply's hash (the tiny model writes no program):
@@ -543,6 +651,12 @@ def test_ttt_app_draws_a_finished_and_a_running_run(browser, tiny_model_dir, tmp
             shown = readable_figure(app, fig)
             assert shown["width"] >= 400 and shown["texts"] and min(size for _, size in shown["texts"]) >= 11, (fig, shown)
         assert app.page.locator("#ttt-best circle, #ttt-best path").count() >= 6  # the square and six circles
+        # both charts number steps as the metrics rows do: whole steps, 1..3 (and 0 for the initial states)
+        progress, tree = tick_labels(app, "svg#ttt-progress"), tick_labels(app, "svg#ttt-tree")
+        assert all(integer_labels(t) for t in progress) and integer_labels(tree[0]), (progress, tree)
+        steps = {int(t) for t in progress[0]}
+        assert {1, 3} <= steps and min(int(t) for t in tree[0]) >= 0 and max(int(t) for t in tree[0]) <= 3, \
+            (progress, tree)
         assert app.table_with("PUCT")
         app.shot(tmp_path / "ttt-finished.png")
 

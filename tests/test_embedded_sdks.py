@@ -136,8 +136,9 @@ def test_concurrent_requests_are_batched(server, oai):
 
 
 def test_embedded_refusals_are_400(server, oai):
-    with pytest.raises(openai.BadRequestError, match="tools"):
-        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+    with pytest.raises(openai.BadRequestError, match="'tool_choice' names function 'g'"):
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tool_choice={
+            "type": "function", "function": {"name": "g"}},
                                     tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     with pytest.raises(openai.BadRequestError, match="temperature"):
         oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature=3)

@@ -66,6 +66,8 @@ def test_grpo_experiment_groups_rollouts(tiny_model_dir, tmp_path):
     assert summary["releases"] == 1 and summary["final_accuracy"] is None  # no eval_task: nothing to score
     steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
     assert len(steps) == 2 and all(m["samples"] == 8 for m in steps)
+    beat = json.loads((Path(cfg.out_dir) / "heartbeat.json").read_text())  # what the apps read its status from
+    assert beat["state"] == "finished" and beat["pid_start"] is not None
 
 
 def test_bad_experiment_configs_say_what_to_fix():

@@ -1,13 +1,17 @@
 """Releases published to a Hub repo on loopback through the real huggingface_hub client, pulled back with the real
 `hf download` CLI and loaded with transformers; rollback moves main while tags stay; a dead Hub never stops
-serving, marks the release failed with the error, and a later push succeeds."""
+serving, marks the release failed with the error, and a later push succeeds; a release name that is not a
+version never names a folder or a tag."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -259,3 +263,35 @@ def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_mo
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_release_name_that_is_not_a_version_never_names_a_folder_or_a_tag(hub, tmp_path):
+    """A release index whose version reads `../<x>` (a corrupt or hostile index): the publisher refuses it where the
+    name is used (the staging folder inside its temporary directory, the tag), so nothing is written outside."""
+    from reef_lab.publishing.hub import HubPublisher
+    from reef_lab.publishing.releases import ReleaseStore
+
+    _, url = hub
+    releases = ReleaseStore(tmp_path / "data")
+    cid, folder = releases.new_candidate("s", {"recipe": "sft"})
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"w")
+    releases.publish("s", cid)
+    escape = Path(tempfile.gettempdir()) / f"reef-escape-{uuid.uuid4().hex[:8]}"
+    index = releases.index("s")
+    index["releases"][0]["version"] = f"../{escape.name}"
+    releases._save("s", index)
+    pub = HubPublisher(HubConfig(repo="me/reef-{scenario}", endpoint=url, retries=1, backoff_s=0), releases)
+    try:
+        with pytest.raises(ValueError, match="not a release version"):
+            pub.release("s", f"../{escape.name}")
+        with pytest.raises(ValueError, match="not a release version"):
+            pub.serving("s", f"../{escape.name}")
+        with pytest.raises(ValueError, match="not a release version"):  # where it is used, whoever calls
+            pub._push("release", "s", f"../{escape.name}")
+        assert pub.wait(60)
+    finally:
+        pub.close()
+        written = escape.exists()
+        shutil.rmtree(escape, ignore_errors=True)
+    assert not written, "the publisher staged a release outside its temporary directory"

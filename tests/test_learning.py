@@ -103,6 +103,19 @@ def test_grpo_smoke(gateway, tiny_model_dir):
     check_trained(gateway, "s", tiny_model_dir)
 
 
+def test_dpo_smoke(gateway, tiny_model_dir):
+    """DPO, a recipe whose loss is its own (a SequenceLoss): two rollouts per prompt scored 0 and 1 make four pairs,
+    one step against the frozen base (a full fine-tune: a frozen copy of it)."""
+    gateway.create_scenario({"name": "s", "recipe": "dpo", "config": {
+        "batch_pairs": 4, "group_size": 2, "beta": 0.5, "trainer": TRAINER, **EVAL}})
+    drive(gateway, "s", 8, group_size=2)  # k = 2j scores 0, k = 2j + 1 scores 1: one pair per prompt
+    check_trained(gateway, "s", tiny_model_dir)
+    (step,) = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
+    assert step["pairs"] == 4 and step["units"] == 4 and step["score_gap_mean"] == 1.0
+    # the first step starts from the reference itself: every margin 0, the loss log 2
+    assert step["margin_mean"] == pytest.approx(0.0, abs=1e-5) and step["loss"] == pytest.approx(math.log(2), abs=1e-5)
+
+
 def test_lora_exports_merged_weights(gateway, tiny_model_dir):
     gateway.create_scenario({"name": "s", "recipe": "sft", "config": {
         "batch_size": 4, "trainer": {**TRAINER, "lora_rank": 4, "lora_targets": ["q_proj", "v_proj"]}}})

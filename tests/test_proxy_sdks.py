@@ -101,7 +101,7 @@ def test_upstream_faults_map_to_clear_errors_and_server_stays_up(proxy, oai, ser
 def test_upstream_model_override_and_key(serve, stub_url, monkeypatch):
     monkeypatch.setenv("REEF_UPSTREAM_API_KEY", "sk-up")
     eng = UpstreamEngine(stub_url, model="forced")
-    assert eng._headers("/v1/chat/completions", {})["Authorization"] == "Bearer sk-up"
+    assert eng._headers("/v1/chat/completions", {})["authorization"] == "Bearer sk-up"
     assert eng._headers("/v1/messages", {})["x-api-key"] == "sk-up"
     p = serve(eng)
     r = requests.post(p.url + "/v1/chat/completions", headers=H,

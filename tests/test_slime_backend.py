@@ -283,7 +283,8 @@ def reef_samples(n_groups=2, per_group=2, temperature=1.0) -> list[ReefSample]:
             completion = [100 + k, 200 + k, 300 + k][: 2 + (k % 2)]
             s = ReefSample(record_id=f"rec_{k}", prompt_ids=[1, 50 + g, 60 + g], completion_ids=completion,
                            logprobs=[-0.5 - 0.1 * i for i in range(len(completion))], score=float(k % 2),
-                           release_id="base", temperature=temperature, group=f"prompt-{g}", report_id=f"rep_{k}")
+                           release_id="base", temperature=temperature, group=f"prompt-{g}", report_id=f"rep_{k}",
+                           loss_mask=[1, 0, 1] if k == 1 else None)  # rec_1 is episode-shaped: a given token
             s.extra["advantages"] = [0.25 * (k - 1.5) + 0.01 * i for i in range(len(completion))]
             out.append(s)
     return out
@@ -383,7 +384,7 @@ def test_a_step_goes_through_the_hooks_and_its_checkpoint_serves_on_sglang(slime
     data = train_data_like_slime(groups)
     assert data["tokens"] == [s.prompt_ids + s.completion_ids for s in batch]
     assert data["response_lengths"] == [len(s.completion_ids) for s in batch]
-    assert data["loss_masks"] == [[1] * len(s.completion_ids) for s in batch]
+    assert data["loss_masks"] == [s.mask for s in batch] and data["loss_masks"][1] == [1, 0, 1]
     assert data["rollout_log_probs"] == [s.logprobs for s in batch]
     assert data["rewards"] == [s.score for s in batch] and data["truncated"] == [0, 0, 0, 0]
     assert len(set(data["sample_indices"])) == 4 and out.metrics["reef_lab/step"] == 1

@@ -103,6 +103,7 @@ def test_best_of_n_samples_the_base_from_the_start_only(tmp_path, tiny_model_dir
     assert all(r["parent_rewards"] == [0.4, 0.4] for r in rows)  # always the start ("start": 4 distinct / 10)
     assert (tmp_path / "run/data/learn/bon/best_solution.py").read_text()
     assert orjson.loads((tmp_path / "run/summary.json").read_bytes())["best_reward"] == summary["best_reward"]
+    assert orjson.loads((tmp_path / "run/heartbeat.json").read_bytes())["state"] == "finished"  # what apps/ttt.py reads
 
 
 def test_live_scenario_runs_on_train_and_reports_status(tmp_path, tiny_model_dir, lengthy):

@@ -7,7 +7,8 @@ made disjoint by question text. The task model answers greedily behind each cand
 (the same or another, e.g. an OpenAI-compatible endpoint) rewrites components. Each new best candidate (by mean
 validation score) is published as a harness release of the experiment's scenario in `run_dir/data`, exactly as a
 live scenario's would be (and pushed to the Hub when `hub.repo` is set). The run folder holds `events.jsonl` and
-`state.json` (the search; re-running the command resumes it), `summary.json` and the data dir; apps/gepa.py shows it.
+`state.json` (the search; re-running the command resumes it), `summary.json`, `heartbeat.json` and the data dir;
+apps/gepa.py shows it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 
 from .search import GEPAConfig, Search, TaskSystem
 from reef_lab.engines.lm import make_lm
+from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.learning.tasks import Task, make_task
 
 log = logging.getLogger("reef_lab.gepa_experiment")
@@ -93,6 +95,13 @@ def score_on(system: TaskSystem, harness: dict[str, str], items: list[dict]) -> 
 
 
 def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool = True) -> dict:
+    """Run (or resume) the search and score its best harness on the test split; returns the summary. Its
+    heartbeat (reef_lab.learning.heartbeat) tells apps/gepa.py it runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return _run_gepa_experiment(cfg, engine, progress)
+
+
+def _run_gepa_experiment(cfg: GEPAExperimentConfig, engine, progress: bool) -> dict:
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))

@@ -27,7 +27,7 @@ from reef_lab import harness as harness_mod
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.recipe import LearnContext
+from reef_lab.learning.recipe import LearnContext, RecordHolder
 from reef_lab.learning.tasks import make_task
 from reef_lab.files import write_json
 
@@ -36,7 +36,7 @@ from .search import Rollout, Search, TaskSystem, harness_hash
 log = logging.getLogger("recipes.gepa.learner")
 
 
-class HarnessLearner(LearnerLoop):
+class HarnessLearner(LearnerLoop, RecordHolder):
     def __init__(self, ctx: LearnContext, recipe):
         scenario, tracker = ctx.scenario, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
@@ -89,6 +89,11 @@ class HarnessLearner(LearnerLoop):
             return {"examples": len(self.examples)}
         return self._ask_round(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' "
                                "or 'hybrid' to run iterations on request", check)
+
+    def held_records(self) -> set[str]:
+        """Reports queued and the inferences they reference; a drained report's examples are copies (state.json)."""
+        with self._cv:
+            return {rid for rec in self._inbox for rid in (rec["id"], *(rec.get("references") or ()))}
 
     def status(self) -> dict:
         with self._cv:

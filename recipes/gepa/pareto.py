@@ -1,9 +1,9 @@
 """GEPA's selection arithmetic (arXiv 2507.19457), as plain functions that tests check by hand.
 
 A candidate is a harness (a dict of component name -> text) with its per-example scores on the validation set.
-- Pareto selection: for every validation example, the candidates with the best score on it; of those, the ones no
-  other candidate dominates (at least as good everywhere, better somewhere) stay; a parent is drawn with chance
-  proportional to the number of examples on which it is among the best.
+- Pareto selection: for every validation example, the candidates with the best score on it; of those, the ones not
+  dominated stay (as gepa 0.1.4 prunes them: `item_fronts`); a parent is drawn with chance proportional to the
+  number of examples on whose front it stays.
 - Acceptance: a child is kept only if it beats its parent on the minibatch it was made from (sum of scores,
   strictly greater); only then is it scored on the full validation set.
 - Mutation picks components round-robin; a merge combines two candidates whose lineages changed different
@@ -33,19 +33,43 @@ def dominates(a: list[float], b: list[float]) -> bool:
     return all(x >= y for x, y in zip(a, b, strict=True)) and any(x > y for x, y in zip(a, b, strict=True))
 
 
-def pareto_counts(pool: dict[int, list[float]]) -> dict[int, int]:
-    """For each non-dominated candidate that is best on at least one example: on how many examples it is best."""
+def item_fronts(pool: dict[int, list[float]]) -> list[set[int]]:
+    """For each validation example, the candidates on the Pareto front for it, as gepa 0.1.4 computes them
+    (`GEPAState.program_at_pareto_front_valset` pruned by `gepa_utils.remove_dominated_programs`): the candidates
+    with the example's best score, less the dominated ones. A candidate is dominated when every example it is best on
+    has another remaining candidate that is best on it too; they are removed one at a time, the lowest mean
+    validation score first (ties: in order of first appearance on the fronts), until none is. So a copy of another
+    candidate keeps no place, and an example every candidate scores the same on (0, say) keeps no one on the front
+    who is not there for another example, unless no example tells the candidates apart."""
     if not pool:
-        return {}
+        return []
     n = len(next(iter(pool.values())))
-    best_on: dict[int, int] = {}
+    best = []
     for i in range(n):
         top = max(s[i] for s in pool.values())
-        for cid, s in pool.items():
-            if s[i] == top:
-                best_on[cid] = best_on.get(cid, 0) + 1
-    front = {c for c in best_on if not any(dominates(pool[o], pool[c]) for o in best_on if o != c)}
-    return {c: k for c, k in best_on.items() if c in front}
+        best.append({c for c, s in pool.items() if s[i] == top})
+    mean = {c: sum(s) / len(s) if s else 0.0 for c, s in pool.items()}
+    order = sorted(dict.fromkeys(c for front in best for c in sorted(front)), key=lambda c: mean[c])
+    dominated: set[int] = set()
+    pruned = True
+    while pruned:
+        pruned = False
+        for c in order:
+            others = set(order) - dominated - {c}
+            if c not in dominated and all(front & others for front in best if c in front):
+                dominated.add(c)
+                pruned = True
+                break
+    return [front - dominated for front in best]
+
+
+def pareto_counts(pool: dict[int, list[float]]) -> dict[int, int]:
+    """Each candidate on the front: on how many validation examples it is (its weight when a parent is drawn)."""
+    counts: dict[int, int] = {}
+    for front in item_fronts(pool):
+        for c in front:
+            counts[c] = counts.get(c, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def select_parent(pool: dict[int, list[float]], rng: random.Random) -> int:

@@ -4,7 +4,7 @@ One `Search` serves experiments (train/validation splits of a task set) and live
 set, its reports as observed rollouts). A step:
 
 1. draw a parent from the Pareto front of the pool (chance proportional to the number of validation examples on
-   which it is best, dominated candidates out: `reef_lab.gepa.select_parent`);
+   whose front it stays, dominated candidates pruned as gepa 0.1.4 does: `pareto.select_parent`);
 2. run it on a minibatch of training examples (epoch-shuffled), unless every rollout is already known;
 3. give its traces and the verifier's textual feedback to the reflection model, which rewrites one component,
    chosen round-robin per candidate;
@@ -365,6 +365,7 @@ class Search:
                  "iteration": self.iteration, "merges": self.merges,
                  "next_component": self._next_component, "rng": _rng_state(self.rng),
                  "tried_merges": sorted(self._tried_merges), "order": self._order,
+                 "val_ids": [e["id"] for e in self.valset],  # the order of each candidate's scores (apps/gepa.py)
                  "cache": [[k[0], asdict(r)] for k, r in self._cache_items()]}
         write_atomic(self.dir / "state.json", json.dumps(state).encode())
 

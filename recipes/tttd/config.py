@@ -18,6 +18,8 @@ from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
 
+from recipes.tttd.sandbox import ISOLATIONS
+
 # The built-in problems by name; `problem.name` may also be any `module:Class` deriving recipes.tttd.problems.Problem
 PROBLEMS = {"circle_packing": "recipes.tttd.problems:CirclePacking",
             "circle_centres": "recipes.tttd.problems:CircleCentres"}
@@ -35,12 +37,21 @@ class ProblemConfig:
     tolerance: float = field(default=1e-9, metadata={
         "help": "absolute slack of the containment and overlap checks (not given in the paper; 1e-9 accepts "
                 "printed floats of touching circles and nothing a reward could profit from)"})
+    # The sandbox's settings are the operator's (--recipe-config), never a client's: they bound what the server
+    # spends on, and exposes to, code a model wrote.
     cpu_seconds: int = field(default=5, metadata={
         "help": "CPU seconds a candidate program may use (the authors' code allows 1000 s for heavy tasks; a "
-                "circle list needs milliseconds)"})
-    wall_seconds: float = field(default=10.0, metadata={"help": "wall-clock seconds before the candidate is killed"})
-    memory_mb: int = field(default=256, metadata={"help": "address-space limit of a candidate, in MB"})
-    output_kb: int = field(default=16, metadata={"help": "most stdout a candidate may print, in KB"})
+                "circle list needs milliseconds)", "operator": True})
+    wall_seconds: float = field(default=10.0, metadata={
+        "help": "wall-clock seconds before the candidate is killed", "operator": True})
+    memory_mb: int = field(default=256, metadata={
+        "help": "address-space limit of a candidate, in MB", "operator": True})
+    output_kb: int = field(default=16, metadata={"help": "most stdout a candidate may print, in KB", "operator": True})
+    sandbox: str = field(default="bwrap", metadata={
+        "help": "how candidate programs are isolated: bwrap (bubblewrap: own user, pid, network and mount namespaces, "
+                "read-only system, empty environment, no new processes; recipes/tttd/sandbox.py) or none (a plain "
+                "child process with the server's user and view of the machine, logged at start; only for models you "
+                "trust, where bubblewrap cannot run)", "operator": True})
     start_fill: float = field(default=0.5, metadata={
         "help": "the initial state (not in the paper, whose start is an empty program): circle_packing: circles on a "
                 "grid at this fraction of the radius their cells allow (0.5: n = 6 scores 0.4998); circle_centres: the "
@@ -54,6 +65,8 @@ class ProblemConfig:
             raise ValueError(f"n must be >= 2, got {self.n}")
         if not 0 < self.start_fill <= 1:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
+        if self.sandbox not in ISOLATIONS:
+            raise ValueError(f"sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
 
 
 @dataclass

@@ -17,6 +17,7 @@ import orjson
 
 from reef_lab.files import write_json
 from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.schema import check_fields
 
 from .config import TTTDConfig
@@ -59,7 +60,13 @@ class TTTDExperimentConfig:
 def run_tttd_experiment(cfg: TTTDExperimentConfig, engine=None, progress: bool = True,
                         close_engine: bool = True) -> dict:
     """Run (or resume) the experiment; returns its summary (also written to summary.json). `close_engine`: False
-    keeps a given engine running for the next run."""
+    keeps a given engine running for the next run. Its heartbeat (reef_lab.learning.heartbeat) tells apps/ttt.py it
+    runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return _run_tttd_experiment(cfg, engine, progress, close_engine)
+
+
+def _run_tttd_experiment(cfg: TTTDExperimentConfig, engine, progress: bool, close_engine: bool) -> dict:
     from reef_lab.learning.experiment import ExperimentConfig, choose_engine
 
     run_dir = cfg.run_dir

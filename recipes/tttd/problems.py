@@ -8,7 +8,7 @@ small (default 6) so a 135M model on CPU can make progress.
 
 The state shown to the model is the parent's solution: a short Python program whose list of (x, y, r) tuples prints
 one circle per line, so a continuation only has to edit numbers. Verification extracts the reply's last ```python
-block, runs it in the sandbox (recipes/tttd/sandbox.py: time, memory and output limits), parses exactly n lines of
+block, runs it in the sandbox (recipes/tttd/sandbox.py: bubblewrap and limits), parses exactly n lines of
 three finite numbers and checks the geometry with an absolute tolerance of 1e-9: x - r >= -tol, x + r <= 1 + tol
 (same for y), r > 0, and |c_i - c_j| >= r_i + r_j - tol. A valid answer's reward is the sum of the radii; anything
 else (no code block, a crash, a timeout, garbage output, an overlap or a leak) is invalid with reward 0 and the
@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from recipes.tttd.config import PROBLEMS, ProblemConfig
-from recipes.tttd.sandbox import Limits, run_python
+from recipes.tttd.sandbox import Limits, check_isolation, run_python
 
 # Best sums of radii we know for n circles in the unit square. For n >= 5 we found no published table (Packomania
 # lists equal circles; AlphaEvolve and TTT-Discover report n = 26 and 32), so these are our own: the best of
@@ -168,12 +168,13 @@ class CirclePacking(Problem):
             raise ValueError(f"start_fill must be in (0, 1], got {start_fill}")
         self.n, self.tolerance, self.start_fill = n, tolerance, start_fill
         self.limits = limits or Limits(cpu_seconds=5, wall_seconds=10.0, memory_mb=256, output_bytes=16 * 1024)
+        check_isolation(self.limits)  # a machine that cannot sandbox candidates fails here, naming the fix
         self.name = f"circle_packing_{n}"
 
     @classmethod
     def from_config(cls, cfg: ProblemConfig) -> CirclePacking:
         limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
-                        output_bytes=cfg.output_kb * 1024)
+                        output_bytes=cfg.output_kb * 1024, isolation=cfg.sandbox)
         return cls(cfg.n, cfg.tolerance, limits, cfg.start_fill)
 
     def initial_solution(self) -> str:
@@ -305,7 +306,7 @@ def make_problem(config: ProblemConfig | dict) -> Problem:
     from reef_lab.plugins import load_class
 
     cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
-    return load_class(PROBLEMS.get(cfg.name, cfg.name), Problem, "problem.name").from_config(cfg)
+    return load_class(cfg.name, Problem, "problem.name", names=PROBLEMS).from_config(cfg)
 
 
 @dataclass(frozen=True)

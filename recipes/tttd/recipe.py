@@ -10,6 +10,7 @@ from reef_lab.errors import BadRequest
 from reef_lab.learning.recipe import LearnContext
 
 from .config import TTTDConfig
+from .problems import make_problem
 
 
 class TTTDRecipe:
@@ -18,6 +19,9 @@ class TTTDRecipe:
 
     def __init__(self, **config):
         self.config = TTTDConfig(**config)
+        # Built once here so that a problem that cannot be made (a machine without the sandbox it needs, with the
+        # fix named) stops the server at start or refuses the scenario, not its first step.
+        make_problem(self.config.problem_config)
 
     def validate_report(self, report: dict) -> None:
         score = report.get("score")

@@ -15,4 +15,4 @@ ENGINES = {"embedded": "reef_lab.engines.embedded:EmbeddedEngine",
 def engine_class(spec: str) -> type[Engine]:
     if spec not in ENGINES and ":" not in spec:
         raise ValueError(f"engine {spec!r} is neither one of {sorted(ENGINES)} nor a module:Class path")
-    return load_class(ENGINES.get(spec, spec), Engine, "engine")
+    return load_class(spec, Engine, "engine", names=ENGINES)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from reef_lab.engines.tools import ToolUse
+
 
 @dataclass
 class SamplingParams:
@@ -27,13 +29,17 @@ class SamplingParams:
 
 @dataclass
 class ChatRequest:
-    """One chat conversation to continue. Messages are {"role": system|user|assistant, "content": str}."""
+    """One chat conversation to continue. Messages are {"role": system|user|assistant|tool, "content": str}; an
+    assistant message may carry `tool_calls` [{"id", "type": "function", "function": {"name", "arguments": dict}}]
+    and a tool message answers one by `tool_call_id` (and `name`), as transformers' chat templates take them.
+    `tool_use` holds the tools the request offers and its tool choice (reef_lab/engines/tools.py)."""
 
     messages: list[dict]
     params: SamplingParams = field(default_factory=SamplingParams)
     scenario: str | None = None  # the engine serves the release routed to this scenario (base weights if none)
     release: str | None = None  # or exactly this loaded release (e.g. a candidate under evaluation)
     prompt_ids: list[int] | None = None  # the prompt as token ids, already templated (then `messages` is unused)
+    tool_use: ToolUse | None = None
 
 
 @dataclass
@@ -155,6 +161,7 @@ class Relay(Engine):
 
     model: str | None
     base_url: str
+    upstream_dialect: str | None = None  # the provider's dialect when it differs from clients' (the relay translates)
 
     @abstractmethod
     def forward(self, path: str, body: dict, client_headers: dict[str, str]):

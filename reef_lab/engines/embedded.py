@@ -470,7 +470,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
     """In-process Engine: one scheduler thread runs the model and batches concurrent requests continuously."""
 
     def __init__(self, model, tokenizer, model_name: str, release_id: str = "base", max_batch: int = 16,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, tool_template: str | None = None):
         from transformers import DynamicCache
 
         _check_mergeable_cache(DynamicCache, model.config)
@@ -492,7 +492,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._cache_class = DynamicCache
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._eos_ids = _eos_ids(model, tokenizer)
-        self._chat = ChatTokenizer(tokenizer, min(self._eos_ids) if self._eos_ids else None)
+        self._chat = ChatTokenizer(tokenizer, min(self._eos_ids) if self._eos_ids else None, tool_template)
         self._pad_id = min(self._eos_ids) if self._eos_ids else 0
         self._max_positions = getattr(model.config, "max_position_embeddings", None)
         self._param_count = sum(p.numel() for p in model.parameters())
@@ -509,8 +509,9 @@ class EmbeddedEngine(Generator, ReleaseHost):
 
     @classmethod
     def from_config(cls, cfg) -> EmbeddedEngine:
-        """`--model-path` (default: the embedded SmolLM2), `--max-batch`."""
-        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch)
+        """`--model-path` (default: the embedded SmolLM2), `--max-batch`, `--tool-template`."""
+        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch,
+                             tool_template=cfg.tool_template)
 
     @classmethod
     def from_path(cls, model_path: str | None = None, cache_dir: Path | str | None = None,
@@ -594,7 +595,7 @@ class EmbeddedEngine(Generator, ReleaseHost):
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request; bad parameters or messages raise here, in the caller's thread."""
         _check_params(request.params)
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self._chat.request_ids(request)
         if self._max_positions and len(prompt_ids) >= self._max_positions:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model takes at most {self._max_positions}")
         with self._cv:

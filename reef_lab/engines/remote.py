@@ -8,7 +8,10 @@ import urllib.parse
 from typing import Iterator
 
 import orjson
+from jinja2 import TemplateError
 
+from reef_lab.engines.base import ChatRequest
+from reef_lab.engines.tools import has_tool_turns, resolve_tool_template
 from reef_lab.errors import EngineUnavailable
 
 
@@ -18,18 +21,39 @@ class EngineError(RuntimeError):
 
 class ChatTokenizer:
     """The base model's chat template and tokenizer, one call at a time: a fast tokenizer is one shared Rust
-    object whose calls can refuse to run concurrently ("Already borrowed")."""
+    object whose calls can refuse to run concurrently ("Already borrowed").
 
-    def __init__(self, tokenizer, eos_id: int | None):
+    Requests with tools, or with tool calls and results in their history, are templated with the tool template
+    (reef_lab/engines/tools.py: the model's own when it renders tools, else the shipped Hermes-style one, or
+    `tool_template`, a file); the others exactly as before, with the model's own template."""
+
+    def __init__(self, tokenizer, eos_id: int | None, tool_template: str | None = None):
         self.tokenizer, self.eos_id = tokenizer, eos_id
+        self.tool_template, self.tool_template_origin = resolve_tool_template(tokenizer.chat_template, tool_template)
         self._lock = threading.Lock()
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """The chat-templated prompt, ending with the assistant turn's opening."""
-        with self._lock:
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)
-        return list(encoded["input_ids"])
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None, prefill: str = "") -> list[int]:
+        """The chat-templated prompt, ending with the assistant turn's opening (and `prefill`, the text the
+        assistant turn starts with: see ToolUse.prefill). A template that refuses the conversation is a ValueError."""
+        try:
+            with self._lock:
+                if not tools and not prefill and not has_tool_turns(messages):
+                    encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                                 tokenize=True, return_dict=True)
+                    return list(encoded["input_ids"])
+                # apply_chat_template(tokenize=True) renders, then encodes without special tokens: the same here,
+                # with the prefill appended to the rendered text
+                text = self.tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                          chat_template=self.tool_template,
+                                                          add_generation_prompt=True, tokenize=False)
+                return list(self.tokenizer.encode(text + prefill, add_special_tokens=False))
+        except TemplateError as e:
+            raise ValueError(f"the chat template refused the conversation: {e}") from None
+
+    def request_ids(self, request: ChatRequest) -> list[int]:
+        """The prompt of a request: its messages, with its tools and tool-choice prefill when it offers tools."""
+        tu = request.tool_use
+        return self.prompt_ids(request.messages, tu.prompt_tools() if tu else None, tu.prefill() if tu else "")
 
     def completion_ids(self, text: str) -> list[int]:
         """A target answer's token ids as the model would generate them, ending with EOS (for demonstrations)."""
@@ -38,12 +62,12 @@ class ChatTokenizer:
         return list(ids) + ([self.eos_id] if self.eos_id is not None else [])
 
     @classmethod
-    def from_folder(cls, model_dir) -> ChatTokenizer:
+    def from_folder(cls, model_dir, tool_template: str | None = None) -> ChatTokenizer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         eos = tok.eos_token_id
-        return cls(tok, eos if isinstance(eos, int) else (list(eos)[0] if eos else None))
+        return cls(tok, eos if isinstance(eos, int) else (list(eos)[0] if eos else None), tool_template)
 
 
 class EngineClient:

@@ -104,13 +104,13 @@ class SGLangEngine(Generator, ReleaseHost):
     """Generates through an SGLang server and serves trained releases on it (see the module docstring)."""
 
     def __init__(self, url: str, model_dir: str | Path, transport: str = "lora", timeout: float = 600.0,
-                 model_name: str | None = None):
+                 model_name: str | None = None, tool_template: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.client = EngineClient(url, timeout)
         self.url, self.transport = self.client.url, transport
         self.model_dir = Path(model_dir)
-        self.chat = ChatTokenizer.from_folder(self.model_dir)
+        self.chat = ChatTokenizer.from_folder(self.model_dir, tool_template)
         self._lock = threading.Lock()
         self._folders: dict[str, Path] = {}  # loaded releases (lora: adapters on the server; weights: on disk)
         self._routes: dict[str, str] = {}
@@ -130,7 +130,7 @@ class SGLangEngine(Generator, ReleaseHost):
             raise ValueError(f"the sglang engine takes engine_options url (required), model_dir, transport, timeout, "
                              f"model_name; got {sorted(opts)}")
         return cls(opts["url"], opts.get("model_dir") or cfg.model_path, opts.get("transport", "lora"),
-                   float(opts.get("timeout", 600.0)), opts.get("model_name"))
+                   float(opts.get("timeout", 600.0)), opts.get("model_name"), cfg.tool_template)
 
     # ---- generating -----------------------------------------------------------------------------------------
     @property
@@ -153,7 +153,7 @@ class SGLangEngine(Generator, ReleaseHost):
         p = request.params
         if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
             raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
         release = request.release or self.release_for(request.scenario)
         sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
         if p.stop:

@@ -1,7 +1,8 @@
 """Relay to any OpenAI- or Anthropic-compatible provider.
 
 Bodies and streams pass as they are (only `model` is replaced when the deployment names one), over a pooled
-keep-alive connection. Faults become clear errors and never take the server down: unreachable 502, timeout 504,
+keep-alive connection; when the provider speaks another dialect than the client (`--upstream-dialect`), the gateway
+translates them (reef_lab/gateway/relay.py). The client's headers pass by the rules of reef_lab/engines/headers.py. Faults become clear errors and never take the server down: unreachable 502, timeout 504,
 provider 5xx 502, provider 4xx relayed with the provider's own body.
 """
 
@@ -19,10 +20,13 @@ import httptools
 import orjson
 
 from reef_lab.engines.base import Relay
+from reef_lab.engines.headers import upstream_headers
 from reef_lab.errors import UpstreamError
 
-ANTHROPIC_VERSION = "2023-06-01"
 
+# --upstream-dialect's names for the dialects (reef_lab/gateway/dialects.py spells them as records do)
+UPSTREAM_DIALECTS = {"anthropic": "anthropic.messages", "openai-chat": "openai.chat",
+                     "openai-responses": "openai.responses"}
 
 # Provider headers a client needs to act on an answer (back off, see its quota, quote the provider's request id).
 PASSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
@@ -168,7 +172,8 @@ class UpstreamEngine(Relay):
     """Proxies requests to `base_url` (for example https://api.openai.com or http://127.0.0.1:8000)."""
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout: float = 120.0, connect_timeout: float = 5.0, pool_size: int = 64):
+                 timeout: float = 120.0, connect_timeout: float = 5.0, pool_size: int = 64,
+                 upstream_dialect: str | None = None, key_from_client: bool = False):
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
@@ -176,26 +181,22 @@ class UpstreamEngine(Relay):
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("REEF_UPSTREAM_API_KEY")
         self.read_timeout = timeout
+        self.upstream_dialect = upstream_dialect  # None: each client's own dialect (no translation)
+        self.key_from_client = key_from_client
         self.pool = _Pool(self.base_url, connect_timeout, timeout, pool_size)
 
     @classmethod
     def from_config(cls, cfg) -> UpstreamEngine:
-        """`--upstream-url`, `--upstream-model`, `--upstream-timeout`; the key from REEF_UPSTREAM_API_KEY."""
+        """`--upstream-url`, `--upstream-model`, `--upstream-timeout`, `--upstream-dialect`,
+        `--upstream-key-from-client`; the key from REEF_UPSTREAM_API_KEY."""
         if not cfg.upstream_url:
             raise ValueError("the upstream engine needs --upstream-url: the provider to relay to")
-        return cls(cfg.upstream_url, cfg.upstream_model, timeout=cfg.upstream_timeout)
+        return cls(cfg.upstream_url, cfg.upstream_model, timeout=cfg.upstream_timeout,
+                   upstream_dialect=UPSTREAM_DIALECTS[cfg.upstream_dialect] if cfg.upstream_dialect else None,
+                   key_from_client=cfg.upstream_key_from_client)
 
     def _headers(self, path: str, client_headers: dict[str, str]) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if path.startswith("/v1/messages"):
-            h["anthropic-version"] = client_headers.get("anthropic-version") or ANTHROPIC_VERSION
-            if client_headers.get("anthropic-beta"):
-                h["anthropic-beta"] = client_headers["anthropic-beta"]
-            if self.api_key:
-                h["x-api-key"] = self.api_key
-        elif self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
+        return upstream_headers(client_headers, path.startswith("/v1/messages"), self.api_key, self.key_from_client)
 
     def prepare(self, body: dict) -> bytes:
         if self.model:
@@ -278,7 +279,7 @@ class UpstreamEngine(Relay):
 
     def info(self) -> dict:
         return {"engine": "upstream", "base_url": self.base_url, "model": self.model, "release_id": "upstream",
-                "key_set": bool(self.api_key)}
+                "key_set": bool(self.api_key), "dialect": self.upstream_dialect, "key_from_client": self.key_from_client}
 
     def close(self) -> None:
         self.pool.clear()

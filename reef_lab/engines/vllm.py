@@ -184,11 +184,11 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
                  transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64,
-                 pause_for_training: bool | None = None):
+                 pause_for_training: bool | None = None, tool_template: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.model_dir, self.transport = Path(model_dir), transport
-        self.chat = ChatTokenizer.from_folder(self.model_dir)
+        self.chat = ChatTokenizer.from_folder(self.model_dir, tool_template)
         self._lock = threading.RLock()
         self._folders: dict[str, Path] = {}
         self._routes: dict[str, str] = {}
@@ -237,7 +237,7 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
             if not (model_dir / "config.json").is_file():
                 raise ValueError(f"{model_dir} holds no converted model yet: start the embedded engine once, or "
                                  "give --model-path (a transformers folder)")
-        return cls(model_dir, **opts)
+        return cls(model_dir, **opts, tool_template=cfg.tool_template)
 
     # ---- the child process ----------------------------------------------------------------------------------
     def _launch(self, python: Path, port: int, threads_bind: str | None, kv_cache_gib: int, max_model_len: int,
@@ -350,7 +350,7 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         p = request.params
         if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
             raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.prompt_ids(request.messages)
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
         release = request.release or self.release_for(request.scenario)
         if release != "base" and release not in self._folders:
             raise ValueError(f"release {release!r} is not loaded in this engine")

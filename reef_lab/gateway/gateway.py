@@ -8,6 +8,7 @@ before it is stored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -15,49 +16,33 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
 from reef_lab.gateway import dialects
 from reef_lab import harness as harness_mod
-from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError, UpstreamError
+from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError
 from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
 from reef_lab.publishing.hub import HubConfig, HubPublisher
 from reef_lab.engines.lm import make_lm
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
-from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, load_recipe, \
-    shipped_recipes
+from reef_lab.learning.recipe import LearnContext, Recipe, RecordHolder, RecordOnly, ScenarioLearner, check_offered, \
+    load_recipe, shipped_recipes
 from reef_lab.publishing.releases import BASE, ReleaseStore
 from reef_lab.records.record import KINDS, Record, content_hash, new_record_id
 from reef_lab.gateway.scenarios import ScenarioRegistry, check_name
+from reef_lab.gateway.relay import RelayCall
+from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply  # noqa: F401 - re-exported
 from reef_lab.schema import check_client_fields
+from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
 
 log = logging.getLogger("reef_lab.gateway.gateway")
 
-RECEIPT_HEADER = "x-reef-agent-record-id"
-RELEASE_HEADER = "x-reef-release-id"
-PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
-         dialects.ANTHROPIC: "/v1/messages"}
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata"}
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class StreamReply:
-    events: Iterator[bytes]
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Gateway:
@@ -65,17 +50,22 @@ class Gateway:
 
     def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
-                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None):
+                 tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
+                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
         self.data_dir = Path(data_dir)
+        self.retainer: Retainer | None = None
+        self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
+        self._handoff_lock = threading.Lock()
         # What a scenario may use: the shipped folders and what the operator named (never a client's own path).
         self.offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
         self._errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self._check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start, not on a request
-        self.store = RecordStore(self.data_dir)
+        self.store = RecordStore(self.data_dir, roll_records, roll_bytes)
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
         self._recipes: dict[str, Recipe] = {}
+        self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
         self.releases = ReleaseStore(self.data_dir)
         self._learners: dict[str, ScenarioLearner] = {}
         self._learn_lock = threading.Lock()
@@ -91,6 +81,9 @@ class Gateway:
             evolves = self.recipe(s.name).evolves
             if evolves == "harness" or (evolves == "weights" and self.store.ids(s.name, "report")):
                 self._start_learner(s.name)
+        if retention is not None and retention.active:  # after the learners: they hold what they replayed
+            self.retainer = Retainer(self.store, retention, self._retention_pins).start()
+            self.store.on_roll = self.retainer.wake
 
     def _check_engine_fits(self, recipe) -> None:
         if recipe.evolves == "weights" and not isinstance(self.engine, ReleaseHost):
@@ -220,10 +213,11 @@ class Gateway:
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
                 raise err from e
-            resp = dialects.render(dialect, gen, model, rid, created)
+            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                         logprobs=gen.logprobs)
+                                         logprobs=gen.logprobs,
+                                         metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
             return gen, rec.id, resp
 
@@ -243,7 +237,7 @@ class Gateway:
             try:
                 prompt_tokens = len(handle.prompt_ids)
                 yield from dialects.stream(dialect, deltas(), lambda: finish()[:2], model, rid, created,
-                                           prompt_tokens)
+                                           prompt_tokens, req.tool_use)
                 done = True
             except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
                 done = True
@@ -255,79 +249,17 @@ class Gateway:
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:
-        """Pass the body to the provider; every call, failed or not, streaming or not, becomes a record."""
-        path, t0 = PATHS[dialect], time.perf_counter()
-
-        def record(response, error: str | None) -> Record:
-            rec = self._inference_record(name, dialect, body, tags, response, t0, release_id=release,
-                                         status="error" if error else "ok", error=error)
-            self.store.append([rec])
-            return rec
-        try:
-            if body.get("stream"):
-                up, events = self.engine.open_stream(path, sent, headers)
-            else:
-                up, events = self.engine.forward(path, sent, headers), None
-        except UpstreamError as e:
-            record(None, e.message)
-            raise
-        if events is not None:
-            return StreamReply(self._relay_stream(dialect, events, body, name, tags, t0, release),
-                               headers={RELEASE_HEADER: release, **up.headers})
-        try:
-            resp = orjson.loads(up.body)
-        except orjson.JSONDecodeError:
-            resp = None
-        if up.status < 300 and not isinstance(resp, dict):
-            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
-            rec = record({"raw": up.body[:65536].decode(errors="replace")},
-                         f"the upstream provider answered HTTP {up.status} with {what}")
-            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
-                                f"{rec.id}")
-        rec = record(resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")},
-                     None if up.status < 300 else f"upstream answered HTTP {up.status}")
-        return Reply(up.status, up.body, up.content_type,
-                     {RECEIPT_HEADER: rec.id, RELEASE_HEADER: release, **up.headers})
-
-    def _relay_stream(self, dialect, events, body, name, tags, t0, release="upstream") -> Iterator[bytes]:
-        acc = dialects.StreamAccumulator(dialect)
-        final, final_event, error = None, None, None
-        try:
-            for ev in events:
-                event_name, data = _parse_sse(ev)
-                if data == "[DONE]":
-                    break
-                try:
-                    obj = orjson.loads(data) if data else None
-                except orjson.JSONDecodeError:
-                    obj = None
-                if isinstance(obj, dict):
-                    acc.add(obj)
-                    kind = obj.get("type")
-                    if kind in ("message_stop", "response.completed", "response.incomplete", "response.failed"):
-                        final, final_event = obj, event_name
-                        continue
-                yield ev
-        except UpstreamError as e:
-            error = e.message
-        rec = self._inference_record(name, dialect, body, tags, acc.result(), t0, release_id=release,
-                                     status="error" if error else "ok", error=error)
-        self.store.append([rec])
-        reef = {"agent_record_id": rec.id, "release_id": release}
-        if error:
-            yield dialects.error_event(dialect, error, reef)
-        elif dialect == dialects.OPENAI_CHAT:
-            r = acc.response
-            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
-                                "model": r.get("model"), "choices": [], "reef": reef})
-            yield b"data: [DONE]\n\n"
-        elif final is not None:
-            yield dialects.sse({**final, "reef": reef}, final_event)
+        """Pass the body to the provider, translated when it speaks another dialect (reef_lab/gateway/relay.py);
+        every call, failed or not, streaming or not, becomes a record."""
+        return RelayCall(self, dialect, body, name, tags, headers, sent, release, time.perf_counter()).run()
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
         if isinstance(self.engine, Relay):
+            if self.engine.upstream_dialect not in (None, dialects.ANTHROPIC):
+                raise NotFound("token counting is an Anthropic API; the upstream provider speaks "
+                               f"{self.engine.upstream_dialect}, which has none")
             up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
             return Reply(up.status, up.body, up.content_type)
         messages = dialects.parse_count_tokens(body)
@@ -351,13 +283,26 @@ class Gateway:
         if r is None:
             s = self.scenarios.get(name)
             try:
-                r = load_recipe(check_offered(s.recipe, self.offered), s.config)
+                spec = check_offered(s.recipe, self.offered)
+                if s.origin != "operator":  # a client's config, read back: as refused as when it was sent
+                    self._check_client_config(spec, s.config)
+                r = load_recipe(spec, s.config)
             except ReefError as e:
                 self._errors[name] = f"recipe {s.recipe!r} cannot be built: {e.message}"
                 log.error("scenario %s serves and records without learning: %s", name, self._errors[name])
                 r = RecordOnly(self._errors[name])
             self._recipes[name] = r
         return r
+
+    def _check_client_config(self, spec: str, config: dict | None) -> None:
+        """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""
+        if spec not in self._config_classes:
+            recipe = load_recipe(spec)  # the recipe's defaults: nothing of the client's is read
+            self._config_classes[spec] = type(recipe.config) if recipe.config is not None else None
+        try:
+            check_client_fields(self._config_classes[spec], config or {})
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
 
     def _start_learner(self, name: str, record: dict | None = None) -> None:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
@@ -396,6 +341,7 @@ class Gateway:
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         refs = self._check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.recipe(name).validate_report(body)
@@ -404,10 +350,54 @@ class Gateway:
                      tags=tags or {})
         if chosen is not None:
             rec.content_hash = content_hash(rec)
-        created = self.store.append([rec])[0]
-        if created and refs and self.recipe(name).evolves != "nothing":
-            self._start_learner(name, rec.to_dict())
+        with self._handing_over([rec.id, *refs]):
+            created = self.store.append([rec], refs_checked_at=epoch)[0]
+            if created and refs and self.recipe(name).evolves != "nothing":
+                self._start_learner(name, rec.to_dict())
         return created, rec.id
+
+    @contextlib.contextmanager
+    def _handing_over(self, ids: list[str]):
+        """While a stored record is on its way to its learner, retention sees it (and its references) as held."""
+        if self.retainer is None:
+            yield
+            return
+        token = object()
+        with self._handoff_lock:
+            self._handoff[token] = tuple(ids)
+        try:
+            yield
+        finally:
+            with self._handoff_lock:
+                del self._handoff[token]
+
+    def _retention_pins(self) -> set[str]:
+        """The records retention keeps whatever its limits say (docs/records.md#retention), gathered in the order a
+        report moves on: being handed to its learner, held by the learner, named by a candidate's or release's
+        lineage; one that moves on while this runs is found at its next stop. A scenario whose learner does not
+        say what it holds (not a RecordHolder), or could not be built, keeps all its reports and what they
+        reference."""
+        with self._handoff_lock:
+            pinned = {rid for ids in self._handoff.values() for rid in ids}
+        with self._learn_lock:
+            learners = dict(self._learners)
+        unknown = []
+        for s in self.scenarios.list():
+            ln = learners.get(s.name)
+            if isinstance(ln, RecordHolder):
+                pinned |= ln.held_records()
+                continue
+            try:
+                learns = ln is not None or s.name in self._errors or self.recipe(s.name).evolves != "nothing"
+            except NotFound:  # deleted meanwhile: its records are hidden, nothing needs them
+                continue
+            if learns:
+                unknown.append(s.name)
+        if unknown:
+            pinned |= self.store.reports_and_references(unknown)
+        for name in self.releases.scenarios():
+            pinned |= self.releases.lineage_records(name)
+        return pinned
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def learner(self, name: str) -> ScenarioLearner:
@@ -472,8 +462,8 @@ class Gateway:
 
     def list_releases(self, name: str) -> dict:
         self.scenarios.get(name)
-        idx = self.releases.index(name)
-        serving = self.releases.serving(name)
+        idx = self.releases.index(name)  # read once: a release published in between would show as serving, unlisted
+        serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
                "hub_main": idx.get("hub_main")}
@@ -554,6 +544,7 @@ class Gateway:
         if len(items) > 10_000:
             raise BadRequest("at most 10000 records per batch; split the import")
         records, pending = [], {}
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
                 rec = self._import_one(item, default_scenario, pending)
@@ -563,10 +554,11 @@ class Gateway:
             pending[rec.id] = rec
         for rec in records:
             self.scenarios.ensure(rec.scenario)
-        created = self.store.append(records)
-        for rec, c in zip(records, created, strict=True):
-            if c and rec.kind in ("report", "train") and self.recipe(rec.scenario).evolves != "nothing":
-                self._start_learner(rec.scenario, rec.to_dict())
+        with self._handing_over([rid for r in records for rid in (r.id, *r.references)]):
+            created = self.store.append(records, refs_checked_at=epoch)
+            for rec, c in zip(records, created, strict=True):
+                if c and rec.kind in ("report", "train") and self.recipe(rec.scenario).evolves != "nothing":
+                    self._start_learner(rec.scenario, rec.to_dict())
         return (201 if any(created) else 200), {
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
@@ -664,14 +656,12 @@ class Gateway:
         if body.get("recipe") is not None:
             check_offered(body["recipe"], self.offered)
         if body.get("recipe") is not None or config:
-            recipe = load_recipe(body.get("recipe") or self.scenarios.default_recipe, config)
-            try:
-                if not operator:
-                    check_client_fields(type(recipe.config), config or {})
-            except ValueError as e:
-                raise BadRequest(str(e)) from None
-            self._check_engine_fits(recipe)
-        s = self.scenarios.create(body["name"], body.get("recipe"), config)
+            spec = body.get("recipe") or self.scenarios.default_recipe
+            if not operator:  # before the recipe ever sees the client's config
+                self._check_client_config(spec, config)
+            self._check_engine_fits(load_recipe(spec, config))
+        s = self.scenarios.create(body["name"], body.get("recipe"), config,
+                                  origin="operator" if operator else "client")
         if self._evolves_harness(s.name):
             self._start_learner(s.name)
         return self.scenario_info(s.name)
@@ -692,7 +682,8 @@ class Gateway:
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": {n: ln.status() for n, ln in self._learners.items()},
                 "scenario_errors": dict(self._errors),
-                "hub": None if self.hub is None else self._hub_status()}
+                "hub": None if self.hub is None else self._hub_status(),
+                "retention": None if self.retainer is None else self.retainer.status()}
 
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
@@ -706,6 +697,8 @@ class Gateway:
         return {"repo": self.hub.config.repo, "queued": self.hub._jobs.unfinished_tasks, "scenarios": scenarios}
 
     def close(self, close_engine: bool = True) -> None:
+        if self.retainer is not None:
+            self.retainer.close()
         for ln in list(self._learners.values()):
             ln.close()
         if self.hub is not None:
@@ -724,13 +717,3 @@ def shown(value: Any, width: int = 60) -> str:
 def wire_record(r: dict) -> dict:
     """A record as the API returns it: Reef's names (`agent_record_id`, `artifact_ref.release_id`) beside ours."""
     return {"agent_record_id": r["id"], "artifact_ref": {"release_id": r.get("release_id")}, **r}
-
-
-def _parse_sse(event: bytes) -> tuple[str | None, str]:
-    name, data = None, []
-    for line in event.decode(errors="replace").split("\n"):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    return name, "\n".join(data)

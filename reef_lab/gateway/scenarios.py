@@ -28,6 +28,11 @@ class Scenario:
     recipe: str
     created_at: float = field(default_factory=time.time)
     config: dict = field(default_factory=dict)
+    # Who chose `config`: "operator" (the deployment's --recipe-config, an in-process experiment) or "client" (the
+    # body of POST /reef/scenarios). A client's config is checked again whenever it is read back (never code,
+    # never an operator-only field); scenarios.json of older versions has no origin: a config other than the
+    # operator's current one counts as a client's.
+    origin: str = "client"
 
     @property
     def since(self) -> float:
@@ -61,6 +66,8 @@ class ScenarioRegistry:
         self.on_change = None  # called after every saved change
         if self.path.exists():
             for d in orjson.loads(self.path.read_bytes()):
+                if "origin" not in d:
+                    d["origin"] = "operator" if d.get("config") == self.default_config else "client"
                 self._items[d["name"]] = Scenario(**d)
 
     def _save(self) -> None:
@@ -82,18 +89,21 @@ class ScenarioRegistry:
         with self._lock:
             if name not in self._items:
                 check_name(name)
-                self._items[name] = Scenario(name, self.default_recipe, config=dict(self.default_config))
+                self._items[name] = Scenario(name, self.default_recipe, config=dict(self.default_config),
+                                             origin="operator")
                 self._save()
             return self._items[name]
 
-    def create(self, name: str, recipe: str | None = None, config: dict | None = None) -> Scenario:
+    def create(self, name: str, recipe: str | None = None, config: dict | None = None,
+               origin: str = "client") -> Scenario:
+        """A new scenario; `origin` says who chose `config` (the deployment's own config when none is given)."""
         check_name(name)
         with self._lock:
             if name in self._items:
                 raise Conflict(f"scenario {name!r} already exists")
             if config is None and not recipe:
-                config = dict(self.default_config)
-            s = Scenario(name, recipe or self.default_recipe, config=config or {})
+                config, origin = dict(self.default_config), "operator"
+            s = Scenario(name, recipe or self.default_recipe, config=config or {}, origin=origin)
             self._items[name] = s
             self._save()
             return s

@@ -9,8 +9,8 @@ scenario's learner trains, evaluates and releases exactly as it would behind the
 Clients keep `concurrency` requests in flight; while the learner's pool already holds `max_pool` unconsumed samples
 they wait (backpressure), so rollouts are not made faster than training can use them and the staleness bound does
 not throw the budget away. A run lives in `out_dir`: its data dir (records, releases, learner metrics),
-`rollouts.jsonl` and `summary.json`. Running the same command again resumes: prompts already answered and reported
-are skipped, and the learner replays reports it had not consumed.
+`rollouts.jsonl`, `summary.json` and `heartbeat.json` (refreshed while it runs). Running the same command again
+resumes: prompts already answered and reported are skipped, and the learner replays reports it had not consumed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import orjson
 
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.learning.tasks import make_task
@@ -101,7 +102,13 @@ def choose_engine(cfg: ExperimentConfig) -> tuple[str, str]:
 
 
 def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) -> dict:
-    """Run (or resume) an experiment; returns its summary."""
+    """Run (or resume) an experiment; returns its summary. Its heartbeat (reef_lab.learning.heartbeat) tells the
+    apps it runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return _run_experiment(cfg, engine, progress)
+
+
+def _run_experiment(cfg: ExperimentConfig, engine, progress: bool) -> dict:
     from tqdm import tqdm
 
     run_dir = cfg.run_dir

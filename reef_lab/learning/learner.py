@@ -28,7 +28,7 @@ from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.learning.evaluation import evaluate
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.recipe import LearnConfig, LearnContext, select
+from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder, select
 from reef_lab.publishing.releases import BASE, release_key
 from reef_lab.learning.samples import Sample, sample_from_records
 from reef_lab.learning.tasks import make_task
@@ -88,7 +88,7 @@ class WeightRecipe(ABC):
         """One training step on the batch; metrics (with `policy_step`: whether the policy's weights moved)."""
 
 
-class Learner(LearnerLoop):
+class Learner(LearnerLoop, RecordHolder):
     def __init__(self, ctx: LearnContext, recipe: WeightRecipe):
         engine = ctx.engine
         if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
@@ -106,6 +106,7 @@ class Learner(LearnerLoop):
         self._consumed: set[str] = set(state.get("consumed", []))
         self._init_loop()
         self._pool: list[Sample] = []
+        self._in_round: list[Sample] = []  # taken from the pool by the round now training
         self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._reset = False
         self._publish_lock = threading.Lock()
@@ -146,6 +147,23 @@ class Learner(LearnerLoop):
         with self._cv:
             self._reset = True
             self._policy_steps_since_candidate = 0
+
+    def held_records(self) -> set[str]:
+        """Reports queued, samples in the pool or training now, and samples trained on since the last candidate
+        (its lineage will name them), with their reports. Read in the order a record moves through them, so one
+        that moves on meanwhile is still seen."""
+        held: set[str] = set()
+        with self._cv:
+            for _, rec in self._inbox:
+                held.add(rec["id"])
+                held.update(rec.get("references") or ())
+            samples = [*self._pool, *self._in_round]
+        samples += list(self._since_candidate)
+        for s in samples:
+            held.add(s.record_id)
+            if s.report_id:
+                held.add(s.report_id)
+        return held
 
     def status(self) -> dict:
         with self._cv:
@@ -221,6 +239,7 @@ class Learner(LearnerLoop):
                 batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
                 taken = {s.record_id for s in batch + dropped}
                 self._pool = [s for s in self._pool if s.record_id not in taken]
+                self._in_round = batch
                 self.phase = "training"
             try:
                 self._round(batch, dropped, manual)
@@ -233,6 +252,7 @@ class Learner(LearnerLoop):
             finally:
                 with self._cv:
                     self.phase = "idle"
+                    self._in_round = []
 
     def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
         if dropped:
@@ -273,13 +293,14 @@ class Learner(LearnerLoop):
     # ---- candidates and releases ----------------------------------------------------------------------------
     def _candidate(self, metrics: dict) -> None:
         self.phase = "evaluating"
-        used, self._since_candidate = self._since_candidate, []
+        used = list(self._since_candidate)  # they leave it once the candidate's lineage names them
         serving = self.releases.serving(self.scenario)
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
             serving or {}).get("release_id", BASE), "records": [s.record_id for s in used],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releases.new_candidate(self.scenario, lineage)
+        self._since_candidate = self._since_candidate[len(used):]
         key = f"{self.scenario}:{cid}"
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})

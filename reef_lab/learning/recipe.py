@@ -13,14 +13,15 @@ A deployment names its recipe by a `module:Class` path, or by a bare name `x` me
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
+from reef_lab.plugins import import_path
 from reef_lab.schema import check_fields
 from reef_lab.learning.tasks import TaskConfig
 
@@ -70,6 +71,17 @@ class ScenarioLearner(Protocol):
     def close(self) -> None: ...
 
 
+class RecordHolder(ABC):
+    """A learner that says which records it still needs: retention (reef_lab/records/retention.py) never evicts
+    them. Those are the reports (and `train` records) it was handed but has not learned from yet and the records
+    they reference, and what it has learned from but not yet named in a candidate's lineage. A learner that does
+    not derive from this class is assumed to need every report of its scenario and all they reference."""
+
+    @abstractmethod
+    def held_records(self) -> set[str]:
+        """Ids of the records this learner still needs (called from retention's thread)."""
+
+
 class Recipe(Protocol):
     name: str
     evolves: str  # one of EVOLVES
@@ -90,10 +102,9 @@ class Recipe(Protocol):
 def recipe_class(spec: str) -> type:
     """The class a recipe name or module:Class path names (no config is checked)."""
     path = recipe_path(spec)
-    module, _, cls = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as e:
+    try:  # a bare name is a folder of the shipped `recipes` package, never code from elsewhere
+        return import_path(path, "recipe", builtin=":" not in spec)
+    except ValueError as e:
         raise BadRequest(f"recipe {spec!r} cannot be loaded from {path!r} ({e}); name one of the folders in "
                          "recipes/ or give a module:Class path") from e
 

@@ -2,7 +2,10 @@
 
 Recipes compose these: SAO (one rollout per prompt, a learned value model, GAE advantages with a length-adaptive
 lambda, the DIS loss), GRPO (a group baseline instead of the value model, the same DIS loss) and SFT (token NLL).
-Tensors are [batch, tokens] over completion tokens, right-padded; `mask` is 1 on real tokens.
+Tensors are [batch, tokens] over completion tokens, right-padded; `mask` is the loss mask: 1 on the tokens the
+model generated, 0 on padding and on what it was given inside an episode (tool results, user turns, template tokens;
+reef_lab.learning.samples). A loss reads nothing at a masked position: not its logprob, not the rollout's logprob,
+not its advantage (those may hold anything, even inf), and its gradient there is exactly zero.
 
 The DIS loss (decoupled importance sampling with a two-sided token mask): the rollout came from the serving engine
 under a policy pi_rollout whose per-token logprobs the record holds; the trainer's policy pi_theta has moved since
@@ -60,22 +63,29 @@ def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return rewards
 
 
+def masked_log_ratio(logp: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log(pi_theta / pi_rollout) on trained tokens and 0 elsewhere, with no gradient path through the masked
+    positions' values (a where() over an inf would still send NaN back through exp)."""
+    on = mask.bool()
+    return torch.where(on, logp, logp.detach()) - torch.where(on, logp_rollout, logp.detach())
+
+
 def dis_mask(logp: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, low: float,
              high: float) -> torch.Tensor:
-    """1 where the token is real and pi_theta/pi_rollout lies in [low, high], else 0 (no gradient)."""
-    ratio = torch.exp(logp.detach() - logp_rollout)
+    """1 where the token is trained and pi_theta/pi_rollout lies in [low, high], else 0 (no gradient)."""
+    ratio = torch.exp(masked_log_ratio(logp.detach(), logp_rollout, mask))
     return (mask.bool() & (ratio >= low) & (ratio <= high)).to(logp.dtype)
 
 
 def dis_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              low: float, high: float) -> tuple[torch.Tensor, dict]:
-    """Sum over kept tokens of -rho * A (divide by the batch's real-token count for the token mean).
+    """Sum over kept tokens of -rho * A (divide by the batch's trained-token count for the token mean).
 
-    Returns (loss_sum, stats) with stats holding sums over real tokens: kept, masked_low, masked_high, ratio.
+    Returns (loss_sum, stats) with stats holding sums over trained tokens: kept, masked_low, masked_high, ratio.
     """
     keep = dis_mask(logp, logp_rollout, mask, low, high)
-    ratio = torch.exp(logp - logp_rollout)
-    loss_sum = -(keep * ratio * advantages.detach()).sum()
+    ratio = torch.exp(masked_log_ratio(logp, logp_rollout, mask))
+    loss_sum = -(keep * ratio * torch.where(keep.bool(), advantages.detach(), 0.0)).sum()
     real = mask.bool()
     r = ratio.detach()
     stats = {"tokens": float(real.sum()), "kept": float(keep.sum()),
@@ -119,33 +129,50 @@ def split_by_staleness(pool: list, trainer_step: int, release_steps: dict[str, i
     return fresh, stale
 
 
+def per_token(chunk: list, key: str, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] of each sample's `extra[key]` (one value per completion token), 0 where the loss mask is 0 (those
+    values are never read, so an episode may leave them None)."""
+    out = torch.zeros_like(mask)
+    for i, s in enumerate(chunk):
+        values = s.extra[key]
+        if len(values) != len(s.completion_ids):
+            raise ValueError(f"sample {s.record_id}: {len(values)} values of extra[{key!r}] for "
+                             f"{len(s.completion_ids)} completion tokens")
+        row = [float(v) if m else 0.0 for v, m in zip(values, s.mask)]
+        out[i, : len(row)] = torch.tensor(row, dtype=out.dtype)
+    return out
+
+
+def nll_loss(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """SFT: the negative log-likelihood summed over trained tokens."""
+    return -torch.where(mask.bool(), logp, 0.0).sum(), {}
+
+
 def dis_token_loss(low: float, high: float):
     """The trainer loss of a DIS policy-gradient step: per-token advantages from each sample's
     `extra["advantages"]`, the rollout's logprobs as the behaviour policy (shared by grpo and sao)."""
     def loss(logp, batch, chunk):
-        adv = torch.zeros_like(batch["mask"])
-        for i, s in enumerate(chunk):
-            a = s.extra["advantages"]
-            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
+        adv = per_token(chunk, "advantages", batch["mask"])
         return dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
     return loss
 
 
 def is_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
             logp_base: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """TTT-Discover's policy loss: sum over real tokens of -rho * (A - kl_coef * sg(logp - logp_base)), unclipped.
+    """TTT-Discover's policy loss: sum over trained tokens of -rho * (A - kl_coef * sg(logp - logp_base)), unclipped.
 
     rho = exp(logp - logp_rollout) corrects for the rollout coming from the engine's policy; no token is masked or
     clipped. The KL term's gradient, kl_coef * rho * (logp - logp_base) * grad logp, is the importance-weighted
     token-level gradient of KL(pi_theta || pi_base) (the score-function form; its expectation of rho * grad logp is
-    zero, so no baseline is needed). Returns (loss_sum, stats) with sums over real tokens: tokens, ratio_sum and,
+    zero, so no baseline is needed). Returns (loss_sum, stats) with sums over trained tokens: tokens, ratio_sum and,
     with a base, kl_sum (the k1 estimate logp - logp_base) and kl_k3_sum (exp(d) - 1 - d, d = logp_base - logp).
     """
-    ratio = torch.exp(logp - logp_rollout) * mask
-    shaped = advantages.detach()
+    on = mask.bool()
+    ratio = torch.exp(masked_log_ratio(logp, logp_rollout, mask)) * mask
+    shaped = torch.where(on, advantages.detach(), 0.0)
     stats = {"tokens": float(mask.sum()), "ratio_sum": float(ratio.detach().sum())}
     if logp_base is not None:
-        log_gap = (logp.detach() - logp_base) * mask
+        log_gap = torch.where(on, logp.detach() - logp_base, 0.0)
         shaped = shaped - kl_coef * log_gap
         stats["kl_sum"] = float(log_gap.sum())
         stats["kl_k3_sum"] = float(((torch.exp(-log_gap) - 1 + log_gap) * mask).sum())
@@ -159,14 +186,8 @@ def is_token_loss(kl_coef: float):
     the behaviour policy and, when kl_coef > 0, the base policy's from `extra["base_logprobs"]` (the trainer fills
     them in)."""
     def loss(logp, batch, chunk):
-        adv = torch.zeros_like(batch["mask"])
-        base = torch.zeros_like(batch["mask"]) if kl_coef else None
-        for i, s in enumerate(chunk):
-            a = s.extra["advantages"]
-            adv[i, : len(a)] = torch.tensor(a, dtype=torch.float32)
-            if base is not None:
-                b = s.extra["base_logprobs"]
-                base[i, : len(b)] = torch.tensor(b, dtype=torch.float32)
+        adv = per_token(chunk, "advantages", batch["mask"])
+        base = per_token(chunk, "base_logprobs", batch["mask"]) if kl_coef else None
         return is_loss(logp, batch["old_logprobs"], adv, batch["mask"], base, kl_coef)
     return loss
 

@@ -33,7 +33,8 @@ NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
         "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
-                "choice rows, e.g. ARC) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
+                "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
+                "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
     system_prompt: str = field(default="Answer with the final number only.", metadata={
@@ -62,8 +63,9 @@ class TaskConfig:
         check_fields(self)
         if self.answer_format and self.answer_format.count("{answer}") != 1:
             raise ValueError("answer_format must hold '{answer}' exactly once, e.g. 'Answer: {answer}'")
-        if self.name not in TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
-            raise ValueError(f"task name must be one of {sorted(TASKS)} or a module:Class path, got {self.name!r}")
+        if self.name not in TASKS and self.name not in TOOL_TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
+            raise ValueError(f"task name must be one of {sorted(TASKS) + sorted(TOOL_TASKS)} or a module:Class "
+                             f"path, got {self.name!r}")
         if self.name in ("jsonl", "choice") and not self.path:
             raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
@@ -188,12 +190,14 @@ class ChoiceTask(JsonlTask):
 
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
+# Tool tasks (episodes with tool calls; reef_lab/learning/tool_tasks.py), imported when named
+TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl": "reef_lab.learning.bfcl:BfclTask"}
 
 
 def make_task(config: TaskConfig | dict | None = None) -> Task:
-    """The task a config names: a short name of TASKS or a module:Class path of a Task subclass."""
+    """The task a config names: a short name of TASKS or TOOL_TASKS, or a module:Class path of a Task subclass."""
     cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
-    klass = TASKS.get(cfg.name) or load_class(cfg.name, Task, "task")
+    klass = TASKS.get(cfg.name) or load_class(cfg.name, Task, "task", names=TOOL_TASKS)
     return klass(cfg)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -29,6 +30,17 @@ import yaml
 from reef_lab.publishing.releases import ReleaseStore
 
 log = logging.getLogger("reef_lab.publishing.hub")
+
+_VERSION = re.compile(r"v[1-9][0-9]{0,8}")
+
+
+def checked_version(version: object) -> str:
+    """`version` when it is a release version (v1, v2, ...); it names a staging folder and a Hub tag, so anything
+    else (`../x`, a path, a tag of another repo's making) is refused before it is used."""
+    if not isinstance(version, str) or _VERSION.fullmatch(version) is None:
+        raise ValueError(f"release name {version!r} is not a release version (v1, v2, ...); refused before it names a "
+                         "folder or a Hub tag")
+    return version
 
 
 @dataclass
@@ -96,6 +108,7 @@ class HubPublisher:
     # ---- requests (any thread) --------------------------------------------------------------------------------
     def release(self, scenario: str, version: str) -> None:
         """Queue the push of release `version` (a commit on main, tagged `version`)."""
+        checked_version(version)
         self.releases.update_release(scenario, version, hub={"state": "pending", "repo": self.config.repo_for(
             scenario), "attempts": 0})
         self._jobs.put(("release", scenario, version))
@@ -105,6 +118,7 @@ class HubPublisher:
         if version is None:
             self.releases.update_index(scenario, hub_main={"state": "skipped", "reason": "base weights serve"})
             return
+        checked_version(version)
         self.releases.update_index(scenario, hub_main={"state": "pending", "version": version})
         self._jobs.put(("main", scenario, version))
 
@@ -161,10 +175,10 @@ class HubPublisher:
 
     def _push(self, kind: str, scenario: str, version: str) -> dict:
         repo = self.config.repo_for(scenario)
-        rel = self.releases.release(scenario, version)
+        rel = self.releases.release(scenario, checked_version(version))
         self.api.create_repo(repo, repo_type="model", private=self.config.private, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="reef-hub-") as tmp:
-            stage = Path(tmp) / version
+            stage = Path(tmp) / checked_version(rel["version"])  # the name the folder and the tag get
             shutil.copytree(rel["folder"], stage)
             link = self.links[scenario]() if scenario in self.links else self.config.wandb_url
             (stage / "README.md").write_text(model_card(scenario, rel, self.base_model, link))

@@ -144,5 +144,13 @@ class ReleaseStore:
             idx.update(fields)
             self._save(scenario, idx)
 
+    def lineage_records(self, scenario: str) -> set[str]:
+        """The records (samples and their reports) named by the lineage of every release and of every candidate
+        that may still become one: retention keeps them."""
+        idx = self.index(scenario)
+        live = [c for c in idx["candidates"] if c.get("status") in ("training", "evaluated", "pending_review")]
+        return {rid for entry in idx["releases"] + live for key in ("records", "reports")
+                for rid in entry.get(key) or ()}
+
     def scenarios(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/index.json")) if self.root.exists() else []

@@ -8,8 +8,9 @@ Three tables per scenario, in the Parquet layout of the store (JSON-valued field
 logprobs as lists): `inferences`, `reports` (with their references), and `training` (one row per sample a release
 consumed: release, record, prompt and completion token ids, the engine's logprobs, score). Only records the API
 shows are exported (those of the scenario as it exists now, not of a deleted earlier one of the same name).
-A push is one commit on the dataset repo's main with the three Parquet files and a card, tagged
-`records-<n>` with n the number of records, so every export stays reachable.
+Records a retention round evicted are not in an export made after it; an export made before is a copy and stays
+as it was (docs/records.md#retention). A push is one commit on the dataset repo's main with the three Parquet files
+and a card, tagged `records-<n>` with n the number of records, so every export stays reachable.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import polars as pl
 
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.gateway.scenarios import ScenarioRegistry
-from reef_lab.records.store import scan_records
+from reef_lab.records.segments import collect_records
 
 TABLES = ("inferences", "reports", "training")
 
@@ -32,9 +33,11 @@ def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFra
     data_dir = Path(data_dir)
     reg = ScenarioRegistry(data_dir, "basic")
     born = reg.get(scenario).since
-    records = scan_records(data_dir).filter((pl.col("scenario") == scenario) & (pl.col("stored_at") >= born))
-    inferences = records.filter(pl.col("kind") == "inference").sort("created_at").collect()
-    reports = records.filter(pl.col("kind") == "report").sort("created_at").collect()
+    # one read of the records, so inferences and reports come from the same view (a retention round may run)
+    records = collect_records(data_dir, lambda lf: lf.filter((pl.col("scenario") == scenario)
+                                                             & (pl.col("stored_at") >= born)).sort("created_at"))
+    inferences = records.filter(pl.col("kind") == "inference")
+    reports = records.filter(pl.col("kind") == "report")
     rows = []
     for rel in ReleaseStore(data_dir).index(scenario)["releases"]:
         for rid in rel.get("records") or []:

@@ -5,6 +5,9 @@ reading a record by id from a segment without knowing its row meant scanning the
 file (`records/index.sqlite`, stdlib `sqlite3`), written only by the roller thread, one transaction per segment,
 so the request path never waits on it; records not yet rolled are indexed in memory by the store.
 
+`segment_parts` holds, per segment and scenario, how many rows the segment file holds and their oldest and newest
+write time: what retention (reef_lab/records/retention.py) plans with, without reading the records table.
+
 It is derived data: every row can be rebuilt from the segments themselves. `segments` lists the segments whose rows
 are in; at open the store adds any segment missing from it (a crash between a segment's rename and its index
 commit, a data dir written before the index existed) and drops rows of segments that are gone. A file SQLite cannot
@@ -28,6 +31,9 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE INDEX IF NOT EXISTS records_by_scenario ON records (scenario, id);
 CREATE INDEX IF NOT EXISTS records_by_kind ON records (scenario, kind, id);
 CREATE TABLE IF NOT EXISTS segments (no INTEGER PRIMARY KEY, rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS segment_parts (
+    no INTEGER NOT NULL, scenario TEXT NOT NULL, rows INTEGER NOT NULL, oldest REAL NOT NULL, newest REAL NOT NULL,
+    PRIMARY KEY (no, scenario)) WITHOUT ROWID;
 """
 
 Row = tuple[str, str, str, str, float, int, int]  # id, scenario, kind, content_hash, stored_at, segment, row
@@ -50,6 +56,12 @@ class SegmentIndex:
                 p.unlink(missing_ok=True)
             self._db = self._connect()
         self.count = self._db.execute("SELECT count(*) FROM records").fetchone()[0]
+        missing = [no for (no,) in self._db.execute(
+            "SELECT no FROM segments WHERE no NOT IN (SELECT DISTINCT no FROM segment_parts)")]
+        if missing:  # an index written before segment_parts existed: fill it once from the records
+            self._db.execute(f"INSERT OR IGNORE INTO segment_parts SELECT segment, scenario, count(*), "
+                             f"min(stored_at), max(stored_at) FROM records WHERE segment IN "
+                             f"({','.join(map(str, missing))}) GROUP BY segment, scenario")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -76,11 +88,26 @@ class SegmentIndex:
                     gone = self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount
                 self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
                 self._db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?)", (no, len(rows)))
+                self._set_parts(no, [(r[1], r[4]) for r in rows])
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self.count += len(rows) - gone
+
+    def _set_parts(self, no: int, rows: list[tuple[str, float]]) -> None:
+        """Lock held, in a transaction: segment `no`'s parts from its rows' (scenario, stored_at)."""
+        parts: dict[str, list] = {}
+        for scenario, at in rows:
+            p = parts.get(scenario)
+            if p is None:
+                parts[scenario] = [1, at, at]
+            else:
+                p[0] += 1
+                p[1], p[2] = min(p[1], at), max(p[2], at)
+        self._db.execute("DELETE FROM segment_parts WHERE no = ?", (no,))
+        self._db.executemany("INSERT INTO segment_parts VALUES (?, ?, ?, ?, ?)",
+                             [(no, sc, *p) for sc, p in parts.items()])
 
     def drop_segments(self, nos: set[int]) -> None:
         with self._lock:
@@ -88,6 +115,41 @@ class SegmentIndex:
             for no in nos:
                 self.count -= self._db.execute("DELETE FROM records WHERE segment = ?", (no,)).rowcount
                 self._db.execute("DELETE FROM segments WHERE no = ?", (no,))
+                self._db.execute("DELETE FROM segment_parts WHERE no = ?", (no,))
+
+    def parts(self) -> dict[int, list[tuple[str, int, float, float]]]:
+        """Per segment: (scenario, rows, oldest, newest) of each scenario it holds."""
+        out: dict[int, list] = {}
+        with self._lock:
+            for no, sc, rows, oldest, newest in self._db.execute("SELECT * FROM segment_parts ORDER BY no"):
+                out.setdefault(no, []).append((sc, rows, oldest, newest))
+        return out
+
+    def evict(self, no: int, gone: list[str], kept: list[tuple[str, str, float]]) -> None:
+        """One transaction: segment `no` lost the records `gone`; `kept` are (id, scenario, stored_at) of the rows
+        it holds now, in row order (none: the segment is deleted)."""
+        with self._lock:
+            self._cache.clear()
+            self._db.execute("BEGIN")
+            try:
+                n = 0
+                for i in range(0, len(gone), 500):
+                    part = gone[i:i + 500]
+                    n += self._db.execute(f"DELETE FROM records WHERE id IN ({','.join('?' * len(part))})",
+                                          part).rowcount
+                if kept:
+                    self._db.executemany("UPDATE records SET row = ? WHERE id = ?",
+                                         [(row, rid) for row, (rid, _, _) in enumerate(kept)])
+                    self._db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?)", (no, len(kept)))
+                    self._set_parts(no, [(sc, at) for _, sc, at in kept])
+                else:
+                    self._db.execute("DELETE FROM segments WHERE no = ?", (no,))
+                    self._db.execute("DELETE FROM segment_parts WHERE no = ?", (no,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self.count -= n
 
     def get(self, record_id: str) -> Row | None:
         with self._lock:

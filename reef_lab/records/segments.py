@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import polars as pl
 
@@ -68,6 +68,19 @@ def scan_records(data_dir: str | Path) -> pl.LazyFrame:
     return scan_segments([segs[no] for no in sorted(segs)], lines_to_frame(tail) if tail else None)
 
 
+def collect_records(data_dir: str | Path, query: Callable[[pl.LazyFrame], pl.LazyFrame],
+                    tries: int = 5) -> pl.DataFrame:
+    """`query(scan_records(data_dir)).collect()`, listed and read again if a retention round deleted a segment in
+    between (the server's retention runs in another process): one consistent view of what is kept."""
+    for attempt in range(tries):
+        try:
+            return query(scan_records(data_dir)).collect()
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def read_rows(path: Path, rows: list[tuple[int, str]]) -> dict[str, dict]:
     """Records at the given rows of one segment: each run of nearby rows is one slice, which decodes only the row
     groups it touches."""
@@ -117,3 +130,53 @@ def write_segment(folder: Path, no: int, rows: Iterable[bytes], known: dict | No
     os.replace(tmp, path)
     _fsync_dir(folder)
     return keys
+
+
+def segment_ids(path: Path) -> list[tuple[str, str]]:
+    """(id, scenario) of each row of a segment, in row order (two columns read, nothing else)."""
+    df = pl.read_parquet(path, columns=["id", "scenario"])
+    return list(zip(df["id"].to_list(), df["scenario"].to_list(), strict=True))
+
+
+def rewrite_segment(path: Path, drop: set[str]) -> tuple[Path, list[tuple[str, str, float]]]:
+    """Segment `path` without the records `drop`, written to `<path>.tmp` (fsynced; the caller puts it in place)
+    one row group at a time in the file's own schema; returns that path and (id, scenario, write time) of each
+    row it holds, in row order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tmp = path.with_suffix(".parquet.tmp")
+    src = pq.ParquetFile(path)
+    gone = pa.array(sorted(drop), pa.string())
+    time_cols = [c for c in ("stored_at", "created_at") if c in src.schema_arrow.names]
+    kept: list[tuple[str, str, float]] = []
+    pending: list = []
+    writer = pq.ParquetWriter(tmp, src.schema_arrow, compression="zstd", write_statistics=True)
+
+    def flush(final: bool) -> None:
+        n = sum(t.num_rows for t in pending)
+        take = n if final else n - n % SEGMENT_ROW_GROUP  # whole row groups, but for the last
+        if not take:
+            return
+        table = pa.concat_tables(pending)
+        writer.write_table(table.slice(0, take), row_group_size=SEGMENT_ROW_GROUP)
+        pending[:] = [table.slice(take)] if take < n else []
+    try:
+        for i in range(src.num_row_groups):
+            t = src.read_row_group(i)
+            t = t.filter(pc.invert(pc.is_in(t["id"], value_set=gone)))
+            if not t.num_rows:
+                continue
+            at = pc.coalesce(*[t[c] for c in time_cols]) if time_cols else pa.nulls(t.num_rows, pa.float64())
+            kept += zip(t["id"].to_pylist(), t["scenario"].to_pylist(),
+                        [x if x is not None else 0.0 for x in at.to_pylist()], strict=True)
+            pending.append(t)
+            if sum(p.num_rows for p in pending) >= ROLL_BATCH:
+                flush(False)
+        flush(True)
+    finally:
+        writer.close()
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    return tmp, kept

@@ -13,6 +13,11 @@ memory stays flat under steady traffic and a read by id costs the same before an
 Opening a store recovers from any crash point: a torn log tail is cut at the last good frame, a log whose segment
 exists is deleted, a closed log without one is rolled. `scan_records(data_dir)` gives a polars LazyFrame over
 segments plus logs and is safe to call from another process while a server writes.
+
+Retention (reef_lab/records/retention.py decides what goes) evicts from rolled segments only, through the methods
+of reef_lab/records/eviction.py; the store's part is to recover (a `rewrite-N` marker re-indexes segment N at
+open), to keep reads of a segment off its swap (`_segments_rw`), and to keep a record that an append references
+while a round is deciding (`_fence`, `epoch`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from pathlib import Path
 
 import polars as pl
 
-from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.errors import BadRequest, Conflict, StoreUnavailable
 from reef_lab.records.index import SegmentIndex
 from reef_lab.records.logfile import (_HEADER, _ROWS, GroupCommitLog, Key, _fsync_dir, _frames, _is_torn,
                                       _list_files, create_log, encode_frame, iter_log_rows, log_lines, parse_row,
                                       read_log, record_key, row_text)
 from reef_lab.records.record import Record
+from reef_lab.records.eviction import SegmentEviction, SharedLock
 from reef_lab.records.segments import _conform, lines_to_frame, read_rows, scan_records, scan_segments, write_segment
 
 __all__ = ["RecordStore", "RelayLog", "IndexEntry", "scan_records", "read_log", "log_lines", "record_key",
@@ -78,7 +84,7 @@ class IndexEntry:
         self.chunk, self.pos, self.size = chunk, pos, size
 
 
-class RecordStore:
+class RecordStore(SegmentEviction):
     """Append-only, group-committed, crash-safe record storage for one data dir."""
 
     def __init__(self, data_dir: str | Path, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
@@ -99,6 +105,14 @@ class RecordStore:
         self._follow_lock = threading.Lock()
         self._roll_queue: list[_Chunk] = []
         self._roll_wake = threading.Condition(self._lock)
+        self.on_roll = None  # called (roller thread) after each log is rolled: retention's cue
+        # Retention (see evict): segments' files and index rows change only under _segments_rw alone; `epoch` moves
+        # before each eviction, `_fence` holds the ids a round may evict (a reference in an append takes an id out
+        # of it), `_evicting` the ids being evicted right now (gone for entry() and for appends already).
+        self._segments_rw = SharedLock()
+        self.epoch = 0
+        self._fence: set[str] = set()
+        self._evicting: set[str] = set()
         self._recover()
         self._closed = False
         self._roller = threading.Thread(target=self._roll_loop, name="reef-roller", daemon=True)
@@ -117,6 +131,12 @@ class RecordStore:
         self._rolled.drop_segments(indexed - set(self._segments))
         for no in sorted(set(self._segments) - indexed):  # a crash before its index commit, or an older data dir
             self._index_segment(no)
+        for marker in sorted(self.folder.glob("rewrite-*")):  # a crash while retention rewrote this segment
+            no = int(marker.name.removeprefix("rewrite-"))
+            if no in self._segments:
+                self._index_segment(no)
+            marker.unlink()
+            _fsync_dir(self.folder)
         parsed = {}
         for no, path in sorted(logs.items()):
             lines, offsets, good, legacy = _frames(path.read_bytes())
@@ -167,23 +187,26 @@ class RecordStore:
         _fsync_dir(self.folder)
 
     # ---- writing --------------------------------------------------------------------------------------------
-    def append(self, records: list[Record]) -> list[bool]:
+    def append(self, records: list[Record], refs_checked_at: int | None = None) -> list[bool]:
         """Write records durably; returns per record True (written) or False (same id and content existed).
 
         Raises Conflict (nothing written) when an id exists with other content, StoreUnavailable on I/O failure.
+        `refs_checked_at`: the `epoch` at which the caller found the records' references; if retention evicted
+        anything since, they are looked up again (BadRequest naming one that is gone).
         """
         dicts = [r.to_dict() for r in records]
         now = time.time()
         for d in dicts:
             d["stored_at"] = now
-        fresh, new = self._reserve(dicts, now)
+        fresh, new = self._reserve(dicts, now, refs_checked_at)
         if new:
             lines = [row_text(d) for d in new]
             self._log.append(encode_frame(lines), [(d["id"], d["scenario"], d["kind"], d["content_hash"], now)
                                                 for d in new], lines)
         return fresh
 
-    def _reserve(self, dicts: list[dict], now: float) -> tuple[list[bool], list[dict]]:
+    def _reserve(self, dicts: list[dict], now: float, refs_checked_at: int | None = None
+                 ) -> tuple[list[bool], list[dict]]:
         """Check ids against the index and reserve the new ones, so a concurrent duplicate sees them. Server ids
         (no content hash: 80 random bits, never repeated) are not looked up among rolled records."""
         chosen = [d["id"] for d in dicts if d["content_hash"]]
@@ -202,9 +225,24 @@ class RecordStore:
                 fresh.append(h is None)
                 seen.add(d["id"])
             new = [d for d, is_new in zip(dicts, fresh, strict=True) if is_new]
+            if refs_checked_at is not None and refs_checked_at != self.epoch:
+                self._recheck_references(new)
+            if self._fence:  # referenced now: no longer this round's to evict
+                for d in new:
+                    if d["references"]:
+                        self._fence.difference_update(d["references"])
             for d in new:
                 self._index[d["id"]] = IndexEntry(d["scenario"], d["kind"], d["content_hash"], now, -1)
         return fresh, new
+
+    def _recheck_references(self, dicts: list[dict]) -> None:
+        """Lock held: retention evicted records since the caller checked these references; are they still here?"""
+        batch = {d["id"] for d in dicts}
+        for d in dicts:
+            for r in d["references"] or ():
+                if r in batch or (r not in self._evicting and (r in self._index or self._rolled.get(r))):
+                    continue
+                raise BadRequest(f"reference {r!r} is not a known receipt (retention has evicted it)")
 
     def _committed(self, keys: list[Key], lines: list[bytes], offsets: list[int]) -> None:
         """Lock held: index records that are now durable in the open log; rotate it when full."""
@@ -273,6 +311,8 @@ class RecordStore:
             chunk.fd = -1
             (self.folder / f"log-{chunk.no:06d}.bin").unlink(missing_ok=True)
         self.stats["rolls"] += 1
+        if self.on_roll is not None:
+            self.on_roll()
 
     def _roll_loop(self) -> None:
         while True:
@@ -380,6 +420,8 @@ class RecordStore:
     def entry(self, record_id: str) -> IndexEntry | None:
         """What the index knows of a durable record (None if there is none). The relays' logs are looked at only
         for an id neither index knows (a receipt a relay has just handed out)."""
+        if self._evicting and record_id in self._evicting:
+            return None
         for attempt in range(2):
             e = self._index.get(record_id)
             if e is not None:
@@ -421,15 +463,19 @@ class RecordStore:
                         places.append((rid, self._tail[e.chunk].fd, e.pos, e.size))
             for rid, fd, pos, size in places:
                 found[rid] = parse_row(os.pread(fd, size, pos))
-        by_segment: dict[int, list[tuple[int, str]]] = {}
-        for rid, row in self._rolled.get_many(missing).items() if missing else ():
-            by_segment.setdefault(row[5], []).append((row[6], rid))
-        for no, rows in by_segment.items():
-            found.update(read_rows(self.folder / f"seg-{no:06d}.parquet", rows))
+        if not missing:
+            return found
+        with self._segments_rw.shared():  # the index rows and the files they point into, as one view
+            by_segment: dict[int, list[tuple[int, str]]] = {}
+            for rid, row in self._rolled.get_many(missing).items():
+                by_segment.setdefault(row[5], []).append((row[6], rid))
+            for no, rows in by_segment.items():
+                found.update(read_rows(self.folder / f"seg-{no:06d}.parquet", rows))
         return found
 
     def scan(self) -> pl.LazyFrame:
-        """A consistent LazyFrame over all records (segments plus the unrolled logs, read from disk)."""
+        """A consistent LazyFrame over all records (segments plus the unrolled logs, read from disk). Collect it
+        soon: a retention round that runs in between may delete or rewrite a segment it names."""
         self.follow()
         with self._read_lock:
             with self._lock:  # a snapshot: segments never change and a log's indexed records only grow

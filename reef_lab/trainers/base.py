@@ -9,6 +9,12 @@ from the same backend (`critic`).
 
 `TrainerConfig.backend` names the class: `torch`, `slime` or a `module:Class` path (an operator's choice, never a
 client's). The slime backend's own settings are `TrainerConfig.slime` (reef_lab.trainers.slime.SlimeConfig).
+
+A recipe may also bring an objective of its own (`SequenceLoss`: a function of each sequence's per-token logprobs
+under the policy and, if it asks, under the frozen reference) without a core edit. Only a backend that runs the
+recipe's code next to its policy can take one (`SequenceLossTrainer`: the torch trainer); a recipe that brings one
+calls `require_sequence_losses(config.trainer, ...)` when it is configured, so a backend that cannot (slime, whose
+loss is fixed when its job launches) is refused at scenario creation or experiment start, not at the first step.
 """
 
 from __future__ import annotations
@@ -56,6 +62,34 @@ class Loss:
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef}")
         if self.kl_coef and self.kind != "is":
             raise ValueError(f"kl_coef is part of the 'is' loss only; loss {self.kind!r} would ignore it")
+
+
+class SequenceLoss(ABC):
+    """A recipe's own objective over whole sequences (e.g. DPO's over pairs), run by a SequenceLossTrainer.
+
+    Per micro-batch the trainer calls `loss(logp, mask, samples, ref_logp)` with
+    - `logp`: [B, T] torch tensor, each completion token's logprob under the policy at temperature 1 (with gradient;
+      0 where the mask is 0 and on padding),
+    - `mask`: [B, T] the loss mask (1 on tokens the model generated; reef_lab.learning.samples),
+    - `samples`: the micro-batch's Samples in batch order (the recipe's per-sample data rides in `extra`),
+    - `ref_logp`: [B, T] the same under the frozen reference (the base model: LoRA adapters off, or a frozen copy of
+      the base for a full fine-tune), no gradient; None unless `reference` is True,
+    and takes back `(loss_sum, stats)`: the loss summed over the micro-batch's units (pairs, sequences, ...) as a
+    0-dim tensor, and float counters summed likewise. The trainer divides by `units(batch)` of the whole batch, so
+    micro-batching never changes the update, and keeps every `group` consecutive samples in one micro-batch.
+    """
+
+    name: str = "sequence"
+    group: int = 1  # consecutive samples that must share a micro-batch (2: a DPO pair)
+    reference: bool = False  # whether the trainer must supply the frozen reference's logprobs
+
+    def units(self, samples: list[Sample]) -> float:
+        """What the summed loss is divided by: by default one unit per group of samples."""
+        return len(samples) / self.group
+
+    @abstractmethod
+    def __call__(self, logp, mask, samples: list[Sample], ref_logp) -> tuple:
+        """(loss summed over this micro-batch's units, stats summed)."""
 
 
 @dataclass
@@ -140,16 +174,36 @@ class Trainer(ABC):
         """A value model on the same base and device (recipes with a learned baseline)."""
 
 
+class SequenceLossTrainer(Trainer):
+    """A trainer that also runs a recipe's own SequenceLoss: `step(samples, loss)` takes a Loss or a SequenceLoss."""
+
+    @abstractmethod
+    def step(self, samples: list[Sample], loss: Loss | SequenceLoss) -> dict:
+        """One optimizer step on a Loss, or on a SequenceLoss (metrics: loss, grad_norm, tokens, samples, units
+        and the loss's own counters)."""
+
+
 BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer", "slime": "reef_lab.trainers.slime:SlimeTrainer"}
 
 
 def trainer_class(spec: str) -> type[Trainer]:
     if spec not in BACKENDS and ":" not in spec:
         raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
-    return load_class(BACKENDS.get(spec, spec), Trainer, "trainer backend")
+    return load_class(spec, Trainer, "trainer backend", names=BACKENDS)
 
 
 def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:
     """The trainer a recipe's `trainer` config names, on the base model and a release's weights."""
     cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
     return trainer_class(cfg.backend)(model_dir, cfg, init_folder)
+
+
+def require_sequence_losses(config: TrainerConfig | dict, recipe: str) -> None:
+    """Refuse, when a recipe is configured, a trainer backend that cannot run the recipe's own SequenceLoss."""
+    cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
+    klass = trainer_class(cfg.backend)
+    if not issubclass(klass, SequenceLossTrainer):
+        raise ValueError(
+            f"recipe {recipe!r} trains on a loss of its own (a reef_lab.trainers.base.SequenceLoss), which trainer "
+            f"backend {cfg.backend!r} ({klass.__module__}.{klass.__name__}) cannot run: it takes only the built-in "
+            f"losses {LOSSES}. Use trainer.backend torch")

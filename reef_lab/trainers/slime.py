@@ -322,6 +322,9 @@ class SlimeTrainer(Trainer):
 
     def _check(self, samples: list[Sample], loss: Loss) -> None:
         sc = self.slime
+        if not isinstance(loss, Loss):
+            raise TypeError(f"the slime backend runs only the built-in losses (reef_lab.trainers.base.Loss), not "
+                            f"{type(loss).__name__}: a recipe's own loss needs trainer.backend torch")
         if loss.kind != sc.loss or (loss.kind == "dis" and (loss.dis_low, loss.dis_high) != (sc.dis_low,
                                                                                           sc.dis_high)):
             raise ValueError(f"the recipe asks for {loss}, but the slime job was launched for loss {sc.loss!r} "
@@ -409,7 +412,7 @@ def _spooled(s: Sample, loss: Loss) -> dict:
     return {"record_id": s.record_id, "report_id": s.report_id, "release_id": s.release_id,
             "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "logprobs": list(s.logprobs) if s.logprobs is not None else None, "score": s.score,
-            "temperature": s.temperature, "group": s.group,
+            "temperature": s.temperature, "group": s.group, "loss_mask": list(s.mask),
             "advantages": list(s.extra["advantages"]) if loss.kind == "dis" else None}
 
 

@@ -10,7 +10,7 @@ through these functions, named by dotted path on slime's command line (slime.uti
   evaluation=False)`. It acknowledges the batch slime trained on last time (slime calls it again only after that
   step's train and save), waits for the next spooled batch and returns it as slime `Sample`s grouped per prompt
   (`RolloutFnTrainOutput(samples=list[list[Sample]])`): `tokens` = prompt + completion ids, `response_length`,
-  `loss_mask` (all completion tokens), `rollout_log_probs`, `reward` (the report's score), `status`, and a globally
+  `loss_mask` (the sample's: 1 on generated tokens, 0 on an episode's tool results), `rollout_log_probs`, `reward` (the report's score), `status`, and a globally
   unique `index` that encodes the spool step and position.
 - `reward` (`--custom-rm-path`): slime's reward hook, `async (args, sample | list[Sample])`: the report's score
   the sample carries (slime's own rollout function is not used, so this answers any slime path that re-scores).
@@ -129,7 +129,7 @@ def samples_from_batch(batch: dict, seq: int, sample_cls) -> list[list]:
         group.append(sample_cls(
             group_index=None, index=seq * INDEX_STRIDE + pos, tokens=list(s["prompt_ids"]) + completion,
             response_length=len(completion), reward=float(s["score"]) if s.get("score") is not None else 0.0,
-            loss_mask=[1] * len(completion),
+            loss_mask=[int(m) for m in s.get("loss_mask") or [1] * len(completion)],
             rollout_log_probs=[float(x) for x in s["logprobs"]] if batch["loss"]["kind"] == "dis" else None,
             status=sample_cls.Status.COMPLETED,
             metadata={"reef_lab": {"record_id": s["record_id"], "report_id": s.get("report_id"),

@@ -4,7 +4,8 @@ It exists so that one machine serves and trains with no other process: the train
 policy (full fine-tune, or LoRA adapters through peft), computes each completion token's logprob under the sampling
 temperature the rollout used (so the ratio to the engine's recorded logprob is meaningful), and steps AdamW with
 gradient accumulation over micro-batches. The loss is a recipe's function of those logprobs; it returns a *sum*
-over tokens and the trainer divides by the batch's real-token count, so micro-batching never changes the update.
+over tokens and the trainer divides by the batch's trained-token count (the loss masks' 1s), so micro-batching never
+changes the update. A recipe's own SequenceLoss (reef_lab.trainers.base) is run the same way, divided by its units.
 
 `export(folder, metadata)` writes a checkpoint as a Hugging Face model folder (safetensors with reef_lab metadata,
 config, tokenizer, generation config): loadable by `from_pretrained` and by the engine's `load_release`.
@@ -25,7 +26,8 @@ import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.learning.samples import Sample
-from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
+from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
+                                    TrainerConfig)
 
 log = logging.getLogger("reef_lab.trainer")
 
@@ -48,7 +50,8 @@ def load_causal_lm(model_dir: str | Path, init_folder: str | Path | None, device
 
 def pack(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded prompt+completion ids, and per completion token: the index of the position whose output
-    predicts it (`gather`, [B, Tc]), a real-token mask, the rollout logprobs and the temperature."""
+    predicts it (`gather`, [B, Tc]), the loss mask (1 on generated tokens, 0 on given ones and padding), the rollout
+    logprobs (0 where the mask is 0) and the temperature."""
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     width, tc = max(lengths), max(len(s.completion_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
@@ -63,10 +66,10 @@ def pack(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, 
         attn[i, : len(seq)] = 1
         n = len(s.completion_ids)
         gather[i, :n] = torch.arange(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + n)
-        mask[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
         targets[i, :n] = torch.tensor(s.completion_ids)
         if s.logprobs is not None:
-            old[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+            old[i, :n] = torch.tensor([lp if m else 0.0 for lp, m in zip(s.logprobs, s.mask)], dtype=torch.float32)
     temps = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
     out = {"input_ids": ids, "attention_mask": attn, "gather": gather, "mask": mask, "old_logprobs": old,
            "targets": targets, "temperature": temps}
@@ -74,29 +77,42 @@ def pack(samples: list[Sample], pad_id: int, device: torch.device) -> dict[str, 
 
 
 def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """[B, Tc] logprob of each completion token under log_softmax(logits / temperature)."""
+    """[B, Tc] logprob of each completion token under log_softmax(logits / temperature); 0 (and no gradient) where
+    the loss mask is 0."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     index = batch["gather"][..., None].expand(-1, -1, out.logits.shape[-1])
     logits = out.logits.gather(1, index).float() / batch["temperature"][:, None, None]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["targets"][..., None]).squeeze(-1)
-    return logp * batch["mask"]
-
-
-def loss_function(loss: Loss) -> LossFn:
-    """The torch form of a recipe's Loss."""
-    from reef_lab.learning import rl
-
-    if loss.kind == "nll":
-        return lambda logp, batch, chunk: (-(logp * batch["mask"]).sum(), {})
-    if loss.kind == "is":
-        return rl.is_token_loss(loss.kl_coef)
-    return rl.dis_token_loss(loss.dis_low, loss.dis_high)
+    return torch.where(batch["mask"].bool(), logp, 0.0)
 
 
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], list[Sample]], tuple[torch.Tensor, dict]]
 
 
-class TorchTrainer(Trainer):
+def _torch_losses() -> dict[str, Callable[[Loss], LossFn]]:
+    from reef_lab.learning import rl
+
+    return {"nll": lambda loss: lambda logp, batch, chunk: rl.nll_loss(logp, batch["mask"]),
+            "dis": lambda loss: rl.dis_token_loss(loss.dis_low, loss.dis_high),
+            "is": lambda loss: rl.is_token_loss(loss.kl_coef)}
+
+
+def loss_function(loss: Loss) -> LossFn:
+    """The torch form of a recipe's Loss: every kind of LOSSES by name, anything else refused (never a default)."""
+    table = _torch_losses()
+    if loss.kind not in table:
+        raise ValueError(f"the torch trainer has no loss {loss.kind!r}; it runs {sorted(table)} (reef_lab.trainers."
+                         "base.LOSSES) and a recipe's own SequenceLoss")
+    return table[loss.kind](loss)
+
+
+def sequence_loss_function(loss: SequenceLoss) -> LossFn:
+    def fn(logp, batch, chunk):
+        return loss(logp, batch["mask"], chunk, batch.get("ref_logprobs"))
+    return fn
+
+
+class TorchTrainer(SequenceLossTrainer):
     """The policy being trained. `step(samples, loss)` is one optimizer step; `export` writes a checkpoint."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
@@ -131,25 +147,32 @@ class TorchTrainer(Trainer):
         self.optimizer = torch.optim.AdamW(self.params, lr=self.config.lr, weight_decay=self.config.weight_decay,
                                            betas=tuple(self.config.betas))
         self.steps = 0
+        self._frozen_base = None  # a full fine-tune's frozen copy of the base model, loaded when first asked for
 
-    def micro_batches(self, samples: list[Sample]):
-        for i in range(0, len(samples), self.config.micro_batch_size):
-            chunk = samples[i: i + self.config.micro_batch_size]
+    def micro_batches(self, samples: list[Sample], group: int = 1):
+        size = max(group, self.config.micro_batch_size // group * group)  # a group never straddles two
+        for i in range(0, len(samples), size):
+            chunk = samples[i: i + size]
             yield chunk, pack(chunk, self.pad_id, self.device)
 
     @torch.no_grad()
+    def base_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, Tc] under the frozen base: the LoRA adapters switched off, or (full fine-tune) a frozen copy of the
+        base model in model_dir, loaded on first use (it costs one more model's memory)."""
+        if self.config.lora_rank:
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, batch)
+        if self._frozen_base is None:
+            self._frozen_base = load_causal_lm(self.model_dir, None, self.device).eval().requires_grad_(False)
+        return token_logprobs(self._frozen_base, batch)
+
+    @torch.no_grad()
     def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
-        """Each sample's completion-token logprobs under the current policy (no gradient); `base`: under the
-        starting weights (LoRA adapters switched off; a full fine-tune keeps no frozen copy and refuses)."""
-        if base and not self.config.lora_rank:
-            raise ValueError("base logprobs need a frozen copy of the starting weights: train with lora_rank > 0")
+        """Each sample's completion-token logprobs under the current policy (no gradient; 0 where the loss mask is
+        0); `base`: under the frozen base (base_logprobs)."""
         out = []
         for chunk, batch in self.micro_batches(samples):
-            if base:
-                with self.model.disable_adapter():
-                    logp = token_logprobs(self.model, batch)
-            else:
-                logp = token_logprobs(self.model, batch)
+            logp = self.base_logprobs(batch) if base else token_logprobs(self.model, batch)
             out += [logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(chunk)]
         return out
 
@@ -157,25 +180,45 @@ class TorchTrainer(Trainer):
         return ValueModel(self.model_dir, ValueConfig(lr=config.lr, micro_batch_size=self.config.micro_batch_size),
                           self.init_folder, self.device, self.pad_id)
 
-    def step(self, samples: list[Sample], loss: Loss) -> dict:
-        """One optimizer step on the recipe's loss (reef_lab.trainers.base.Loss). A KL penalty (`is` with kl_coef
-        > 0) first scores the batch under the frozen base (LoRA adapters off) into `extra["base_logprobs"]`."""
+    def step(self, samples: list[Sample], loss: Loss | SequenceLoss) -> dict:
+        """One optimizer step on the recipe's loss: a reef_lab.trainers.base.Loss, divided by the batch's trained
+        tokens, or the recipe's own SequenceLoss, divided by its units. A KL penalty (`is` with kl_coef > 0) first
+        scores the batch under the frozen base into `extra["base_logprobs"]`."""
+        if isinstance(loss, SequenceLoss):
+            if len(samples) % loss.group:
+                raise ValueError(f"loss {loss.name!r} takes samples in groups of {loss.group}; the batch holds "
+                                 f"{len(samples)}")
+            return self.step_fn(samples, sequence_loss_function(loss), denominator=loss.units(samples),
+                                group=loss.group, reference=loss.reference, temperature_one=True)
+        if not isinstance(loss, Loss):
+            raise TypeError(f"a trainer step takes a Loss or a SequenceLoss, got {type(loss).__name__}")
+        fn = loss_function(loss)
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
                 s.extra["base_logprobs"] = base
-        return self.step_fn(samples, loss_function(loss))
+        return self.step_fn(samples, fn)
 
-    def step_fn(self, samples: list[Sample], loss_fn: LossFn) -> dict:
-        """One optimizer step: loss_fn(logp, batch, chunk) -> (loss summed over tokens, stats summed) per
-        micro-batch; the loss is divided by the batch's real completion tokens."""
+    def step_fn(self, samples: list[Sample], loss_fn: LossFn, denominator: float | None = None, group: int = 1,
+                reference: bool = False, temperature_one: bool = False) -> dict:
+        """One optimizer step: loss_fn(logp, batch, chunk) -> (loss summed, stats summed) per micro-batch of whole
+        groups; the loss is divided by `denominator` (default: the batch's trained tokens). `reference` puts the
+        frozen base's logprobs in batch["ref_logprobs"]; `temperature_one` scores at temperature 1 whatever the
+        rollouts were sampled at."""
         started = time.perf_counter()
-        total_tokens = sum(len(s.completion_ids) for s in samples)
+        total_tokens = sum(s.trained_tokens for s in samples)
+        denominator = total_tokens if denominator is None else denominator
+        if not denominator > 0:
+            raise ValueError(f"the loss's denominator is {denominator}: nothing to train on")
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, stats_total = 0.0, {}
-        for chunk, batch in self.micro_batches(samples):
+        for chunk, batch in self.micro_batches(samples, group):
+            if temperature_one:
+                batch["temperature"] = torch.ones_like(batch["temperature"])
+            if reference:
+                batch["ref_logprobs"] = self.base_logprobs(batch)
             logp = token_logprobs(self.model, batch)
             loss_sum, stats = loss_fn(logp, batch, chunk)
-            (loss_sum / total_tokens).backward()
+            (loss_sum / denominator).backward()
             loss_total += float(loss_sum.detach())
             for k, v in stats.items():
                 stats_total[k] = stats_total.get(k, 0.0) + v
@@ -185,8 +228,9 @@ class TorchTrainer(Trainer):
             raise FloatingPointError(f"gradient norm is {grad_norm}; step skipped (lower lr or check the data)")
         self.optimizer.step()
         self.steps += 1
-        return {"loss": loss_total / total_tokens, "grad_norm": grad_norm, "tokens": total_tokens,
-                "samples": len(samples), "step_s": round(time.perf_counter() - started, 3), **stats_total}
+        return {"loss": loss_total / denominator, "grad_norm": grad_norm, "tokens": total_tokens,
+                "samples": len(samples), "units": denominator, "step_s": round(time.perf_counter() - started, 3),
+                **stats_total}
 
     def serving_model(self):
         """The policy as a plain transformers model (LoRA merged into a copy)."""
@@ -261,7 +305,7 @@ class ValueModel(Critic):
     def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
         """One step of 0.5 * (V - target)^2, averaged over real tokens. Returns loss and the mean |V - target|
         before the step."""
-        total = sum(len(s.completion_ids) for s in samples)
+        total = sum(s.trained_tokens for s in samples)
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, abs_err = 0.0, 0.0
         for i in range(0, len(samples), self.config.micro_batch_size):

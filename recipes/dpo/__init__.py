@@ -1,0 +1,3 @@
+from recipes.dpo.recipe import DPOConfig, DPORecipe as Recipe
+
+__all__ = ["Recipe", "DPOConfig"]

@@ -1,0 +1,182 @@
+"""One call through the upstream relay: the provider's dialect chosen, the body translated when it differs from the
+client's, the answer (whole or streamed) translated back, and every call recorded.
+
+The record holds what the client sent (`request`, in its `dialect`) and what the client got (`response`, in the
+same dialect), so the learning side reads one dialect per record whichever provider answered. A translated call
+also keeps the provider's side in `metadata.upstream`: its dialect, HTTP status, its answer as it came (a stream
+accumulated), and `dropped`, what the provider's dialect could not carry. Same-dialect calls pass bodies and
+events through untouched, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import orjson
+
+from reef_lab.errors import UpstreamError
+from reef_lab.gateway import dialects
+from reef_lab.gateway.accumulate import StreamAccumulator
+from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply
+from reef_lab.gateway.translate import Translation, error_object
+
+PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
+         dialects.ANTHROPIC: "/v1/messages"}
+FINAL_EVENTS = ("message_stop", "response.completed", "response.incomplete", "response.failed")
+
+
+def parse_sse(event: bytes) -> tuple[str | None, str]:
+    name, data = None, []
+    for line in event.decode(errors="replace").split("\n"):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    return name, "\n".join(data)
+
+
+def encode(name: str | None, obj) -> bytes:
+    return dialects.sse(obj, name) if obj != "[DONE]" else b"data: [DONE]\n\n"
+
+
+class RelayCall:
+    """`gw` is the serving gateway (or a relay worker's slice of it): its engine (a Relay), store and
+    `_inference_record`."""
+
+    def __init__(self, gw, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
+                 release: str, t0: float):
+        self.gw, self.dialect, self.body, self.name, self.tags = gw, dialect, body, name, tags
+        self.headers, self.release, self.t0 = headers, release, t0
+        upstream = gw.engine.upstream_dialect or dialect
+        self.tr = Translation(dialect, upstream, sent) if upstream != dialect else None
+        self.upstream = upstream
+        self.path, self.sent = PATHS[upstream], (self.tr.body if self.tr else sent)
+
+    def record(self, response, error: str | None, upstream_status: int | None = None, upstream_response=None):
+        meta = None
+        if self.tr is not None:
+            meta = {"upstream": {"dialect": self.upstream, "status": upstream_status, "response": upstream_response,
+                                 "dropped": self.tr.dropped}}
+        rec = self.gw._inference_record(self.name, self.dialect, self.body, self.tags, response, self.t0,
+                                        release_id=self.release, status="error" if error else "ok", error=error,
+                                        metadata=meta)
+        self.gw.store.append([rec])
+        return rec
+
+    def run(self) -> Reply | StreamReply:
+        engine = self.gw.engine
+        try:
+            if self.body.get("stream"):
+                up, events = engine.open_stream(self.path, self.sent, self.headers)
+            else:
+                up, events = engine.forward(self.path, self.sent, self.headers), None
+        except UpstreamError as e:
+            self.record(None, e.message)
+            raise
+        if events is not None:
+            gen = self._stream(events) if self.tr is None else self._translated_stream(events, up.status)
+            return StreamReply(gen, headers={RELEASE_HEADER: self.release, **up.headers})
+        try:
+            resp = orjson.loads(up.body)
+        except orjson.JSONDecodeError:
+            resp = None
+        raw = resp if resp is not None else {"raw": up.body[:65536].decode(errors="replace")}
+        if up.status < 300 and not isinstance(resp, dict):
+            what = "a body that is not JSON" if resp is None else f"JSON that is not an object ({type(resp).__name__})"
+            rec = self.record(raw, f"the upstream provider answered HTTP {up.status} with {what}", up.status, raw)
+            raise UpstreamError(f"the upstream provider answered HTTP {up.status} with {what}; the call is record "
+                                f"{rec.id}")
+        body, content_type = up.body, up.content_type
+        if self.tr is not None:
+            mine = self.tr.answer(resp) if up.status < 300 else error_object(self.dialect, up.status, up.body)
+            body, content_type = orjson.dumps(mine), "application/json"
+            rec = self.record(mine, None if up.status < 300 else f"upstream answered HTTP {up.status}", up.status, raw)
+        else:
+            rec = self.record(raw, None if up.status < 300 else f"upstream answered HTTP {up.status}")
+        return Reply(up.status, body, content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: self.release,
+                                                     **up.headers})
+
+    def _reef(self, rec) -> dict:
+        return {"agent_record_id": rec.id, "release_id": self.release}
+
+    def _stream(self, events) -> Iterator[bytes]:
+        """Same dialect: events pass as they are; the final one is held back to carry the receipt."""
+        acc = StreamAccumulator(self.dialect)
+        final, final_event, error = None, None, None
+        try:
+            for ev in events:
+                event_name, data = parse_sse(ev)
+                if data == "[DONE]":
+                    break
+                try:
+                    obj = orjson.loads(data) if data else None
+                except orjson.JSONDecodeError:
+                    obj = None
+                if isinstance(obj, dict):
+                    acc.add(obj)
+                    if obj.get("type") in FINAL_EVENTS:
+                        final, final_event = obj, event_name
+                        continue
+                yield ev
+        except UpstreamError as e:
+            error = e.message
+        rec = self.record(acc.result(), error)
+        reef = self._reef(rec)
+        if error:
+            yield dialects.error_event(self.dialect, error, reef)
+        elif self.dialect == dialects.OPENAI_CHAT:
+            r = acc.response
+            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
+                                "model": r.get("model"), "choices": [], "reef": reef})
+            yield b"data: [DONE]\n\n"
+        elif final is not None:
+            yield dialects.sse({**final, "reef": reef}, final_event)
+
+    def _translated_stream(self, events, status: int) -> Iterator[bytes]:
+        """Provider events translated one by one as they arrive; the client's last event carries the receipt."""
+        st = self.tr.stream()
+        theirs, mine = StreamAccumulator(self.upstream), StreamAccumulator(self.dialect)
+        error, held = None, []
+        try:
+            for ev in events:
+                event_name, data = parse_sse(ev)
+                if data == "[DONE]":
+                    obj = "[DONE]"
+                else:
+                    try:
+                        obj = orjson.loads(data) if data else None
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(obj, dict):
+                        theirs.add(obj)
+                for name, out in st.feed(event_name, obj):
+                    if isinstance(out, dict):
+                        mine.add(out)
+                    if st.failure is not None:
+                        held.append((name, out))
+                    else:
+                        yield encode(name, out)
+                if st.failure is not None or obj == "[DONE]":
+                    break
+            if st.failure is None:
+                for name, out in st.end():
+                    if isinstance(out, dict):
+                        mine.add(out)
+                    yield encode(name, out)
+        except UpstreamError as e:
+            error = e.message
+        if error is None and st.failure is None and not st.finished:
+            error = "the upstream stream ended before its last event"
+        if error is None and st.failure is None:
+            held = st.final()
+            for _, out in held:
+                if isinstance(out, dict):
+                    mine.add(out)
+        problem = error or (f"upstream stream failed: {st.failure.message}" if st.failure else None)
+        rec = self.record(mine.result(), problem, status, theirs.result())
+        reef = self._reef(rec)
+        if error is not None:
+            yield dialects.error_event(self.dialect, error, reef)
+            return
+        for k, (name, out) in enumerate(held):  # the receipt rides on the first closing event
+            yield encode(name, {**out, "reef": reef} if k == 0 and isinstance(out, dict) else out)

@@ -1,0 +1,304 @@
+"""OpenAI Responses (https://platform.openai.com/docs/api-reference/responses) read into and written from the neutral
+form. Translation is stateless: `previous_response_id` is refused, and requests sent to a Responses provider carry
+`store: false` (a chat or Anthropic client never asked the provider to keep its conversation). A namespace tool's
+functions travel as `<namespace>__<name>` and come back split; a custom (freeform) tool travels as a function of
+one string argument, `input`, and comes back as a `custom_tool_call`."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from reef_lab.gateway.translate.common import arguments_object, as_dict, as_list, image_url, need, new_id, number
+from reef_lab.gateway.translate.ir import (Answer, Conversation, Image, Text, Thinking, Tool, ToolCall, ToolResult,
+                                           Turn, Usage)
+
+_HINTS = {"store", "include", "metadata", "prompt_cache_key", "client_metadata", "service_tier", "truncation",
+          "user", "safety_identifier", "text", "background", "top_logprobs", "stream_options"}
+NS = "__"
+
+
+# ---- requests ---------------------------------------------------------------------------------------------------
+def _parts(content, where: str) -> list:
+    if isinstance(content, str):
+        return [Text(content)]
+    out = []
+    for j, p in enumerate(as_list(content, f"{where}.content")):
+        w = f"{where}.content[{j}]"
+        kind = as_dict(p, w).get("type")
+        if kind in ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"):
+            text = p.get("text", p.get("refusal"))
+            need(isinstance(text, str), f"{w} needs a string 'text'")
+            out.append(Text(text))
+        elif kind == "input_image":
+            need(isinstance(p.get("image_url"), str), f"{w}: an image must come as image_url (file_id needs the "
+                                                      "provider's own file store)")
+            out.append(image_url(p["image_url"], w))
+        else:
+            need(False, f"{w}: content of type {kind!r} cannot be translated to another provider's API")
+    return out
+
+
+def _assistant(conv: Conversation) -> Turn:
+    if not conv.turns or conv.turns[-1].role != "assistant":
+        conv.turns.append(Turn("assistant", []))
+    return conv.turns[-1]
+
+
+def _results(conv: Conversation) -> Turn:
+    last = conv.turns[-1] if conv.turns else None
+    if last is None or last.role != "user" or not all(isinstance(p, ToolResult) for p in last.parts):
+        conv.turns.append(Turn("user", []))
+    return conv.turns[-1]
+
+
+def parse_request(body: dict) -> Conversation:
+    as_dict(body, "the request body")
+    need(body.get("previous_response_id") is None and body.get("conversation") is None,
+         "'previous_response_id' and 'conversation' name state kept by an OpenAI server; reef_lab translates each "
+         "request alone: send the whole conversation in 'input'")
+    conv = Conversation(system=[], turns=[], model=body.get("model"), stream=bool(body.get("stream")))
+    if body.get("instructions") is not None:
+        need(isinstance(body["instructions"], str), "'instructions' must be a string")
+        conv.system.append(body["instructions"])
+    inp = body.get("input")
+    items = [{"type": "message", "role": "user", "content": inp}] if isinstance(inp, str) else \
+        as_list(inp, "'input'")
+    for i, item in enumerate(items):
+        w = f"input[{i}]"
+        kind = as_dict(item, w).get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            need(role in ("system", "developer", "user", "assistant"),
+                 f"{w}.role must be system, developer, user or assistant")
+            parts = _parts(item.get("content"), w)
+            if role in ("system", "developer"):
+                text = "".join(p.text for p in parts if isinstance(p, Text))
+                conv.turns.append(Turn("system", [Text(text)])) if conv.turns else conv.system.append(text)
+            elif role == "assistant":
+                _assistant(conv).parts += parts
+            else:
+                conv.turns.append(Turn("user", parts))
+        elif kind in ("function_call", "custom_tool_call"):
+            need(isinstance(item.get("call_id"), str) and isinstance(item.get("name"), str),
+                 f"{w} needs a call_id and a name")
+            name = f"{item['namespace']}{NS}{item['name']}" if item.get("namespace") else item["name"]
+            custom = kind == "custom_tool_call"
+            args = item.get("input" if custom else "arguments")
+            _assistant(conv).parts.append(ToolCall(item["call_id"], name, args if isinstance(args, str) else "",
+                                                   custom))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            need(isinstance(item.get("call_id"), str), f"{w} needs a call_id")
+            out = item.get("output")
+            parts = [Text(out)] if isinstance(out, str) else _parts(out or [], w)
+            _results(conv).parts.append(ToolResult(item["call_id"], parts))
+        elif kind == "reasoning":
+            texts = [s.get("text", "") for s in item.get("summary") or [] if isinstance(s, dict)] or \
+                [c.get("text", "") for c in item.get("content") or [] if isinstance(c, dict)]
+            _assistant(conv).parts.append(Thinking("\n\n".join(texts), item.get("encrypted_content")))
+        elif kind == "item_reference":
+            need(False, f"{w}: an item_reference names an item kept by an OpenAI server; send the item itself")
+        else:  # hosted tools' records (web search, file search, ...): nothing another provider can replay
+            conv.dropped.append(f"{w} ({kind})")
+    for i, t in enumerate(body.get("tools") or []):
+        w = f"tools[{i}]"
+        kind = as_dict(t, w).get("type")
+        if kind == "namespace":
+            for j, inner in enumerate(as_list(t.get("tools"), f"{w}.tools")):
+                tool = _tool(inner, f"{w}.tools[{j}]", conv)
+                if tool is not None:
+                    conv.namespaces[f"{t.get('name')}{NS}{tool.name}"] = (t.get("name"), tool.name)
+                    tool.name = f"{t.get('name')}{NS}{tool.name}"
+                    conv.tools.append(tool)
+        else:
+            tool = _tool(t, w, conv)
+            if tool is not None:
+                conv.tools.append(tool)
+    tc = body.get("tool_choice")
+    if isinstance(tc, str):
+        need(tc in ("auto", "none", "required"), "tool_choice must be auto, none, required or a named tool")
+        conv.tool_choice = tc
+    elif tc is not None:
+        if as_dict(tc, "tool_choice").get("type") in ("function", "custom") and isinstance(tc.get("name"), str):
+            conv.tool_choice = {"name": tc["name"]}
+        else:
+            conv.dropped.append(f"tool_choice ({tc.get('type')})")
+    if isinstance(body.get("parallel_tool_calls"), bool):
+        conv.parallel_tool_calls = body["parallel_tool_calls"]
+    conv.max_tokens = number(body, "max_output_tokens", integer=True)
+    conv.temperature, conv.top_p = number(body, "temperature"), number(body, "top_p")
+    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    if isinstance(effort, str) and effort != "none":
+        conv.reasoning = effort
+    user = body.get("safety_identifier") or body.get("user")
+    conv.user = user if isinstance(user, str) else None
+    if isinstance(body.get("text"), dict) and body["text"].get("format", {}).get("type") not in (None, "text"):
+        conv.dropped.append("text.format (structured output)")
+    known = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+             "temperature", "top_p", "stream", "reasoning", "previous_response_id", "conversation", *_HINTS}
+    conv.dropped += [k for k in body if k not in known]
+    return conv
+
+
+def _tool(t: dict, where: str, conv: Conversation) -> Tool | None:
+    kind = as_dict(t, where).get("type")
+    if kind == "function":
+        need(isinstance(t.get("name"), str), f"{where} needs a name")
+        return Tool(t["name"], t.get("description"), as_dict(t.get("parameters") or {}, where), strict=t.get("strict"))
+    if kind == "custom":
+        need(isinstance(t.get("name"), str), f"{where} needs a name")
+        return Tool(t["name"], t.get("description"), {}, custom=True)
+    conv.dropped.append(f"{where} ({kind}: a tool the provider hosts)")
+    return None
+
+
+def _content_item(p) -> dict:
+    if isinstance(p, Text):
+        return {"type": "input_text", "text": p.text}
+    return {"type": "input_image", "image_url": p.url, "detail": "auto"}
+
+
+def build_request(conv: Conversation) -> dict:
+    items: list[dict] = []
+    custom_calls = set()
+    for turn in conv.turns:
+        if turn.role == "assistant":
+            text = "".join(p.text for p in turn.parts if isinstance(p, Text))
+            if text:
+                items.append({"type": "message", "role": "assistant", "content": text})
+            for p in turn.parts:
+                if isinstance(p, ToolCall) and p.custom:
+                    custom_calls.add(p.id)
+                    items.append({"type": "custom_tool_call", "call_id": p.id, "name": p.name, "input": p.arguments})
+                elif isinstance(p, ToolCall):
+                    items.append({"type": "function_call", "call_id": p.id, "name": p.name, "arguments": p.arguments})
+            continue
+        for r in (p for p in turn.parts if isinstance(p, ToolResult)):
+            out = "\n".join(p.text for p in r.content) if all(isinstance(p, Text) for p in r.content) else \
+                [_content_item(p) for p in r.content]
+            kind = "custom_tool_call_output" if r.call_id in custom_calls else "function_call_output"
+            items.append({"type": kind, "call_id": r.call_id, "output": out})
+        rest = [p for p in turn.parts if isinstance(p, (Text, Image))]
+        if rest:
+            items.append({"type": "message", "role": turn.role, "content": [_content_item(p) for p in rest]})
+    body: dict = {"model": conv.model, "input": items, "store": False}
+    if conv.system:
+        body["instructions"] = "\n\n".join(conv.system)
+    if conv.tools:
+        body["tools"] = [{"type": "custom", "name": t.name, **({"description": t.description} if t.description else {})}
+                         if t.custom else
+                         {"type": "function", "name": t.name, "description": t.description or "",
+                          "parameters": {"type": "object", **t.parameters}, "strict": bool(t.strict)}
+                         for t in conv.tools]
+        if conv.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = conv.parallel_tool_calls
+    if conv.tool_choice is not None and (conv.tools or conv.tool_choice == "none"):
+        body["tool_choice"] = conv.tool_choice if isinstance(conv.tool_choice, str) else \
+            {"type": "function", "name": conv.tool_choice["name"]}
+    if conv.max_tokens is not None:
+        body["max_output_tokens"] = conv.max_tokens
+    if conv.temperature is not None:
+        body["temperature"] = conv.temperature
+    if conv.top_p is not None:
+        body["top_p"] = conv.top_p
+    if conv.stop:
+        conv.dropped.append("stop sequences (the Responses API has none)")
+    if conv.reasoning:
+        body["reasoning"] = {"effort": conv.reasoning}
+    if conv.user:
+        body["user"] = conv.user
+    if conv.stream:
+        body["stream"] = True
+    return body
+
+
+# ---- answers ----------------------------------------------------------------------------------------------------
+def usage_in(u: dict | None) -> Usage:
+    u = u or {}
+    return Usage(input=u.get("input_tokens") or 0, output=u.get("output_tokens") or 0,
+                 cached=(u.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+                 reasoning=(u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+
+
+def usage_out(u: Usage) -> dict:
+    return {"input_tokens": u.input, "output_tokens": u.output, "total_tokens": u.input + u.output,
+            "input_tokens_details": {"cached_tokens": u.cached},
+            "output_tokens_details": {"reasoning_tokens": u.reasoning}}
+
+
+def item_parts(item: dict) -> list:
+    kind = item.get("type")
+    if kind == "reasoning":
+        texts = [s.get("text", "") for s in item.get("summary") or []] or \
+            [c.get("text", "") for c in item.get("content") or []]
+        return [Thinking("\n\n".join(texts), item.get("encrypted_content"))]
+    if kind == "message":
+        return [Text(c.get("text", c.get("refusal", ""))) for c in item.get("content") or []
+                if c.get("type") in ("output_text", "refusal")]
+    if kind in ("function_call", "custom_tool_call"):
+        name = f"{item['namespace']}{NS}{item.get('name')}" if item.get("namespace") else item.get("name") or ""
+        custom = kind == "custom_tool_call"
+        return [ToolCall(item.get("call_id") or new_id("call_"), name,
+                         item.get("input" if custom else "arguments") or "", custom)]
+    return []
+
+
+def stop_of(obj: dict, parts: list) -> str:
+    reason = (obj.get("incomplete_details") or {}).get("reason")
+    if obj.get("status") == "incomplete":
+        return "refusal" if reason == "content_filter" else "length"
+    return "tool_calls" if any(isinstance(p, ToolCall) for p in parts) else "end"
+
+
+def parse_answer(obj: dict) -> Answer:
+    parts = [p for item in obj.get("output") or [] if isinstance(item, dict) for p in item_parts(item)]
+    return Answer(obj.get("id") or new_id("resp_"), obj.get("model"), parts, stop_of(obj, parts),
+                  usage=usage_in(obj.get("usage")), created=obj.get("created_at") or int(time.time()))
+
+
+def call_item(p: ToolCall, conv: Conversation, item_id: str, status: str) -> dict:
+    custom = p.custom or any(t.custom and t.name == p.name for t in conv.tools)
+    if custom:
+        text = p.arguments if p.custom else arguments_object(p.arguments).get("input", p.arguments)
+        return {"type": "custom_tool_call", "id": item_id, "call_id": p.id, "name": p.name,
+                "input": text if isinstance(text, str) else orjson.dumps(text).decode(), "status": status}
+    item = {"type": "function_call", "id": item_id, "call_id": p.id, "name": p.name, "arguments": p.arguments,
+            "status": status}
+    if p.name in conv.namespaces:
+        item["namespace"], item["name"] = conv.namespaces[p.name]
+    return item
+
+
+def _output(p, conv: Conversation) -> dict:
+    if isinstance(p, Text):
+        return {"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": p.text, "annotations": []}]}
+    if isinstance(p, Thinking):
+        item = {"type": "reasoning", "id": new_id("rs_"), "summary": [{"type": "summary_text", "text": p.text}]}
+        if p.signature or p.redacted:
+            item["encrypted_content"] = p.signature or p.redacted
+        return item
+    return call_item(p, conv, new_id("fc_"), "completed")
+
+
+def response_object(rid: str, model, created: int, status: str, output: list, usage: Usage | None,
+                    stop: str = "end") -> dict:
+    obj = {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
+           "output": output, "error": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+           "incomplete_details": {"reason": "content_filter" if stop == "refusal" else "max_output_tokens"}
+           if status == "incomplete" else None}
+    if usage is not None:
+        obj["usage"] = usage_out(usage)
+    return obj
+
+
+def build_answer(ans: Answer, conv: Conversation) -> dict:
+    status = "incomplete" if ans.stop in ("length", "refusal") else "completed"
+    return response_object(ans.id if ans.id.startswith("resp_") else new_id("resp_"), ans.model,
+                           ans.created or int(time.time()), status, [_output(p, conv) for p in ans.parts], ans.usage,
+                           ans.stop)
+
+
+def error_body(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

@@ -1,0 +1,232 @@
+"""What the apps draw and say, on small run folders written here: readable axes on every chart (one point, a constant
+series, TTT steps), GEPA's Pareto marks as the search computes them, a search opened from any path, the records
+app's wording, and sample answers next to their scores."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import marimo as mo
+import orjson
+import pytest
+
+from tests.test_apps import data_dir, load_module  # noqa: F401  (data_dir: a fixture)
+
+
+# ---- charts -------------------------------------------------------------------------------------------------------
+def axis_problems(fig, step_label: str = "step") -> list[str]:
+    """What is wrong with a figure's axes: an offset label, a step axis with fractional or no visible ticks, a value
+    axis zoomed into rounding noise."""
+    fig.canvas.draw()
+    out = []
+    for k, ax in enumerate(fig.axes):
+        for name, axis, (lo, hi) in (("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim())):
+            if axis.get_offset_text().get_text():
+                out.append(f"axes {k} {name}: offset label {axis.get_offset_text().get_text()!r}")
+            if axis.get_scale() == "linear" and hi - lo < 1e-3 * max(abs(lo), abs(hi), 1e-12):
+                out.append(f"axes {k} {name}: range {lo!r}..{hi!r}")
+        if step_label in ax.get_xlabel():
+            lo, hi = sorted(ax.get_xlim())
+            ticks = [t for t in ax.get_xticks() if lo - 1e-9 <= t <= hi + 1e-9]
+            if not ticks or any(not float(t).is_integer() for t in ticks):
+                out.append(f"axes {k} ({ax.get_title()!r}): step ticks {ticks}")
+    return out
+
+
+def sao_run(folder: Path, steps: list[dict]) -> Path:
+    """A weight run folder as scripts/run_experiment.py leaves it: config, metrics rows, a release index whose
+    candidates kept their evaluation's sample answers."""
+    learn = folder / "data" / "learn" / "x"
+    learn.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"name": "x", "recipe": "sao", "seed": 0, "rollouts": 8,
+                                                    "recipe_config": {"eval_size": 4}}))
+    t = time.time()
+    rows = [{"event": "eval", "release_id": "base", "accuracy": 0.25, "time": t}]
+    rows += [{"event": "step", "phase": "policy", "time": t, **s} for s in steps]
+    rows += [{"event": "candidate", "candidate": "c0001", "status": "accepted", "trainer_step": steps[-1]
+              ["trainer_step"], "accuracy": 0.5, "time": t},
+             {"event": "release", "release_id": "x:v1", "trainer_step": steps[-1]["trainer_step"], "accuracy": 0.5,
+              "time": t}]
+    (learn / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples = [{"id": "q1", "answer": "12", "text": "The answer is 12", "score": 1.0},
+                {"id": "q2", "answer": "7", "text": "eight", "score": 0.0}]
+    ev = {"accuracy": 0.5, "n": 4, "examples": examples}
+    index = {"serving": "v1", "base_eval": {"accuracy": 0.25, "n": 4, "examples": examples[1:]},
+             "candidates": [{"id": "c0001", "status": "accepted", "trainer_step": steps[-1]["trainer_step"],
+                             "eval": ev, "release_id": "x:v1"}],
+             "releases": [{"version": "v1", "release_id": "x:v1", "candidate": "c0001", "parent": "base",
+                           "trainer_step": steps[-1]["trainer_step"], "created_at": t, "eval": ev}]}
+    (folder / "data" / "releases" / "x").mkdir(parents=True)
+    (folder / "data" / "releases" / "x" / "index.json").write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("steps", [
+    [{"trainer_step": 1, "reward_mean": 0.3, "loss": 0.0, "masked_fraction": 0.1}],  # one point
+    [{"trainer_step": k, "reward_mean": 0.3 + k * 1e-8, "loss": 1e-7, "masked_fraction": 0.1} for k in (1, 2, 3)],
+], ids=["one-step", "constant"])
+def test_sao_charts_have_readable_axes(tmp_path, steps):
+    sao = load_module("sao")
+    run = sao.load_run(sao_run(tmp_path / "run", steps))
+    assert axis_problems(sao.plot_run(run)) == []
+    assert axis_problems(sao.plot_compare([run])) == []
+
+
+def test_ttt_charts_number_steps_as_the_metrics_rows_do(monkeypatch):
+    from recipes.tttd.archive import Archive
+
+    ttt = load_module("ttt")
+    drawn = []
+    monkeypatch.setattr(ttt, "svg", lambda fig, fig_id: drawn.append(fig))
+    rows = [{"step": k, "best_reward": 0.4, "mean_reward": 0.2, "step_best": 0.4, "betas": [0.5, None]}
+            for k in (1, 2, 3)]
+    archive = Archive()
+    start = archive.add_initial("start", 0.1)
+    parent = start
+    for t in range(3):  # the archive counts steps from 0; rows 1..3
+        parent = archive.expand(parent.id, [(f"s{t}", 0.2 + t / 10)], step=t)[0]
+    ttt.plot_progress({"rows": rows})
+    ttt.plot_tree(archive)
+    progress, tree = drawn
+    assert axis_problems(progress) == [] and axis_problems(tree) == []
+    made = sorted({round(x) for x, _ in tree.axes[0].collections[0].get_offsets()})
+    assert made == [0, 1, 2, 3]  # 0: the initial state; the state made in row k's step at k
+    assert "0: initial" in tree.axes[0].get_xlabel()
+    # one step only: a single integer tick, not -0.04 .. 0.04
+    drawn.clear()
+    ttt.plot_progress({"rows": rows[:1]})
+    assert axis_problems(drawn[0]) == []
+
+
+def test_gepa_and_records_charts_of_a_single_point(tmp_path):
+    gepa = load_module("gepa")
+    folder = tmp_path / "search"
+    folder.mkdir()
+    events = [{"event": "candidate", "id": 0, "origin": "seed", "parents": [], "changed": None,
+               "components": {"a.md": "x"}, "scores": [0.5, 0.5], "mean": 0.5, "metric_calls": 2},
+              {"event": "front", "front": {"0": 2}, "best": 0, "best_mean": 0.5, "metric_calls": 2}]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert axis_problems(gepa.plot_search(gepa.load_search(folder)), step_label="pool update") == []
+    records = load_module("records")
+    row = {"release": "base", "reports": 1, "reward": 1.0, "reward_ci": None, "heldout": 0.5, "heldout_lo": 0.5,
+           "heldout_hi": 0.5}
+    assert axis_problems(records.plot_releases([row], "s")) == []
+
+
+def test_fit_axes_pads_a_point_and_a_constant_and_leaves_a_spread_alone():
+    from apps.shared import figure, fit_axes
+
+    fig, axes = figure(600, 300, 1, 3)
+    one, flat, spread = axes.flat
+    one.plot([4], [0.0], marker="o")
+    fit_axes(one, [4], [0.0])
+    flat.plot([1, 2], [0.3, 0.3000001])
+    fit_axes(flat, [1, 2], [0.3, 0.3000001])
+    spread.plot([0, 10], [0.1, 0.9])
+    fit_axes(spread, [0, 10], [0.1, 0.9])
+    assert axis_problems(fig, step_label="") == []
+    assert one.get_xlim() == (3.5, 4.5) and one.get_ylim() == (-0.5, 0.5)
+    assert flat.get_ylim() == pytest.approx((0.27, 0.33))
+    assert spread.get_xlim()[0] < 0 and spread.get_xlim()[1] > 10  # matplotlib's own margins
+
+
+# ---- GEPA: the Pareto table, a path field, candidates' answers -----------------------------------------------------
+def search_of(scores: dict[int, list[float]]) -> dict:
+    return {"cands": {c: {"id": c, "scores": s, "components": {}, "parents": []} for c, s in scores.items()}}
+
+
+def front_cells(table: str) -> dict[str, list[str]]:
+    """Each body row of the Pareto table: the candidates whose cell is marked (bold on green) as the item's front."""
+    out = {}
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("<tbody>")[1].split("</tbody>")[0]):
+        label = re.search(r"<td[^>]*>(val-\d+)", row).group(1)
+        cells = re.findall(r"<td[^>]*style='([^']*)'[^>]*>[\d.]*</td>", row)
+        out[label] = [f"c{k}" for k, style in enumerate(cells) if "font-weight: 700" in style]
+    return out
+
+
+def test_gepa_pareto_table_marks_the_front_as_the_search_computes_it():
+    gepa = load_module("gepa")
+    # c1 ties c0 on val-0 but is worse on val-1: dominated, never front; val-2 nobody scores on
+    table = gepa.pareto_items_html(search_of({0: [1, 1, 0], 1: [1, 0.5, 0], 2: [0, 0, 0]}), picked=1)
+    assert front_cells(table) == {"val-0": ["c0"], "val-1": ["c0"], "val-2": []}
+    assert "(no candidate scores)" in table and table.count("class='gepa-front'") == 1
+    foot = re.findall(r"<tr><td[^>]*><i>([^<]*)</i></td>(.*?)</tr>", table.split("<tfoot>")[1])
+    counts = {name: re.findall(r">(\d+)</td>", cells) for name, cells in foot}
+    assert counts == {"best on": ["2", "0", "0"], "parent-draw weight": ["3", "0", "0"]}
+    # set-dominated without being beaten item by item: c0's items each have another front candidate (gepa prunes it)
+    table = gepa.pareto_items_html(search_of({0: [1, 1, 0], 1: [1, 0, 1], 2: [0, 1, 1]}), picked=None)
+    assert front_cells(table) == {"val-0": ["c1"], "val-1": ["c2"], "val-2": ["c1", "c2"]}
+
+
+@pytest.fixture
+def gepa_search(tmp_path, stub_url):
+    """A GEPA experiment on the loopback stub, written outside the repository's folders."""
+    from recipes.gepa.experiment import GEPAExperimentConfig, run_gepa_experiment
+
+    lm = {"kind": "openai", "base_url": stub_url, "model": "stub-model"}
+    cfg = GEPAExperimentConfig(name="calc", task={"name": "arithmetic"}, train_size=4, val_size=3, test_size=2,
+                               task_lm=lm, reflection_lm=lm, out_dir=str(tmp_path / "elsewhere" / "calc-seed0"),
+                               search={"max_metric_calls": 16, "minibatch_size": 2})
+    run_gepa_experiment(cfg, progress=False)
+    return Path(cfg.out_dir)
+
+
+def test_gepa_app_opens_a_typed_path_and_shows_each_candidates_answers(gepa_search, monkeypatch):
+    monkeypatch.delenv("REEF_LAB_RUN", raising=False)
+    gepa = load_module("gepa")
+    for typed in (gepa_search, gepa_search.parent):  # the search itself, or a folder holding it
+        _, env = gepa.app.run(defs={"path_ui": mo.ui.text(value=str(typed))})
+        assert env["run_ui"].value == str(gepa_search) and env["search"]["dir"] == str(gepa_search)
+    search = env["search"]
+    state = orjson.loads((gepa_search / "state.json").read_bytes())
+    assert len(state["val_ids"]) == 3
+    for cid, cand in search["cands"].items():
+        answers, ordered = gepa.candidate_answers(search, cid)
+        assert ordered and [a["score"] for a in answers] == cand["scores"]
+        assert [a["item"].split()[1] for a in answers] == [f"({i})" for i in state["val_ids"]]
+        assert all(a["answer"] is not None and a["question"] for a in answers)
+    _, env = gepa.app.run(defs={"path_ui": mo.ui.text(value=str(gepa_search.parent / "nothing-here"))})
+    assert env["run_ui"].value != str(gepa_search.parent / "nothing-here")
+
+
+# ---- records: wording; sample answers per release and per candidate ------------------------------------------------
+def shown(outputs) -> str:
+    return " ".join(getattr(o, "text", "") for o in outputs)
+
+
+def test_records_app_says_plainly_when_no_scenario_has_a_release(data_dir):  # noqa: F811
+    records = load_module("records")
+    outputs, env = records.app.run()
+    assert "No scenario has a release yet." in shown(outputs) and "has no release yet" not in shown(outputs)
+    outputs, _ = records.app.run(defs={"flt": {**env["flt"], "scenario": "alpha"}})
+    assert "Scenario <code>alpha</code> has no release yet." in shown(outputs)
+    assert records.no_release_text(None) == "No scenario has a release yet."
+
+
+def test_records_app_shows_each_releases_answers_next_to_its_scores(data_dir):  # noqa: F811
+    examples = [{"id": "q7", "answer": "4", "text": "2 + 2 = 4", "score": 1.0}]
+    index = {"serving": "v1", "candidates": [], "base_eval": {"accuracy": 0.0, "n": 1, "examples": []},
+             "releases": [{"version": "v1", "release_id": "rel-1", "candidate": "c0001", "parent": "base",
+                           "created_at": time.time(), "eval": {"accuracy": 1.0, "n": 1, "examples": examples}}]}
+    (data_dir / "releases" / "alpha").mkdir(parents=True)
+    (data_dir / "releases" / "alpha" / "index.json").write_text(json.dumps(index))
+    outputs, env = load_module("records").app.run()
+    text = shown(outputs)
+    block = text[text.index("records-release-answers"):]
+    v1 = block[block.index("<b>v1</b>"):]
+    # what rel-1 served, with the mean score of the reports on it, and its held-out answer
+    assert "A ridge of coral." in v1 and "What is a reef?" in v1 and ">0.5</td>" in v1
+    assert "held-out q7" in v1 and "2 + 2 = 4" in v1 and "mean reward <b>0.667</b> over 3 reports" in v1
+
+
+def test_sao_app_shows_each_candidates_answers(tmp_path):
+    sao = load_module("sao")
+    run = sao.load_run(sao_run(tmp_path / "run", [{"trainer_step": 1, "reward_mean": 0.3}]))
+    html = sao.answers_by_candidate_html(run)
+    cand, base = html.split("base model")
+    assert "candidate c0001" in cand and "release <b>v1</b>" in cand and "accuracy <b>0.500</b>" in cand
+    assert "The answer is 12" in cand and "eight" in cand and "eight" in base and "The answer is 12" not in base
