@@ -81,6 +81,18 @@ class Contention:
         return round(statistics.mean(self.samples), 1) if self.samples else None
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and every process below it."""
+    total = 0
+    for pid in [root, *(p for p, _ in procs.below(root))]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 # ---- part steps: one training round at a time beside each engine ------------------------------------------------
 def part_steps(arms: list[str], rounds: int, clients: int) -> list[dict]:
     from dataclasses import replace
@@ -122,15 +134,21 @@ def part_steps(arms: list[str], rounds: int, clients: int) -> list[dict]:
             [t.start() for t in load]
             time.sleep(5)  # the engine is generating for every client
             pause = engine.training_step() if ARMS[arm][1] else nullcontext()
+            server = engine._process.pid if ARMS[arm][0] == "vllm" else None  # the vLLM server's tree
             seen = Contention(1.0)
-            started = time.perf_counter()
+            started, own0 = time.perf_counter(), time.process_time()
+            server0 = tree_cpu_s(server) if server else None
             with pause:
                 m = recipe.train(trainer, [replace(s, extra={}) for s in batch])
             wall = time.perf_counter() - started
+            own = (time.process_time() - own0) / wall  # the trainer (and the embedded engine, in this process)
+            server_cpu = (tree_cpu_s(server) - server0) / wall if server else None
             others = seen.stop()
             stop.set()
             [t.join() for t in load]
             out.append({"arm": arm, "round": k, "train_s": round(wall, 2), "policy_step_s": m["step_s"],
+                        "this_process_cpus": round(own, 2),
+                        "vllm_server_cpus": None if server_cpu is None else round(server_cpu, 2),
                         "other_sessions": others, "errors": len(errors)})
             print(f"[bench] steps round {k} {arm}: {json.dumps(out[-1])}", file=sys.stderr, flush=True)
     for engine in engines.values():
@@ -292,9 +310,13 @@ def report(result: dict, path: Path) -> None:
         lines += ["## (a) A training round beside each engine, 16 clients asking it", "",
                   "One SAO round (value model twice, then the policy step) on a fixed batch of 16 rollouts, in one "
                   "process, the arms alternating round by round.", "",
-                  "| round | arm | training round s | policy step s | other sessions | failed answers |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['round']} | {r['arm']} | {r['train_s']} | {r['policy_step_s']} | {r['other_sessions']} | "
+                  "CPUs used during the round (CPU seconds / wall seconds): 'this process' is the trainer (with the "
+                  "embedded engine's generation in the `embedded` arm), 'vLLM server' its whole process tree.", "",
+                  "| round | arm | training round s | policy step s | CPUs: this process | CPUs: vLLM server | "
+                  "other sessions | failed answers |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['round']} | {r['arm']} | {r['train_s']} | {r['policy_step_s']} | "
+                  f"{r.get('this_process_cpus')} | {r.get('vllm_server_cpus')} | {r['other_sessions']} | "
                   f"{r['errors']} |" for r in rows]
         lines += ["", "| arm | training round / embedded's, per round | policy step / embedded's | median |",
                   "|---|---|---|---|"]

@@ -1,6 +1,6 @@
 """An engine on the trainer's CPUs stands aside for each training step (issue 28, results/train-beside-vllm.md): the
 learner holds `YieldsToTraining.training_step()` around every round's training and never around generation; the
-vLLM engine pauses its server (`/pause?mode=keep`) for as long as any step holds it, and a weight switch in the
+vLLM engine pauses its server (`/pause?mode=keep&clear_cache=false`) for as long as any step holds it, and a weight switch in the
 meantime (another scenario's release) pauses with `abort` as before without resuming a step's pause. The server is a
 loopback double that logs the calls (the real one: tests/test_vllm_engine.py)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from reef_lab.engines.base import YieldsToTraining
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.engines.vllm import VLLMEngine
+from reef_lab.engines.vllm import STEP_PAUSE, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from tests.test_learning import EVAL, TRAINER, drive
@@ -64,6 +64,35 @@ def test_the_learner_holds_the_engine_aside_for_each_training_round_and_never_wh
         gw.close()
 
 
+def test_a_failed_training_round_lets_the_engine_go_and_the_next_round_trains(tiny_model_dir, tmp_path):
+    """A step that raises ends its hold on the engine (a paused vLLM server would otherwise answer nothing again):
+    the round is logged as an error, the next round holds the engine afresh and releases."""
+    engine = StandingAside.from_path(str(tiny_model_dir), max_batch=8)
+    gw = Gateway(tmp_path / "data", engine)
+    try:
+        gw.create_scenario({"name": "s", "recipe": "sao", "config": {
+            "batch_size": 4, "critic_warmup_steps": 0, "trainer": TRAINER, "critic_lr": 1e-3, **EVAL}})
+        ln = gw.learner("s")
+        train, held = ln.recipe.train, []
+
+        def fails_first(trainer, batch):
+            held.append(engine.held)
+            if len(held) == 1:
+                raise RuntimeError("the step failed")
+            return train(trainer, batch)
+        ln.recipe.train = fails_first
+        drive(gw, "s", 4)
+        assert ln.wait_idle(300), ln.status()
+        assert held == [1] and engine.held == 0 and "the step failed" in ln.last_error
+        drive(gw, "s", 4)
+        assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+        assert held == [1, 1] and engine.held == 0 and engine.steps == 2
+        assert [m["event"] for m in read_metrics(ln.metrics_path)][:2] == ["error", "step"]
+        assert gw.list_releases("s")["serving"] == "s:v1"
+    finally:
+        gw.close()
+
+
 class FakeVLLM(http.server.ThreadingHTTPServer):
     """Answers what VLLMEngine calls outside generation, logging each POST; `fail` paths answer 500."""
 
@@ -94,6 +123,9 @@ class FakeVLLM(http.server.ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
+PAUSE = f"/pause?mode={STEP_PAUSE}"
+
+
 @pytest.fixture
 def fake_vllm():
     srv = FakeVLLM()
@@ -110,13 +142,24 @@ def test_vllm_pauses_once_for_overlapping_steps_and_a_switch_meanwhile_keeps_it_
     calls = fake_vllm.calls
     with engine.training_step():
         with engine.training_step():  # a second scenario's learner steps at the same time
-            assert calls == ["/pause?mode=keep"]
-        assert calls == ["/pause?mode=keep"]  # the first step still holds it
+            assert calls == [PAUSE]
+        assert calls == [PAUSE]  # the first step still holds it
         engine.route("s", "s:v1")  # a release goes live meanwhile: its switch drops abandoned requests and caches
         assert calls[1] == "/pause?mode=abort&clear_cache=true" and calls[2] == "/collective_rpc"
         assert "/resume" not in calls  # the switch leaves the step's pause in place
     assert calls[-1] == "/resume" and calls.count("/resume") == 1
     assert engine.gate.held == "s:v1"
+
+
+def test_a_step_that_raises_still_resumes_the_server(fake_vllm, tiny_model_dir):
+    engine = VLLMEngine(tiny_model_dir, url=f"http://127.0.0.1:{fake_vllm.server_port}", pause_for_training=True)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        with engine.training_step():
+            raise RuntimeError("the step failed")
+    assert fake_vllm.calls == [PAUSE, "/resume"]
+    with engine.training_step():  # the count is back to none: the next step pauses again
+        pass
+    assert fake_vllm.calls[2:] == [PAUSE, "/resume"]
 
 
 def test_a_step_runs_when_the_server_cannot_pause_and_no_pause_when_turned_off(fake_vllm, tiny_model_dir):
@@ -126,11 +169,11 @@ def test_a_step_runs_when_the_server_cannot_pause_and_no_pause_when_turned_off(f
     ran = False
     with engine.training_step():
         ran = True
-    assert ran and fake_vllm.calls == ["/pause?mode=keep"]  # refused: no /resume owed
+    assert ran and fake_vllm.calls == [PAUSE]  # refused: no /resume owed
     fake_vllm.fail.clear()
     with engine.training_step():
         pass
-    assert fake_vllm.calls[1:] == ["/pause?mode=keep", "/resume"]
+    assert fake_vllm.calls[1:] == [PAUSE, "/resume"]
     fake_vllm.calls.clear()
     attached = VLLMEngine(tiny_model_dir, url=url)  # attached by URL: another machine's server, left alone
     with attached.training_step():

@@ -56,6 +56,9 @@ log = logging.getLogger("reef_lab.engines.vllm")
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 TRANSPORTS = ("weights", "lora")
 ZERO_ADAPTER = "reef-base"
+# A training step's pause: running and arriving requests stay queued with their KV cache, and the prefix cache is
+# kept (vLLM clears it by default, which only costs the prompts' recomputation at /resume)
+STEP_PAUSE = "keep&clear_cache=false"
 
 
 class WeightsGate:
@@ -300,7 +303,7 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
                 self._held_folder = self.model_dir
                 with self._pause_lock:
                     if self._pauses:  # a training step still runs: the fresh server waits for it too
-                        self.client.call("POST", "/pause?mode=keep")
+                        self.client.call("POST", f"/pause?mode={STEP_PAUSE}")
                 if self.transport == "lora":
                     with self._lock:
                         zero, self._zero = self._zero, None
@@ -461,7 +464,7 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         paused = False
         if self.pause_for_training:
             try:
-                self._pause("keep")
+                self._pause(STEP_PAUSE)
                 paused = True
             except (EngineError, EngineUnavailable) as e:  # a server restarting: the step runs beside it
                 log.warning("could not pause vLLM for a training step (%s); training beside it", e)
@@ -478,7 +481,7 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         """Count a holder of the pause: the server is paused by the first (a weight switch pauses with `abort` even
         when a step holds it already, to drop abandoned requests and the caches) and resumed by the last."""
         with self._pause_lock:
-            if self._pauses == 0 or mode != "keep":
+            if self._pauses == 0 or mode != STEP_PAUSE:
                 self.client.call("POST", f"/pause?mode={mode}")
             self._pauses += 1
 
