@@ -350,6 +350,8 @@ def report(result: dict, path: Path) -> None:
                 verdict += [f"- (b) `{arm}`: the first release comes after {med}x the embedded engine's time "
                             f"(goal: at most 1x): {'met' if med <= 1.0 else 'NOT met'}."]
         lines += [""]
+    if result.get("notes"):
+        lines += ["## Reading the numbers", "", *result["notes"], ""]
     lines += ["## Against the goal", "", "Issue 28: step time beside vLLM within 1.5x of beside the embedded engine; "
               "time to first release no worse than embedded. Medians over rounds:", "", *verdict, "",
               "![runs](train-beside-vllm.png)"]
@@ -370,6 +372,8 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "results" / "train-beside-vllm"), help="results path, no suffix")
     p.add_argument("--from-json", nargs="+", help="only render the page and the plot from these result files (one "
                    "per part: their parts are merged)")
+    p.add_argument("--notes", help="a markdown file whose text goes on the page (and into the json) under 'Reading "
+                   "the numbers': what the tables do not say by themselves")
     args = p.parse_args()
     out = Path(args.out)
     if args.from_json:
@@ -378,6 +382,9 @@ def main() -> None:
         result["commands"] = [c for part in parts for c in part["commands"]]
         result["ratios"] = {k: v for part in parts for k, v in part["ratios"].items()}
         result["wall_s"], result["started"] = sum(x["wall_s"] for x in parts), parts[0]["started"]
+        if args.notes:
+            result["notes"] = Path(args.notes).read_text().strip().splitlines()
+            out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     else:
         arms, release_arms = args.arms.split(","), args.release_arms.split(",")
         if unknown := set(arms + release_arms) - set(ARMS):
