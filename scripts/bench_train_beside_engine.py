@@ -349,6 +349,9 @@ def report(result: dict, path: Path) -> None:
             if med is not None:
                 verdict += [f"- (b) `{arm}`: the first release comes after {med}x the embedded engine's time "
                             f"(goal: at most 1x): {'met' if med <= 1.0 else 'NOT met'}."]
+            else:
+                verdict += [f"- (b) `{arm}`: no run of it released within the limit ({result.get('timeout')} s) with "
+                            "an embedded run beside it to compare: the goal is not decided by this run."]
         lines += [""]
     if result.get("notes"):
         lines += ["## Reading the numbers", "", *result["notes"], ""]
@@ -395,6 +398,7 @@ def main() -> None:
         result = {"commands": [" ".join([Path(sys.argv[0]).name, *sys.argv[1:]])], "cpus": os.cpu_count(),
                   "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
                   "recipe_config": recipe_config(), "clients": args.clients, "rollouts": args.rollouts,
+                  "timeout": args.timeout,
                   "ratios": {}}
         if args.part in ("both", "steps"):
             result["steps"] = part_steps(arms, args.rounds, args.clients)

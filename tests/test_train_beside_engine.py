@@ -1,8 +1,9 @@
 """An engine on the trainer's CPUs stands aside for each training step (issue 28, results/train-beside-vllm.md): the
 learner holds `YieldsToTraining.training_step()` around every round's training and never around generation; the
-vLLM engine pauses its server (`/pause?mode=keep&clear_cache=false`) for as long as any step holds it, and a weight switch in the
-meantime (another scenario's release) pauses with `abort` as before without resuming a step's pause. The server is a
-loopback double that logs the calls (the real one: tests/test_vllm_engine.py)."""
+vLLM engine pauses its server (`/pause?mode=keep&clear_cache=false`) for as long as any step holds it (up to
+max_pause_s), and a weight switch in the meantime (another scenario's release) pauses with `abort` as before
+without resuming a step's pause. The server is a loopback double that logs the calls (the real one:
+tests/test_vllm_engine.py)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,25 @@ def test_a_step_that_raises_still_resumes_the_server(fake_vllm, tiny_model_dir):
     assert fake_vllm.calls == [PAUSE, "/resume"]
     with engine.training_step():  # the count is back to none: the next step pauses again
         pass
+    assert fake_vllm.calls[2:] == [PAUSE, "/resume"]
+
+
+def test_a_step_longer_than_max_pause_lets_the_server_go_on_beside_it(fake_vllm, tiny_model_dir):
+    """On a starved machine a step took 11 minutes, and requests waiting through it outwaited the stream's timeout
+    (600 s) and failed: past max_pause_s the server resumes while the step goes on, and the step's end owes nothing."""
+    import time
+    engine = VLLMEngine(tiny_model_dir, url=f"http://127.0.0.1:{fake_vllm.server_port}", pause_for_training=True,
+                        max_pause_s=0.5)
+    with engine.training_step():
+        deadline = time.monotonic() + 60
+        while "/resume" not in fake_vllm.calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fake_vllm.calls == [PAUSE, "/resume"]
+    assert fake_vllm.calls == [PAUSE, "/resume"]  # resumed once
+    engine.max_pause_s = 60
+    with engine.training_step():  # a step within the bound keeps the server paused to its end
+        time.sleep(1)
+        assert fake_vllm.calls[2:] == [PAUSE]
     assert fake_vllm.calls[2:] == [PAUSE, "/resume"]
 
 

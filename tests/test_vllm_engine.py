@@ -211,6 +211,25 @@ def test_a_paused_server_leaves_the_cpus_and_a_failed_step_still_resumes_it(vllm
         assert gen.token_ids and len(gen.logprobs) == len(gen.token_ids)
 
 
+def test_requests_waiting_through_a_step_longer_than_the_timeout_are_answered(vllm_engine):
+    """A step longer than the stream's timeout (11 minutes on a starved machine, against 600 s) failed every request
+    that waited through it; past max_pause_s the server answers beside the step, so they are answered."""
+    from reef_lab.engines.base import ChatRequest, SamplingParams
+
+    timeout, max_pause = vllm_engine.client.timeout, vllm_engine.max_pause_s
+    vllm_engine.client.timeout, vllm_engine.max_pause_s = 30, 2  # the streams' sockets time out after 30 s
+    try:
+        with vllm_engine.training_step():
+            waiting = [vllm_engine.submit(ChatRequest([{"role": "user", "content": f"Count to {i + 5}."}],
+                                                      SamplingParams(max_tokens=16, temperature=0.7)))
+                       for i in range(4)]
+            time.sleep(40)  # the step outlasts the timeout
+    finally:
+        vllm_engine.client.timeout, vllm_engine.max_pause_s = timeout, max_pause
+    for gen in (s.result(timeout=600) for s in waiting):
+        assert gen.token_ids and len(gen.logprobs) == len(gen.token_ids)
+
+
 def test_a_killed_engine_restarts_with_503s_meanwhile_and_loses_nothing(vllm_engine, tmp_path):
     import os
     import signal

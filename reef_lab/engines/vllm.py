@@ -187,7 +187,8 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
                  transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64,
-                 pause_for_training: bool | None = None, tool_template: str | None = None):
+                 pause_for_training: bool | None = None, max_pause_s: float = 120.0,
+                 tool_template: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.model_dir, self.transport = Path(model_dir), transport
@@ -204,6 +205,8 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         self._pauses = 0  # training steps and weight switches that hold the server paused now
         # default: pause when the server is ours, so on this machine's CPUs (module docstring)
         self.pause_for_training = url is None if pause_for_training is None else pause_for_training
+        # a step paused longer than this lets the server go on beside it: what waits must not outwait `timeout`
+        self.max_pause_s = max_pause_s
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
                                max_loras, max_lora_rank)
@@ -227,10 +230,11 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         engine_options: {transport (weights | lora), url (attach instead of starting one; a lora server needs
         --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), python, port, threads_bind, kv_cache_gib,
         max_model_len, start_timeout, timeout, max_loras, max_lora_rank, pause_for_training (default: when the
-        server is started here)}."""
+        server is started here), max_pause_s (default 120)}."""
         opts = cfg.engine_settings()
         allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
-                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank", "pause_for_training"}
+                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank", "pause_for_training",
+                   "max_pause_s"}
         if set(opts) - allowed:
             raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
         model_dir = opts.pop("model_dir", None) or cfg.model_path
@@ -460,22 +464,43 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         """While a training step runs, the server schedules nothing (`/pause?mode=keep`: requests running and
         arriving stay queued, with their KV cache, and go on at `/resume`), so the trainer has the CPUs (a policy
         step beside a generating server took 110 s against 14-25 s beside the embedded engine: issue 28). Off with
-        `pause_for_training: false` (a server on other hardware)."""
-        paused = False
-        if self.pause_for_training:
+        `pause_for_training: false` (a server on other hardware). A step that holds the pause longer than
+        `max_pause_s` lets the server go on beside it from then on: on a machine that other work starves, a step took
+        11 minutes and requests that waited through it outwaited the stream's `timeout` and failed
+        (results/train-beside-vllm.md)."""
+        if not self.pause_for_training:
+            yield
+            return
+        try:
+            self._pause(STEP_PAUSE)
+        except (EngineError, EngineUnavailable) as e:  # a server restarting: the step runs beside it
+            log.warning("could not pause vLLM for a training step (%s); training beside it", e)
+            paused = False
+        else:
+            paused = True
+        if not paused:
+            yield
+            return
+        owed = threading.Lock()  # held by whoever resumes: the timer or the step's end, once
+
+        def let_go(late: bool) -> None:
+            if not owed.acquire(blocking=False):
+                return
+            if late:
+                log.warning("a training step has held vLLM paused for %.0f s; it answers beside the step from now on",
+                            self.max_pause_s)
             try:
-                self._pause(STEP_PAUSE)
-                paused = True
-            except (EngineError, EngineUnavailable) as e:  # a server restarting: the step runs beside it
-                log.warning("could not pause vLLM for a training step (%s); training beside it", e)
+                self._unpause()
+            except Exception:  # noqa: BLE001 - the step goes on either way; the supervisor sees a broken server
+                log.exception("vLLM did not resume after a training step")
+        timer = threading.Timer(self.max_pause_s, let_go, args=(True,))
+        timer.daemon = True
+        timer.start()
         try:
             yield
         finally:
-            if paused:
-                try:
-                    self._unpause()
-                except Exception:  # noqa: BLE001 - the step is done either way; the supervisor sees a broken server
-                    log.exception("vLLM did not resume after a training step")
+            timer.cancel()
+            let_go(False)
 
     def _pause(self, mode: str) -> None:
         """Count a holder of the pause: the server is paused by the first (a weight switch pauses with `abort` even
