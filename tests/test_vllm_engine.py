@@ -19,6 +19,7 @@ from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.tasks import make_task
+from reef_lab.testing import free_port
 from tests.conftest import Running
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
@@ -35,7 +36,8 @@ def vllm_engine():
     if not (MODEL / "config.json").is_file():
         from reef_lab.engines.embedded import EmbeddedEngine
         EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
-    engine = VLLMEngine(MODEL, port=8951)
+    # a free port: a fixed one met another worktree's vLLM test server, which answered this engine's calls
+    engine = VLLMEngine(MODEL, port=free_port())
     yield engine
     engine.close()
 
