@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -80,6 +81,7 @@ class Popen(subprocess.Popen):
         args = [os.fsdecode(a) for a in args]
         status_r, status_w = os.pipe()
         life_r, self._lifeline = os.pipe() if not detached else (-1, None)
+        self._lifeline_lock = threading.Lock()
         keep = [int(fd) for fd in pass_fds]
         argv = [sys.executable, "-I", "-S", _REAPER, str(status_w), str(life_r), repr(float(grace)),
                 ",".join(map(str, keep)), *args]
@@ -87,10 +89,8 @@ class Popen(subprocess.Popen):
             super().__init__(argv, pass_fds=(*keep, status_w, *([life_r] if life_r >= 0 else [])),
                              start_new_session=new_session, **kwargs)
         except BaseException:
-            for fd in (status_r, self._lifeline):
-                if fd is not None:
-                    os.close(fd)
-            self._lifeline = None
+            os.close(status_r)
+            self._drop_lifeline()
             raise
         finally:
             os.close(status_w)
@@ -157,9 +157,10 @@ class Popen(subprocess.Popen):
         return code
 
     def _drop_lifeline(self) -> None:  # the tree is gone: the lifeline has nothing left to guard
-        if self._lifeline is not None:
-            os.close(self._lifeline)
-            self._lifeline = None
+        with self._lifeline_lock:  # poll() and wait() may race on threads: the fd is closed once, never a reused one
+            fd, self._lifeline = self._lifeline, None
+        if fd is not None:
+            os.close(fd)
 
 
 def run(args, *, timeout: float | None = None, check: bool = False, capture_output: bool = False, input=None,

@@ -8,6 +8,7 @@ callers submit one request each and block on its result or iterate its text delt
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -153,6 +154,16 @@ class ReleaseHost(ABC):
     @abstractmethod
     def completion_ids(self, text: str) -> list[int]:
         """A completion's token ids, ending as the model ends a turn."""
+
+
+class YieldsToTraining(ABC):
+    """An engine that stands aside while a training step runs on the CPUs it shares with the trainer (an external
+    server on this machine, whose threads would otherwise keep the cores: results/train-beside-vllm.md).
+    Requests that arrive meanwhile wait and are answered once the step is done."""
+
+    @abstractmethod
+    def training_step(self) -> AbstractContextManager:
+        """Held around one training step: generation pauses while it is held (by any learner), then resumes."""
 
 
 class Relay(Engine):

@@ -25,10 +25,17 @@ pins); the child runs from there. Releases reach it by one of two transports (`e
   gives requests without an adapter the wrong logprobs (off by up to 1.8 nats) when they share a batch with adapter
   requests after another adapter has served; adapters among themselves batch correctly
   (scripts/probe_vllm_lora_batching.py shows both).
+
+Training beside it: a server started here shares this machine's CPUs with the trainer, and its threads kept the
+cores while a step ran. So the learner holds `training_step()` around each step and the server is paused meanwhile
+(`/pause?mode=keep`: running and arriving requests wait with their KV cache, and go on at `/resume`); a paused
+server uses about 1% of a CPU (results/train-beside-vllm.md). The server, its EngineCore and its workers die with
+this process, `kill -9` included (reef_lab.procs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
@@ -39,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
+from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, YieldsToTraining
 from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
 from reef_lab.errors import EngineUnavailable
 from reef_lab.procs import Popen
@@ -49,6 +56,9 @@ log = logging.getLogger("reef_lab.engines.vllm")
 DEFAULT_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 TRANSPORTS = ("weights", "lora")
 ZERO_ADAPTER = "reef-base"
+# A training step's pause: running and arriving requests stay queued with their KV cache, and the prefix cache is
+# kept (vLLM clears it by default, which only costs the prompts' recomputation at /resume)
+STEP_PAUSE = "keep&clear_cache=false"
 
 
 class WeightsGate:
@@ -170,13 +180,14 @@ class VLLMStream:
             conn.sock.close()
 
 
-class VLLMEngine(Generator, ReleaseHost):
+class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
     """Generates through a vLLM server and serves trained releases on it (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
                  port: int = 8941, threads_bind: str | None = None, kv_cache_gib: int = 2,
                  max_model_len: int = 2048, start_timeout: float = 600.0, timeout: float = 600.0,
                  transport: str = "weights", max_loras: int = 4, max_lora_rank: int = 64,
+                 pause_for_training: bool | None = None, max_pause_s: float = 120.0,
                  tool_template: str | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
@@ -190,6 +201,12 @@ class VLLMEngine(Generator, ReleaseHost):
         self._held_folder = self.model_dir  # the weights the server holds (weights transport)
         self._process: Popen | None = None
         self._log_file = None
+        self._pause_lock = threading.Lock()
+        self._pauses = 0  # training steps and weight switches that hold the server paused now
+        # default: pause when the server is ours, so on this machine's CPUs (module docstring)
+        self.pause_for_training = url is None if pause_for_training is None else pause_for_training
+        # a step paused longer than this lets the server go on beside it: what waits must not outwait `timeout`
+        self.max_pause_s = max_pause_s
         if url is None:
             url = self._launch(Path(python or DEFAULT_PYTHON), port, threads_bind, kv_cache_gib, max_model_len,
                                max_loras, max_lora_rank)
@@ -210,7 +227,8 @@ class VLLMEngine(Generator, ReleaseHost):
     @classmethod
     def check_options(cls, opts: dict) -> None:
         allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
-                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank"}
+                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank", "pause_for_training",
+                   "max_pause_s"}
         if set(opts) - allowed:
             raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
 
@@ -219,7 +237,8 @@ class VLLMEngine(Generator, ReleaseHost):
         """--model-path: the base model's HF folder (default: the embedded SmolLM2's converted folder);
         engine_options: {transport (weights | lora), url (attach instead of starting one; a lora server needs
         --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), python, port, threads_bind, kv_cache_gib,
-        max_model_len, start_timeout, timeout, max_loras, max_lora_rank}."""
+        max_model_len, start_timeout, timeout, max_loras, max_lora_rank, pause_for_training (default: when the
+        server is started here), max_pause_s (default 120)}."""
         opts = cfg.engine_settings()
         cls.check_options(opts)
         model_dir = opts.pop("model_dir", None) or cfg.model_path
@@ -290,6 +309,9 @@ class VLLMEngine(Generator, ReleaseHost):
                 self._wait_ready(self._start_timeout)
                 self.gate.reset("base")  # a fresh server holds the base; requests switch weights as they need
                 self._held_folder = self.model_dir
+                with self._pause_lock:
+                    if self._pauses:  # a training step still runs: the fresh server waits for it too
+                        self.client.call("POST", f"/pause?mode={STEP_PAUSE}")
                 if self.transport == "lora":
                     with self._lock:
                         zero, self._zero = self._zero, None
@@ -408,7 +430,7 @@ class VLLMEngine(Generator, ReleaseHost):
         started = time.perf_counter()
         # No lease is out, so whatever the server still runs was abandoned by its client: abort it; the pause
         # clears the KV and prefix caches once drained, and nothing is scheduled until /resume.
-        self.client.call("POST", "/pause?mode=abort&clear_cache=true")
+        self._pause("abort&clear_cache=true")
         try:
             try:
                 self._reload(folder)
@@ -423,7 +445,7 @@ class VLLMEngine(Generator, ReleaseHost):
                 raise EngineError(f"the engine refused release {release_id}'s weights: {e}") from e
         finally:
             try:
-                self.client.call("POST", "/resume")
+                self._unpause()
             except Exception:  # noqa: BLE001 - a server that cannot resume is restarted by the supervisor
                 log.exception("vLLM did not resume")
         log.info("vLLM now holds %s (%.2f s)", release_id, time.perf_counter() - started)
@@ -439,6 +461,64 @@ class VLLMEngine(Generator, ReleaseHost):
     def _kill_for_restart(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
+
+    # ---- sharing the CPUs with a trainer -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def training_step(self):
+        """While a training step runs, the server schedules nothing (`/pause?mode=keep`: requests running and
+        arriving stay queued, with their KV cache, and go on at `/resume`), so the trainer has the CPUs (a policy
+        step beside a generating server took 110 s against 14-25 s beside the embedded engine: issue 28). Off with
+        `pause_for_training: false` (a server on other hardware). A step that holds the pause longer than
+        `max_pause_s` lets the server go on beside it from then on: on a machine that other work starves, a step took
+        11 minutes and requests that waited through it outwaited the stream's `timeout` and failed
+        (results/train-beside-vllm.md)."""
+        if not self.pause_for_training:
+            yield
+            return
+        try:
+            self._pause(STEP_PAUSE)
+        except (EngineError, EngineUnavailable) as e:  # a server restarting: the step runs beside it
+            log.warning("could not pause vLLM for a training step (%s); training beside it", e)
+            paused = False
+        else:
+            paused = True
+        if not paused:
+            yield
+            return
+        owed = threading.Lock()  # held by whoever resumes: the timer or the step's end, once
+
+        def let_go(late: bool) -> None:
+            if not owed.acquire(blocking=False):
+                return
+            if late:
+                log.warning("a training step has held vLLM paused for %.0f s; it answers beside the step from now on",
+                            self.max_pause_s)
+            try:
+                self._unpause()
+            except Exception:  # noqa: BLE001 - the step goes on either way; the supervisor sees a broken server
+                log.exception("vLLM did not resume after a training step")
+        timer = threading.Timer(self.max_pause_s, let_go, args=(True,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            let_go(False)
+
+    def _pause(self, mode: str) -> None:
+        """Count a holder of the pause: the server is paused by the first (a weight switch pauses with `abort` even
+        when a step holds it already, to drop abandoned requests and the caches) and resumed by the last."""
+        with self._pause_lock:
+            if self._pauses == 0 or mode != STEP_PAUSE:
+                self.client.call("POST", f"/pause?mode={mode}")
+            self._pauses += 1
+
+    def _unpause(self) -> None:
+        with self._pause_lock:
+            self._pauses -= 1
+            if self._pauses == 0:
+                self.client.call("POST", "/resume")
 
     def unload(self, release_id: str) -> None:
         with self._lock:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from pathlib import Path
 
 import orjson
 
-from reef_lab.engines.base import ReleaseHost
+from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
 from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
@@ -260,13 +261,18 @@ class Learner(LearnerLoop, RecordHolder):
             self._trainer.steps = (serving or {}).get("trainer_step") or 0
         release_steps = self._release_steps()
         staleness = [self._trainer.steps - release_steps.get(s.release_id, 0) for s in batch]
-        metrics = self.recipe.train(self._trainer, batch)
+        # An engine on the trainer's CPUs (a vLLM server here) stands aside for the step, which otherwise shares the
+        # cores with it (results/train-beside-vllm.md)
+        started = time.perf_counter()
+        with self.engine.training_step() if isinstance(self.engine, YieldsToTraining) else nullcontext():
+            metrics = self.recipe.train(self._trainer, batch)
+        train_s = time.perf_counter() - started  # the whole round's training (a policy step's own: step_s)
         self.rounds += 1
         self._consume(batch)
         self._since_candidate += batch
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
-                      "staleness_max": max(staleness), **metrics})
+                      "staleness_max": max(staleness), "train_s": round(train_s, 3), **metrics})
         if metrics.get("policy_step"):
             self._policy_steps_since_candidate += 1
         if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
