@@ -119,9 +119,9 @@ class TrainerConfig:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
         if len(self.betas) != 2:
             raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
-        from reef_lab.trainers import trainer_class  # the backend, resolved now: a wrong name fails at start
+        from reef_lab.trainers import check_backend_config  # the backend, resolved now: a wrong name fails at start
 
-        trainer_class(self.backend).check_config(self)
+        check_backend_config(self)
 
 
 @dataclass
