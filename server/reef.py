@@ -95,3 +95,15 @@ def get_harness():
 def publish_harness(name: str):
     """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
     return json_response(g.gateway.publish_harness(name, json_body()), 201)
+
+
+# [episodes hooks] an agent session's calls in turn order (reef_lab/gateway/episodes.py, docs/episodes.md)
+@bp.get("/episodes/<episode>")
+def get_episode(episode: str):
+    """The episode's calls in the scenario named by x-reef-scenario (or ?scenario=)."""
+    return json_response(g.gateway.get_episode(scenario() or request.args.get("scenario"), episode))
+
+
+@bp.get("/scenarios/<name>/episodes/<episode>")
+def get_scenario_episode(name: str, episode: str):
+    return json_response(g.gateway.get_episode(name, episode))

@@ -42,6 +42,7 @@ import orjson
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, ReefError
+from reef_lab.gateway import episodes, unanswered
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.gateway.scenarios import check_name
 from reef_lab.records.store import RelayLog
@@ -456,12 +457,19 @@ class RelayGateway:
     def infer(self, dialect: str, body, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None):
         name = check_name(scenario)
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        info = self.serving(name) or {"release_id": None, "files": None}
-        sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
-        return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                           info["release_id"] or "upstream")
+        t0, episode = time.perf_counter(), None
+        try:  # [episodes hook] a 4xx is recorded as refused, as the primary does (reef_lab/gateway/unanswered.py)
+            episode = episodes.detect(client_headers, body)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            info = self.serving(name) or {"release_id": None, "files": None}
+            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
+            return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                               info["release_id"] or "upstream")
+        except ReefError as e:
+            if unanswered.is_refusal(e):
+                unanswered.record_refused(self, name, dialect, body, tags or {}, t0, e, episode, None)
+            raise
 
     def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
         """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""

@@ -9,6 +9,7 @@ before it is stored.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import CancelledError
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from reef_lab.gateway import dialects
+from reef_lab.gateway import dialects, episodes, unanswered
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError
 from reef_lab.engines.base import Engine, Generator, Relay, ReleaseHost
@@ -42,7 +43,7 @@ from reef_lab.records.store import RecordStore
 log = logging.getLogger("reef_lab.gateway.gateway")
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata"}
+REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata", "episode"}
 
 
 class Gateway:
@@ -169,18 +170,30 @@ class Gateway:
     # ---- inference ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None) -> Reply | StreamReply:
-        name = check_name(scenario)
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        self.scenarios.ensure(name)
-        if name not in self._harness and name not in self._errors and self._evolves_harness(name):
-            self._start_learner(name)  # serves the recipe's seed harness from the first request on
-        harness = self._harness.get(name)
-        sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
-        release = harness[0] if harness else None
-        if isinstance(self.engine, Relay):
-            return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
-        return self._generate(dialect, body, name, tags or {}, sent, release)
+        try:
+            name = check_name(scenario)
+        except BadRequest as e:
+            unanswered.log_unrecorded(dialect, scenario, e)
+            raise
+        t0, episode = time.perf_counter(), None
+        try:  # [episodes hook] a 4xx below is recorded as refused (reef_lab/gateway/unanswered.py)
+            episode = episodes.detect(client_headers, body)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            self.scenarios.ensure(name)
+            if name not in self._harness and name not in self._errors and self._evolves_harness(name):
+                self._start_learner(name)  # serves the recipe's seed harness from the first request on
+            harness = self._harness.get(name)
+            sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
+            release = harness[0] if harness else None
+            if isinstance(self.engine, Relay):
+                return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
+            return self._generate(dialect, body, name, tags or {}, sent, release, episode)
+        except ReefError as e:
+            if not unanswered.is_refusal(e) or not self.scenarios.exists(name):
+                raise
+            unanswered.record_refused(self, name, dialect, body, tags or {}, t0, e, episode, None)
+            raise
 
     def _inference_record(self, name, dialect, body, tags, response, t0, **kw) -> Record:
         return Record(id=new_record_id(), scenario=name, kind="inference", dialect=dialect, request=body,
@@ -189,7 +202,7 @@ class Gateway:
                       **kw)
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict,
-                  harness: str | None) -> Reply | StreamReply:
+                  harness: str | None, episode: str | None = None) -> Reply | StreamReply:
         """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
         it. A harness release, when one serves the scenario, is the release named on the record and header."""
         req = dialects.PARSERS[dialect](sent)
@@ -201,14 +214,31 @@ class Gateway:
         except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
             raise BadRequest(str(e)) from None
 
+        sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
+        recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
+
+        def cancelled(reason: str) -> str:
+            rec = self._inference_record(name, dialect, body, tags, None, t0, status="cancelled", error=reason,
+                                         release_id=harness or handle.release_id, episode=episode,
+                                         prompt_token_ids=list(handle.prompt_ids),
+                                         metadata={"generated_text": "".join(sent_text)})
+            self.store.append([rec])
+            recorded.append(rec.id)
+            unanswered.log_cancelled(name, dialect, rec.id, reason)
+            return rec.id
+
         def finish():
             try:
                 gen = handle.result()
+            except CancelledError as e:  # the client left (server/httpd.py's hang-up watch cancelled it)
+                rid = cancelled(str(e) or "cancelled by its caller")
+                raise ReefError(f"generation cancelled: the client left (record {rid})") from e
             except Exception as e:
                 rec = self._inference_record(name, dialect, body, tags, None, t0, status="error",
                                              error=f"{type(e).__name__}: {e}",
-                                             release_id=harness or handle.release_id)
+                                             release_id=harness or handle.release_id, episode=episode)
                 self.store.append([rec])
+                recorded.append(rec.id)
                 err = ReefError(f"generation failed: {e} (record {rec.id})")
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
@@ -216,19 +246,23 @@ class Gateway:
             resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = self._inference_record(name, dialect, body, tags, resp, t0, release_id=harness or gen.release_id,
                                          prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                         logprobs=gen.logprobs,
+                                         logprobs=gen.logprobs, episode=episode,
                                          metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
+            recorded.append(rec.id)
             return gen, rec.id, resp
 
+        session = {episodes.EPISODE_HEADER: episode} if episode else {}
         if not body.get("stream"):
             gen, receipt, resp = finish()
             return Reply(200, orjson.dumps(resp), headers={RECEIPT_HEADER: receipt,
-                                                           RELEASE_HEADER: harness or gen.release_id})
+                                                           RELEASE_HEADER: harness or gen.release_id, **session})
 
         def deltas():
             try:
-                yield from handle
+                for delta in handle:
+                    sent_text.append(delta)
+                    yield delta
             except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
                 return
 
@@ -245,7 +279,10 @@ class Gateway:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id}, cancel=handle.cancel)
+                    if not recorded:  # the client closed the stream (the server closed this generator)
+                        cancelled(f"the client closed the stream after {len(''.join(sent_text))} characters")
+        return StreamReply(events(), headers={RELEASE_HEADER: harness or handle.release_id, **session},
+                           cancel=handle.cancel)
 
     def _relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
                release: str) -> Reply | StreamReply:
@@ -342,12 +379,15 @@ class Gateway:
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
         epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
+        episode = body.get("episode")
+        if episode is not None:  # [episodes hook] a report on a whole episode references all its calls
+            body = {**body, "references": self._episode_references(name, episode, body.get("references"))}
         refs = self._check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.recipe(name).validate_report(body)
         rec = Record(id=self._client_id(chosen), scenario=name, kind="report", references=refs,
                      score=None if score is None else float(score), feedback=feedback, metadata=metadata,
-                     tags=tags or {})
+                     tags=tags or {}, episode=episode)
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         with self._handing_over([rec.id, *refs]):
@@ -355,6 +395,28 @@ class Gateway:
             if created and refs and self.recipe(name).evolves != "nothing":
                 self._start_learner(name, rec.to_dict())
         return created, rec.id
+
+    # ---- episodes [hooks: the logic is in reef_lab/gateway/episodes.py] -----------------------------------------
+    def _episode_references(self, name: str, episode: Any, refs: Any) -> list[str]:
+        episodes.check_episode_id(episode, "'episode'")
+        if refs is not None:
+            raise BadRequest("give a report either 'references' (receipts) or 'episode' (all its calls), not both")
+        s = self.scenarios.get(name)
+        ids = episodes.episode_ids(self.store, name, episode, s.since)
+        if not ids:
+            raise BadRequest(f"episode {episode!r} has no calls in scenario {name!r}")
+        return ids
+
+    def get_episode(self, scenario: str | None, episode: str) -> dict:
+        """An episode's calls in turn order, each with its `turn` (1-based)."""
+        s = self.scenarios.get(check_name(scenario))
+        episodes.check_episode_id(episode)
+        ids = episodes.episode_ids(self.store, s.name, episode, s.since)
+        if not ids:
+            raise NotFound(f"episode {episode!r} has no calls in scenario {s.name!r}")
+        records = episodes.numbered(self.store.get_many(ids))
+        return {"scenario": s.name, "episode": episode, "turns": len(records),
+                "records": [wire_record(r) for r in records]}
 
     @contextlib.contextmanager
     def _handing_over(self, ids: list[str]):
@@ -568,7 +630,7 @@ class Gateway:
             raise BadRequest("a record must be an object")
         allowed = {"id", "scenario", "kind", "dialect", "created_at", "request", "response", "prompt_token_ids",
                    "token_ids", "logprobs", "release_id", "tags", "timing", "references", "score", "feedback",
-                   "metadata", "status", "error"}
+                   "metadata", "status", "error", "episode"}
         unknown = set(item) - allowed
         if unknown:
             raise BadRequest(f"unknown field(s) {sorted(unknown)}")
@@ -616,7 +678,8 @@ class Gateway:
                       logprobs=None if lp is None else [float(x) for x in lp], release_id=item.get("release_id"),
                       tags=tags, timing=item.get("timing") or {}, references=refs,
                       score=None if score is None else float(score), feedback=item.get("feedback"),
-                      metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"))
+                      metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"),
+                      episode=None if item.get("episode") is None else episodes.check_episode_id(item["episode"]))
         rec.content_hash = content_hash(rec)
         return rec
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder, select
 from reef_lab.publishing.releases import BASE, release_key
-from reef_lab.learning.samples import Sample, sample_from_records
+from reef_lab.learning import episodes
+from reef_lab.learning.samples import Sample
 from reef_lab.learning.tasks import make_task
 from reef_lab.files import write_json
 
@@ -116,6 +118,8 @@ class Learner(LearnerLoop, RecordHolder):
         self._policy_steps_since_candidate = 0
         self._eval_items = None
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
+        self._episodes = episodes.EpisodeConfig(**(self.config.episodes or {}))
+        self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
 
@@ -159,7 +163,7 @@ class Learner(LearnerLoop, RecordHolder):
             samples = [*self._pool, *self._in_round]
         samples += list(self._since_candidate)
         for s in samples:
-            held.add(s.record_id)
+            held.update(s.record_ids)
             if s.report_id:
                 held.add(s.report_id)
         return held
@@ -169,7 +173,8 @@ class Learner(LearnerLoop, RecordHolder):
             return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
                     "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
                     "trainer_step": self._trainer.steps if self._trainer else None,
-                    "consumed": len(self._consumed), "last_error": self.last_error}
+                    "consumed": len(self._consumed), "last_error": self.last_error,
+                    "episodes": dict(self.episode_counts)}
 
     # ---- the learner thread ---------------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -189,8 +194,10 @@ class Learner(LearnerLoop, RecordHolder):
                 log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
                 continue
             for s in samples:
-                if s.record_id not in self._consumed and s.record_id not in self._seen and self.recipe.accepts(s):
-                    self._seen.add(s.record_id)  # a report replayed at start and delivered live counts once
+                ids = s.record_ids
+                if not self._consumed.intersection(ids) and not self._seen.intersection(ids) and \
+                        self.recipe.accepts(s):
+                    self._seen.update(ids)  # a report replayed at start and delivered live counts once
                     self._pool.append(s)
 
     def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
@@ -205,12 +212,8 @@ class Learner(LearnerLoop, RecordHolder):
                            release_id=BASE, created_at=rec.get("created_at") or 0.0,
                            extra={"demonstration": True})]
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
-        out = []
-        for inference in self.store.get_many(refs):
-            s = sample_from_records(inference, rec)
-            if s is not None:
-                out.append(s)
-        return out
+        # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
+        return episodes.samples_for_report(rec, self.store.get_many(refs), self._episodes, self.episode_counts)
 
     def _release_steps(self) -> dict[str, int]:
         idx = self.releases.index(self.scenario)
@@ -273,7 +276,8 @@ class Learner(LearnerLoop, RecordHolder):
         self._since_candidate += batch
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
-                      "staleness_max": max(staleness), **metrics})
+                      "staleness_max": max(staleness), "episode_samples": sum(1 for s in batch if s.loss_mask),
+                      **{f"episodes_{k}": v for k, v in self.episode_counts.items()}, **metrics})
         if metrics.get("policy_step"):
             self._policy_steps_since_candidate += 1
         if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
@@ -281,7 +285,7 @@ class Learner(LearnerLoop, RecordHolder):
             self._candidate(metrics)
 
     def _consume(self, samples: list[Sample]) -> None:
-        self._consumed.update(s.record_id for s in samples)
+        self._consumed.update(rid for s in samples for rid in s.record_ids)
         write_json(self._state_path, {"consumed": sorted(self._consumed)})
 
     # ---- candidates and releases ----------------------------------------------------------------------------
@@ -290,7 +294,7 @@ class Learner(LearnerLoop, RecordHolder):
         used = list(self._since_candidate)  # they leave it once the candidate's lineage names them
         serving = self.releases.serving(self.scenario)
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
-            serving or {}).get("release_id", BASE), "records": [s.record_id for s in used],
+            serving or {}).get("release_id", BASE), "records": [rid for s in used for rid in s.record_ids],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releases.new_candidate(self.scenario, lineage)

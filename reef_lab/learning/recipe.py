@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 from reef_lab.errors import BadRequest
 from reef_lab.plugins import import_path
 from reef_lab.schema import check_fields
+from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.learning.tasks import TaskConfig
 
 MODES = ("auto", "manual", "hybrid")
@@ -127,6 +128,9 @@ class LearnConfig:
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
     trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.base.TrainerConfig",
                                                           "schema": _trainer_config})
+    episodes: dict = field(default_factory=dict, metadata={
+        "help": "how reports on agent episodes become samples (reef_lab.learning.episodes.EpisodeConfig: samples, "
+                "mixed_release)", "schema": EpisodeConfig})
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -17,8 +17,11 @@ from typing import Any
 import orjson
 import polars as pl
 
-SCHEMA_VERSION = 2  # 2 added stored_at; older segments read with it null (see store.scan_segments)
+SCHEMA_VERSION = 3  # 2 added stored_at, 3 episode; older segments read with them null (see store.scan_segments)
 KINDS = ("inference", "report", "train")
+# ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
+# cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
+STATUSES = ("ok", "error", "refused", "cancelled")
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 
 def new_record_id(now: float | None = None) -> str:
@@ -51,6 +54,7 @@ class Record:
     metadata: Any = None
     status: str = "ok"
     error: str | None = None
+    episode: str | None = None  # the agent session this call belongs to (reef_lab/gateway/episodes.py)
     stored_at: float = 0.0  # server time of the write (created_at may be a client's, for imports)
     content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
@@ -71,7 +75,10 @@ _HASHED = ("scenario", "kind", "dialect", "request", "response", "token_ids", "l
 
 def content_hash(r: Record) -> str:
     """Hash of what a client supplied: a repeated client-chosen id with the same hash is the same record."""
-    payload = orjson.dumps({k: getattr(r, k) for k in _HASHED}, option=orjson.OPT_SORT_KEYS)
+    fields = {k: getattr(r, k) for k in _HASHED}
+    if r.episode is not None:  # only when set: records hashed before episodes existed keep their hash
+        fields["episode"] = r.episode
+    payload = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
@@ -83,7 +90,7 @@ PARQUET_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
     "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
     "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
-    "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
+    "episode": pl.String, "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
 }
 
 
@@ -110,4 +117,5 @@ def frame_row_to_dict(row: dict) -> dict:
         out["timing"] = {}
     if out.get("references") is None:
         out["references"] = []
+    out.setdefault("episode", None)  # rows written before schema 3
     return out
