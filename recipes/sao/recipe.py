@@ -145,6 +145,6 @@ class SAORecipe(WeightRecipe):
         for s, a in zip(batch, adv, strict=True):
             s.extra["advantages"] = a
         m = trainer.policy.step(batch, Loss("dis", cfg.dis_low, cfg.dis_high))
-        flat = [a for row, s in zip(adv, batch) for a, m in zip(row, s.mask) if m]
+        flat = [a for row, s in zip(adv, batch) for a, on in zip(row, s.mask) if on]
         return {**m, **rl.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
                 "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

@@ -176,11 +176,11 @@ class Gateway:
             unanswered.log_unrecorded(dialect, scenario, e)
             raise
         t0, episode = time.perf_counter(), None
+        self.scenarios.ensure(name)  # a new name creates the scenario, refused request or not
         try:  # [episodes hook] a 4xx below is recorded as refused (reef_lab/gateway/unanswered.py)
             episode = episodes.detect(client_headers, body)
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            self.scenarios.ensure(name)
             if name not in self._harness and name not in self._errors and self._evolves_harness(name):
                 self._start_learner(name)  # serves the recipe's seed harness from the first request on
             harness = self._harness.get(name)
@@ -190,7 +190,7 @@ class Gateway:
                 return self._relay(dialect, body, name, tags or {}, client_headers or {}, sent, release or "upstream")
             return self._generate(dialect, body, name, tags or {}, sent, release, episode)
         except ReefError as e:
-            if not unanswered.is_refusal(e) or not self.scenarios.exists(name):
+            if not unanswered.is_refusal(e):
                 raise
             unanswered.record_refused(self, name, dialect, body, tags or {}, t0, e, episode, None)
             raise
@@ -231,8 +231,8 @@ class Gateway:
             try:
                 gen = handle.result()
             except CancelledError as e:  # the client left (server/httpd.py's hang-up watch cancelled it)
-                rid = cancelled(str(e) or "cancelled by its caller")
-                raise ReefError(f"generation cancelled: the client left (record {rid})") from e
+                record_id = cancelled(str(e) or "cancelled by its caller")
+                raise ReefError(f"generation cancelled: the client left (record {record_id})") from e
             except Exception as e:
                 rec = self._inference_record(name, dialect, body, tags, None, t0, status="error",
                                              error=f"{type(e).__name__}: {e}",

@@ -41,8 +41,9 @@ def record_refused(gw, name: str, dialect: str, body: Any, tags: dict, t0: float
 
 def log_unrecorded(dialect: str | None, scenario: Any, err: ReefError) -> None:
     """The one line for a refusal that has no scenario to be recorded in."""
-    log.info("refused %s call (no record: %s) with HTTP %d: %s", dialect or "a", "no valid scenario"
-             if scenario is None or isinstance(scenario, str) else "no scenario", err.status, err.message[:300])
+    shown = repr(scenario)[:80] if isinstance(scenario, str) else "none"
+    log.info("refused %s call (no record: scenario %s) with HTTP %d: %s", dialect or "a", shown, err.status,
+             err.message[:300])
 
 
 def log_cancelled(name: str, dialect: str, record_id: str, reason: str) -> None:
