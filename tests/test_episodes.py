@@ -19,6 +19,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway import episodes as sessions
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.episodes import EpisodeConfig, samples_for_report
+from reef_lab.learning.learner import read_metrics
 from reef_lab.errors import BadRequest
 from tests.conftest import Running
 from tests.test_tool_calls import Client
@@ -242,3 +243,31 @@ def test_a_client_session_id_outside_the_id_rules_is_kept_as_its_hash():
     assert a.startswith("sha-") and len(a) == 36 and a == sessions.detect({"x-session-id": "päth/with spaces"}, {})
     with pytest.raises(BadRequest, match="x-reef-session"):
         sessions.detect({"x-reef-session": "päth"}, {})
+
+
+# ---- the learner trains on episode samples ------------------------------------------------------------------------
+def test_sao_learns_from_reports_on_episodes(tool_model_dir, tmp_path):
+    """Reports on four tool-loop episodes: SAO's pool holds four two-turn samples (not eight calls), its critic
+    warm-up and policy step train on them, and the release's lineage names every call."""
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tool_model_dir), max_batch=8))
+    srv = Running(gw)
+    try:
+        gw.create_scenario({"name": "sao-ep", "recipe": "sao", "config": {
+            "batch_size": 2, "critic_warmup_steps": 1, "critic_lr": 1e-3,
+            "trainer": {"lr": 1e-3, "micro_batch_size": 2}}})
+        for i in range(4):
+            tool_loop(session_client(srv.url, "chat", "sao-ep", f"s{i}"), False)
+            report_on_episode(srv.url, "sao-ep", f"s{i}", score=float(i % 2))
+        ln = gw.learner("sao-ep")
+        assert ln.wait_idle(300), ln.status()
+        assert ln.last_error is None, ln.last_error
+        steps = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+        assert [m["phase"] for m in steps] == ["critic_warmup", "policy"]
+        assert all(m["episode_samples"] == 2 and m["samples"] == 2 for m in steps[:1])
+        assert steps[-1]["episodes_episode_samples"] == 4 and steps[-1]["episodes_episodes"] == 4
+        assert ln.status()["episodes"] == {"episodes": 4, "episode_samples": 4}
+        [rel] = gw.list_releases("sao-ep")["releases"]
+        calls = gw.list_records("sao-ep", "inference")["records"]
+        assert len(calls) == 8 and sorted(rel["records"]) == sorted(r["id"] for r in calls)
+    finally:
+        srv.stop()

@@ -109,6 +109,7 @@ class Learner(LearnerLoop, RecordHolder):
         self._pool: list[Sample] = []
         self._in_round: list[Sample] = []  # taken from the pool by the round now training
         self._seen: set[str] = set()  # record ids that joined the pool in this process
+        self._drained: set[str] = set()  # report ids turned into samples in this process
         self._reset = False
         self._publish_lock = threading.Lock()
         self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
@@ -188,6 +189,10 @@ class Learner(LearnerLoop, RecordHolder):
         """Turn queued reports into pool samples (caller holds the lock)."""
         while self._inbox:
             kind, rec = self._inbox.popleft()
+            if kind == "report":  # a report replayed at start and delivered live is read once (episode counts)
+                if rec["id"] in self._drained:
+                    continue
+                self._drained.add(rec["id"])
             try:
                 samples = self._samples_of(kind, rec)
             except Exception as e:  # noqa: BLE001 - one bad record is data, not a reason to stop learning
