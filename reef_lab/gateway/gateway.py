@@ -9,7 +9,6 @@ before it is stored.
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import CancelledError
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ import re
 import shutil
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
