@@ -27,7 +27,6 @@ with app.setup:
     import html
     import json
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -35,13 +34,12 @@ with app.setup:
     import yaml
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # recipes/ and apps/shared.py ship in the repository, not in the installed package
 
     from apps.shared import (answers_html, figure, fit_axes, hub_cell, progress_html, run_status, signature, svg,
                              tidy, utc, wandb_md, wandb_runs)
     from recipes.gepa.pareto import item_fronts, pareto_counts
     from recipes.gepa.search import harness_hash, read_events
-    from reef_lab.learning.experiment import launch_detached, run_choices, yaml_value
+    from apps.launch import launch_detached, run_choices, yaml_value
 
     SEARCH_FILES = ("events.jsonl", "state.json", "summary.json", "test_answers.jsonl", "config.json", "index.json",
                     "run.log", "run.pid")

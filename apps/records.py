@@ -19,7 +19,6 @@ app = marimo.App(width="full", app_title="reef_lab records")
 with app.setup:
     import html
     import os
-    import sys
     import time
     from datetime import datetime, timedelta, timezone
     from pathlib import Path
@@ -29,7 +28,6 @@ with app.setup:
     import polars as pl
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
     from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, signature, svg,
                              wandb_md, wandb_runs, wilson)

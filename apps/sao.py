@@ -4,7 +4,7 @@
     REEF_LAB_RUNS=runs/compare marimo run apps/sao.py        # list the runs under another folder
     REEF_LAB_RUN=runs/compare/sao-arithmetic-seed0 marimo export html apps/sao.py -o out.html   # headless
 
-A run is a folder written by scripts/run_experiment.py (reef_lab/learning/experiment.py): `config.json`,
+A run is a folder written by scripts/run_experiment.py (reef_lab/experiments/weights.py): `config.json`,
 `rollouts.jsonl`, `summary.json` when finished, the learner's `data/learn/<scenario>/metrics.jsonl`, the release
 index `data/releases/<scenario>/index.json` (with each release's Hub revision) and the W&B run under `data/wandb`.
 The launch form starts from the example's own values, so launching it unchanged runs the published config (only
@@ -24,7 +24,6 @@ with app.setup:
     import hashlib
     import html
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -33,11 +32,10 @@ with app.setup:
     import yaml
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))  # apps/shared.py sits in the repository, not in the installed package
 
     from apps.shared import (STEP, answers_html, eval_answers, figure, fit_axes, hub_cell, link, mean_ci, progress_html,
                              run_status, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
-    from reef_lab.learning.experiment import launch_detached, run_choices, yaml_value
+    from apps.launch import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
     PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out accuracy (95% CI)"), ("loss", "policy loss"),

@@ -1,8 +1,8 @@
 """What the three marimo apps share: readable figures, confidence intervals, links to a run's W&B folder and Hub
 revisions, tidy tables, run status, and the change check that lets auto-refresh redraw only what changed.
 
-Not an app: apps/sao.py, apps/gepa.py and apps/records.py import it (`from apps.shared import ...`, with the
-repository root on sys.path). Presentation only; what a run, a search or a record is stays in reef_lab and recipes.
+Not an app: apps/sao.py, apps/gepa.py and apps/records.py import it (`from apps.shared import ...`; the repository
+root is on the path of the venv that scripts/setup.sh makes). Presentation only; what a run, a search or a record is stays in reef_lab and recipes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import matplotlib
+from reef_lab.extras import need
+
+need("apps")
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -17,7 +17,6 @@ app = marimo.App(width="full", app_title="reef_lab TTT-Discover")
 
 with app.setup:
     import os
-    import sys
     from pathlib import Path
 
     import marimo as mo
@@ -25,13 +24,12 @@ with app.setup:
     import polars as pl
 
     ROOT = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(ROOT))
 
     from apps.shared import (STEP, figure, fit_axes, progress_html, run_status, signature, svg, tidy, wandb_md,
                              wandb_runs)
     from recipes.tttd.archive import Archive
     from recipes.tttd.problems import make_problem
-    from reef_lab.learning.experiment import launch_detached
+    from apps.launch import launch_detached
 
     STATE_FILES = ("metrics.jsonl", "archive.json", "state.json", "best.json", "summary.json", "run.pid")
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reef_lab.extras import need
+
+need("train", "checkpoints")
 import torch
 
 

@@ -18,7 +18,7 @@ from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.engines.upstream import UPSTREAM_DIALECTS
 from reef_lab.errors import ReefError
-from reef_lab.learning.recipe import load_recipe
+from reef_lab.learning.recipe import evolved, load_recipe, shipped_recipes
 from reef_lab.plugins import code_paths
 from reef_lab.records.retention import RetentionConfig, RetentionPolicy
 
@@ -30,8 +30,7 @@ class ServeConfig:
     data_dir: str = field(default="./.reef_lab", metadata={
         "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
     recipe: str = field(default="basic", metadata={
-        "help": "recipe of new scenarios: a folder name in recipes/ (basic, sft, sao, grpo, gepa) or a "
-                "module:Class path"})
+        "help": "recipe of new scenarios: a folder name in recipes/ or a module:Class path"})
     recipe_config: str | None = field(default=None, metadata={
         "help": "config of new scenarios' recipe: a YAML/JSON file, e.g. recipes/sao/examples/live.yaml, or "
                 "an inline mapping '{batch_size: 8}' (in a -c file also a mapping); --help with --recipe lists its "
@@ -100,12 +99,13 @@ class ServeConfig:
                 "--upstream-url (the embedded model lives in one process): one primary keeps all state, the "
                 "others relay inference (server/workers.py)"})
     pin_workers: int = field(default=1, metadata={
-        "help": "1: pin each of several workers to a CPU of its own (Linux; more requests/s on 2 "
-                "cores); 0: leave placement to the OS scheduler"})
-    sched_slice_us: int = field(default=100, metadata={
-        "help": "with --upstream-url, the CPU time slice in microseconds each worker thread asks the Linux scheduler "
-                "for (EEVDF custom slices, kernel 6.12+; older kernels ignore it): a short one lets a thread woken by "
-                "its record's flush or its provider's answer run sooner. 0: the kernel's default"})
+        "help": "1: pin each of several workers to a CPU of its own (Linux; more requests/s on 2 cores, "
+                "results/server-tuning.md); 0: leave placement to the OS scheduler"})
+    sched_slice_us: int = field(default=0, metadata={
+        "help": "opt-in (no gain measured, results/server-tuning.md): with --upstream-url, the CPU time slice in "
+                "microseconds each worker thread asks the Linux scheduler for (EEVDF custom slices, kernel 6.12+; "
+                "older kernels ignore it), e.g. 100: a thread woken by its record's flush or its provider's answer "
+                "may run sooner. 0: the kernel's default"})
     sched_slice_busy: float = field(default=0.85, metadata={
         "help": "the share of the machine's CPU time in use (over 0.25 s) above which worker threads give the short "
                 "slice back and take the kernel's default, until it falls below this less 0.15: at saturation a "
@@ -170,7 +170,8 @@ class ServeConfig:
             raise ValueError(f"prefill_share must be in (0, 1] (1: chunks keep their full size), got "
                              f"{self.prefill_share}")
         self.recipe_settings()  # a missing file or a value that is not a mapping is refused at start
-        self.engine_settings()
+        # the engine is resolved and checks its own options now, before any model loads
+        engine_class(self.engine_name()).check_options(self.engine_settings())
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
             raise ValueError(f"wandb_mode must be offline, online or disabled, got {self.wandb_mode!r}")
         if self.workers < 0:
@@ -323,12 +324,10 @@ class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptio
 
 
 def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
-    """ServeConfig from `-c file.yaml` plus flags (flags win), parsed by transformers' HfArgumentParser. The recipe
+    """ServeConfig from `-c file.yaml` plus flags (flags win), one flag per field (`dataclass_parser`). The recipe
     config is checked at every depth before anything starts; `--help` lists the chosen recipe's own fields, and
     `--print-config` prints the whole effective configuration as a YAML file `-c` reads back."""
     import sys
-
-    from transformers import HfArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -342,8 +341,11 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         except ValueError as e:
             file_error = str(e)
     spec = known.recipe or file_values.get("recipe") or "basic"
-    p = HfArgumentParser(ServeConfig, prog="scripts/serve.py", description=DESCRIPTION, formatter_class=_HelpFormat,
-                         epilog=_recipe_help(spec))
+    # the recipes this installation ships are its folders, read now (no list to keep up to date)
+    recipes = {"recipe": f"recipe of new scenarios: one of the folders of recipes/ ({', '.join(shipped_recipes())}) "
+                         "or a module:Class path"}
+    p = dataclass_parser(ServeConfig, helps=recipes, prog="scripts/serve.py", description=DESCRIPTION,
+                         formatter_class=_HelpFormat, epilog=_recipe_help(spec))
     p.add_argument("-c", "--config", help="YAML file with any of the options below (the command line wins)")
     p.add_argument("--print-config", action="store_true", help=(
         "print the effective configuration (the deployment's options and the recipe's config, every field with "
@@ -352,7 +354,8 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(file_error)
     p.set_defaults(**file_values)
     try:
-        cfg, extra = p.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        ns = p.parse_args(argv)
+        cfg = ServeConfig(**{f.name: getattr(ns, f.name) for f in fields(ServeConfig)})
         recipe = load_recipe(cfg.recipe, cfg.recipe_settings())
         for name in cfg.allowed_recipe_list():
             load_recipe(name)
@@ -361,14 +364,33 @@ def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
         p.error(str(e))
     except ReefError as e:
         p.error(e.message)
-    if recipe.evolves == "weights" and not issubclass(engine, ReleaseHost):
+    if "weights" in evolved(recipe) and not issubclass(engine, ReleaseHost):
         p.error(f"recipe {cfg.recipe!r} trains model weights, which engine {cfg.engine_name()!r} cannot serve (an "
                 "upstream provider): drop --upstream-url to serve (and train) the embedded model, or choose a "
                 "recipe that does not train")
-    if extra.print_config:
+    if ns.print_config:
         print(describe_config(cfg, recipe.config), end="")
         raise SystemExit(0)
     return cfg
+
+
+def dataclass_parser(cls: type, helps: dict[str, str] | None = None, **kwargs) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of config dataclass `cls` (`--data_dir` and `--data-dir`), typed by
+    the field's annotation, its help text and default shown. Plain argparse: the server's command line needs no
+    optional dependency. `helps` replaces a field's help text."""
+    import types
+    import typing
+
+    p = argparse.ArgumentParser(**kwargs)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        p.add_argument(*names, dest=f.name, type=tp, default=f.default,
+                       help=(helps or {}).get(f.name, f.metadata.get("help", "")))
+    return p
 
 
 def _read_config_file(path: str) -> dict:
@@ -387,12 +409,19 @@ def _read_config_file(path: str) -> dict:
 
 
 def _config_fields(cls: type, prefix: str = "") -> list[tuple[str, object, str]]:
-    """(dotted key, default, help) of a config dataclass and the dataclasses its mapping fields name (`schema`)."""
+    """(dotted key, default, help) of a config dataclass and the dataclasses its nested fields are (a field typed
+    with one, or a mapping naming one as `schema`)."""
+    import typing
+
+    from reef_lab.schema import config_class
+
+    hints = typing.get_type_hints(cls)
     out = []
     for f in fields(cls):
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)
-        schema = f.metadata.get("schema")
+        default = asdict(default) if is_dataclass(default) else default
+        schema = f.metadata.get("schema") or config_class(hints.get(f.name))
         if schema is not None:
             schema = schema if is_dataclass(schema) else schema()
             out.append((prefix + f.name, default, f.metadata.get("help", "")))
@@ -446,7 +475,10 @@ def _describe(obj, indent: str) -> list[str]:
     for f in fields(obj):
         value, schema = getattr(obj, f.name), f.metadata.get("schema")
         lines.append(f"{indent}# {f.metadata.get('help', '')}")
-        if schema is not None and isinstance(value, dict):
+        if is_dataclass(value):
+            lines.append(f"{indent}{f.name}:")
+            lines += _describe(value, indent + "  ")
+        elif schema is not None and isinstance(value, dict):
             schema = schema if is_dataclass(schema) else schema()
             lines.append(f"{indent}{f.name}:")
             lines += _describe(build(schema, value, f.name), indent + "  ")

@@ -22,7 +22,7 @@ with `python -I -S`), which starts `args`:
 The caller's handle: `send_signal`/`terminate` reach the child (the reaper passes them on), `kill()` SIGKILLs the
 whole tree, `child_pid` is the child's pid, `pid` the reaper's (the process group of the tree). `detached=True`
 has no lifeline: the child outlives its launcher (the experiment runs the apps start, see
-reef_lab/learning/experiment.py), but nothing it starts outlives the child, and `kill()` still takes the tree.
+apps/launch.py), but nothing it starts outlives the child, and `kill()` still takes the tree.
 
 Processes started by something else (granian's workers, multiprocessing children) call `die_with_parent()` first.
 Linux only (prctl, /proc), as the rest of reef_lab's process handling.

@@ -3,8 +3,10 @@ with the key's path.
 
 Why: recipe configs nest mappings (`eval_task`, `trainer`, `search`, ...) that used to be checked only when first
 used, so a typo (`eval_task: {name: arithmatic}`, `trainer: {lrr: 1e-5}`) started a server that failed on the
-first report. A config dataclass calls `check_fields(self)` first in its `__post_init__`; a mapping-valued field
-names the dataclass its keys belong to with `field(metadata={"schema": ...})`, and is checked by building it.
+first report. A config dataclass calls `check_fields(self)` first in its `__post_init__`. A field typed with a config
+dataclass (`trainer: TrainerConfig`) takes a mapping and keeps the dataclass built from it, so what was validated
+is what the code uses; a mapping-valued field that stays a mapping may name the dataclass its keys belong to with
+`field(metadata={"schema": ...})`, and is checked by building it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,24 @@ def check_fields(obj: Any, path: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     for f in fields(obj):
         value, where = getattr(obj, f.name), f"{path}{f.name}"
+        nested = config_class(hints.get(f.name, Any))
+        if nested is not None and isinstance(value, dict):  # a mapping becomes the dataclass, kept
+            value = build(nested, value, where)
+            object.__setattr__(obj, f.name, value)
         check_type(value, hints.get(f.name, Any), where)
         schema = f.metadata.get("schema")
         if schema is not None and value is not None:
             build(schema() if not is_dataclass(schema) else schema, value, where)
+
+
+def config_class(tp: Any) -> type | None:
+    """The config dataclass a field's type names (itself, or one arm of `X | None`), if any."""
+    if is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        found = [a for a in typing.get_args(tp) if is_dataclass(a)]
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def build(cls: type, data: Any, where: str):
@@ -77,7 +93,7 @@ def _check_operator_fields(cls: type, data: Any, where: str) -> None:
         if f.metadata.get("operator"):
             raise ValueError(f"{where}.{key} can be set only by the server's operator (--recipe-config), not by "
                              "a client")
-        schema = f.metadata.get("schema")
+        schema = f.metadata.get("schema") or config_class(typing.get_type_hints(cls).get(key, Any))
         if schema is not None and isinstance(value, dict):
             _check_operator_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")
 

@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from reef_lab.testing import free_port  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
 from tests.doubles.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
 from tests.doubles.timing_proxy import TimingProxy  # noqa: E402

@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
 
-Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
+Starts the stub provider (`tests.doubles.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
-one with the kernel's default time slice, and one with its data dir in memory to split the added latency into the
+one asking for a short time slice (opt-in, server/tuning.py), and one with its data dir in memory to split the added latency into the
 disk's flush and the rest), then measures with 16 concurrent clients:
 
 1. latency: 16 keep-alive clients (threads of a separate process) at a paced total rate, alternating rounds
@@ -31,7 +31,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,31 +38,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from reef_lab import procs  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
-from server.workers import cpu_ticks  # noqa: E402
+from tests.doubles.processes import start_server, start_stub  # noqa: E402
+from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
-
-
-def wait_ready(port: int, path: str = "/v1/models", timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", path)
-            if c.getresponse().status < 500:
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answered on port {port}")
-
-
-def start(cmd: list[str], log_path: Path | None = None) -> procs.Popen:
-    err = open(log_path, "wb") if log_path else subprocess.DEVNULL
-    return procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
@@ -320,7 +299,7 @@ def latency_by_rate(paths: dict[str, int], args) -> dict:
 
 # Variants of reef_lab measured beside the default in the instant-stub part (same run, rounds alternating).
 VARIANTS = {
-    "reef_lab, kernel's default time slice": {"args": ["--sched-slice-us", "0"], "throughput": True},
+    "reef_lab, short time slice": {"args": ["--sched-slice-us", "100"], "throughput": True},
     "reef_lab, data dir in memory": {"args": [], "memory": True},  # /dev/shm: no device flush (not durable)
 }
 
@@ -328,26 +307,20 @@ VARIANTS = {
 def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = None) -> tuple[dict, dict]:
     """One stub (answering after `delay_ms`) and reef_lab in front of it (plus `variants`, each a server of its
     own); returns (result, raw latencies)."""
-    stub_port = free_port()
-    stub = start([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port),
-                  "--delay-ms", str(delay_ms)])
+    stub = start_stub(delay_ms)
+    stub_port = stub.port
     servers = {}  # name -> (port, data dir, process)
     for name, v in {"reef_lab": {"args": []}, **(variants or {})}.items():
         if v.get("memory") and not Path("/dev/shm").is_dir():
             print(f"[bench] no /dev/shm here: skipping {name!r}", flush=True)
             continue
-        port = free_port()
         data_dir = tempfile.mkdtemp(prefix="reef-bench-", dir="/dev/shm" if v.get("memory") else None)
-        proc = start([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", data_dir,
-                      "--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *v["args"]],
-                     Path(data_dir + "-serve.log"))
-        servers[name] = (port, data_dir, proc)
+        proc = start_server("--upstream-url", f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *v["args"],
+                            data_dir=data_dir, log=Path(data_dir + "-serve.log"))
+        servers[name] = (proc.port, data_dir, proc)
     reef_port, data_dir, _ = servers["reef_lab"]
     tag = f"provider {delay_ms:g} ms"
     try:
-        wait_ready(stub_port)
-        for port, _, _ in servers.values():
-            wait_ready(port)
         print(f"[bench] {tag}: warming up", flush=True)
         paths = {"direct": stub_port, **{name: port for name, (port, _, _) in servers.items()}}
         for port in paths.values():
@@ -409,10 +382,10 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             result["reports"] = {**reports, "stored": status(reef_port)["records"]["report"] - before}
     finally:
         started = [p for _, _, p in servers.values()] + [stub]
-        for p in started:
-            p.terminate()
-        for p in started:
-            p.stop(60)
+        for child in started:  # all at once: each one's shutdown overlaps the others'
+            child.proc.terminate()
+        for child in started:
+            child.stop(60)
     from reef_lab.records.store import scan_records
     import polars as pl
     failed = scan_records(data_dir).filter(pl.col("status") != "ok").select("error").collect()["error"].to_list()
@@ -491,9 +464,9 @@ def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
 
 
 _NOTES = {
-    "reef_lab, kernel's default time slice": "the same reef_lab with `--sched-slice-us 0`: its threads keep the "
-                                             "scheduler's default slice instead of asking for 100 us while the "
-                                             "machine is less than 85% busy (server/workers.py SliceGovernor)",
+    "reef_lab, short time slice": "the same reef_lab with `--sched-slice-us 100` (opt-in): its threads ask for a "
+                                  "100 us slice while the machine is less than 85% busy (server/tuning.py "
+                                  "SliceGovernor)",
     "reef_lab, data dir in memory": "the same reef_lab with its data dir in /dev/shm: no device flush, so not "
                                     "durable; shown only to split the added latency into disk and the rest",
 }
@@ -582,7 +555,7 @@ def render(r: dict) -> str:
 
 Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs{cpu}, Python \
 {r['machine']['python']}; the host took {100 * r.get('cpu_steal_share', 0):.1f}% of the CPU time as steal); load \
-generator, stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
+generator, stub and server share these CPUs. Stub: `tests.doubles.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
 server/workers.py), every record fsynced before its receipt. 16 concurrent

@@ -32,7 +32,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model  # noqa: E402
 from reef_lab.gateway.gateway import Gateway  # noqa: E402

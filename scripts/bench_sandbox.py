@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from recipes.tttd.problems import CirclePacking  # noqa: E402
 from recipes.tttd.sandbox import Limits, check_isolation, run_python  # noqa: E402

@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
-from reef_lab.testing import free_port, wait_http  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
+from tests.doubles.processes import start_child  # noqa: E402
 
 SCENARIO = "arithmetic-live"
 
@@ -47,11 +46,9 @@ def main() -> None:
     client_cmd = [sys.executable, "scripts/live_client.py", "--url", base, "--scenario", SCENARIO, "--feedback",
                   "--temperature", "0", "--max-tokens", "48", "--rollouts", str(args.rollouts), "--concurrency", "3",
                   "--max-pool", "3", "--wait", "900"]
-    log = open(out / "serve.log", "wb")
-    server = procs.Popen(serve_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started = time.time()
+    server = start_child(serve_cmd, port, out / "serve.log", timeout=300)
     try:
-        wait_http(base + "/healthz", 300)
         lines = ["# Live GEPA through the server", "", f"Command: `python scripts/check_gepa_live.py --rollouts "
                  f"{args.rollouts}`, which runs", "", "```", " ".join(serve_cmd[1:]), " ".join(client_cmd[1:]), "```",
                  ""]

@@ -2,7 +2,7 @@
 
     python scripts/check_hub_flow.py [--rollouts 96] [--out /tmp/hub-flow]
 
-1. starts `python -m reef_lab.testing.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
+1. starts `python -m tests.doubles.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
    `hub.repo=me/reef-{scenario}` (HF_ENDPOINT, HF_TOKEN pointed at it), two releases;
 2. `hf download me/reef-sao-arithmetic --revision v2 --local-dir <empty>`, loads it with transformers and checks
    its greedy answers on the held-out items equal those of the run's release v2;
@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
-from reef_lab.testing import free_port, wait_http  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
+from tests.doubles.processes import start_child, start_server  # noqa: E402
 
 TOKEN = "flow-token"
 REPO = "me/reef-sao-arithmetic"
@@ -49,11 +49,10 @@ def main() -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))},
            "HF_ENDPOINT": hub_url, "HF_TOKEN": TOKEN, "HF_HOME": str(out / "hf-home"), "WANDB_MODE": "offline"}
     log = []
-    hub = procs.Popen([py, "-m", "reef_lab.testing.hub_server", "--root", str(out / "hub"), "--port",
-                            str(hub_port), "--token", TOKEN], cwd=ROOT, env=env)
+    hub = start_child([py, "-m", "tests.doubles.hub_server", "--root", str(out / "hub"), "--port", str(hub_port),
+                       "--token", TOKEN], hub_port, out / "hub.log", ready_path="/api/whoami-v2", base_env=env)
     serve = None
     try:
-        wait_http(hub_url + "/api/whoami-v2")
         cmd = [py, "scripts/run_experiment.py", "recipes/sao/examples/arithmetic.yaml", "--out", str(out / "run"),
                "--set", f"rollouts={args.rollouts}", "--set", "recipe_config.steps_per_candidate=2",
                "--set", "recipe_config.critic_warmup_steps=1", "--set", "hub.repo=me/reef-{scenario}"]
@@ -88,11 +87,9 @@ def main() -> None:
         log.append(f"downloaded v2 loaded with transformers; greedy answers on 16 held-out items equal to the "
                    f"serving release v2's: {same}")
 
-        port = free_port()
-        serve = procs.Popen([py, "scripts/serve.py", "--port", str(port), "--data-dir", str(out / "run/data"),
-                             "--hub-repo", "me/reef-{scenario}", "--log-level", "warning"], cwd=ROOT, env=env)
-        base = f"http://127.0.0.1:{port}"
-        wait_http(base + "/healthz", 300)
+        serve = start_server("--hub-repo", "me/reef-{scenario}", "--log-level", "warning", data_dir=out / "run/data",
+                             log=out / "serve.log", base_env=env, timeout=300)
+        base = serve.url
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=hub_url, token=TOKEN)
@@ -132,13 +129,13 @@ def main() -> None:
                    f"{len(hist)} history rows, config keys {sorted(run['config']['update'])}; metrics "
                    f"{[k for k in keys if not k.startswith('_')]}")
     finally:
-        for proc in (serve, hub):
-            if proc is not None:
-                proc.stop(30)
+        for child in (serve, hub):
+            if child is not None:
+                child.stop(30)
     page = ROOT / "results" / "hub-flow.md"
     page.write_text("# Releases on a Hub, runs in W&B: the flow end to end\n\n"
                     "Command: `python scripts/check_hub_flow.py "
-                    f"--rollouts {args.rollouts}` (loopback Hub: `reef_lab/testing/hub_server.py`; "
+                    f"--rollouts {args.rollouts}` (loopback Hub: `tests/doubles/hub_server.py`; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n" + "\n".join(f"- {x}" for x in log)
                     + "\n")
     print(page.read_text())

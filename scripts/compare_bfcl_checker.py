@@ -20,7 +20,6 @@ import sys
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reef_lab.learning.bfcl import CATEGORIES, ast_check, data_folder, load_category, tool_name  # noqa: E402
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from reef_lab import procs  # noqa: E402
 from reef_lab.learning.learner import read_metrics  # noqa: E402

@@ -18,11 +18,9 @@ import argparse
 import logging
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
 import yaml  # noqa: E402
@@ -138,12 +136,11 @@ def main(argv=None) -> None:
 def build_engine(cfg: TTTDExperimentConfig):
     from reef_lab.config import ServeConfig
     from reef_lab.engines import engine_class
-    from reef_lab.learning.experiment import ExperimentConfig, choose_engine
+    from reef_lab.experiments.driver import choose_engine
 
     name = cfg.engine
     if name == "auto":
-        name, why = choose_engine(ExperimentConfig(recipe="sft", model_path=cfg.model_path,
-                                                   recipe_config={"trainer": cfg.recipe_config().trainer}))
+        name, why = choose_engine(cfg.model_path, cfg.recipe_config().trainer.lora_rank > 0)
         print(f"[compare] engine {name} ({why})", flush=True)
     opts = orjson.dumps(cfg.engine_options).decode() if cfg.engine_options else None
     return engine_class(name).from_config(ServeConfig(engine=name, model_path=cfg.model_path,
@@ -235,7 +232,7 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
 Command: `{cmd}` (written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {seconds / 60:.0f} min in all).
 Config: [{args.config}](../{args.config}) with {cfg.steps} steps of {cfg.groups} x {cfg.rollouts_per_group} = {per_step}
 samples ({cfg.steps * per_step} per run), temperature {cfg.temperature}, max_tokens {cfg.max_tokens}, LoRA rank
-{cfg.trainer.get('lora_rank')}, lr {cfg.trainer.get('lr')}, KL coefficient {cfg.kl_coef}; engine `{base.get('engine', 'auto')}`.
+{cfg.trainer.lora_rank}, lr {cfg.trainer.lr}, KL coefficient {cfg.kl_coef}; engine `{base.get('engine', 'auto')}`.
 Best-of-N is the same experiment with `policy_updates: false, reuse: false`: every sample from the base policy on the
 initial solution's prompt, same count, same verifier; PUCT search (if run) is `policy_updates: false`: the archive
 search of TTT-Discover with the base policy, so TTT-Discover minus search is what the training adds. Best known value: {best_known[0]} ({best_known[1]}).

@@ -1,6 +1,6 @@
-"""A client for the live learning loop: asks arithmetic questions through the official openai SDK, scores each
-answer with the task's verifier and reports the score to /reef/report, then shows the scenario's releases with the
-held-out accuracy of each.
+"""A client for the live learning loop: asks a task's questions (arithmetic by default; any task by name with
+`--task`) through the official openai SDK, scores each answer with the task's own scorer and reports the score to
+/reef/report, then shows the scenario's releases with the held-out accuracy of each.
 
     python scripts/serve.py --recipe sao --recipe-config recipes/sao/examples/live.yaml      # terminal 1
     python scripts/live_client.py --rollouts 256                                              # terminal 2
@@ -10,6 +10,9 @@ For a harness recipe (GEPA), send the verifier's feedback text and the reference
     python scripts/serve.py --recipe gepa --recipe-config recipes/gepa/examples/live.yaml
     python scripts/live_client.py --feedback --temperature 0 --max-tokens 48 --rollouts 48
 
+Any task: `--task jsonl --task-config '{path: questions.jsonl}'`, or a plug-in `--task mymodule:MyTask` (with
+`--task-config '{options: {...}}'`), the same names and fields as a recipe's eval_task (reef_lab.learning.tasks).
+
 The server trains in the background as reports arrive; the client keeps `--concurrency` questions in flight and,
 like the experiment runner, waits while the learner's pool is full (GET /reef/scenarios/{s}/releases says).
 """
@@ -18,21 +21,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import requests  # noqa: E402
-from openai import OpenAI  # noqa: E402
-
-from recipes.gepa.search import verifier_feedback  # noqa: E402
-from reef_lab.learning.tasks import make_task  # noqa: E402
 
 
-def main() -> None:
+import requests
+import yaml
+from openai import OpenAI
+
+from reef_lab.learning.tasks import TaskConfig, make_task
+from reef_lab.schema import build
+
+ARITHMETIC = {"operators": ["+", "-"], "min_digits": 1, "max_digits": 2}
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8900")
     p.add_argument("--scenario", default="arithmetic-live")
@@ -45,11 +48,21 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--wait", type=float, default=900, help="seconds to wait for training to finish at the end")
-    args = p.parse_args()
+    p.add_argument("--task", default="arithmetic",
+                   help="the task: arithmetic, jsonl, choice or a module:Class of a reef_lab.learning.tasks.Task")
+    p.add_argument("--task-config", default=None,
+                   help="the task's other TaskConfig fields as a YAML/JSON mapping, e.g. '{path: q.jsonl}' (default "
+                        f"for arithmetic: {ARITHMETIC})")
+    args = p.parse_args(argv)
+    try:
+        fields = yaml.safe_load(args.task_config) if args.task_config else (
+            ARITHMETIC if args.task == "arithmetic" else {})
+        task = make_task(build(TaskConfig, {**(fields or {}), "name": args.task}, "task"))
+    except (ValueError, yaml.YAMLError) as e:
+        p.error(str(e))
     token = os.environ.get("REEF_TOKEN", "").split(",")[0] or "none"
     client = OpenAI(base_url=args.url + "/v1", api_key=token, default_headers={"x-reef-scenario": args.scenario})
     auth = {"Authorization": f"Bearer {token}", "x-reef-scenario": args.scenario}
-    task = make_task({"operators": ["+", "-"], "min_digits": 1, "max_digits": 2})
     items = task.items(args.rollouts, seed=args.seed)
 
     def learner() -> dict:
@@ -65,11 +78,13 @@ def main() -> None:
         raw = client.chat.completions.with_raw_response.create(
             model="default", messages=item["messages"], max_tokens=args.max_tokens, temperature=args.temperature,
             seed=args.seed * 100_003 + k)
-        answer = raw.parse().choices[0].message.content
-        score, feedback = verifier_feedback(item, answer)
+        answer = raw.parse().choices[0].message.content or ""
+        score = float(task.score(item, answer))
         report = {"score": score, "references": [raw.headers["x-reef-agent-record-id"]]}
         if args.feedback:
-            report.update(feedback=feedback, metadata={"answer": item["answer"]})
+            report["feedback"] = task.feedback(item, answer)
+            if item.get("answer") is not None:
+                report["metadata"] = {"answer": item["answer"]}
         r = requests.post(f"{args.url}/reef/report", headers=auth, timeout=30, json=report)
         r.raise_for_status()
         scores.append(score)

@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import EmbeddedEngine  # noqa: E402

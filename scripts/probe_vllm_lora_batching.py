@@ -11,7 +11,6 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # noqa: E402

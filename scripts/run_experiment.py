@@ -3,11 +3,12 @@
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
 The YAML names its `recipe` (a folder of recipes/ or module:Class) and holds that recipe's experiment fields: the
-weight recipes share reef_lab.learning.experiment.ExperimentConfig, gepa has recipes/gepa/experiment.py's
-GEPAExperimentConfig (each recipe runs its own experiments: `Recipe.run_experiment`); `--set key=value` overrides one (dotted keys reach into
+weight recipes share reef_lab.experiments.weights.ExperimentConfig, gepa has recipes/gepa/experiment.py's
+GEPAExperimentConfig (reef_lab.experiments.run: each recipe with its own shape runs it by `Recipe.run_experiment`);
+`--set key=value` overrides one (dotted keys reach into
 recipe_config/task, values parsed as YAML), `--seed` and `--out` are shortcuts. Progress shows as a bar with the
 trainer step, the last batch's reward and the last held-out accuracy; the run folder holds everything (see
-reef_lab/learning/experiment.py), and apps/sao.py plots it.
+reef_lab/experiments/weights.py), and apps/sao.py plots it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # Not offline: models load from local folders (local_files_only), and a run with hub.repo pushes its releases.
 
 import yaml  # noqa: E402
 
 from reef_lab.errors import ReefError  # noqa: E402
+from reef_lab.experiments import run  # noqa: E402
 from reef_lab.learning.recipe import recipe_class  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     if not isinstance(data.get("recipe"), str):
         p.error(f"{args.config} must name its recipe (recipe: sao, grpo, sft, gepa or module:Class)")
     try:
-        run = recipe_class(data["recipe"]).run_experiment
+        recipe_class(data["recipe"])
     except ReefError as e:
         p.error(e.message)
     summary = run(data)

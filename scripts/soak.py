@@ -4,7 +4,7 @@ reads by id before and after a restart.
     .venv/bin/python scripts/soak.py                      # 8 min warm-up + 10 measured; results/soak.{md,json,png}
     .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out /tmp/soak     # a quick look
 
-Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
+Starts the stub provider (`tests.doubles.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
 processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
 keep-alive clients paced to `--rate` requests/s in all: each cycle is a chat completion (every fourth streamed)
 and a report that references its receipt; every tenth cycle also reads a record back by id. Every 5 s the resident
@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,36 +42,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from reef_lab import procs  # noqa: E402
 from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab import procs  # noqa: E402
+from tests.doubles import free_port  # noqa: E402
+from tests.doubles.processes import start_child  # noqa: E402
 
 SCENARIO = "soak"
 HEADERS = {"Content-Type": "application/json", "x-reef-scenario": SCENARIO}
-
-
-def wait_ready(port: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answered on port {port}")
-
-
-def start(cmd: list[str], log_path: Path) -> procs.Popen:
-    return procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log_path, "ab"))
-
-
-def stop(proc: procs.Popen) -> None:
-    proc.stop(60)
 
 
 def workers_of(pid: int) -> list[int]:
@@ -232,16 +210,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="reef-soak-"))
     stub_port, port = free_port(), free_port()
     py = sys.executable
-    stub = start([py, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)], work / "stub.log")
+    stub = start_child([py, "-m", "tests.doubles.stub_provider", "--port", str(stub_port)], stub_port,
+                       work / "stub.log", ready_path="/v1/models")
     serve_cmd = [py, "scripts/serve.py", "--port", str(port), "--data-dir", str(work / "data"), "--upstream-url",
                  f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *retain, *args.server_args.split()]
     if retain:  # the eviction log lines are INFO
         serve_cmd[serve_cmd.index("--log-level") + 1] = "info"
-    server = start(serve_cmd, work / "server.log")
+    server = start_child(serve_cmd, port, work / "server.log", settle=1.0)
     try:
-        wait_ready(port)
-        time.sleep(1.0)
-        pids = workers_of(server.child_pid)
+        pids = workers_of(server.pid)
         total = args.warmup_minutes + args.minutes
         print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
               f"requests/s, {args.clients} clients", file=sys.stderr, flush=True)
@@ -273,13 +250,12 @@ def main() -> None:
             present = retention.pop("present")
             ids = [r for r in sorted(receipts) if r in present][-args.reads:]
         before = read_latencies(port, ids)
-        stop(server)
-        server = start(serve_cmd, work / "server.log")
-        wait_ready(port)
+        server.stop(60)
+        server = start_child(serve_cmd, port, work / "server.log")
         after = read_latencies(port, ids)
     finally:
-        stop(server)
-        stop(stub)
+        server.stop(60)
+        stub.stop(60)
     if not args.keep_work:  # kept (with server.log) when the run failed
         shutil.rmtree(work, ignore_errors=True)
     report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import multiprocessing.util
 import os
-import sys
 from pathlib import Path
 import time
 
@@ -21,13 +20,13 @@ from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
-from server import workers
+from server import tuning, workers
 from server.app import create_app
 from server.common import limits_from
 from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
-_governor = None  # this worker's workers.SliceGovernor, when it asks for a short time slice
+_governor = None  # this worker's tuning.SliceGovernor, when it asks for a short time slice
 role = "single"  # or, with several workers, "primary" / "relay" (server/httpd.py restarts all when a primary dies)
 _embedded: list = []  # this worker's embedded engine, for stopping()
 
@@ -79,14 +78,8 @@ def build():
     tokens = tokens_from_env()
     global _governor, role
     primary = False
-    if cfg.upstream_url and cfg.sched_slice_us and sys.platform.startswith("linux"):
-        # before any thread this worker starts: they inherit it
-        _governor = workers.SliceGovernor(cfg.sched_slice_us, cfg.sched_slice_busy)
+    _governor = tuning.apply(cfg, _held)  # before this worker starts any thread: they inherit it
     if cfg.worker_count() > 1:
-        slot = workers.pin_worker(cfg.data_dir, cfg.worker_count()) \
-            if cfg.pin_workers and sys.platform.startswith("linux") else None
-        if slot is not None:  # None: every slot taken (a respawned worker before its old one died), left unpinned
-            _held.append(slot)
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
             role = "relay"

@@ -6,13 +6,13 @@ import os
 import threading
 
 import pytest
-import torch
 from werkzeug.serving import make_server
 
-from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir, default_gguf_path
+from reef_lab.engines.embedded import default_cache_dir
+from reef_lab.engines.tiny import build_tiny_model, smollm2_tokenizer
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.testing.stub_provider import serve_in_thread
+from tests.doubles.stub_provider import serve_in_thread
 from server.app import create_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,27 +61,13 @@ def proxy(serve, stub_url):
 @pytest.fixture(scope="session")
 def tokenizer():
     """SmolLM2's tokenizer: from the converted cache when it is there (fast), else from the GGUF (~7 s)."""
-    from transformers import AutoTokenizer
-
-    cached = default_cache_dir() / DEFAULT_MODEL_NAME
-    if (cached / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(cached)
-    gguf = default_gguf_path()
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return smollm2_tokenizer(default_cache_dir())
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tokenizer):
-    """A ~6M-parameter Llama; untied embeddings and a wide init make its outputs vary with the prompt."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-        tie_word_embeddings=False, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    """A ~6M-parameter Llama (reef_lab/engines/tiny.py: what `--model-path tiny` serves)."""
+    return build_tiny_model(tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from reef_lab.testing import free_port
+from tests.doubles import free_port
 from tests.doubles.agents import RUNNERS, ReefServer, installed
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
 

@@ -172,7 +172,7 @@ def test_records_app_empty_or_missing_dir(tmp_path, monkeypatch, make):
 def test_launch_detached_runs_the_experiment_script_with_its_log(tmp_path):
     """The apps' launch path: scripts/run_experiment.py as a detached child, output in <out>/run.log. A config
     file that does not exist makes the child fail at once, with the script's own message in the log."""
-    from reef_lab.learning.experiment import launch_detached
+    from apps.launch import launch_detached
 
     out = tmp_path / "run"
     proc = launch_detached(tmp_path / "missing.yaml", 3, out, {"search.max_metric_calls": 20})
@@ -217,7 +217,7 @@ def test_sao_app_default_launch_is_the_published_config(tmp_path, monkeypatch):
 
     import yaml
 
-    from reef_lab.learning.experiment import ExperimentConfig
+    from reef_lab.experiments.weights import ExperimentConfig
 
     monkeypatch.setenv("REEF_LAB_RUNS", str(tmp_path))
     _, env = load_module("sao").app.run()

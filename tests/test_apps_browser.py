@@ -204,7 +204,7 @@ def integer_labels(labels: list[str]) -> bool:
 
 # ---- real data --------------------------------------------------------------------------------------------------
 def sao_config(out: Path, recipe: str, seed: int, **kw):
-    from reef_lab.learning.experiment import ExperimentConfig
+    from reef_lab.experiments.weights import ExperimentConfig
 
     rc = {"sao": {"batch_size": 8, "critic_warmup_steps": 1, "steps_per_candidate": 1, "critic_lr": 1e-3},
           "grpo": {"group_size": 4, "batch_size": 8, "steps_per_candidate": 1}}[recipe]
@@ -217,10 +217,10 @@ def sao_config(out: Path, recipe: str, seed: int, **kw):
 
 @pytest.fixture(scope="module")
 def hub_url(tmp_path_factory):
-    """A loopback Hub (reef_lab.testing.hub_server) that releases are pushed to."""
+    """A loopback Hub (tests.doubles.hub_server) that releases are pushed to."""
     from huggingface_hub import constants
 
-    from reef_lab.testing.hub_server import serve_in_thread
+    from tests.doubles.hub_server import serve_in_thread
 
     server, url = serve_in_thread(tmp_path_factory.mktemp("hub"))
     offline = constants.HF_HUB_OFFLINE
@@ -235,7 +235,7 @@ def runs(tiny_model_dir, tmp_path_factory, hub_url):
     """Two SAO seeds and a GRPO run on the tiny Llama, each an offline W&B run; SAO seed 0 pushes its releases
     to the loopback Hub. Returns the runs folder and the runs by name."""
     from reef_lab.engines.embedded import EmbeddedEngine
-    from reef_lab.learning.experiment import run_experiment
+    from reef_lab.experiments.weights import run_experiment
 
     root = tmp_path_factory.mktemp("runs")
     saved = {k: os.environ.pop(k, None) for k in ("WANDB_MODE", "WANDB_API_KEY")}
@@ -471,7 +471,7 @@ def launched(app: AppPage, folder: Path, timeout: float = 180) -> dict:
 
 
 def test_sao_app_plots_compares_links_and_launches_the_published_config(browser, runs, tmp_path):
-    from reef_lab.learning.experiment import ExperimentConfig
+    from reef_lab.experiments.weights import ExperimentConfig
 
     root, by_name = runs
     seed0 = by_name["tiny-sao-seed0"]

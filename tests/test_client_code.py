@@ -24,6 +24,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.recipe import load_recipe, shipped_recipes
 from reef_lab.learning.tasks import Task, make_task
+from reef_lab.schema import config_class
 from tests.conftest import Running
 
 
@@ -52,11 +53,11 @@ def post(url, path, body):
 
 def leaf_configs(cls: type, value: str) -> list[tuple[str, dict]]:
     """(dotted field, a config setting just that field to `value`) for every field of `cls` at every depth: a
-    mapping field with a schema is walked; a free mapping gets `value` as a value and as a key; a list holds it."""
+    mapping field with a schema, or typed with a config dataclass, is walked; a free mapping gets `value` as a value and as a key; a list holds it."""
     out = []
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
-        schema = f.metadata.get("schema")
+        schema = f.metadata.get("schema") or config_class(hints.get(f.name))
         if schema is not None:
             schema = schema if is_dataclass(schema) else schema()
             out += [(f"{f.name}.{k}", {f.name: cfg}) for k, cfg in leaf_configs(schema, value)]
@@ -138,7 +139,7 @@ def test_a_clients_scenario_stored_before_the_fix_imports_nothing_on_restart(tmp
             error = requests.get(s.url + f"/reef/scenarios/{name}").json()["error"]
             assert ("names code to import" if name != "limits" else "can be set only by the server's operator") \
                 in error, error
-        assert s.gateway.recipe("mine").name == "tttd" and s.gateway._errors.get("mine") is None
+        assert s.gateway.recipe("mine").name == "tttd" and s.gateway.learners.errors.get("mine") is None
     finally:
         s.stop()
 

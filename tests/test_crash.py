@@ -11,8 +11,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab.records.store import RecordStore, scan_records
-from reef_lab.testing import free_port
+from tests.doubles import processes
+from tests.doubles import free_port
 
 # Kill -9 of the real server under load, seconds each: not in the default run (.ci/run runs `pytest -m heavy`).
 pytestmark = pytest.mark.heavy
@@ -29,20 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(data_dir, upstream, port):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port),
-                             "--data-dir", str(data_dir), "--upstream-url", upstream, "--log-level", "warning"],
-                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start: " + proc.stderr.read().decode()[-2000:])
+    return processes.start_server("--upstream-url", upstream, "--log-level", "warning", data_dir=data_dir, port=port,
+                                  log=Path(str(data_dir) + "-serve.log"))
 
 
 def client(port, n, receipts, stop):
@@ -84,7 +71,7 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path, stub_url, round_):
     threads = [threading.Thread(target=client, args=(port, i, receipts, stop)) for i in range(16)]
     [t.start() for t in threads]
     time.sleep(random.Random(round_).uniform(0.8, 2.5))
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.group, signal.SIGKILL)
     proc.wait()
     stop.set()
     [t.join(15) for t in threads]
@@ -105,7 +92,7 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path, stub_url, round_):
         c.request("GET", f"/reef/scenarios/crash/records/{receipts[0][0]}")
         assert c.getresponse().status == 200
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.group, signal.SIGKILL)
         proc.wait()
 
 
@@ -121,5 +108,5 @@ def test_kill_9_of_the_main_process_takes_the_worker_with_it(tmp_path, stub_url)
             time.sleep(0.1)
         except OSError:
             return
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.group, signal.SIGKILL)
     pytest.fail("the worker kept serving after its parent was killed")

@@ -49,7 +49,7 @@ def test_a_backend_without_sequence_losses_is_refused_when_configured(tmp_path):
     with pytest.raises(BadRequest, match="backend 'slime'"):
         load_recipe("dpo", {"trainer": {"backend": "slime"}})
     # ... and when an experiment is configured, before any model loads
-    from reef_lab.learning.experiment import ExperimentConfig
+    from reef_lab.experiments.weights import ExperimentConfig
 
     with pytest.raises(ValueError, match="backend 'slime'"):
         ExperimentConfig(recipe="dpo", recipe_config={"trainer": {"backend": "slime"}}, rollouts=8)
@@ -194,7 +194,7 @@ def test_dpo_gradient_matches_dpo_written_directly(tiny_model_dir, lora_rank):
 def test_the_shipped_examples_configure():
     import yaml
 
-    from reef_lab.learning.experiment import ExperimentConfig
+    from reef_lab.experiments.weights import ExperimentConfig
 
     examples = Path(__file__).resolve().parents[1] / "recipes/dpo/examples"
     exp = ExperimentConfig(**yaml.safe_load((examples / "arithmetic.yaml").read_text()))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.learning.experiment import ExperimentConfig, run_experiment
+from reef_lab.experiments.weights import ExperimentConfig, run_experiment
 from reef_lab.learning.learner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,14 +104,17 @@ def test_experiment_is_an_offline_wandb_run(tiny_model_dir, tmp_path, monkeypatc
 
 def test_auto_picks_vllm_only_where_it_can_serve_the_run(tmp_path, monkeypatch):
     import reef_lab.engines.vllm as vllm
-    from reef_lab.learning.experiment import choose_engine
+    from reef_lab.experiments.driver import choose_engine
 
     lora = {"trainer": {"lora_rank": 8}}
+
+    def auto(cfg: ExperimentConfig) -> str:
+        return choose_engine(cfg.model_path, cfg.lora)[0]
     monkeypatch.setattr(vllm, "DEFAULT_PYTHON", tmp_path / "none")
-    assert choose_engine(ExperimentConfig(recipe_config=lora))[0] == "embedded"
+    assert auto(ExperimentConfig(recipe_config=lora)) == "embedded"
     python = tmp_path / "python"
     python.write_text("")
     monkeypatch.setattr(vllm, "DEFAULT_PYTHON", python)
-    assert choose_engine(ExperimentConfig(recipe_config=lora))[0] == "vllm"
-    assert choose_engine(ExperimentConfig())[0] == "embedded"  # full fine-tune: vLLM cannot reload it
-    assert choose_engine(ExperimentConfig(recipe_config=lora, model_path="/m"))[0] == "embedded"
+    assert auto(ExperimentConfig(recipe_config=lora)) == "vllm"
+    assert auto(ExperimentConfig()) == "embedded"  # full fine-tune: vLLM cannot reload it
+    assert auto(ExperimentConfig(recipe_config=lora, model_path="/m")) == "embedded"

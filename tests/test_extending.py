@@ -13,7 +13,7 @@ import requests
 import recipes
 from reef_lab.config import parse_serve_config, ServeConfig
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.learning.experiment import ExperimentConfig, run_experiment
+from reef_lab.experiments.weights import ExperimentConfig, run_experiment
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from reef_lab.service import build_gateway

@@ -1,6 +1,6 @@
 """Fuzzing the real server: `scripts/serve.py --workers 2` (a primary and a relay) in front of the stub provider.
 
-Seeded requests from reef_lab/testing/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
+Seeded requests from tests/doubles/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
 may hold its connection, none may be dropped without an answer, refusals the API promises (a recipe naming code,
 an over-size body, a body that is not JSON) must be what it says, and afterwards a well-formed inference and a
 report on it succeed. A small count runs by default; 10,000 requests with `-m slow -k 10k`. A request that stops
@@ -15,15 +15,14 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from reef_lab.records.store import read_log
-from reef_lab.testing import free_port
-from reef_lab.testing.fuzz import FuzzReport, generate, run, stalled_body
+from tests.doubles.processes import start_server
+from tests.doubles.fuzz import FuzzReport, generate, run, stalled_body
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,28 +42,12 @@ class Server:
 
 
 def start(data_dir: Path, stub_url: str, log: Path) -> Server:
-    port = free_port()
-    # stderr to a file, not a pipe: nobody reads a pipe during the run, and a full one would stall the server
-    with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", str(data_dir),
-                                 "--upstream-url", stub_url, "--workers", "2", "--log-level", "warning",
-                                 "--read-timeout", str(BODY_TIMEOUT_S)],
-                                cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
-    srv = Server(port, proc, data_dir, log)
-    deadline = time.time() + 60
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/healthz")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("server did not start: " + srv.log_tail(3000), pytrace=False)
-            time.sleep(0.1)
-    time.sleep(0.5)  # the relay connects to the primary after the primary answers
-    return srv
+    try:
+        child = start_server("--upstream-url", stub_url, "--workers", "2", "--log-level", "warning",
+                             "--read-timeout", str(BODY_TIMEOUT_S), data_dir=data_dir, log=log)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    return Server(child.port, child.proc, data_dir, log)
 
 
 def stop(srv: Server, within: float = 30.0) -> float:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab import procs
-from reef_lab.testing import free_port
+from tests.doubles.processes import start_server
+from tests.doubles import free_port
 from server.httpd import Limits, Server, listen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,10 +243,9 @@ def test_stop_lets_a_request_in_progress_finish(server):
 
 @pytest.mark.heavy
 def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record_lost(tmp_path, stub_url):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
-                             str(tmp_path / "d"), "--upstream-url", stub_url, "--workers", "2", "--log-level",
-                             "warning"], cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE)
+    srv = start_server("--upstream-url", stub_url, "--workers", "2", "--log-level", "warning",
+                       data_dir=tmp_path / "d", log=tmp_path / "serve.log")
+    port, proc = srv.port, srv.proc
     receipts = []
 
     def traffic(n=10):  # each request on a new connection, so both workers take some
@@ -258,14 +258,14 @@ def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record
             assert r.status == 200
             receipts.append(r.getheader("x-reef-agent-record-id"))
     try:
-        primary, relay = _roles(proc.pid, port)
+        primary, relay = _roles(srv.pid, port)
         traffic()
         os.kill(relay, signal.SIGKILL)
-        primary2, relay2 = _roles(proc.pid, port, gone=relay)
+        primary2, relay2 = _roles(srv.pid, port, gone=relay)
         assert primary2 == primary and relay2 != relay  # only the relay was replaced
         traffic()
         os.kill(primary, signal.SIGKILL)
-        primary3, relay3 = _roles(proc.pid, port, gone=primary)
+        primary3, relay3 = _roles(srv.pid, port, gone=primary)
         assert {primary3, relay3}.isdisjoint({primary, relay2})  # all restarted
         traffic()
         for rid in receipts:  # every receipt, from all three generations of workers, is still there
@@ -273,9 +273,8 @@ def test_a_dead_relay_is_replaced_and_a_dead_primary_restarts_all_with_no_record
             c.request("GET", f"/reef/scenarios/s/records/{rid}")
             assert c.getresponse().status == 200, rid
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    err = proc.stderr.read()
+        srv.stop()
+    err = (tmp_path / "serve.log").read_bytes()
     assert proc.returncode == 0, err[-2000:]
     assert b"starting another" in err and b"restarting all workers" in err and b"Traceback" not in err
 

@@ -23,7 +23,8 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.publishing.hub import HubConfig
 from reef_lab.learning.tasks import make_task
-from reef_lab.testing.hub_server import serve_in_thread
+from tests.doubles.hub_server import serve_in_thread
+from tests.doubles.processes import start_server
 from tests.conftest import Running
 
 TOKEN = "hub-test-token"
@@ -216,32 +217,13 @@ def test_harness_release_is_a_file_tree_on_the_hub(live, hub, tmp_path):
 def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_model_dir, tmp_path):
     """`HF_ENDPOINT=... HF_TOKEN=... python scripts/serve.py --hub-repo me/reef-{scenario}`, nothing else set: the
     local model loads without the Hub and each release is pushed (serve.py once forced the Hub client offline)."""
-    import http.client
-    import signal
-
-    from reef_lab.testing import free_port
-
     _, url = hub
-    root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_ENDPOINT=url, HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "hf-home"))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir",
-                             str(tmp_path / "data"), "--model-path", str(tiny_model_dir), "--hub-repo",
-                             "me/reef-{scenario}", "--log-level", "warning"], cwd=root, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    srv = start_server("--model-path", str(tiny_model_dir), "--hub-repo", "me/reef-{scenario}", "--log-level",
+                       "warning", data_dir=tmp_path / "data", log=tmp_path / "serve.log", base_env=env)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                c.request("GET", "/healthz")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                time.sleep(0.2)
-        u = f"http://127.0.0.1:{port}"
+        u = srv.url
         r = requests.post(u + "/reef/scenarios/s/harness", json={"files": {"system_prompt.md": "Be brief."}})
         assert r.status_code == 201, r.text
         deadline = time.time() + 60
@@ -261,8 +243,7 @@ def test_serve_py_pushes_with_only_the_environment_the_readme_names(hub, tiny_mo
         assert out.returncode == 0, out.stderr
         assert (tmp_path / "v1" / "system_prompt.md").read_text() == "Be brief."
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop()
 
 
 def test_a_release_name_that_is_not_a_version_never_names_a_folder_or_a_tag(hub, tmp_path):
@@ -276,7 +257,7 @@ def test_a_release_name_that_is_not_a_version_never_names_a_folder_or_a_tag(hub,
     cid, folder = releases.new_candidate("s", {"recipe": "sft"})
     folder.mkdir(parents=True)
     (folder / "weights.bin").write_bytes(b"w")
-    releases.publish("s", cid)
+    releases.publish_candidate("s", cid)
     escape = Path(tempfile.gettempdir()) / f"reef-escape-{uuid.uuid4().hex[:8]}"
     index = releases.index("s")
     index["releases"][0]["version"] = f"../{escape.name}"

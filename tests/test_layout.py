@@ -75,3 +75,94 @@ def test_no_capability_probes_in_the_gateway_and_learners():
             if re.search(r"\bhasattr\(", line) or re.search(r"\bgetattr\(\s*(self\.)?_?(engine|recipe|learner|ln)\b", line):
                 probes.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
     assert probes == []
+
+
+RELEASE_WRITERS = {"new_candidate", "update_candidate", "publish_candidate", "set_serving", "update_release",
+                   "update_index"}
+ROUTING = {"load_release", "route", "unload"}
+RELEASE_OWNERS = {"reef_lab/publishing/releaser.py", "reef_lab/publishing/releases.py"}
+
+
+def release_path_violations(root: Path) -> list[str]:
+    """Calls that write the release index (a ReleaseStore writer) or change what an engine serves (load, route,
+    unload a release) anywhere in the core, the recipes or the server but the releaser: a candidate becomes the
+    serving release one way only. Engines implement routing."""
+    found = []
+    for top in ("reef_lab", "recipes", "server"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in RELEASE_OWNERS or rel.startswith("reef_lab/engines/"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in RELEASE_WRITERS | ROUTING:
+                    found.append(f"{rel}:{node.lineno} calls .{node.func.attr}()")
+    return found
+
+
+def test_one_release_path():
+    assert release_path_violations(ROOT) == []
+
+
+def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
+    (tmp_path / "recipes" / "x").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "publishing").mkdir(parents=True)
+    (tmp_path / "server").mkdir()
+    (tmp_path / "recipes" / "x" / "learner.py").write_text(
+        "def go(ctx):\n    ctx.releases.publish_candidate('s', 'c1')\n    ctx.engine.route('s', 'v1')\n")
+    (tmp_path / "reef_lab" / "publishing" / "releaser.py").write_text("def ok(store):\n    store.set_serving()\n")
+    assert release_path_violations(tmp_path) == ["recipes/x/learner.py:2 calls .publish_candidate()",
+                                                 "recipes/x/learner.py:3 calls .route()"]
+
+
+def layer_violations(root: Path) -> list[str]:
+    """The rooms inside the core: learners and recipes reach the deployment through their LearnContext, never the
+    gateway (its codecs in reef_lab.gateway.dialects are a library); a recipe's experiment runs on the shared driver
+    (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
+    nor learning); publishing is below the gateway."""
+    rules = [("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("reef_lab/records", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments"), ()),
+             ("reef_lab/publishing", ("reef_lab.gateway", "reef_lab.experiments"), ())]
+    found = []
+    for folder, banned, allowed in rules:
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            ok = (*allowed, "reef_lab.experiments.driver") if rel.endswith("/experiment.py") else allowed
+            for line, module in imports(path):
+                if module.startswith(banned) and not module.startswith(ok):
+                    found.append(f"{rel}:{line} imports {module}")
+    return found
+
+
+def test_learners_and_recipes_do_not_import_the_gateway_and_records_sit_under_everything():
+    assert layer_violations(ROOT) == []
+
+
+def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
+    (tmp_path / "recipes" / "x").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "records").mkdir(parents=True)
+    (tmp_path / "recipes" / "x" / "learner.py").write_text(
+        "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.gateway.dialects import response_text\n")
+    (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.tasks\n")
+    assert layer_violations(tmp_path) == ["recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
+                                          "reef_lab/records/export.py:1 imports reef_lab.learning.tasks"]
+
+
+def test_scripts_and_apps_do_not_touch_sys_path():
+    """They import the repository's folders as packages: scripts/setup.sh puts the repository root on its venv's
+    path (a .pth file), so no script or app edits sys.path to find them."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for top in ("scripts", "apps") for p in sorted((ROOT / top).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "sys.path.insert" in line or "sys.path.append" in line]
+    assert found == []
+
+
+def test_the_repository_folders_import_from_anywhere_in_its_venv(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import recipes.sft, server.app, apps.launch, scripts.run_experiment, tests.doubles; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

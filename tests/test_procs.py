@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reef_lab import procs
-from reef_lab.testing import free_port
+from tests.doubles import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux's")
@@ -178,7 +178,7 @@ def test_a_detached_child_outlives_its_launcher_but_nothing_it_starts_outlives_i
 
 
 def test_launch_detached_writes_the_run_s_own_pid(tmp_path):
-    from reef_lab.learning.experiment import launch_detached
+    from apps.launch import launch_detached
 
     proc = launch_detached(tmp_path / "missing.yaml", 0, tmp_path / "run")
     assert int((tmp_path / "run" / "run.pid").read_text()) == proc.child_pid != proc.pid

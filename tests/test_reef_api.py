@@ -113,7 +113,7 @@ def test_scenarios_crud_and_records_paging(proxy):
     ids = [infer(u, "made", f"m{i}") for i in range(5)]
     report(u, {"score": 1, "references": ids[:2]}, scenario="made")
     info = requests.get(u + "/reef/scenarios/made").json()
-    assert info["records"] == {"inference": 5, "report": 1, "train": 0}
+    assert info["records"] == {"inference": 5, "report": 1, "train": 0, "eval": 0}
     assert "made" in [s["name"] for s in requests.get(u + "/reef/scenarios").json()["scenarios"]]
     page = requests.get(u + "/reef/scenarios/made/records", params={"kind": "inference", "limit": 2}).json()
     seen = [r["id"] for r in page["records"]]

@@ -248,7 +248,7 @@ def test_both_workers_translate_and_record(tmp_path, provider):
     from pathlib import Path
 
     from reef_lab.records.store import read_log
-    from reef_lab.testing import free_port
+    from tests.doubles import free_port
     from tests.doubles.agents import ReefServer
 
     def logs_with_records() -> int:  # each worker writes its own record log

@@ -179,3 +179,22 @@ def test_is_step_on_a_tiny_lora_model_matches_a_hand_computation(tiny_model_dir)
     changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, adapters[n])]
     assert changed and all("lora" in n for n in changed)
     assert all(torch.equal(p, frozen[n]) for n, p in trainer.model.named_parameters() if not p.requires_grad)
+
+
+def test_nll_trains_the_models_own_distribution_whatever_temperature_sampled_the_completion(tiny_model_dir):
+    """SFT's loss is the completion's NLL at temperature 1: a rollout sampled at 0.5 is imitated as text, not as a
+    tempered distribution (the serving temperature is applied when sampling; training it in would apply it twice).
+    Before, the NLL was taken under logits / 0.5 and this loss differed."""
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-3, device="cpu", micro_batch_size=2))
+    samples = [Sample("hot", [5, 9, 14], [20, 31, 7], None, 1.0, "base", temperature=0.5),
+               Sample("plain", [5, 11], [42, 8], None, 1.0, "base", temperature=1.0)]
+    at_one = trainer.logprobs([Sample(s.record_id, s.prompt_ids, s.completion_ids, None, 1.0, "base")
+                               for s in samples])
+    at_sampled = trainer.logprobs(samples)
+    assert at_sampled[0] != pytest.approx(at_one[0], rel=1e-3)  # the temperatures do give different NLLs here
+    m = trainer.step(samples, Loss("nll"))
+    assert m["loss"] == pytest.approx(-sum(sum(x) for x in at_one) / 5, rel=1e-5)
+    assert samples[0].temperature == 0.5  # the caller's samples are left as they were

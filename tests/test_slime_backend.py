@@ -40,7 +40,8 @@ from safetensors.torch import load_file, save_file
 from reef_lab.learning import rl
 from reef_lab.learning.samples import Sample as ReefSample
 from reef_lab.trainers import slime_hooks as hooks
-from reef_lab.trainers.base import Loss, TrainerConfig, make_trainer, trainer_class
+from reef_lab.trainers import make_trainer, trainer_class
+from reef_lab.trainers.base import Loss, TrainerConfig
 from reef_lab.trainers.slime import (SlimeTrainer, expected_job, launch_argv, main, read_model_args,
                                      release_from_checkpoint)
 
@@ -251,7 +252,7 @@ def slime_settings(tmp_path: Path, **kw) -> dict:
 
 
 def trainer_config(tmp_path: Path, **kw) -> TrainerConfig:
-    return TrainerConfig(backend="slime", micro_batch_size=2, lr=2e-6, slime=slime_settings(tmp_path, **kw))
+    return TrainerConfig(backend="slime", micro_batch_size=2, lr=2e-6, options=slime_settings(tmp_path, **kw))
 
 
 def job_args(argv: list[str]) -> argparse.Namespace:
@@ -345,7 +346,7 @@ def test_the_stand_in_has_slimes_sample_fields():
 @pytest.fixture
 def sglang_double(tiny_model_dir):
     from reef_lab.engines.embedded import EmbeddedEngine
-    from reef_lab.testing.sglang_server import SGLangDouble, SGLangDoubleServer
+    from tests.doubles.sglang_server import SGLangDouble, SGLangDoubleServer
 
     inner = EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=2)
     server = SGLangDoubleServer(SGLangDouble(inner, tiny_model_dir))
@@ -424,7 +425,7 @@ def test_a_step_goes_through_the_hooks_and_its_checkpoint_serves_on_sglang(slime
     served = inner._models["weights:s:v1"].state_dict()
     assert all(torch.equal(served[k].cpu(), trained[k]) for k in trained)
 
-    with pytest.raises(ValueError, match="trainer.slime.loss"):  # the job was launched for dis
+    with pytest.raises(ValueError, match="trainer.options.loss"):  # the job was launched for dis
         trainer.step(batch, Loss("nll"))
     stop_waiting_hook(spool, second)
 
@@ -514,7 +515,7 @@ def test_the_cli_prints_the_launch_command(tmp_path, tiny_model_dir, capsys):
     cfg = trainer_config(tmp_path)
     recipe_config = tmp_path / "grpo.yaml"
     recipe_config.write_text(json.dumps({"batch_size": 4, "trainer": {"backend": "slime", "micro_batch_size": 2,
-                                                                      "lr": 2e-6, "slime": cfg.slime}}))
+                                                                      "lr": 2e-6, "options": cfg.options}}))
     main(["--model-dir", str(tiny_model_dir), "--trainer", str(recipe_config)])
     assert shlex.split(capsys.readouterr().out) == launch_argv(tiny_model_dir, cfg)
 
@@ -526,7 +527,7 @@ def test_bad_inputs_say_what_to_fix(tmp_path, tiny_model_dir, tiny_model):
 
     refused(FileNotFoundError, "git clone https://github.com/THUDM/slime", launch_argv, tiny_model_dir,
             trainer_config(tmp_path, slime_dir=str(tmp_path / "no-slime")))
-    refused(ValueError, r"trainer.slime.spool_dir is required", launch_argv, tiny_model_dir,
+    refused(ValueError, r"trainer.options.spool_dir is required", launch_argv, tiny_model_dir,
             trainer_config(tmp_path, spool_dir=""))
     refused(ValueError, "model_args_script", launch_argv, tiny_model_dir,
             trainer_config(tmp_path, model_args_script=""))
@@ -539,9 +540,10 @@ def test_bad_inputs_say_what_to_fix(tmp_path, tiny_model_dir, tiny_model):
     refused(ValueError, "ref_load", launch_argv, other, trainer_config(tmp_path))
     refused(ValueError, "no LoRA", TrainerConfig, backend="slime", lora_rank=4)
     refused(ValueError, "auto or cuda", TrainerConfig, backend="slime", device="cpu")
-    refused(ValueError, "multiple of micro_batch_size", TrainerConfig, backend="slime", slime={"batch_size": 12})
-    refused(ValueError, "backend is torch", TrainerConfig, slime={"batch_size": 8})
-    refused(ValueError, "not a SlimeConfig field", TrainerConfig, backend="slime", slime={"spool": "x"})
+    refused(ValueError, "multiple of micro_batch_size", TrainerConfig, backend="slime", options={"batch_size": 12})
+    refused(ValueError, "backend 'torch' takes no options", TrainerConfig, options={"batch_size": 8})
+    refused(ValueError, "trainer.options.spool is not a SlimeConfig field", TrainerConfig, backend="slime",
+            options={"spool": "x"})
 
     refused(FileNotFoundError, "--save-hf", release_from_checkpoint, tmp_path / "missing", tmp_path / "r",
             tiny_model_dir, {})
@@ -587,7 +589,7 @@ def test_the_trainer_refuses_a_missing_or_foreign_job(slime_standin, tmp_path, t
 
 
 def test_slime_is_chosen_by_its_short_name_without_importing_slime():
-    code = ("import sys; from reef_lab.trainers.base import trainer_class; import reef_lab.trainers.slime_hooks; "
+    code = ("import sys; from reef_lab.trainers import trainer_class; import reef_lab.trainers.slime_hooks; "
             "print(trainer_class('slime').__name__, "
             "[m for m in ('slime', 'ray', 'megatron', 'sglang', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

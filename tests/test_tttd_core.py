@@ -16,6 +16,7 @@ from recipes.tttd.config import ProblemConfig, TTTDConfig
 from recipes.tttd.problems import (BEST_KNOWN, CircleCentres, CirclePacking, check_circles, extract_code,
                                    make_problem, program_for, scipy_baseline, solve_radii)
 from recipes.tttd.sandbox import Limits, run_python
+from reef_lab.trainers.base import TrainerConfig
 
 LN2 = math.log(2)
 
@@ -307,7 +308,9 @@ def test_config_defaults_are_the_papers_and_bad_combinations_are_refused():
     c = TTTDConfig()
     assert (c.groups, c.rollouts_per_group, c.steps, c.children_per_expansion) == (8, 64, 50, 2)
     assert (c.puct_c, c.kl_target, c.kl_coef, c.temperature) == (1.0, LN2, 0.1, 1.0)
-    assert c.trainer == {"lora_rank": 32, "lr": 4e-5} and c.problem_config == ProblemConfig()
+    # nested configs are kept as the dataclasses they were validated as; the trainer's seed is the run's
+    assert c.trainer == TrainerConfig(lora_rank=32, lr=4e-5) and c.problem_config == ProblemConfig()
+    assert TTTDConfig(seed=3).trainer.seed == 3 and TTTDConfig(seed=3, trainer={"seed": 5, "lora_rank": 4}).trainer.seed == 5
     assert isinstance(make_problem(c.problem), CirclePacking) and make_problem({"n": 7}).n == 7
     for bad, words in [({"rollouts_per_group": 2}, "rollouts_per_group"), ({"archive_size": 8}, "archive_size"),
                        ({"trainer": {"lr": 1e-4}}, "lora_rank"), ({"trainer": {"lrr": 1.0}}, "trainer.lrr"),

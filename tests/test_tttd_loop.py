@@ -135,3 +135,27 @@ def test_bad_configs_are_refused_with_the_field(tmp_path, tiny_model_dir):
         server.stop()
     with pytest.raises(ValueError, match="concurrency"):
         TTTDConfig(concurrency=0)
+
+
+def test_a_step_neither_reads_back_its_records_nor_wakes_its_own_learner(tmp_path, tiny_model_dir, lengthy,
+                                                                         monkeypatch):
+    """The context's infer returns the stored record (token ids, logprobs), so a rollout is never read back from the
+    store; the reports the loop makes on its own rollouts are stored, not handed back to the learner, which ignores
+    reports anyway."""
+    from recipes.tttd.learner import TTTDLearner
+    from reef_lab.records.store import RecordStore
+
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir)), allowed_recipes=["tttd"])
+    try:
+        gw.create_scenario({"name": "t", "recipe": "tttd", "config": {**CONFIG, "steps": 1}}, operator=True)
+        d = gw.learner("t").discovery
+        reads, woken = [], []
+        for name in ("get", "get_many"):
+            original = getattr(RecordStore, name)
+            monkeypatch.setattr(RecordStore, name, lambda self, *a, _o=original, **kw: reads.append(a) or _o(self, *a, **kw))
+        monkeypatch.setattr(TTTDLearner, "on_record", lambda self, record: woken.append(record["id"]))
+        row = d.step()
+        assert row["samples"] > 0 and reads == [] and woken == []
+        assert len(gw.list_records("t", kind="report", limit=50)["records"]) == 6  # the rewards are still reported
+    finally:
+        gw.close()

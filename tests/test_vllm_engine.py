@@ -120,9 +120,7 @@ def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_pat
         assert rec["release_id"] == "base" and max(abs(a - b) for a, b in zip(ref, rec["logprobs"])) < 2e-3
     finally:
         server.server.shutdown()
-        for ln in list(server.gateway._learners.values()):
-            ln.close()
-        server.gateway.store.close()
+        server.gateway.close(close_engine=False)
 
 
 def test_a_reload_the_server_refuses_leaves_the_base_serving(vllm_engine, tmp_path):

@@ -105,6 +105,4 @@ def test_releases_serve_side_by_side_as_adapters(lora_engine, tmp_path):
         assert rec["release_id"] == "base" and raw.headers["x-reef-release-id"] == "base"
     finally:
         server.server.shutdown()
-        for ln in list(server.gateway._learners.values()):
-            ln.close()
-        server.gateway.store.close()
+        server.gateway.close(close_engine=False)

@@ -16,14 +16,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import orjson
 
-from .search import GEPAConfig, Search, TaskSystem
-from reef_lab.engines.lm import make_lm
+from reef_lab.engines.lm import LMSpec, make_lm
+from reef_lab.experiments.driver import ExperimentDriver, RunConfig
 from reef_lab.learning.heartbeat import Heartbeat
-from reef_lab.learning.tasks import Task, make_task
+from reef_lab.learning.tasks import Task, TaskConfig, make_task
+from reef_lab.schema import build
+
+from .search import GEPAConfig, Search, TaskSystem
 
 log = logging.getLogger("reef_lab.gepa_experiment")
 
@@ -31,7 +33,7 @@ DEFAULT_SEED_HARNESS = {"system_prompt.md": "You are a helpful assistant.", "rul
 
 
 @dataclass
-class GEPAExperimentConfig:
+class GEPAExperimentConfig(RunConfig):
     name: str = field(default="gepa", metadata={"help": "run name (also the scenario's name)"})
     recipe: str = field(default="gepa", metadata={"help": "always 'gepa' here"})
     task: dict = field(default_factory=dict, metadata={
@@ -40,29 +42,24 @@ class GEPAExperimentConfig:
     val_size: int = field(default=16, metadata={"help": "validation examples (the Pareto pool's scores)"})
     test_size: int = field(default=64, metadata={"help": "held-out test examples, scored only at the end"})
     data_seed: int = field(default=1234, metadata={"help": "seed of the splits (the same for every search seed)"})
-    seed: int = field(default=0, metadata={"help": "seed of the search (parents, minibatches, reflection)"})
     seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness tree the search starts from {path: text}"})
-    search: dict = field(default_factory=dict, metadata={"help": "reef_lab.gepa_search.GEPAConfig fields"})
+    search: dict = field(default_factory=dict, metadata={"help": "recipes.gepa.search.GEPAConfig fields"})
     task_lm: dict = field(default_factory=lambda: {"kind": "engine"}, metadata={
         "help": "the task model: {kind: engine} or {kind: openai, base_url, model, key_env} (+ record/replay)"})
     reflection_lm: dict = field(default_factory=lambda: {"kind": "engine"}, metadata={
         "help": "the reflection model, same forms as task_lm"})
     task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of each task answer (greedy)"})
     concurrency: int = field(default=16, metadata={"help": "task answers in flight"})
-    model_path: str | None = field(default=None, metadata={"help": "embedded model (default: SmolLM2)"})
-    out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/<name>-seed<seed>)"})
-    wandb: dict = field(default_factory=dict, metadata={"help": "reef_lab.publishing.tracking.TrackingConfig fields"})
-    hub: dict = field(default_factory=dict, metadata={"help": "reef_lab.publishing.hub.HubConfig fields to push releases"})
 
     def __post_init__(self) -> None:
+        self.check_run()
         if min(self.train_size, self.val_size, self.test_size) < 1:
             raise ValueError("train_size, val_size and test_size must be at least 1")
+        build(TaskConfig, {"system_prompt": "", **self.task}, "task")  # the task and the LMs, before any model loads
+        for key in ("task_lm", "reflection_lm"):
+            build(LMSpec, getattr(self, key), key)
         GEPAConfig(**{"seed": self.seed, **self.search})  # refuse a bad search config before any model loads
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.out_dir or f"runs/{self.name}-seed{self.seed}")
 
     def search_config(self) -> GEPAConfig:
         return GEPAConfig(**{"seed": self.seed, **self.search})
@@ -95,60 +92,59 @@ def score_on(system: TaskSystem, harness: dict[str, str], items: list[dict]) -> 
 
 
 def run_gepa_experiment(cfg: GEPAExperimentConfig, engine=None, progress: bool = True) -> dict:
-    """Run (or resume) the search and score its best harness on the test split; returns the summary. Its
-    heartbeat (reef_lab.learning.heartbeat) tells apps/gepa.py it runs while it writes nothing else."""
+    """Run (or resume) the search and score its best harness on the test split; returns the summary. A given engine
+    is left running. Its heartbeat (reef_lab.learning.heartbeat) tells apps/gepa.py it runs while it writes nothing
+    else."""
     with Heartbeat(cfg.run_dir):
-        return _run_gepa_experiment(cfg, engine, progress)
+        return GEPAExperiment(cfg, engine).run(progress)
 
 
-def _run_gepa_experiment(cfg: GEPAExperimentConfig, engine, progress: bool) -> dict:
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_bytes(orjson.dumps(asdict(cfg), option=orjson.OPT_INDENT_2))
-    needs_engine = any(not spec.get("replay") and spec.get("kind", "engine") == "engine"
-                       for spec in (cfg.task_lm, cfg.reflection_lm))
-    own_engine = engine is None and needs_engine
-    if own_engine:
-        from reef_lab.engines.embedded import EmbeddedEngine
-        engine = EmbeddedEngine.from_path(cfg.model_path, max_batch=max(cfg.concurrency, 1))
-    task = make_task({"system_prompt": "", **cfg.task})
-    train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
-    system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency, task=task)
-    reflection = make_lm(cfg.reflection_lm, engine)
-    gw, tracker = None, None
-    serving_engine = engine
-    if serving_engine is None and cfg.task_lm.get("kind") == "openai" and not cfg.task_lm.get("replay"):
-        from reef_lab.engines.upstream import UpstreamEngine  # the provider that would serve these harnesses
+class GEPAExperiment(ExperimentDriver):
+    cfg: GEPAExperimentConfig
 
-        serving_engine = UpstreamEngine(cfg.task_lm["base_url"], cfg.task_lm["model"])
-    if serving_engine is not None:  # releases go to a data dir like a live scenario's (none when replaying)
-        from reef_lab.gateway.gateway import Gateway
-        from reef_lab.publishing.hub import HubConfig
+    def __init__(self, cfg: GEPAExperimentConfig, engine=None):
+        super().__init__(cfg, engine, close_engine=engine is None)
 
-        gw = Gateway(run_dir / "data", serving_engine, hub=HubConfig(**cfg.hub) if cfg.hub.get("repo") else None)
-        if cfg.name not in {s.name for s in gw.scenarios.list()}:
-            gw.create_scenario({"name": cfg.name})
-    if cfg.wandb:
-        from reef_lab.publishing.tracking import Tracker, TrackingConfig
+    def loop(self, progress: bool) -> dict:
+        cfg, run_dir = self.cfg, self.run_dir
+        needs_engine = any(not spec.get("replay") and spec.get("kind", "engine") == "engine"
+                           for spec in (cfg.task_lm, cfg.reflection_lm))
+        engine = self.build_engine(cfg.concurrency, lora=False) if needs_engine else self.engine
+        task = make_task({"system_prompt": "", **cfg.task})
+        train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
+        system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency, task=task)
+        reflection = make_lm(cfg.reflection_lm, engine)
+        gw, tracker = None, None
+        serving_engine = engine
+        if serving_engine is None and cfg.task_lm.get("kind") == "openai" and not cfg.task_lm.get("replay"):
+            from reef_lab.engines.upstream import UpstreamEngine  # the provider that would serve these harnesses
 
-        tc = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}", **cfg.wandb})
-        tracker = Tracker(tc.name, {"experiment": asdict(cfg)}, tc, run_dir)
-    released = {"best": None}
+            serving_engine = UpstreamEngine(cfg.task_lm["base_url"], cfg.task_lm["model"])
+            self.owned.append(serving_engine)
+        if serving_engine is not None:  # releases go to a data dir like a live scenario's (none when replaying)
+            gw = self.gateway(serving_engine, tracking=False)
+        if cfg.wandb:
+            from reef_lab.publishing.tracking import Tracker, TrackingConfig
 
-    def on_event(row: dict) -> None:
-        if tracker is not None:
-            tracker.log(row)
-        if row["event"] == "front" and gw is not None and row["best"] != released["best"]:
-            best = search.cands[row["best"]]
-            released["best"] = best.id
-            rel = gw.publish_harness(cfg.name, {"files": best.components}, {
-                "recipe": "gepa", "eval": {"accuracy": best.mean, "size": len(best.scores)},
-                "gepa": {"candidate": best.id, "parents": best.parents, "changed": best.changed,
-                         "val_mean": best.mean, "metric_calls": search.metric_calls}})
-            search.event({"event": "release", "release_id": rel["release_id"], "candidate": best.id})
+            tc = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}", **cfg.wandb})
+            tracker = Tracker(tc.name, {"experiment": asdict(cfg)}, tc, run_dir)
+            self.owned.append(tracker)
+        released = {"best": None}
 
-    started = time.time()
-    try:
+        def on_event(row: dict) -> None:
+            if tracker is not None:
+                tracker.log(row)
+            if row["event"] == "front" and gw is not None and row["best"] != released["best"]:
+                best = search.cands[row["best"]]
+                released["best"] = best.id
+                rel = gw.releaser.publish_harness(cfg.name, best.components, {
+                    "recipe": "gepa", "gepa": {"candidate": best.id, "parents": best.parents,
+                                               "changed": best.changed, "val_mean": best.mean,
+                                               "metric_calls": search.metric_calls}},
+                    scores={"accuracy": best.mean, "size": len(best.scores)})["release"]
+                search.event({"event": "release", "release_id": rel["release_id"], "candidate": best.id})
+
+        started = time.time()
         search = Search(cfg.search_config(), system, reflection, train, val, cfg.seed_harness, run_dir, on_event)
         if search.cands:  # resumed: the serving release already names the best so far
             released["best"] = search.best().id
@@ -166,15 +162,7 @@ def _run_gepa_experiment(cfg: GEPAExperimentConfig, engine, progress: bool) -> d
             {"candidate": c, "example": r.example_id, "question": r.question, "score": r.score, "output": r.output,
              "feedback": r.feedback}) + b"\n"
             for c, rs in (("seed", seed_rollouts), ("best", best_rollouts)) for r in rs))
-        (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         if tracker is not None:
             tracker.log({"event": "test", "seed_test": seed_test, "best_test": best_test,
                          "metric_calls": search.metric_calls})
         return summary
-    finally:
-        if tracker is not None:
-            tracker.close()
-        if gw is not None:
-            if gw.hub is not None:
-                gw.hub.wait(timeout=600)
-            gw.close(close_engine=own_engine or serving_engine is not engine)

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab import harness as harness_mod
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
@@ -42,8 +41,8 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
         task_lm = ctx.make_lm(self.config.task_lm)
         reflection_lm = ctx.make_lm(self.config.reflection_lm) if self.config.reflection_lm else task_lm
-        self.gw = ctx.gateway
-        self.dir = Path(ctx.data_dir) / "learn" / scenario
+        self.records, self.releaser = ctx.records, ctx.releaser
+        self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._state_path = self.dir / "state.json"
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
@@ -54,8 +53,8 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self._init_loop()
         serving = self._serving_files()
         if serving is None:  # serve the seed harness first, so every example was served under a known harness
-            self.gw.publish_harness(scenario, {"files": dict(self.config.seed_harness)},
-                                    {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
+            self.releaser.publish_harness(scenario, dict(self.config.seed_harness),
+                                          {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
             serving = dict(self.config.seed_harness)
         task = make_task(self.config.val_task)
         val = task.items(self.config.val_size, seed=self.config.val_seed)
@@ -105,13 +104,12 @@ class HarnessLearner(LearnerLoop, RecordHolder):
 
     # ---- examples from reports ------------------------------------------------------------------------------
     def _replay(self) -> None:
-        for rec in self.gw.store.get_many(self.gw.store.ids(self.scenario, "report")):
+        for rec in self.records.get_many(self.records.ids("report")):
             if rec["id"] not in self._consumed:
                 self._inbox.append(rec)
 
     def _serving_files(self) -> dict[str, str] | None:
-        rel = self.gw.releases.serving(self.scenario)
-        return harness_mod.read_tree(Path(rel["folder"])) if rel and rel.get("kind") == "harness" else None
+        return self.releaser.harness_files(self.scenario)
 
     def _drain(self) -> None:
         """Reports -> examples and observed rollouts (caller holds the lock)."""
@@ -125,7 +123,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
             answer = (report.get("metadata") or {}).get(self.config.answer_key)
             if answer is None:
                 continue  # no reference answer: a child could not be scored on it
-            for inf in self.gw.store.get_many(report.get("references") or []):
+            for inf in self.records.get_many(report.get("references") or []):
                 try:
                     self._add_example(inf, report, str(answer))
                 except Exception as e:  # noqa: BLE001 - one odd record is data, not a reason to stop
@@ -146,9 +144,9 @@ class HarnessLearner(LearnerLoop, RecordHolder):
             feedback = json.dumps(feedback, ensure_ascii=False)
         rollout = Rollout(inf["id"], score, output, feedback or verdict,
                           "\n".join(m["content"] for m in messages if m["role"] == "user"))
-        rel = self.gw.releases.release(self.scenario, inf.get("release_id") or "")
-        if rel is not None and rel.get("kind") == "harness":
-            self.search.observe(harness_mod.read_tree(Path(rel["folder"])), rollout)
+        served = self.releaser.harness_files(self.scenario, inf.get("release_id") or "")
+        if served is not None:
+            self.search.observe(served, rollout)
         if item["id"] not in self._example_ids:  # an inference referenced by two reports is one example
             self._example_ids.add(item["id"])
             self.examples.append(item)
@@ -200,18 +198,16 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         if serving_mean is None:  # a harness published by hand: score it on the validation set once
             scores = [r.score for r in self.search.evaluate(serving, self.search.valset)]
             serving_mean = sum(scores) / len(scores)
-        policy = self.config.selection
-        ok = policy == "always" or (child.mean >= serving_mean if policy == "no_regression"
-                                    else child.mean > serving_mean)
-        reason = f"validation {child.mean:.4f} vs serving {serving_mean:.4f} ({policy})"
-        if not ok:
-            self.search.event({"event": "release_skipped", "candidate": child.id, "reason": reason})
-            return
-        rel = self.gw.publish_harness(self.scenario, {"files": child.components}, {
+        # judged by the releaser's selection policy on the validation means (the search scored both)
+        entry = self.releaser.publish_harness(self.scenario, child.components, {
             "recipe": self.recipe.name, "records": [e["id"] for e in batch],
-            "eval": {"accuracy": child.mean, "size": len(child.scores)},
             "gepa": {"candidate": child.id, "parents": child.parents, "changed": child.changed,
                      "val_mean": child.mean, "serving_val_mean": serving_mean,
-                     "metric_calls": self.search.metric_calls, "reason": reason}})
-        self.search.event({"event": "release", "release_id": rel["release_id"], "candidate": child.id,
-                            "reason": reason})
+                     "metric_calls": self.search.metric_calls}},
+            selection=self.config.selection, scores={"accuracy": child.mean, "size": len(child.scores)},
+            serving_scores={"accuracy": serving_mean})
+        if "release" not in entry:
+            self.search.event({"event": "release_skipped", "candidate": child.id, "reason": entry["reason"]})
+            return
+        self.search.event({"event": "release", "release_id": entry["release"]["release_id"], "candidate": child.id,
+                           "reason": entry["reason"]})

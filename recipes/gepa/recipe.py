@@ -31,8 +31,8 @@ class GEPARecipeConfig:
         "help": "release a kept candidate: always, no_regression (validation mean >= serving's) or strict_gain (>)"})
     seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
-    val_task: dict = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
-        "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on", "schema": TaskConfig})
+    val_task: TaskConfig = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
+        "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on"})
     val_size: int = field(default=16, metadata={"help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={
@@ -58,7 +58,6 @@ class GEPARecipeConfig:
             check_files(self.seed_harness)
         except BadRequest as e:
             raise ValueError(f"seed_harness: {e.message}") from None
-        TaskConfig(**self.val_task)
         self.search_config()
         if self.val_size < 1:
             raise ValueError("val_size must be at least 1")
@@ -90,4 +89,4 @@ class GEPARecipe:
         metric calls (recipes/gepa/experiment.py)."""
         from .experiment import GEPAExperimentConfig, run_gepa_experiment
 
-        return run_gepa_experiment(GEPAExperimentConfig(**data), progress=progress)
+        return run_gepa_experiment(GEPAExperimentConfig.parse(data), progress=progress)

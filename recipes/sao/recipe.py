@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reef_lab.extras import need
+
+need("train", "the sao recipe")
 import torch
 
 from reef_lab.learning import rl
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import LearnConfig, require_score
 from reef_lab.learning.samples import Sample
-from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, make_trainer
+from reef_lab.trainers import make_trainer
+from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Learns from inference records whose report scored at least `score_threshold`, and from demonstrations imported as
 `train` records (POST /reef/records/batch with kind "train": request {messages}, response {content}). The loss is
-the mean negative log-likelihood of the completion tokens.
+the mean negative log-likelihood of the completion tokens under the model's own distribution (temperature 1), at
+whatever temperature a rollout was sampled: the engine applies the serving temperature when it samples.
 """
 
 from __future__ import annotations

@@ -67,6 +67,9 @@ class ProblemConfig:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
         if self.sandbox not in ISOLATIONS:
             raise ValueError(f"sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
+        from recipes.tttd.problems import problem_class  # resolved now: a wrong module:Class fails at creation
+
+        problem_class(self.name).check_config(self)
 
 
 @dataclass
@@ -106,14 +109,15 @@ class TTTDConfig(LearnConfig):
     reuse: bool = field(default=True, metadata={
         "help": "continue from archive states chosen by PUCT (false: every rollout starts from the initial "
                 "solution; with policy_updates false this is best-of-N sampling from the base policy)"})
-    problem: dict = field(default_factory=dict, metadata={
-        "help": "the discovery problem (recipes.tttd.config.ProblemConfig fields)", "schema": ProblemConfig})
-    trainer: dict = field(default_factory=lambda: {"lora_rank": 32, "lr": 4e-5}, metadata={
+    problem: ProblemConfig = field(default_factory=ProblemConfig, metadata={
+        "help": "the discovery problem (recipes.tttd.config.ProblemConfig fields)"})
+    trainer: TrainerConfig = field(default_factory=lambda: {"lora_rank": 32, "lr": 4e-5}, metadata={
         "help": "reef_lab.trainers.base.TrainerConfig (paper: LoRA rank 32, learning rate 4e-5, Adam; the other "
-                "optimiser settings are not given and keep reef_lab's defaults)",
-        "schema": TrainerConfig})
+                "optimiser settings are not given and keep reef_lab's defaults; its seed defaults to the run's)"})
 
     def __post_init__(self) -> None:
+        if isinstance(self.trainer, dict):  # the trainer's seed is the run's unless the trainer names its own
+            self.trainer = {"seed": self.seed, **self.trainer}
         super().__post_init__()
         if self.groups < 1 or self.steps < 1 or self.children_per_expansion < 1:
             raise ValueError("groups, steps and children_per_expansion must be at least 1")
@@ -133,10 +137,10 @@ class TTTDConfig(LearnConfig):
             raise ValueError("concurrency must be at least 1")
         if self.temperature <= 0 or self.max_tokens < 1:
             raise ValueError("temperature must be > 0 and max_tokens >= 1")
-        if self.kl_coef > 0 and not self.trainer.get("lora_rank", 0):
+        if self.kl_coef > 0 and not self.trainer.lora_rank:
             raise ValueError("kl_coef > 0 needs the frozen base, i.e. LoRA: set trainer.lora_rank > 0 "
                              "(e.g. 32, the paper's) or kl_coef: 0")
 
     @property
     def problem_config(self) -> ProblemConfig:
-        return ProblemConfig(**self.problem)
+        return self.problem

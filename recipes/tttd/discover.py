@@ -26,9 +26,10 @@ import orjson
 
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.files import write_atomic, write_json
+from reef_lab.learning.recipe import LearnContext
 from reef_lab.learning.samples import Sample
-from reef_lab.publishing.releases import release_key
-from reef_lab.trainers.base import Loss, TrainerConfig, make_trainer
+from reef_lab.trainers import make_trainer
+from reef_lab.trainers.base import Loss
 
 from .archive import Archive, State
 from .config import TTTDConfig
@@ -39,16 +40,15 @@ log = logging.getLogger("recipes.tttd")
 
 
 class Discovery:
-    """One TTT-Discover run of `scenario` on `gateway`, its state in `folder`."""
+    """One TTT-Discover run of the context's scenario, its state in `folder`."""
 
-    def __init__(self, gateway, scenario: str, config: TTTDConfig, folder: str | Path, tracker=None,
-                 on_release=None):
-        self.gw, self.scenario, self.cfg = gateway, scenario, config
+    def __init__(self, ctx: LearnContext, config: TTTDConfig, folder: str | Path):
+        self.ctx, self.scenario, self.cfg, self.releaser = ctx, ctx.scenario, config, ctx.releaser
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.tracker, self.on_release = tracker, on_release
+        self.tracker = ctx.tracker
         self.problem: Problem = make_problem(config.problem_config)
-        engine = gateway.engine
+        engine = ctx.engine
         if not isinstance(engine, Generator):
             raise ValueError("TTT-Discover samples its own rollouts: serve with a generating engine (embedded, vllm, "
                              "sglang), not a relay")
@@ -75,8 +75,7 @@ class Discovery:
         self.phase = "idle"
         self.last_row: dict | None = None
         if self.state["policy"] and config.policy_updates:  # resumed: serve the last policy again
-            self.engine.load_release(self.state["policy"], self.state["policy_folder"])
-            self.engine.route(scenario, self.state["policy"])
+            self.releaser.serve_policy(self.scenario, self.state["policy"], self.state["policy_folder"])
 
     # ---- the loop -------------------------------------------------------------------------------------------
     @property
@@ -181,19 +180,17 @@ class Discovery:
         out = {"group": g, "parent": parent.id, "record_id": None, "reward": self.problem.invalid_reward,
                "valid": False, "kind": "error", "solution": None, "sample": None, "tokens": 0, "copy": False,
                "better": False}
-        try:
-            reply = self.gw.infer("openai.chat", body, self.scenario,
-                                  tags={"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})
-            rid = reply.headers["x-reef-agent-record-id"]
-            text = orjson.loads(reply.body)["choices"][0]["message"]["content"] or ""
+        try:  # the stored record comes back: its token ids and logprobs are the sample's
+            rec = self.ctx.infer(body, {"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})
+            rid = rec["id"]
+            text = rec["response"]["choices"][0]["message"]["content"] or ""
         except Exception as e:  # noqa: BLE001 - a failed rollout scores as invalid and is not trained on
             log.warning("rollout %d/%d of step %d failed: %s", g, k, t, e)
             return out
         verdict = self.problem.verify(text)
-        rec = self.gw.get_record(self.scenario, rid)
-        self.gw.report(self.scenario, {"score": verdict.reward, "references": [rid], "feedback": verdict.reason,
-                                       "metadata": {"valid": verdict.valid, "kind": verdict.kind,
-                                                    "tttd_step": t, "parent": parent.id}})
+        self.ctx.report({"score": verdict.reward, "references": [rid], "feedback": verdict.reason,
+                         "metadata": {"valid": verdict.valid, "kind": verdict.kind, "tttd_step": t,
+                                      "parent": parent.id}})
         copy = verdict.valid and (verdict.solution or "").strip() == parent.solution.strip()
         out.update(record_id=rid, reward=verdict.reward, valid=verdict.valid, kind=verdict.kind,
                    solution=verdict.solution, tokens=len(rec.get("token_ids") or []), copy=copy,
@@ -209,7 +206,7 @@ class Discovery:
     @property
     def trainer(self):
         if self._trainer is None:
-            self._trainer = make_trainer(TrainerConfig(**{"seed": self.cfg.seed, **self.cfg.trainer}),
+            self._trainer = make_trainer(self.cfg.trainer,
                                          self.engine.model_dir, self.state["policy_folder"])
         return self._trainer
 
@@ -219,14 +216,7 @@ class Discovery:
         folder = self.folder / f"policy-{step % 2}"
         key = f"{self.scenario}:step{step}"
         self.trainer.export(folder, {"scenario": self.scenario, "tttd_step": step})
-        old = self.state["policy"]
-        self.engine.load_release(key, folder)
-        self.engine.route(self.scenario, key)
-        if old and old != key:
-            try:
-                self.engine.unload(old)
-            except Exception as e:  # noqa: BLE001 - a stale release costs memory, not correctness
-                log.warning("could not unload %s: %s", old, e)
+        self.releaser.serve_policy(self.scenario, key, folder, previous=self.state["policy"])
         self.state.update(policy=key, policy_folder=str(folder))
         return round(time.perf_counter() - started, 2)
 
@@ -240,25 +230,19 @@ class Discovery:
         write_json(self.folder / "best.json", info, indent=True)
         released = None
         if self.cfg.policy_updates and self._trainer is not None:
-            rels = self.gw.releases
-            cid, cfolder = rels.new_candidate(self.scenario, {"recipe": "tttd", "best": info,
-                                                              "trainer_step": self.trainer.steps})
-            self.trainer.export(cfolder, {"scenario": self.scenario, "candidate": cid, "best": info})
-            write_atomic(cfolder / "best_solution.py", best.solution.encode())
-            write_json(cfolder / "best.json", info, indent=True)
-            key = release_key(self.scenario, rels.next_version(self.scenario))
-            self.engine.load_release(key, cfolder)
-            self.engine.route(self.scenario, key)
-            rels.update_candidate(self.scenario, cid, status="evaluated", reason="final TTT-Discover policy")
-            released = rels.publish(self.scenario, cid)
+            cid, cfolder = self.releaser.start_candidate(self.scenario, {"recipe": "tttd", "best": info,
+                                                                       "trainer_step": self.trainer.steps})
+            try:
+                self.trainer.export(cfolder, {"scenario": self.scenario, "candidate": cid, "best": info})
+                write_atomic(cfolder / "best_solution.py", best.solution.encode())
+                write_json(cfolder / "best.json", info, indent=True)
+            except Exception as e:
+                self.releaser.fail(self.scenario, cid, e)
+                raise
+            released = self.releaser.submit(self.scenario, cid, "always")["release"]  # the final policy serves
             if self.state["policy"]:
-                try:
-                    self.engine.unload(self.state["policy"])
-                except Exception as e:  # noqa: BLE001
-                    log.warning("could not unload %s: %s", self.state["policy"], e)
+                self.releaser.drop_policy(self.state["policy"])
             self.state["policy"] = None
-            if self.on_release is not None:
-                self.on_release(self.scenario, released)
         self.state["released"] = released["release_id"] if released else "none"
         self._save()
         if self.tracker is not None:

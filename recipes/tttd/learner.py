@@ -22,8 +22,7 @@ log = logging.getLogger("recipes.tttd")
 class TTTDLearner:
     def __init__(self, ctx: LearnContext, config: TTTDConfig):
         self.ctx, self.config = ctx, config
-        self.discovery = Discovery(ctx.gateway, ctx.scenario, config, ctx.data_dir / "learn" / ctx.scenario,
-                                   tracker=ctx.tracker, on_release=ctx.on_release)
+        self.discovery = Discovery(ctx, config, ctx.state_dir)
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

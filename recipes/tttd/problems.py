@@ -35,6 +35,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from reef_lab.extras import need
+
 from recipes.tttd.config import PROBLEMS, ProblemConfig
 from recipes.tttd.sandbox import Limits, check_isolation, run_python
 
@@ -75,6 +77,11 @@ class Problem(ABC):
     @abstractmethod
     def from_config(cls, cfg: ProblemConfig) -> Problem:
         """The problem a ProblemConfig describes (make_problem calls this on the class `cfg.name` names)."""
+
+    @classmethod
+    def check_config(cls, cfg: ProblemConfig) -> None:
+        """Refuse settings this problem cannot use (ValueError naming the field); called when the config is
+        built, before any model loads. By default anything goes."""
 
     @abstractmethod
     def initial_solution(self) -> str:
@@ -216,6 +223,7 @@ class CirclePacking(Problem):
 def solve_radii(centres: list[tuple[float, float]]) -> list[float]:
     """The radii with the largest sum for fixed centres in the unit square: a linear program (HiGHS)."""
     import numpy as np
+    need("tttd")
     from scipy.optimize import linprog
 
     n = len(centres)
@@ -303,10 +311,14 @@ class CircleCentres(Problem):
 
 def make_problem(config: ProblemConfig | dict) -> Problem:
     """The problem a config names: a built-in name (config.PROBLEMS) or a `module:Class` deriving Problem."""
+    cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
+    return problem_class(cfg.name).from_config(cfg)
+
+
+def problem_class(name: str) -> type[Problem]:
     from reef_lab.plugins import load_class
 
-    cfg = config if isinstance(config, ProblemConfig) else ProblemConfig(**config)
-    return load_class(cfg.name, Problem, "problem.name", names=PROBLEMS).from_config(cfg)
+    return load_class(name, Problem, "problem.name", names=PROBLEMS)
 
 
 @dataclass(frozen=True)
@@ -333,6 +345,7 @@ def repair(circles: list[tuple[float, float, float]]) -> list[tuple[float, float
 def scipy_baseline(n: int, seconds: float, seed: int = 0) -> BaselineResult:
     """SLSQP multistart on the same instance within a wall-time budget (starts are not begun after it runs out)."""
     import numpy as np
+    need("tttd")
     from scipy.optimize import minimize
 
     rng = np.random.default_rng(seed)

@@ -37,4 +37,4 @@ class TTTDRecipe:
     def run_experiment(data: dict, progress: bool = True) -> dict:
         from .experiment import TTTDExperimentConfig, run_tttd_experiment
 
-        return run_tttd_experiment(TTTDExperimentConfig(**data), progress=progress)
+        return run_tttd_experiment(TTTDExperimentConfig.parse(data), progress=progress)

@@ -90,6 +90,17 @@ class Engine(ABC):
     def from_config(cls, cfg) -> Engine:
         """Build from a reef_lab.config.ServeConfig (its `engine_options` mapping holds this engine's own settings)."""
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Refuse `engine_options` this engine cannot use (ValueError naming them); called when the deployment's
+        config is built, before any model loads. By default anything goes (from_config reads them)."""
+
+    @staticmethod
+    def no_options(name: str, options: dict) -> None:
+        """check_options of an engine that takes none."""
+        if options:
+            raise ValueError(f"the {name} engine takes no engine_options, got {sorted(options)}")
+
     @abstractmethod
     def info(self) -> dict: ...
 

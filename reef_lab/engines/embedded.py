@@ -52,6 +52,9 @@ from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from pathlib import Path
 
+from reef_lab.extras import need
+
+need("train", "the embedded engine")
 import torch
 
 from reef_lab.checkpoints import load_checkpoint
@@ -95,9 +98,15 @@ def default_gguf_path() -> Path:
 def load_model(model_path: str | None, cache_dir: Path, dtype: torch.dtype = torch.float32):
     """Load (model, tokenizer, model_name) for serving.
 
-    `model_path` None means the embedded default SmolLM2; a `.gguf` file is dequantised once into
-    `cache_dir/<name>` as safetensors and loaded from there afterwards; a folder is loaded as a Hugging Face model.
+    `model_path` None means the embedded default SmolLM2; `tiny` the tests' tiny random model (reef_lab/engines/tiny.py,
+    built once into the cache); a `.gguf` file is dequantised once into `cache_dir/<name>` as safetensors and loaded
+    from there afterwards; a folder is loaded as a Hugging Face model.
     """
+    if model_path == "tiny":
+        from reef_lab.engines.tiny import tiny_model_dir
+
+        folder = tiny_model_dir(Path(cache_dir))
+        return (*_load_folder(folder, dtype), "tiny")
     if model_path is None:
         gguf, name = default_gguf_path(), DEFAULT_MODEL_NAME
     elif str(model_path).endswith(".gguf"):
@@ -459,6 +468,10 @@ class EmbeddedEngine(Generator, ReleaseHost):
         self._thread.start()
         log.info("engine %s ready on %s (%d params, max_batch %d, release %s)", model_name, self._device,
                  self._param_count, max_batch, release_id)
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        cls.no_options("embedded", options)
 
     @classmethod
     def from_config(cls, cfg) -> EmbeddedEngine:

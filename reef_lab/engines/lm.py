@@ -59,17 +59,19 @@ class OpenAICompatLM:
 
 
 class EngineLM:
-    """The embedded engine (or any Engine) as an LM; `release` picks a loaded release."""
+    """The embedded engine (or any Engine) as an LM; `release` picks a loaded release, `scenario` the release routed
+    to a scenario (its serving weights); neither: the base weights."""
 
-    def __init__(self, engine, release: str | None = None):
-        self.engine, self.release = engine, release
+    def __init__(self, engine, release: str | None = None, scenario: str | None = None):
+        self.engine, self.release, self.scenario = engine, release, scenario
 
     def complete(self, messages: list[dict], **params) -> str:
         from reef_lab.engines.base import ChatRequest, SamplingParams
 
         sp = SamplingParams(**{k: v for k, v in params.items() if k in ("max_tokens", "temperature", "top_p",
                                                                          "stop", "seed")})
-        return self.engine.submit(ChatRequest(messages, sp, release=self.release)).result().text
+        return self.engine.submit(ChatRequest(messages, sp, scenario=self.scenario,
+                                              release=self.release)).result().text
 
 
 class RecordingLM:

@@ -12,6 +12,7 @@ from jinja2 import TemplateError
 
 from reef_lab.engines.base import ChatRequest
 from reef_lab.engines.tools import has_tool_turns, resolve_tool_template
+from reef_lab.extras import need
 from reef_lab.errors import EngineUnavailable
 
 
@@ -63,6 +64,7 @@ class ChatTokenizer:
 
     @classmethod
     def from_folder(cls, model_dir, tool_template: str | None = None) -> ChatTokenizer:
+        need("train", "a remote engine's tokenizer")
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

@@ -14,7 +14,7 @@ Releases reach the server by one of two transports (`engine_options.transport`):
   weights (`/update_weights_from_disk` with the release id as weight version) and continues. Answers carry the
   weight version that produced them, so a record always names its real release.
 
-Launch on a GPU machine: docs/engines.md. Tested here against reef_lab/testing/sglang_server.py, a loopback double
+Launch on a GPU machine: docs/engines.md. Tested here against tests/doubles/sglang_server.py, a loopback double
 of this wire format.
 """
 
@@ -121,14 +121,18 @@ class SGLangEngine(Generator, ReleaseHost):
         self._serving_weights = self._base_version  # weights transport: the release the server holds now
 
     @classmethod
-    def from_config(cls, cfg) -> SGLangEngine:
-        """engine_options: {url: http://host:30000, model_dir: the base model's HF folder (tokenizer, trainer),
-        transport: lora | weights, timeout}."""
-        opts = cfg.engine_settings()
+    def check_options(cls, opts: dict) -> None:
         unknown = set(opts) - {"url", "model_dir", "transport", "timeout", "model_name"}
         if unknown or "url" not in opts:
             raise ValueError(f"the sglang engine takes engine_options url (required), model_dir, transport, timeout, "
                              f"model_name; got {sorted(opts)}")
+
+    @classmethod
+    def from_config(cls, cfg) -> SGLangEngine:
+        """engine_options: {url: http://host:30000, model_dir: the base model's HF folder (tokenizer, trainer),
+        transport: lora | weights, timeout}."""
+        opts = cfg.engine_settings()
+        cls.check_options(opts)
         return cls(opts["url"], opts.get("model_dir") or cfg.model_path, opts.get("transport", "lora"),
                    float(opts.get("timeout", 600.0)), opts.get("model_name"), cfg.tool_template)
 

@@ -186,6 +186,10 @@ class UpstreamEngine(Relay):
         self.pool = _Pool(self.base_url, connect_timeout, timeout, pool_size)
 
     @classmethod
+    def check_options(cls, options: dict) -> None:
+        cls.no_options("upstream", options)
+
+    @classmethod
     def from_config(cls, cfg) -> UpstreamEngine:
         """`--upstream-url`, `--upstream-model`, `--upstream-timeout`, `--upstream-dialect`,
         `--upstream-key-from-client`; the key from REEF_UPSTREAM_API_KEY."""

@@ -208,16 +208,20 @@ class VLLMEngine(Generator, ReleaseHost):
         self.model_name = self.model_dir.name
 
     @classmethod
+    def check_options(cls, opts: dict) -> None:
+        allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
+                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank"}
+        if set(opts) - allowed:
+            raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
+
+    @classmethod
     def from_config(cls, cfg) -> VLLMEngine:
         """--model-path: the base model's HF folder (default: the embedded SmolLM2's converted folder);
         engine_options: {transport (weights | lora), url (attach instead of starting one; a lora server needs
         --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), python, port, threads_bind, kv_cache_gib,
         max_model_len, start_timeout, timeout, max_loras, max_lora_rank}."""
         opts = cfg.engine_settings()
-        allowed = {"url", "python", "port", "threads_bind", "kv_cache_gib", "max_model_len", "start_timeout",
-                   "timeout", "model_dir", "transport", "max_loras", "max_lora_rank"}
-        if set(opts) - allowed:
-            raise ValueError(f"the vllm engine's engine_options are {sorted(allowed)}; got {sorted(opts)}")
+        cls.check_options(opts)
         model_dir = opts.pop("model_dir", None) or cfg.model_path
         if model_dir is None:
             from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from reef_lab.errors import BadRequest
+from reef_lab.errors import BadRequest, NotFound
 
 SESSION_HEADER = "x-reef-session"
 EPISODE_HEADER = "x-reef-episode"  # on every answer that belongs to an episode
@@ -101,3 +101,26 @@ def episode_ids(store, scenario: str, episode: str, since: float = 0.0) -> list[
 def numbered(records: list[dict]) -> list[dict]:
     """An episode's records (already in turn order) with their turn, 1-based."""
     return [{**r, "turn": i} for i, r in enumerate(records, start=1)]
+
+
+def episode_references(store, scenarios, name: str, episode, refs) -> list[str]:
+    """A report's `episode`, resolved to the receipts of the episode's calls now (in turn order)."""
+    check_episode_id(episode, "'episode'")
+    if refs is not None:
+        raise BadRequest("give a report either 'references' (receipts) or 'episode' (all its calls), not both")
+    s = scenarios.get(name)
+    ids = episode_ids(store, name, episode, s.since)
+    if not ids:
+        raise BadRequest(f"episode {episode!r} has no calls in scenario {name!r}")
+    return ids
+
+
+def read_episode(store, scenarios, scenario: str, episode: str) -> dict:
+    """GET /reef/episodes/<id>: the episode's calls in turn order, each with its `turn` (1-based)."""
+    s = scenarios.get(scenario)
+    check_episode_id(episode)
+    ids = episode_ids(store, s.name, episode, s.since)
+    if not ids:
+        raise NotFound(f"episode {episode!r} has no calls in scenario {s.name!r}")
+    records = numbered(store.get_many(ids))
+    return {"scenario": s.name, "episode": episode, "turns": len(records), "records": records}

@@ -10,14 +10,16 @@ events through untouched, as before.
 
 from __future__ import annotations
 
-from typing import Iterator
+import time
+from typing import Any, Iterator
 
 import orjson
 
 from reef_lab.errors import UpstreamError
 from reef_lab.gateway import dialects, episodes, unanswered
 from reef_lab.gateway.accumulate import StreamAccumulator
-from reef_lab.gateway.replies import RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply
+from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
+from reef_lab.records.record import Record, new_record_id
 from reef_lab.gateway.translate import Translation, error_object
 
 PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
@@ -35,19 +37,29 @@ def parse_sse(event: bytes) -> tuple[str | None, str]:
     return name, "\n".join(data)
 
 
+def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
+                     kind: str = "inference", **kw) -> Record:
+    """The record of one call, timed from `t0` (time.perf_counter) to now."""
+    return Record(id=new_record_id(), scenario=name, kind=kind, dialect=dialect, request=body,
+                  response=response, tags=tags,
+                  timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
+
+
 def encode(name: str | None, obj) -> bytes:
     return dialects.sse(obj, name) if obj != "[DONE]" else b"data: [DONE]\n\n"
 
 
 class RelayCall:
-    """`gw` is the serving gateway (or a relay worker's slice of it): its engine (a Relay), store and
-    `_inference_record`."""
+    """One call of `engine` (a Relay), recorded in `store` (the primary's RecordStore or a relay worker's log).
+    `components`: a composite release's, named in the answer's headers."""
 
-    def __init__(self, gw, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
-                 release: str, t0: float):
-        self.gw, self.dialect, self.body, self.name, self.tags = gw, dialect, body, name, tags
+    def __init__(self, engine, store, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
+                 release: str, t0: float, components: dict | None = None):
+        self.engine, self.store = engine, store
+        self.dialect, self.body, self.name, self.tags = dialect, body, name, tags
         self.headers, self.release, self.t0 = headers, release, t0
-        upstream = gw.engine.upstream_dialect or dialect
+        self.release_headers = release_header_values(release, components)
+        upstream = engine.upstream_dialect or dialect
         self.tr = Translation(dialect, upstream, sent) if upstream != dialect else None
         self.upstream = upstream
         self.path, self.sent = PATHS[upstream], (self.tr.body if self.tr else sent)
@@ -64,10 +76,10 @@ class RelayCall:
         if status is None:
             status = "ok" if not error else "refused" if upstream_status and 400 <= upstream_status < 500 \
                 else "error"
-        rec = self.gw._inference_record(self.name, self.dialect, self.body, self.tags, response, self.t0,
-                                        release_id=self.release, status=status, error=error,
-                                        metadata=meta, episode=self.episode)
-        self.gw.store.append([rec])
+        rec = inference_record(self.name, self.dialect, self.body, self.tags, response, self.t0,
+                               release_id=self.release, status=status, error=error, metadata=meta,
+                               episode=self.episode)
+        self.store.append([rec])
         if status == "refused":
             unanswered.log.info("refused %s call in scenario %s: the provider answered HTTP %s (record %s)",
                                 self.dialect, self.name, upstream_status, rec.id)
@@ -80,7 +92,7 @@ class RelayCall:
         unanswered.log_cancelled(self.name, self.dialect, rec.id, reason)
 
     def run(self) -> Reply | StreamReply:
-        engine = self.gw.engine
+        engine = self.engine
         try:
             if self.body.get("stream"):
                 up, events = engine.open_stream(self.path, self.sent, self.headers)
@@ -91,7 +103,7 @@ class RelayCall:
             raise
         if events is not None:
             gen = self._stream(events) if self.tr is None else self._translated_stream(events, up.status)
-            return StreamReply(gen, headers={RELEASE_HEADER: self.release, **self.session, **up.headers})
+            return StreamReply(gen, headers={**self.release_headers, **self.session, **up.headers})
         try:
             resp = orjson.loads(up.body)
         except orjson.JSONDecodeError:
@@ -110,8 +122,8 @@ class RelayCall:
         else:
             rec = self.record(raw, None if up.status < 300 else f"upstream answered HTTP {up.status}",
                               up.status if up.status >= 400 else None)
-        return Reply(up.status, body, content_type, {RECEIPT_HEADER: rec.id, RELEASE_HEADER: self.release,
-                                                     **self.session, **up.headers})
+        return Reply(up.status, body, content_type, {RECEIPT_HEADER: rec.id, **self.release_headers, **self.session,
+                                                     **up.headers}, record=rec.to_dict())
 
     def _reef(self, rec) -> dict:
         return {"agent_record_id": rec.id, "release_id": self.release}

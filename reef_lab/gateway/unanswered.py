@@ -28,12 +28,14 @@ def is_refusal(err: ReefError) -> bool:
     return 400 <= err.status < 500
 
 
-def record_refused(gw, name: str, dialect: str, body: Any, tags: dict, t0: float, err: ReefError,
-                   episode: str | None, release: str | None) -> str:
-    """Store the refused call (gw: the gateway or a relay worker's slice: `_inference_record`, `store`)."""
-    rec = gw._inference_record(name, dialect, body, tags, None, t0, status="refused", error=err.message,
-                               release_id=release, episode=episode, metadata={"refused_status": err.status})
-    gw.store.append([rec])
+def record_refused(store, name: str, dialect: str, body: Any, tags: dict, t0: float, err: ReefError,
+                   episode: str | None, release: str | None = None) -> str:
+    """Store the refused call in `store` (the primary's RecordStore or a relay worker's log)."""
+    from reef_lab.gateway.relay import inference_record
+
+    rec = inference_record(name, dialect, body, tags, None, t0, status="refused", error=err.message,
+                           release_id=release, episode=episode, metadata={"refused_status": err.status})
+    store.append([rec])
     log.info("refused %s call in scenario %s with HTTP %d (record %s): %s", dialect, name, err.status, rec.id,
              err.message[:300])
     return rec.id

@@ -1,4 +1,6 @@
-"""Held-out evaluation: a release's greedy answers to a task's held-out items, scored by the task's verifier."""
+"""Held-out evaluation straight on an engine: a release's greedy answers to a task's held-out items, scored by the
+task's verifier. For offline re-scoring of finished runs (scripts/compare_recipes.py); a live candidate is judged by
+reef_lab.publishing.releaser through the gateway's inference path, its answers kept as records."""
 
 from __future__ import annotations
 

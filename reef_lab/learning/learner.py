@@ -16,24 +16,23 @@ the apps and trackers read). A restart resumes from the serving release's weight
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import Counter
 from abc import ABC, abstractmethod
+from collections import Counter
 from pathlib import Path
 
 import orjson
 
 from reef_lab.engines.base import ReleaseHost
-from reef_lab.learning.evaluation import evaluate
 from reef_lab.errors import Conflict
+from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder, select
-from reef_lab.publishing.releases import BASE, release_key
 from reef_lab.learning import episodes
+from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.learning.samples import Sample
 from reef_lab.learning.tasks import make_task
-from reef_lab.files import write_json
+from reef_lab.publishing.releaser import HeldOut
+from reef_lab.publishing.releases import BASE
 
 log = logging.getLogger("reef_lab.learning.learner")
 
@@ -51,13 +50,6 @@ class WeightRecipe(ABC):
 
     def learner(self, ctx: LearnContext) -> Learner:
         return Learner(ctx, self)
-
-    @staticmethod
-    def run_experiment(data: dict, progress: bool = True) -> dict:
-        """An experiment of a weight recipe: reef_lab.learning.experiment (a task stream through the gateway in-process)."""
-        from reef_lab.learning.experiment import run_weight_experiment
-
-        return run_weight_experiment(data, progress)
 
     @property
     def rollouts_per_prompt(self) -> int:
@@ -80,7 +72,7 @@ class WeightRecipe(ABC):
     def make_trainer(self, model_dir: Path, init_folder: Path | None):
         """The trainer state (a reef_lab.trainers.base.Trainer, or an object holding one): needs `steps` and
         `export(folder, metadata)`. Default: the backend the config's `trainer` names."""
-        from reef_lab.trainers.base import make_trainer
+        from reef_lab.trainers import make_trainer
 
         return make_trainer(self.config.trainer, model_dir, init_folder)
 
@@ -95,11 +87,10 @@ class Learner(LearnerLoop, RecordHolder):
         if not isinstance(engine, ReleaseHost) or engine.model_dir is None:
             raise Conflict(f"recipe {recipe.name!r} trains weights, but this engine serves none it can train "
                            "(an upstream provider); serve the embedded model or use a harness recipe")
-        scenario, store, releases, data_dir = ctx.scenario, ctx.store, ctx.releases, ctx.data_dir
-        on_release, tracker = ctx.on_release, ctx.tracker
+        scenario, tracker = ctx.scenario, ctx.tracker
         self.scenario, self.recipe, self.config = scenario, recipe, recipe.config
-        self.store, self.engine, self.releases = store, engine, releases
-        self.dir = Path(data_dir) / "learn" / scenario
+        self.records, self.engine, self.releaser = ctx.records, engine, ctx.releaser
+        self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self._state_path = self.dir / "state.json"
@@ -111,15 +102,12 @@ class Learner(LearnerLoop, RecordHolder):
         self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._drained: set[str] = set()  # report ids turned into samples in this process
         self._reset = False
-        self._publish_lock = threading.Lock()
-        self._on_release = on_release  # called with (scenario, release) once a release serves (Hub publishing)
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
-        self._eval_items = None
+        self._held_out: HeldOut | None = None
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
-        self._episodes = episodes.EpisodeConfig(**(self.config.episodes or {}))
         self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
@@ -181,8 +169,7 @@ class Learner(LearnerLoop, RecordHolder):
     def _replay(self) -> None:
         """Queue reports (and demonstrations) that training has not consumed yet."""
         for kind in ("report", "train"):
-            ids = self.store.ids(self.scenario, kind)
-            for rec in self.store.get_many(ids):
+            for rec in self.records.get_many(self.records.ids(kind)):
                 self._inbox.append(("report" if kind == "report" else "demo", rec))
 
     def _drain(self) -> None:
@@ -218,16 +205,17 @@ class Learner(LearnerLoop, RecordHolder):
                            extra={"demonstration": True})]
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
         # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
-        return episodes.samples_for_report(rec, self.store.get_many(refs), self._episodes, self.episode_counts)
+        return episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
+                                           self.episode_counts)
 
     def _release_steps(self) -> dict[str, int]:
-        idx = self.releases.index(self.scenario)
+        idx = self.releaser.index(self.scenario)
         return {BASE: 0, **{r["release_id"]: r.get("trainer_step") or 0 for r in idx["releases"]}}
 
     def _trainer_step(self) -> int:
         if self._trainer is not None:
             return self._trainer.steps
-        serving = self.releases.serving(self.scenario)
+        serving = self.releaser.serving_release(self.scenario)
         return (serving or {}).get("trainer_step") or 0
 
     def _ready(self) -> bool:
@@ -269,9 +257,9 @@ class Learner(LearnerLoop, RecordHolder):
         if self._reset:
             self._trainer, self._reset = None, False
         if self._trainer is None:
-            serving = self.releases.serving(self.scenario)
+            serving = self.releaser.serving_release(self.scenario)
             self._trainer = self.recipe.make_trainer(self.engine.model_dir,
-                                                     Path(serving["folder"]) if serving else None)
+                                                     self.releaser.serving_folder(self.scenario, "weights"))
             self._trainer.steps = (serving or {}).get("trainer_step") or 0
         release_steps = self._release_steps()
         staleness = [self._trainer.steps - release_steps.get(s.release_id, 0) for s in batch]
@@ -293,92 +281,35 @@ class Learner(LearnerLoop, RecordHolder):
         self._consumed.update(rid for s in samples for rid in s.record_ids)
         write_json(self._state_path, {"consumed": sorted(self._consumed)})
 
-    # ---- candidates and releases ----------------------------------------------------------------------------
+    # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
     def _candidate(self, metrics: dict) -> None:
         self.phase = "evaluating"
         used = list(self._since_candidate)  # they leave it once the candidate's lineage names them
-        serving = self.releases.serving(self.scenario)
+        serving = self.releaser.serving_release(self.scenario)
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
             serving or {}).get("release_id", BASE), "records": [rid for s in used for rid in s.record_ids],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
-        cid, folder = self.releases.new_candidate(self.scenario, lineage)
+        cid, folder = self.releaser.start_candidate(self.scenario, lineage)
         self._since_candidate = self._since_candidate[len(used):]
-        key = f"{self.scenario}:{cid}"
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})
-            self.engine.load_release(key, folder)
         except Exception as e:
-            self.releases.update_candidate(self.scenario, cid, status="failed", error=f"{type(e).__name__}: {e}")
-            self._metric({"event": "candidate", "candidate": cid, "status": "failed", "error": str(e)})
+            self.releaser.fail(self.scenario, cid, e, self._metric)
             raise
-        try:
-            cand_eval = self._evaluate(key) if self._task else None
-        finally:
-            self.engine.unload(key)
-        serving_eval = self._serving_eval() if self._task else None
-        verdict, reason = select(self.config.selection, cand_eval, serving_eval)
-        status = {"accepted": "accepted", "rejected": "rejected", "review": "pending_review"}[verdict]
-        self.releases.update_candidate(self.scenario, cid, status="evaluated" if verdict == "accepted" else status,
-                                       eval=cand_eval, serving_eval=serving_eval, reason=reason)
-        self._metric({"event": "candidate", "candidate": cid, "status": status, "reason": reason,
-                      "trainer_step": self._trainer.steps,
-                      "accuracy": cand_eval["accuracy"] if cand_eval else None,
-                      "serving_accuracy": serving_eval["accuracy"] if serving_eval else None,
-                      "examples": (cand_eval or {}).get("examples")})
-        if verdict == "accepted":
-            self.publish(cid)
+        self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric)
 
     def publish(self, cid: str) -> dict:
-        """Candidate -> release vN+1: loaded into the engine, routed, then written to the index (so the index never
-        names a release that is not serving yet). On any failure the scenario stays on its current release."""
-        with self._publish_lock:
-            started = time.perf_counter()
-            key = release_key(self.scenario, self.releases.next_version(self.scenario))
-            parent = (self.releases.serving(self.scenario) or {}).get("release_id", BASE)
-            try:
-                self.engine.load_release(key, self.releases.folder(self.scenario) / "candidates" / cid)
-                self.engine.route(self.scenario, key)
-                rel = self.releases.publish(self.scenario, cid)
-                if rel["release_id"] != key:
-                    raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
-            except Exception as e:
-                self.engine.route(self.scenario, parent)
-                self.releases.update_candidate(self.scenario, cid, status="failed",
-                                               error=f"{type(e).__name__}: {e}")
-                self._metric({"event": "release_failed", "release_id": key, "error": str(e)})
-                raise
-        swap_s = time.perf_counter() - started
-        extra = (self._on_release(self.scenario, rel) or {}) if self._on_release is not None else {}
-        self._metric({"event": "release", "release_id": rel["release_id"], "version": rel["version"],
-                      "candidate": cid, "trainer_step": rel.get("trainer_step"), "swap_s": round(swap_s, 3),
-                      "accuracy": (rel.get("eval") or {}).get("accuracy"), **extra})
-        log.info("scenario %s: release %s serving (swap %.2f s)", self.scenario, rel["release_id"], swap_s)
-        return rel
+        """Candidate -> release vN+1 through the releaser; on any failure the scenario stays on its release."""
+        return self.releaser.release_candidate(self.scenario, cid, self._metric)
 
-    def _items(self) -> list[dict]:
-        if self._eval_items is None:
-            self._eval_items = self._task.items(self.config.eval_size, self.config.eval_seed)
-        return self._eval_items
-
-    def _evaluate(self, release: str) -> dict:
-        return evaluate(self.engine, release, self._task, self._items(), self.config.eval_max_tokens)
-
-    def _serving_eval(self) -> dict:
-        serving = self.releases.serving(self.scenario)
-        if serving is not None and serving.get("eval"):
-            return serving["eval"]
-        if serving is None:
-            idx = self.releases.index(self.scenario)
-            if idx.get("base_eval"):
-                return idx["base_eval"]
-            result = self._evaluate(BASE)
-            self.releases.update_index(self.scenario, base_eval=result)
-            self._metric({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
-            return result
-        result = self._evaluate(serving["release_id"])
-        self.releases.update_release(self.scenario, serving["version"], eval=result)
-        return result
+    def _eval_set(self) -> HeldOut | None:
+        if self._task is None:
+            return None
+        if self._held_out is None:
+            self._held_out = HeldOut(self._task, self._task.items(self.config.eval_size, self.config.eval_seed),
+                                     self.config.eval_max_tokens)
+        return self._held_out
 
     @property
     def evaluates(self) -> bool:
@@ -389,7 +320,7 @@ class Learner(LearnerLoop, RecordHolder):
         """Held-out accuracy of what serves now (computed once per release)."""
         if not self._task:
             raise Conflict(f"scenario {self.scenario!r} has no eval_task in its recipe config")
-        return self._serving_eval()
+        return self.releaser.serving_eval(self.scenario, self._eval_set(), self._metric)
 
     def _metric(self, row: dict) -> None:
         row = {"time": time.time(), "scenario": self.scenario, **row}

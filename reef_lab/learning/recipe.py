@@ -3,7 +3,7 @@
 A recipe declares what it `evolves`: "weights" (a trained release the engine serves), "harness" (the prompts,
 rules and skills applied to each request) or "nothing" (it records and validates only). Every recipe checks the
 reports it is given against its own schema (`validate_report`) and, when it learns, builds the scenario's learner
-from a `LearnContext` (the store, releases, engine, gateway and LMs of the deployment): the learner is the recipe's
+from a `LearnContext` (the narrow ways a learner touches the deployment, never the gateway): the learner is the recipe's
 own. Weight recipes derive from reef_lab.learning.learner.WeightRecipe, which drives their hooks (`accepts`, `ready`,
 `build_batch`, `make_trainer`, `train`) with the shared weight learner; a harness recipe (recipes/gepa) brings its
 own learner.
@@ -22,34 +22,31 @@ from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
 from reef_lab.plugins import import_path
-from reef_lab.schema import check_fields
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.learning.tasks import TaskConfig
+from reef_lab.publishing.releaser import SELECTIONS
+from reef_lab.schema import check_fields
+from reef_lab.trainers.base import TrainerConfig
 
 MODES = ("auto", "manual", "hybrid")
-EVOLVES = ("weights", "harness", "nothing")
-
-
-def _trainer_config():
-    from reef_lab.trainers.base import TrainerConfig  # torch loads only where a config names a trainer
-
-    return TrainerConfig
-SELECTIONS = ("always", "no_regression", "strict_gain", "review")
+EVOLVES = ("weights", "harness", "nothing", "composite")  # composite: named components, each a recipe of its own
 
 
 @dataclass
 class LearnContext:
-    """What a scenario's learner is given by the deployment that runs it."""
+    """What a scenario's learner is given by the deployment that runs it: the narrow ways it touches the deployment,
+    never the gateway itself (tests/test_layout.py: no learner or recipe imports it)."""
 
     scenario: str
-    data_dir: Path  # the learner keeps its state under data_dir/learn/<scenario>/
-    store: Any  # reef_lab.records.store.RecordStore: the scenario's records
-    releases: Any  # reef_lab.publishing.releases.ReleaseStore: its candidates and releases
-    engine: Any  # reef_lab.engines.base.Engine serving it
-    gateway: Any  # reef_lab.gateway.gateway.Gateway: infer/report (a recipe may make its own rollouts), publish_harness
+    data_dir: Path  # the deployment's data dir
+    state_dir: Path  # the learner keeps its state here (data_dir/learn/<scenario>/; a component's below it)
+    infer: Callable[..., dict]  # infer(body, tags=None) -> the stored inference record of a rollout of its own
+    report: Callable[..., tuple[bool, str]]  # report(body, tags=None) -> (created, id); not handed back to it
+    releaser: Any  # reef_lab.publishing.releaser.Releaser: the one path from a candidate to the serving release
+    records: Any  # reef_lab.records.reader.RecordsReader: the scenario's records, read only
+    engine: Any  # reef_lab.engines.base.Engine: its capabilities, model and tokenizer (releases: the releaser)
     make_lm: Callable[[dict | None], Any]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
     tracker: Any = None  # reef_lab.publishing.tracking.Tracker (None: tracking off)
-    on_release: Callable[[str, dict], dict] | None = None  # call once a release serves (queues its Hub push)
 
 
 class ScenarioLearner(Protocol):
@@ -85,7 +82,7 @@ class RecordHolder(ABC):
 
 class Recipe(Protocol):
     name: str
-    evolves: str  # one of EVOLVES
+    evolves: str  # one of EVOLVES; a composite recipe also has `components: dict[str, Recipe]`
     config: Any  # its config dataclass (help text per field; `operator` fields are never a client's to set)
 
     def validate_report(self, report: dict) -> None:
@@ -96,8 +93,8 @@ class Recipe(Protocol):
 
     @staticmethod
     def run_experiment(data: dict, progress: bool = True) -> dict:
-        """Run (or resume) an experiment of this recipe from its YAML mapping (scripts/run_experiment.py); its
-        summary. Weight recipes share reef_lab.learning.experiment; a recipe with another shape brings its own."""
+        """Run (or resume) an experiment of this recipe from its YAML mapping (reef_lab.experiments.run); its
+        summary. Weight recipes (WeightRecipe) need none: they share reef_lab.experiments.weights."""
 
 
 def recipe_class(spec: str) -> type:
@@ -120,17 +117,16 @@ class LearnConfig:
         "help": "accept a candidate: always, no_regression (held-out accuracy >= serving), strict_gain (>), "
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
     steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
-    eval_task: dict | None = field(default=None, metadata={
-        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation",
-        "schema": TaskConfig})
+    eval_task: TaskConfig | None = field(default=None, metadata={
+        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
     eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
-    trainer: dict = field(default_factory=dict, metadata={"help": "reef_lab.trainers.base.TrainerConfig",
-                                                          "schema": _trainer_config})
-    episodes: dict = field(default_factory=dict, metadata={
-        "help": "how reports on agent episodes become samples (reef_lab.learning.episodes.EpisodeConfig: samples, "
-                "mixed_release)", "schema": EpisodeConfig})
+    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
+        "help": "reef_lab.trainers.base.TrainerConfig: the optimiser and the backend that trains the policy"})
+    episodes: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={
+        "help": "reef_lab.learning.episodes.EpisodeConfig: how reports on agent episodes become samples "
+                "(samples, mixed_release)"})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -145,24 +141,17 @@ class LearnConfig:
             raise ValueError("steps_per_candidate and eval_size must be at least 1")
 
 
+def evolved(recipe) -> set[str]:
+    """What a recipe evolves: its own `evolves`, or its components' for a composite."""
+    if recipe.evolves == "composite":
+        return {c.evolves for c in recipe.components.values()}
+    return {recipe.evolves}
+
+
 def require_score(recipe_name: str, report: dict) -> None:
     """The report schema of the reward-driven recipes: a report that references inferences carries a score."""
     if report.get("references") and report.get("score") is None:
         raise BadRequest(f"the {recipe_name} recipe needs a 'score' on every report that references inferences")
-
-
-def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[str, str]:
-    """The selection policy's verdict on a candidate: ("accepted" | "rejected" | "review", reason)."""
-    if policy == "always":
-        return "accepted", "selection 'always'"
-    if policy == "review":
-        return "review", "waiting for POST /reef/scenarios/{s}/promote"
-    c, s = candidate["accuracy"], serving["accuracy"]
-    if policy == "no_regression":
-        ok = c >= s
-        return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>=' if ok else '<'} serving {s:.4f}"
-    ok = c > s
-    return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>' if ok else '<='} serving {s:.4f}"
 
 
 _FOLDER_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -209,6 +198,21 @@ class RecordOnly:
         return None
 
 
+def _unknown_keys(klass: type, config: dict | None) -> str | None:
+    """'unknown field(s) [...]; the fields are [...]' when `config` has keys the recipe's config dataclass lacks."""
+    from dataclasses import fields, is_dataclass
+
+    try:
+        default = klass().config
+    except Exception:  # noqa: BLE001 - a recipe that needs a config to build: Python's own message stays
+        return None
+    if not is_dataclass(default):
+        return None
+    names = [f.name for f in fields(default)]
+    unknown = sorted(set(config or {}) - set(names))
+    return f"unknown field(s) {unknown}; the fields are {names}" if unknown else None
+
+
 def recipe_path(spec: str) -> str:
     return spec if ":" in spec else f"recipes.{spec}:Recipe"
 
@@ -217,7 +221,10 @@ def load_recipe(spec: str, config: dict | None = None) -> Recipe:
     klass = recipe_class(spec)
     try:
         recipe = klass(**(config or {}))
-    except (TypeError, ValueError) as e:
+    except TypeError as e:  # most likely a key the config has no field for: name it, with the fields it has
+        raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {_unknown_keys(klass, config) or e}") \
+            from e
+    except ValueError as e:
         raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e
     if recipe.evolves not in EVOLVES:
         raise BadRequest(f"recipe {spec!r} declares evolves={recipe.evolves!r}; it must be one of {EVOLVES}")

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import math
 
+from reef_lab.extras import need
+
+need("train", "the RL losses")
 import torch
 
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
+from reef_lab.extras import need
 from reef_lab.plugins import load_class
 from reef_lab.schema import check_fields
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
 
 
 @dataclass
@@ -37,8 +39,9 @@ class TaskConfig:
                 "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
-    system_prompt: str = field(default="Answer with the final number only.", metadata={
-        "help": "system message put in front of every question ('' for none)"})
+    system_prompt: str | None = field(default=None, metadata={
+        "help": "system message put in front of every question ('' for none); default: the built-in tasks' "
+                f"{DEFAULT_SYSTEM_PROMPT!r}, none for a plug-in task (module:Class), which writes its own prompts"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
     max_terms: int = field(default=2, metadata={"help": "arithmetic: most operands"})
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
@@ -66,6 +69,11 @@ class TaskConfig:
         if self.name not in TASKS and self.name not in TOOL_TASKS and not re.fullmatch(r"[\w.]+:\w+", self.name):
             raise ValueError(f"task name must be one of {sorted(TASKS) + sorted(TOOL_TASKS)} or a module:Class "
                              f"path, got {self.name!r}")
+        if self.system_prompt is None:
+            self.system_prompt = DEFAULT_SYSTEM_PROMPT if self.name in TASKS else ""
+        # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
+        # and checks its own options
+        task_class(self.name).check_config(self)
         if self.name in ("jsonl", "choice") and not self.path:
             raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
@@ -89,6 +97,11 @@ class Task(ABC):
     def feedback(self, item: dict, text: str) -> str:
         """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
         return f"score {self.score(item, text):g}"
+
+    @classmethod
+    def check_config(cls, config: TaskConfig) -> None:
+        """Refuse settings this task cannot run (ValueError naming the field), its `options` included; called when
+        the config is built. By default anything goes."""
 
 
 class VerifiedTask(Task):
@@ -114,6 +127,7 @@ class ArithmeticTask(VerifiedTask):
     """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier."""
 
     def items(self, n: int, seed: int) -> list[dict]:
+        need("tasks", "the arithmetic task")
         import reasoning_gym
 
         c = self.config
@@ -146,6 +160,7 @@ class JsonlTask(VerifiedTask):
 
     def _load_rows(self) -> list[dict]:
         if self._rows is None:
+            need("tasks", "jsonl and choice tasks")
             import datasets
 
             path = resolve_path(self.config.path)
@@ -197,8 +212,11 @@ TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl
 def make_task(config: TaskConfig | dict | None = None) -> Task:
     """The task a config names: a short name of TASKS or TOOL_TASKS, or a module:Class path of a Task subclass."""
     cfg = config if isinstance(config, TaskConfig) else TaskConfig(**(config or {}))
-    klass = TASKS.get(cfg.name) or load_class(cfg.name, Task, "task", names=TOOL_TASKS)
-    return klass(cfg)
+    return task_class(cfg.name)(cfg)
+
+
+def task_class(name: str) -> type[Task]:
+    return TASKS.get(name) or load_class(name, Task, "task", names=TOOL_TASKS)
 
 
 def score_item(item: dict, text: str) -> float:

@@ -9,7 +9,8 @@ older release's files; tags never move. So `hf download <repo> --revision v2` fe
 Publishing goes through `huggingface_hub.HfApi` (HF_ENDPOINT and HF_TOKEN as the client reads them, or the
 config's `endpoint`) in one background thread with retries and backoff: it never blocks or breaks serving. Each
 release carries its state in the release index (`hub`: pending, pushed with commit and tag, or failed with the
-error), which the releases API and /reef/status show; `main`'s state is the index's `hub_main`.
+error), which the releases API and /reef/status show; `main`'s state is the index's `hub_main`. The states are
+handed to `on_state`, which the releaser (reef_lab.publishing.releaser) writes into the index.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from reef_lab.publishing.releases import ReleaseStore
+from reef_lab.extras import need
+from reef_lab.publishing.releases import BASE, ReleaseStore
 
 log = logging.getLogger("reef_lab.publishing.hub")
 
@@ -77,6 +79,8 @@ def model_card(scenario: str, release: dict, base_model: str, wandb_url: str | N
         f"| base model | {base_model} |",
         f"| recipe | {release.get('recipe')} |",
         f"| parent release | {release.get('parent')} |",
+        *([f"| components | {', '.join(f'{k}: {v or BASE}' for k, v in sorted(release['components'].items()))} "
+           "(manifest.json; each component in its folder) |"] if release.get("components") else []),
         f"| trainer step | {release.get('trainer_step')} |",
         f"| records consumed | {len(records)} |",
         f"| reports consumed | {len(reports)} |",
@@ -94,9 +98,13 @@ class HubPublisher:
     """Pushes releases (and `main` moves) in the background; see the module docstring."""
 
     def __init__(self, config: HubConfig, releases: ReleaseStore, base_model: str = "unknown"):
+        need("hub")
         from huggingface_hub import HfApi
 
-        self.config, self.releases, self.base_model = config, releases, base_model
+        self.config, self.releases, self.base_model = config, releases, base_model  # the index, read only
+        # where push states go: (kind "release" | "main", scenario, version, **fields); the releaser writes them
+        # into the index (reef_lab.publishing.releaser), the one module that writes it
+        self.on_state = lambda kind, scenario, version, **fields: None
         self.api = HfApi(endpoint=config.endpoint or os.environ.get("HF_ENDPOINT") or None,
                          token=os.environ.get("HF_TOKEN") or None)
         self.links: dict = {}  # scenario -> callable giving its W&B run link, for model cards
@@ -109,24 +117,28 @@ class HubPublisher:
     def release(self, scenario: str, version: str) -> None:
         """Queue the push of release `version` (a commit on main, tagged `version`)."""
         checked_version(version)
-        self.releases.update_release(scenario, version, hub={"state": "pending", "repo": self.config.repo_for(
-            scenario), "attempts": 0})
+        self.on_state("release", scenario, version, state="pending", repo=self.config.repo_for(scenario), attempts=0)
         self._jobs.put(("release", scenario, version))
 
     def serving(self, scenario: str, version: str | None) -> None:
         """Queue moving main to `version`'s files (after a rollback); None (the base weights) is not pushed."""
         if version is None:
-            self.releases.update_index(scenario, hub_main={"state": "skipped", "reason": "base weights serve"})
+            self.on_state("main", scenario, None, state="skipped", reason="base weights serve")
             return
         checked_version(version)
-        self.releases.update_index(scenario, hub_main={"state": "pending", "version": version})
+        self.on_state("main", scenario, version, state="pending")
         self._jobs.put(("main", scenario, version))
+
+    @property
+    def queued(self) -> int:
+        """Pushes queued or running."""
+        return self._jobs.unfinished_tasks
 
     def wait(self, timeout: float = 120.0) -> bool:
         """Block until the queue is empty and no push is running (tests, experiments, shutdown)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self._jobs.unfinished_tasks == 0:
+            if self.queued == 0:
                 return True
             time.sleep(0.05)
         return False
@@ -155,23 +167,14 @@ class HubPublisher:
                 error = f"{type(e).__name__}: {e}"
                 log.warning("hub push of %s %s (attempt %d/%d) failed: %s", scenario, version, attempt,
                             self.config.retries, error)
-                self._state(kind, scenario, version, state="failed" if attempt == self.config.retries else "retrying",
-                            error=error, attempts=attempt)
+                self.on_state(kind, scenario, version, state="failed" if attempt == self.config.retries
+                              else "retrying", error=error, attempts=attempt)
                 if attempt < self.config.retries:
                     time.sleep(wait)
                     wait = min(60.0, wait * 2)
                 continue
-            self._state(kind, scenario, version, state="pushed", attempts=attempt, error=None, **result)
+            self.on_state(kind, scenario, version, state="pushed", attempts=attempt, error=None, **result)
             return
-
-    def _state(self, kind: str, scenario: str, version: str, **fields) -> None:
-        if kind == "release":
-            rel = self.releases.release(scenario, version)
-            self.releases.update_release(scenario, version, hub={**(rel.get("hub") or {}), **fields})
-        else:
-            idx = self.releases.index(scenario)
-            self.releases.update_index(scenario, hub_main={**(idx.get("hub_main") or {}), "version": version,
-                                                            **fields})
 
     def _push(self, kind: str, scenario: str, version: str) -> dict:
         repo = self.config.repo_for(scenario)

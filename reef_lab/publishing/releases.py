@@ -14,6 +14,7 @@ are `<scenario>:vN` (unique across scenarios, so records name them unambiguously
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -102,7 +103,7 @@ class ReleaseStore:
     def next_version(self, scenario: str) -> str:
         return f"v{len(self.index(scenario)['releases']) + 1}"
 
-    def publish(self, scenario: str, cid: str) -> dict:
+    def publish_candidate(self, scenario: str, cid: str) -> dict:
         """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
         with self._lock:
             idx = self.index(scenario)
@@ -118,10 +119,53 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa")}}
+                                                   "trainer_step", "gepa")},
+                       **({"kind": cand["kind"]} if cand.get("kind") else {})}
             idx["releases"].append(release)
             idx["serving"] = version
             cand.update(status="accepted", release_id=release["release_id"])
+            self._save(scenario, idx)
+            return release
+
+    def publish_component(self, scenario: str, cid: str, component: str, components: list[str]) -> dict:
+        """A composite scenario's next release: candidate `cid` as the new version of `component`, every other
+        component as the serving release has it. The release folder holds manifest.json and one folder per component
+        (the new one copied from the candidate, the others linked to the release that introduced them), so the
+        folder is the whole release (what the Hub revision holds). A component's version is named by the release that
+        introduced it; the weights' own `trainer_step` and held-out `eval` ride along only while they still serve."""
+        with self._lock:
+            idx = self.index(scenario)
+            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
+            if cand is None:
+                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
+            if cand["status"] == "accepted":
+                raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
+            prev = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
+            version = f"v{len(idx['releases']) + 1}"
+            release_id, dst = release_key(scenario, version), self.folder(scenario) / version
+            versions = {c: (prev or {}).get("components", {}).get(c) for c in components}
+            folders = {c: (prev or {}).get("folders", {}).get(c) for c in components}
+            versions[component], folders[component] = release_id, str(dst / component)
+            if dst.exists():
+                shutil.rmtree(dst)  # left by a crash before its index entry was written
+            dst.mkdir(parents=True)
+            shutil.copytree(self.folder(scenario) / "candidates" / cid, dst / component)
+            for c, folder in folders.items():
+                if c != component and folder:
+                    (dst / c).symlink_to(os.path.relpath(folder, dst))
+            manifest = {"release_id": release_id, "components": versions, "changed": component}
+            write_json(dst / "manifest.json", manifest, indent=True)
+            weights_new = component == "weights"
+            release = {"version": version, "release_id": release_id, "kind": "composite", "component": component,
+                       "components": versions, "folders": folders, "candidate": cid,
+                       "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
+                       "created_at": time.time(), "folder": str(dst),
+                       "trainer_step": cand.get("trainer_step") if weights_new else (prev or {}).get("trainer_step"),
+                       "eval": cand.get("eval") if weights_new else None, "component_eval": cand.get("eval"),
+                       **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "gepa")}}
+            idx["releases"].append(release)
+            idx["serving"] = version
+            cand.update(status="accepted", release_id=release_id)
             self._save(scenario, idx)
             return release
 

@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reef_lab.extras import need
+
 log = logging.getLogger("reef_lab.publishing.tracking")
 
 
@@ -75,6 +77,7 @@ class Tracker:
 
     def _run(self, config: dict) -> None:
         try:
+            need("tracking")
             import wandb
 
             run = wandb.init(project=self.tracking.project, entity=self.tracking.entity, group=self.tracking.group,

@@ -21,8 +21,9 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+from reef_lab.extras import need
 from reef_lab.publishing.releases import ReleaseStore
-from reef_lab.gateway.scenarios import ScenarioRegistry
+from reef_lab.scenarios import ScenarioRegistry
 from reef_lab.records.segments import collect_records
 
 TABLES = ("inferences", "reports", "training")
@@ -55,6 +56,7 @@ def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFra
 
 def scenario_datasets(data_dir: str | Path, scenario: str):
     """The three tables as `datasets.Dataset`s (a DatasetDict)."""
+    need("tasks", "records as datasets")
     import datasets
 
     return datasets.DatasetDict({k: datasets.Dataset.from_polars(v)
@@ -80,6 +82,7 @@ def push_records(data_dir: str | Path, scenario: str, repo_id: str, api=None, pr
     """Export and push as one commit on the dataset repo's main, tagged records-<n>. Returns commit and tag."""
     import tempfile
 
+    need("hub")
     from huggingface_hub import HfApi
 
     api = api or HfApi()

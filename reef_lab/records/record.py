@@ -9,16 +9,20 @@ content hash (for idempotent client-chosen ids) and its Parquet schema.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 import polars as pl
 
+from reef_lab.errors import BadRequest
+
 SCHEMA_VERSION = 3  # 2 added stored_at, 3 episode; older segments read with them null (see store.scan_segments)
-KINDS = ("inference", "report", "train")
+KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a candidate was judged on
 # ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
 # cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
 STATUSES = ("ok", "error", "refused", "cancelled")
@@ -67,8 +71,96 @@ class Record:
         """A shallow dict (dataclasses.asdict deep-copies every nested value, ~20x slower on the hot path)."""
         return {k: getattr(self, k) for k in _FIELDS}
 
+    @classmethod
+    def from_client(cls, item: Any, default_scenario: str | None = None) -> Record:
+        """A record a client imports (POST /reef/records/batch), parsed against CLIENT_FIELDS: BadRequest naming
+        the first field that does not fit. References are returned as given; whether they name known receipts is
+        the caller's to check (reef_lab.gateway.reports). The content hash makes a repeated import idempotent."""
+        from reef_lab.scenarios import check_name  # the scenario names' rule lives with the scenarios
+
+        if not isinstance(item, dict):
+            raise BadRequest("a record must be an object")
+        unknown = set(item) - set(CLIENT_FIELDS)
+        if unknown:
+            raise BadRequest(f"unknown field(s) {sorted(unknown)}; a record has {list(CLIENT_FIELDS)}")
+        for key, (fits, what) in CLIENT_FIELDS.items():
+            value = item.get(key)
+            if value is not None and not fits(value):
+                raise BadRequest(f"'{key}' must be {what}, got {shown(value)}")
+        lp, tokens = item.get("logprobs"), item.get("token_ids")
+        if lp is not None and len(lp) != len(tokens or []):
+            raise BadRequest("'logprobs' must have one entry per token in 'token_ids'")
+        rec = cls(id=client_id(item.get("id")), scenario=check_name(item.get("scenario") or default_scenario),
+                  kind=item.get("kind") or "inference", dialect=item.get("dialect") or "",
+                  created_at=float(item.get("created_at") or 0), request=item.get("request"),
+                  response=item.get("response"), prompt_token_ids=item.get("prompt_token_ids"), token_ids=tokens,
+                  logprobs=None if lp is None else [float(x) for x in lp], release_id=item.get("release_id"),
+                  tags=item.get("tags") or {}, timing=item.get("timing") or {},
+                  references=list(item.get("references") or []),
+                  score=None if item.get("score") is None else float(item["score"]), feedback=item.get("feedback"),
+                  metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"),
+                  episode=item.get("episode"))
+        rec.content_hash = content_hash(rec)
+        return rec
+
 
 _FIELDS = tuple(Record.__dataclass_fields__)
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _token_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(type(t) is int and 0 <= t < 2**31 for t in v)
+
+
+def _is(*types: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, types)
+
+
+# What a client may set on an imported record: field -> (check of a non-null value, what it must be).
+CLIENT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (_is(str), "a string"),
+    "scenario": (_is(str), "a scenario name"),
+    "kind": (lambda v: v in KINDS, f"one of {list(KINDS)}"),
+    "dialect": (lambda v: isinstance(v, str) and v in DIALECTS, f"one of {list(DIALECTS[:-1])} or empty"),
+    "created_at": (lambda v: _number(v) and v > 0, "a positive unix time in seconds"),
+    "request": (lambda v: True, "any JSON value"),
+    "response": (lambda v: True, "any JSON value"),
+    "prompt_token_ids": (_token_ids, "a list of token ids (integers in 0..2^31-1)"),
+    "token_ids": (_token_ids, "a list of token ids (integers in 0..2^31-1)"),
+    "logprobs": (lambda v: isinstance(v, list) and all(_number(x) for x in v), "a list of finite numbers"),
+    "release_id": (_is(str), "a string"),
+    "tags": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+             "an object of strings"),
+    "timing": (_is(dict), "an object"),
+    "references": (lambda v: isinstance(v, list) and all(isinstance(r, str) for r in v),
+                   "a list of receipts (x-reef-agent-record-id values)"),
+    "score": (_number, "a finite number"),
+    "feedback": (_is(str, dict), "a string or an object"),
+    "metadata": (lambda v: True, "any JSON value"),
+    "status": (_is(str), "a string"),
+    "error": (_is(str), "a string"),
+    "episode": (lambda v: isinstance(v, str) and bool(_ID_RE.match(v)),
+                "an episode id (1-128 letters, digits, '_', '.', ':' or '-')"),
+}
+
+
+def client_id(rid: Any) -> str:
+    """A client-chosen record id, checked (a new server id when none is given)."""
+    if rid is None:
+        return new_record_id()
+    if not isinstance(rid, str) or not _ID_RE.match(rid):
+        raise BadRequest(f"record id {shown(rid)} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
+    return rid
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A client's value quoted in an error message: its repr, cut short (a value can be large or deep)."""
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= width else text[:width] + "..."
 _HASHED = ("scenario", "kind", "dialect", "request", "response", "token_ids", "logprobs", "tags", "references",
            "score", "feedback", "metadata")
 

@@ -7,8 +7,10 @@ policy's logprobs (and the frozen base's, for a KL term), exports a candidate as
 load, and starts from a release's weights (`init_folder`) to resume a scenario. Critics (SAO's value model) come
 from the same backend (`critic`).
 
-`TrainerConfig.backend` names the class: `torch`, `slime` or a `module:Class` path (an operator's choice, never a
-client's). The slime backend's own settings are `TrainerConfig.slime` (reef_lab.trainers.slime.SlimeConfig).
+`TrainerConfig.backend` names the class (reef_lab.trainers: a short name or a `module:Class` path, an operator's
+choice, never a client's); the backend owns its settings: `TrainerConfig.options` is a mapping the backend's
+`check_config` validates when the config is built (the slime backend's are reef_lab.trainers.slime.SlimeConfig), so
+this module names no backend and a new one edits nothing here.
 
 A recipe may also bring an objective of its own (`SequenceLoss`: a function of each sequence's per-token logprobs
 under the policy and, if it asks, under the frozen reference) without a core edit. Only a backend that runs the
@@ -24,23 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.learning.samples import Sample
-from reef_lab.plugins import load_class
-from reef_lab.schema import build, check_fields
+from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis", "is")
-
-
-def _slime_config():
-    from reef_lab.trainers.slime import SlimeConfig  # read only where a config sets it
-
-    return SlimeConfig
 
 
 @dataclass(frozen=True)
 class Loss:
     """A policy loss, summed over completion tokens and divided by the batch's real-token count by the trainer.
 
-    - `nll`: negative log-likelihood of the completion (SFT);
+    - `nll`: negative log-likelihood of the completion under the model's own distribution, temperature 1, whatever
+      temperature sampled it (SFT imitates the text, not the sampler: the engine applies the serving temperature
+      when it samples, so training the tempered distribution would apply it twice);
     - `dis`: the DIS policy gradient: token ratio pi_theta / pi_rollout (the engine's recorded logprob) times the
       sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO);
     - `is`: unclipped importance sampling, -rho * (A - kl_coef * sg(log pi_theta - log pi_base)) per token with
@@ -112,9 +109,9 @@ class TrainerConfig:
         "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA), slime "
                 "(reef_lab.trainers.slime: a slime job on NVIDIA GPUs, see docs/slime.md) or a module:Class path of "
                 "a reef_lab.trainers.base.Trainer", "operator": True, "code": True})
-    slime: dict = field(default_factory=dict, metadata={
-        "help": "the slime backend's settings (reef_lab.trainers.slime.SlimeConfig): slime checkout, spool and save "
-                "folders, Megatron model args, GPUs", "schema": _slime_config, "operator": True})
+    options: dict = field(default_factory=dict, metadata={
+        "help": "the backend's own settings, validated by the backend (slime: reef_lab.trainers.slime.SlimeConfig: "
+                "slime checkout, spool and save folders, Megatron model args, GPUs; torch: none)", "operator": True})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -122,14 +119,9 @@ class TrainerConfig:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
         if len(self.betas) != 2:
             raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
-        if self.backend == "slime":
-            from reef_lab.trainers.slime import check_trainer_config
+        from reef_lab.trainers import trainer_class  # the backend, resolved now: a wrong name fails at start
 
-            check_trainer_config(self)
-        elif self.slime and self.backend == "torch" and build(_slime_config(), self.slime, "trainer.slime") != \
-                _slime_config()():  # a printed config (--print-config) spells out the defaults: those are fine
-            raise ValueError("trainer.slime is set but trainer.backend is torch: set backend: slime, or drop "
-                             "trainer.slime")
+        trainer_class(self.backend).check_config(self)
 
 
 @dataclass
@@ -173,6 +165,14 @@ class Trainer(ABC):
     def critic(self, config: CriticConfig) -> Critic:
         """A value model on the same base and device (recipes with a learned baseline)."""
 
+    @classmethod
+    def check_config(cls, config: TrainerConfig) -> None:
+        """Refuse a config this backend cannot run (ValueError naming the field and the fix), its `options`
+        included; called when the config is built. By default a backend takes no options."""
+        if config.options:
+            raise ValueError(f"trainer.options {sorted(config.options)}: backend {config.backend!r} takes no "
+                             "options of its own")
+
 
 class SequenceLossTrainer(Trainer):
     """A trainer that also runs a recipe's own SequenceLoss: `step(samples, loss)` takes a Loss or a SequenceLoss."""
@@ -183,23 +183,10 @@ class SequenceLossTrainer(Trainer):
         and the loss's own counters)."""
 
 
-BACKENDS = {"torch": "reef_lab.trainers.torch_trainer:TorchTrainer", "slime": "reef_lab.trainers.slime:SlimeTrainer"}
-
-
-def trainer_class(spec: str) -> type[Trainer]:
-    if spec not in BACKENDS and ":" not in spec:
-        raise ValueError(f"trainer backend {spec!r} is neither one of {sorted(BACKENDS)} nor a module:Class path")
-    return load_class(spec, Trainer, "trainer backend", names=BACKENDS)
-
-
-def make_trainer(config: TrainerConfig | dict, model_dir: str | Path, init_folder: str | Path | None) -> Trainer:
-    """The trainer a recipe's `trainer` config names, on the base model and a release's weights."""
-    cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
-    return trainer_class(cfg.backend)(model_dir, cfg, init_folder)
-
-
 def require_sequence_losses(config: TrainerConfig | dict, recipe: str) -> None:
     """Refuse, when a recipe is configured, a trainer backend that cannot run the recipe's own SequenceLoss."""
+    from reef_lab.trainers import trainer_class  # the backend table lives there; it imports this module
+
     cfg = config if isinstance(config, TrainerConfig) else TrainerConfig(**config)
     klass = trainer_class(cfg.backend)
     if not issubclass(klass, SequenceLossTrainer):

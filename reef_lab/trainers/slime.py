@@ -1,6 +1,6 @@
 """The Slime trainer backend: a weight recipe's steps run by a slime job (Megatron on NVIDIA GPUs, under Ray).
 
-Selected with `trainer: {backend: slime, slime: {...}}` in a recipe's config; the recipe does not change. Written
+Selected with `trainer: {backend: slime, options: {...}}` in a recipe's config; the recipe does not change. Written
 against slime's source at commit 624b824a (https://github.com/THUDM/slime). It has NOT run end to end on reef_lab's
 machines: they have no NVIDIA GPU, no Megatron and no Ray; what ran is in tests/test_slime_backend.py.
 
@@ -16,7 +16,7 @@ with `--debug-train-only` (no SGLang engines of slime's own, no weight sync) and
 results as releases. `export` turns the HF checkpoint slime writes for that rollout (`--save-hf`) into a release
 folder the SGLang engine's `weights` transport loads: its safetensors, config and tokenizer, stamped with lineage.
 
-The recipe's Loss, in slime's terms (fixed when the job is launched, so `trainer.slime.loss` names it and a step
+The recipe's Loss, in slime's terms (fixed when the job is launched, so `trainer.options.loss` names it and a step
 with another loss is refused):
 - `nll` -> `--loss-type sft_loss` with `--calculate-per-token-loss`: the completion tokens' negative log-likelihood
   at `--rollout-temperature`, summed and divided by the step's token count, as the torch trainer does.
@@ -136,7 +136,7 @@ class SlimeConfig:
 
 def check_trainer_config(cfg: TrainerConfig) -> SlimeConfig:
     """The slime settings of a trainer config, refusing what slime cannot do with the reason and the fix."""
-    sc = build(SlimeConfig, cfg.slime, "trainer.slime")
+    sc = build(SlimeConfig, cfg.options, "trainer.options")
     if cfg.lora_rank:
         raise ValueError("the slime backend trains full weights (slime's Megatron backend has no LoRA): set "
                          "trainer.lora_rank 0, and serve with the sglang engine's weights transport")
@@ -145,8 +145,8 @@ def check_trainer_config(cfg: TrainerConfig) -> SlimeConfig:
                          f"{cfg.device!r}")
     dp = sc.num_nodes * sc.gpus_per_node // (sc.tensor_parallel * sc.pipeline_parallel)
     if not sc.max_tokens_per_gpu and sc.batch_size % (cfg.micro_batch_size * dp):
-        raise ValueError(f"trainer.slime.batch_size {sc.batch_size} must be a multiple of micro_batch_size "
-                         f"{cfg.micro_batch_size} x {dp} data-parallel ranks (or set trainer.slime.max_tokens_per_gpu "
+        raise ValueError(f"trainer.options.batch_size {sc.batch_size} must be a multiple of micro_batch_size "
+                         f"{cfg.micro_batch_size} x {dp} data-parallel ranks (or set trainer.options.max_tokens_per_gpu "
                          "for dynamic batching)")
     return sc
 
@@ -157,7 +157,7 @@ def read_model_args(script: str | Path) -> list[str]:
     if not script.is_file():
         raise FileNotFoundError(f"model args script {script} does not exist: name one of slime's "
                                 "scripts/models/*.sh (e.g. scripts/models/qwen2.5-0.5B.sh) in "
-                                "trainer.slime.model_args_script")
+                                "trainer.options.model_args_script")
     out = procs.run(["bash", "-c", 'source "$1" >/dev/null && printf "%s\\0" "${MODEL_ARGS[@]}"', "_",
                      str(script)], capture_output=True, text=True, check=False)
     args = [a for a in out.stdout.split("\0") if a]
@@ -179,13 +179,13 @@ def launch_argv(model_dir: str | Path, config: TrainerConfig, init_folder: str |
     for name in ("slime_dir", "spool_dir", "save_dir"):
         if not getattr(sc, name):
             help_text = SlimeConfig.__dataclass_fields__[name].metadata["help"]
-            raise ValueError(f"trainer.slime.{name} is required: {help_text}")
+            raise ValueError(f"trainer.options.{name} is required: {help_text}")
     load = Path(init_folder) if init_folder is not None else Path(model_dir)
     if check_paths:
         _check_paths(sc, Path(model_dir), init_folder)
     model_args = sc.model_args or (read_model_args(sc.model_args_script) if sc.model_args_script else [])
     if not model_args:
-        raise ValueError("trainer.slime needs Megatron's description of the model: model_args_script (one of slime's "
+        raise ValueError("trainer.options needs Megatron's description of the model: model_args_script (one of slime's "
                          "scripts/models/*.sh) or model_args")
     spool, save = _real(sc.spool_dir), _real(sc.save_dir)
     pythonpath = ":".join(p for p in (sc.megatron_dir, sc.slime_dir, sc.reef_lab_path or str(REEF_ROOT)) if p)
@@ -230,9 +230,9 @@ def _check_paths(sc: SlimeConfig, model_dir: Path, init_folder) -> None:
     if not (Path(sc.slime_dir) / "train.py").is_file():
         raise FileNotFoundError(f"no slime checkout at {sc.slime_dir!r} (no train.py there): git clone "
                                 f"https://github.com/THUDM/slime (reef_lab read commit {SLIME_COMMIT[:8]}) and set "
-                                "trainer.slime.slime_dir to it")
+                                "trainer.options.slime_dir to it")
     if sc.megatron_dir and not Path(sc.megatron_dir).is_dir():
-        raise FileNotFoundError(f"trainer.slime.megatron_dir {sc.megatron_dir!r} does not exist: clone Megatron-LM "
+        raise FileNotFoundError(f"trainer.options.megatron_dir {sc.megatron_dir!r} does not exist: clone Megatron-LM "
                                 "there, or leave it empty if Megatron is installed")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face model folder (no config.json): slime reads the "
@@ -241,7 +241,7 @@ def _check_paths(sc: SlimeConfig, model_dir: Path, init_folder) -> None:
     if model_type not in HF_LOADABLE:
         if not sc.ref_load:
             raise ValueError(f"slime loads HF weights only for model types {list(HF_LOADABLE)}, not {model_type!r}: "
-                             "give trainer.slime.ref_load (a torch_dist checkpoint made with slime's "
+                             "give trainer.options.ref_load (a torch_dist checkpoint made with slime's "
                              "tools/convert_hf_to_torch_dist.py)")
         if init_folder is not None:
             raise ValueError(f"slime cannot load a release's HF weights for model type {model_type!r}, so this "
@@ -281,12 +281,17 @@ def _same(a, b) -> bool:
 class SlimeTrainer(Trainer):
     """Steps run by a slime job through the spool (see the module docstring)."""
 
+    @classmethod
+    def check_config(cls, config: TrainerConfig) -> None:
+        """`trainer.options` are a SlimeConfig; what slime cannot do is refused with the reason and the fix."""
+        check_trainer_config(config)
+
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
                  init_folder: str | Path | None = None):
         self.config = config or TrainerConfig(backend="slime")
         self.slime = check_trainer_config(self.config)
         if not self.slime.spool_dir:
-            raise ValueError("trainer.slime.spool_dir is required: the folder the slime job reads batches from")
+            raise ValueError("trainer.options.spool_dir is required: the folder the slime job reads batches from")
         self.model_dir = Path(model_dir)
         self.init_folder = Path(init_folder) if init_folder is not None else None
         self.spool = Path(self.slime.spool_dir)
@@ -328,15 +333,15 @@ class SlimeTrainer(Trainer):
         if loss.kind != sc.loss or (loss.kind == "dis" and (loss.dis_low, loss.dis_high) != (sc.dis_low,
                                                                                           sc.dis_high)):
             raise ValueError(f"the recipe asks for {loss}, but the slime job was launched for loss {sc.loss!r} "
-                             f"(dis_low {sc.dis_low}, dis_high {sc.dis_high}): set trainer.slime.loss, dis_low and "
+                             f"(dis_low {sc.dis_low}, dis_high {sc.dis_high}): set trainer.options.loss, dis_low and "
                              "dis_high to the recipe's and relaunch")
         if len(samples) != sc.batch_size:
             raise ValueError(f"the recipe's batch holds {len(samples)} samples, the slime job steps on "
-                             f"trainer.slime.batch_size {sc.batch_size}: set it to the recipe's batch size")
+                             f"trainer.options.batch_size {sc.batch_size}: set it to the recipe's batch size")
         for s in samples:
             if abs(s.temperature - sc.rollout_temperature) > 1e-6:
                 raise ValueError(f"sample {s.record_id} was sampled at temperature {s.temperature}, the slime job "
-                                 f"scores at {sc.rollout_temperature}: set trainer.slime.rollout_temperature")
+                                 f"scores at {sc.rollout_temperature}: set trainer.options.rollout_temperature")
             if loss.kind == "dis" and (s.logprobs is None or len(s.extra.get("advantages") or []) !=
                                        len(s.completion_ids)):
                 raise ValueError(f"sample {s.record_id}: the dis loss needs the engine's logprobs and an advantage "
@@ -388,7 +393,7 @@ class SlimeTrainer(Trainer):
         if checkpoint is None:
             raise FileNotFoundError(
                 f"slime saved no HF checkpoint for rollout {self.trained['rollout_id']} (it saves every "
-                f"{self.slime.save_interval} rollouts into {self.slime.save_dir}/hf): set trainer.slime.save_interval "
+                f"{self.slime.save_interval} rollouts into {self.slime.save_dir}/hf): set trainer.options.save_interval "
                 "to 1 or a divisor of the recipe's steps_per_candidate")
         meta = {"trainer": "slime", "trainer_config": asdict(self.config), "trainer_step": self.steps,
                 "base_model_dir": str(self.model_dir),
@@ -445,7 +450,7 @@ def release_from_checkpoint(checkpoint: str | Path, folder: str | Path, base_mod
     src, base, folder = Path(checkpoint), Path(base_model_dir), Path(folder)
     if not src.is_dir():
         raise FileNotFoundError(f"slime checkpoint {src} does not exist: give the folder slime wrote with --save-hf "
-                                "(trainer.slime.save_dir/hf/rollout_<n>)")
+                                "(trainer.options.save_dir/hf/rollout_<n>)")
     weights = sorted(src.glob("*.safetensors"))
     if not weights:
         raise ValueError(f"{src} holds no .safetensors weights: give slime's --save-hf folder, or convert a Megatron "

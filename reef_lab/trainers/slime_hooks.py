@@ -101,16 +101,16 @@ def check_batch(args, batch: dict) -> None:
     samples, kind = batch["samples"], batch["loss"]["kind"]
     if SLIME_LOSS[kind] != args.loss_type:
         raise ValueError(f"the recipe's loss is {kind!r} (slime --loss-type {SLIME_LOSS[kind]}), but this job runs "
-                         f"--loss-type {args.loss_type}: relaunch with trainer.slime.loss: {kind}")
+                         f"--loss-type {args.loss_type}: relaunch with trainer.options.loss: {kind}")
     if len(samples) != args.global_batch_size:
         raise ValueError(f"the batch holds {len(samples)} samples, but this job steps on --global-batch-size "
-                         f"{args.global_batch_size} (slime would drop the rest): set trainer.slime.batch_size to the "
+                         f"{args.global_batch_size} (slime would drop the rest): set trainer.options.batch_size to the "
                          "recipe's batch size and relaunch")
     for s in samples:
         if abs(s["temperature"] - args.rollout_temperature) > 1e-6:
             raise ValueError(f"record {s['record_id']} was sampled at temperature {s['temperature']}, but slime "
                              f"scores tokens at --rollout-temperature {args.rollout_temperature}: serve this "
-                             "scenario at one temperature and set trainer.slime.rollout_temperature to it")
+                             "scenario at one temperature and set trainer.options.rollout_temperature to it")
         n = len(s["completion_ids"])
         if kind == "dis" and (s.get("logprobs") is None or len(s["logprobs"]) != n
                               or s.get("advantages") is None or len(s["advantages"]) != n):

@@ -18,10 +18,13 @@ import copy
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from reef_lab.extras import need
+
+need("train", "the torch trainer")
 import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
@@ -193,6 +196,8 @@ class TorchTrainer(SequenceLossTrainer):
         if not isinstance(loss, Loss):
             raise TypeError(f"a trainer step takes a Loss or a SequenceLoss, got {type(loss).__name__}")
         fn = loss_function(loss)
+        if loss.kind == "nll":  # the model's own distribution, temperature 1 (Loss's docstring says why)
+            samples = [replace(s, temperature=1.0) for s in samples]
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
                 s.extra["base_logprobs"] = base

@@ -1,4 +1,6 @@
-"""Helpers for tests and benchmarks: a stub provider (stub_provider.py) and loopback utilities."""
+"""Test doubles (what cannot run here, or must answer predictably: a provider, the Hub, SGLang's API, a fuzzer) and
+loopback utilities, for the tests and the scripts that measure (scripts/soak.py, scripts/bench_gateway.py, ...);
+not part of the reef_lab package."""
 
 import socket
 

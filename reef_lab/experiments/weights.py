@@ -1,0 +1,168 @@
+"""Experiments: a task stream driven through the gateway in-process, scored by the task's verifier, learned from.
+
+The same code path as live traffic: each rollout is a chat completion through `Gateway.infer` (recorded, with
+token ids and logprobs), its answer is scored by the task's verifier and reported with `Gateway.report`, and the
+scenario's learner trains, evaluates and releases exactly as it would behind the HTTP server.
+
+    python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
+
+Clients keep `concurrency` requests in flight; while the learner's pool already holds `max_pool` unconsumed samples
+they wait (backpressure), so rollouts are not made faster than training can use them and the staleness bound does
+not throw the budget away. A run lives in `out_dir`: its data dir (records, releases, learner metrics),
+`rollouts.jsonl` and `summary.json`. Running the same command again resumes: prompts already answered and reported
+are skipped, and the learner replays reports it had not consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from reef_lab.errors import ReefError
+from reef_lab.experiments.driver import ExperimentDriver, RunConfig, choose_engine  # noqa: F401 (re-exported)
+from reef_lab.learning.learner import read_metrics
+from reef_lab.learning.recipe import load_recipe
+from reef_lab.learning.heartbeat import Heartbeat
+from reef_lab.learning.tasks import TaskConfig, make_task
+
+log = logging.getLogger("reef_lab.experiments.weights")
+
+
+@dataclass
+class ExperimentConfig(RunConfig):
+    recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
+    task: TaskConfig = field(default_factory=TaskConfig, metadata={
+        "help": "reef_lab.learning.tasks.TaskConfig fields"})
+    rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
+    group_size: int = field(default=0, metadata={
+        "help": "rollouts per prompt; 0: as many as the recipe compares (its rollouts_per_prompt: 1 for SAO, "
+                "group_size for GRPO)"})
+    concurrency: int = field(default=16, metadata={"help": "requests in flight"})
+    max_pool: int = field(default=16, metadata={"help": "pause new requests while this many samples wait"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
+    max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
+    final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+
+    def __post_init__(self) -> None:
+        self.check_run()  # the task (a plug-in task resolved too), W&B, Hub and engine settings, before any model loads
+        if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
+            raise ValueError("rollouts, concurrency and max_pool must be at least 1, group_size at least 0")
+        try:  # the recipe and its config are checked before any model loads
+            compared = load_recipe(self.recipe, self.recipe_config).rollouts_per_prompt
+        except ReefError as e:
+            raise ValueError(e.message) from None
+        if compared > 1 and self.group_size not in (0, compared):
+            raise ValueError(f"group_size must equal the {compared} rollouts per prompt recipe {self.recipe!r} "
+                             "compares; leave it at 0")
+        self.group_size = self.group_size or compared
+        if self.rollouts % self.group_size:
+            raise ValueError(f"rollouts ({self.rollouts}) must be a multiple of group_size ({self.group_size})")
+
+    @property
+    def lora(self) -> bool:
+        return int((self.recipe_config.get("trainer") or {}).get("lora_rank") or 0) > 0
+
+
+def run_experiment(cfg: ExperimentConfig, engine=None, progress: bool = True) -> dict:
+    """Run (or resume) an experiment; returns its summary. Its heartbeat (reef_lab.learning.heartbeat) tells the
+    apps it runs while it writes nothing else."""
+    with Heartbeat(cfg.run_dir):
+        return WeightsExperiment(cfg, engine).run(progress)
+
+
+class WeightsExperiment(ExperimentDriver):
+    """Rollouts of a task stream through the gateway, scored by the task's verifier and reported; the scenario's
+    weight learner trains, evaluates and releases as it would behind the server."""
+
+    cfg: ExperimentConfig
+
+    def __init__(self, cfg: ExperimentConfig, engine=None):
+        super().__init__(cfg, engine, close_engine=True)
+
+    def loop(self, progress: bool) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        engine = self.build_engine(cfg.concurrency, cfg.lora)
+        recipe_config = {**cfg.recipe_config}
+        recipe_config["trainer"] = {"seed": cfg.seed, **(recipe_config.get("trainer") or {})}
+        gw = self.gateway(engine, recipe_config)
+        started = time.time()
+        name = cfg.name
+        learner = gw.learner(name)
+        group_size = cfg.group_size
+        task = make_task(cfg.task)
+        prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
+        done = _reported_indices(gw, name)
+        todo = [k for k in range(cfg.rollouts) if k not in done]
+        base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releaser.index(name)["releases"] \
+            else None
+        rollouts_log = open(self.run_dir / "rollouts.jsonl", "ab")
+        lock = threading.Lock()
+        bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
+                   disable=not progress, dynamic_ncols=True)
+
+        def one(k: int) -> None:
+            while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
+                time.sleep(0.05)
+            item = prompts[k // group_size]
+            body = {"model": engine.model_name, "messages": item["messages"], "max_tokens": cfg.max_tokens,
+                    "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k}
+            tags = {"exp_index": str(k)}
+            if group_size > 1:
+                tags["group"] = f"p{k // group_size}"
+            rec = gw.infer_record(body, name, tags)
+            text = rec["response"]["choices"][0]["message"]["content"]
+            score = task.score(item, text)
+            gw.report(name, {"score": score, "references": [rec["id"]], "metadata": {"exp_index": k}})
+            with lock:
+                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": rec["release_id"],
+                                                 "score": score, "time": time.time()}) + b"\n")
+                rollouts_log.flush()
+                bar.update(1)
+                if bar.n % 16 == 0:
+                    bar.set_postfix(_postfix(learner))
+
+        with ThreadPoolExecutor(cfg.concurrency) as pool:
+            list(pool.map(one, todo))
+        bar.close()
+        rollouts_log.close()
+        learner.wait_idle(timeout=3600)
+        if gw.hub is not None:
+            gw.hub.wait(timeout=600)
+        final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
+        idx = gw.releaser.index(name)
+        base_eval = base_eval or idx.get("base_eval")
+        return {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
+                "base_accuracy": (base_eval or {}).get("accuracy"),
+                "final_accuracy": (final_eval or {}).get("accuracy"),
+                "serving": gw.list_releases(name)["serving"], "releases": len(idx["releases"]),
+                "candidates": len(idx["candidates"]), "wall_s": round(time.time() - started, 1),
+                "metrics_file": str(learner.metrics_path)}
+
+
+def _reported_indices(gw, name: str) -> set[int]:
+    done = set()
+    for rec in gw.store.get_many(gw.store.ids(name, "report")):
+        k = (rec.get("metadata") or {}).get("exp_index")
+        if isinstance(k, int):
+            done.add(k)
+    return done
+
+
+def _postfix(learner) -> dict:
+    rows = read_metrics(learner.metrics_path)
+    steps = [r for r in rows if r["event"] == "step"]
+    cands = [r for r in rows if r["event"] == "candidate" and r.get("accuracy") is not None]
+    out = {"step": steps[-1]["trainer_step"] if steps else 0}
+    if steps:
+        out["reward"] = round(steps[-1].get("reward_mean") or 0, 3)
+    if cands:
+        out["heldout"] = round(cands[-1]["accuracy"], 3)
+    return out

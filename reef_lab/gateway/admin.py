@@ -1,0 +1,167 @@
+"""Administration: scenarios (create, inspect, delete), reading records, releases (list, rollback, promote), the
+harness by hand, training on request, and the deployment's status.
+
+None of it is on the hot path; every call names its scenario, and every refusal says what to send instead.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from reef_lab import harness as harness_mod
+from reef_lab.errors import BadRequest, Conflict, NotFound
+from reef_lab.learning.recipe import check_offered, load_recipe
+from reef_lab.publishing.releases import BASE
+from reef_lab.records.record import KINDS
+from reef_lab.scenarios import check_name
+
+
+class Admin:
+    def __init__(self, data_dir: Path, engine, store, scenarios, releaser, learners, serving, hub=None):
+        self.data_dir, self.engine, self.store, self.scenarios = data_dir, engine, store, scenarios
+        self.releaser, self.learners, self.serving, self.hub = releaser, learners, serving, hub
+        self.started_at = time.time()
+
+    # ---- harness releases -----------------------------------------------------------------------------------
+    def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
+        """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
+        requests."""
+        self.scenarios.ensure(name)
+        files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
+        return self.releaser.publish_harness(name, files, lineage)["release"]
+
+    def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
+        name = check_name(scenario)
+        self.scenarios.get(name)
+        if release_id is None:
+            serving = self.serving.get(name)
+            if serving is None or serving.harness is None:
+                raise NotFound(f"scenario {name!r} serves no harness release")
+            out = {"scenario": name, "release_id": serving.release_id, "files": serving.harness[1]}
+            return {**out, "components": serving.components} if serving.components else out
+        rel = self.releaser.release(name, release_id)
+        files = self.releaser.harness_files(name, release_id)
+        if rel is None or files is None:
+            raise NotFound(f"release {release_id!r} of scenario {name!r} holds no harness")
+        out = {"scenario": name, "release_id": rel["release_id"], "files": files}
+        return {**out, "components": rel["components"]} if rel.get("components") else out
+
+    # ---- learning and releases ------------------------------------------------------------------------------
+    def train(self, scenario: str | None) -> dict:
+        name = check_name(scenario)
+        self.scenarios.get(name)
+        if name in self.learners.errors:
+            raise Conflict(f"scenario {name!r} cannot train: {self.learners.errors[name]}")
+        return self.learners.learner(name).request_training()
+
+    def list_releases(self, name: str) -> dict:
+        self.scenarios.get(name)
+        idx = self.releaser.index(name)  # read once: a release published in between would show as serving, unlisted
+        serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
+        out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
+               "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
+               "hub_main": idx.get("hub_main")}
+        ln = self.learners.running(name)
+        if ln is not None:
+            out["learner"] = ln.status()
+        return out
+
+    def rollback(self, name: str, body: Any) -> dict:
+        self.scenarios.get(name)
+        if not isinstance(body, dict) or not isinstance(body.get("release_id"), str):
+            raise BadRequest("the body must be {\"release_id\": \"vN\" | \"<scenario>:vN\" | \"base\"}")
+        self.releaser.rollback(name, body["release_id"])
+        ln = self.learners.running(name)
+        if ln is not None:
+            ln.on_rollback()
+        return self.list_releases(name)
+
+    def promote(self, name: str, body: Any) -> dict:
+        self.scenarios.get(name)
+        if not isinstance(body, dict) or not isinstance(body.get("candidate"), str):
+            raise BadRequest("the body must be {\"candidate\": \"cN\"} (a candidate waiting for review)")
+        cand = self.releaser.candidate(name, body["candidate"])
+        if cand["status"] != "pending_review":
+            raise Conflict(f"candidate {cand['id']} is {cand['status']}; only candidates pending review can be "
+                           "promoted")
+        rel = self.learners.learner(name).promote(cand["id"])
+        return {"promoted": cand["id"], "release": rel}
+
+    # ---- scenarios and records ------------------------------------------------------------------------------
+    def list_records(self, scenario: str, kind: str | None = None, limit: int = 50,
+                     after: str | None = None) -> dict:
+        s = self.scenarios.get(scenario)
+        if kind is not None and kind not in KINDS:
+            raise BadRequest(f"'kind' must be one of {list(KINDS)}")
+        if not 1 <= limit <= 1000:
+            raise BadRequest("'limit' must be between 1 and 1000")
+        page, nxt = self.store.page(scenario, kind, s.since, after, limit)
+        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
+
+    def get_record(self, scenario: str, record_id: str) -> dict:
+        s = self.scenarios.get(scenario)
+        if not s.owns(self.store.entry(record_id)):
+            raise NotFound(f"record {record_id!r} not found in scenario {scenario!r}")
+        return wire_record(self.store.get(record_id))
+
+    def scenario_info(self, name: str) -> dict:
+        s = self.scenarios.get(name)
+        counts = {k: len(self.store.ids(name, k, since=s.since)) for k in KINDS}
+        return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
+                "records": counts, "error": self.learners.errors.get(name)}
+
+    def create_scenario(self, body: Any, operator: bool = False) -> dict:
+        """A new scenario from a client's body; `operator` (in-process callers such as experiments, never HTTP)
+        may also set operator-only fields and name code (module:Class) in the recipe's config."""
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
+        config = body.get("config")
+        if config is not None and not isinstance(config, dict):
+            raise BadRequest("'config' must be an object of the recipe's config fields")
+        unknown = set(body) - {"name", "recipe", "config"}
+        if unknown:
+            raise BadRequest(f"unknown field(s) {sorted(unknown)}; a scenario has name, recipe and config")
+        if body.get("recipe") is not None:
+            check_offered(body["recipe"], self.learners.offered)
+        if body.get("recipe") is not None or config:
+            spec = body.get("recipe") or self.scenarios.default_recipe
+            if not operator:  # before the recipe ever sees the client's config
+                self.learners.check_client_config(spec, config)
+            self.learners.check_engine_fits(load_recipe(spec, config))
+        s = self.scenarios.create(body["name"], body.get("recipe"), config,
+                                  origin="operator" if operator else "client")
+        if self.learners.serves_from_start(s.name):
+            self.learners.start(s.name)
+        return self.scenario_info(s.name)
+
+    def delete_scenario(self, name: str) -> dict:
+        s = self.scenarios.delete(name)
+        self.learners.forget(name)
+        hidden = self.store.forget(name)
+        return {"deleted": s.name, "records_hidden": hidden}
+
+    def status(self) -> dict:
+        return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
+                "engine": self.engine.info(), "store": self.store.info(),
+                "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
+                "learners": self.learners.status(),
+                "scenario_errors": dict(self.learners.errors),
+                "hub": None if self.hub is None else self._hub_status()}
+
+    def _hub_status(self) -> dict:
+        """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
+        scenarios = {}
+        for name in self.releaser.scenarios():
+            idx = self.releaser.index(name)
+            states = {r["release_id"]: {k: (r.get("hub") or {}).get(k) for k in ("state", "error", "commit")}
+                      for r in idx["releases"] if r.get("hub")}
+            if states or idx.get("hub_main"):
+                scenarios[name] = {"releases": states, "main": idx.get("hub_main")}
+        return {"repo": self.hub.config.repo, "queued": self.hub.queued, "scenarios": scenarios}
+
+
+def wire_record(r: dict) -> dict:
+    """A record as the API returns it: Reef's names (`agent_record_id`, `artifact_ref.release_id`) beside ours."""
+    return {"agent_record_id": r["id"], "artifact_ref": {"release_id": r.get("release_id")}, **r}

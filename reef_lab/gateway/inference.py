@@ -1,0 +1,214 @@
+"""Inference: a provider-format request in, the engine's answer out, every call a durable record first.
+
+One path for HTTP and in-process callers: `infer` returns the provider's reply (server/hot.py writes it out),
+`infer_record` returns the stored record itself (experiments, TTT rollouts, held-out evaluation), so an in-process
+caller never reads back what it just wrote. Generation (an engine that makes its own tokens) records token ids and
+logprobs; a relay (an upstream provider) passes the body through and records what came back, streams included.
+The scenario's serving harness, when it has one, is applied to what the engine sees; the record keeps the body as
+the client sent it.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import CancelledError
+from typing import Any, Callable
+
+import orjson
+
+from reef_lab import harness as harness_mod
+from reef_lab.engines.base import Engine, Relay
+from reef_lab.errors import BadRequest, NotFound, ReefError
+from reef_lab.gateway import dialects, episodes, unanswered
+from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
+from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
+    release_header_values
+from reef_lab.scenarios import check_name
+
+__all__ = ["Inference", "Relaying", "Reply", "StreamReply", "RECEIPT_HEADER", "RELEASE_HEADER", "COMPONENTS_HEADER",
+           "PATHS", "inference_record", "release_header_values"]
+
+
+class Relaying:
+    """Pass a body to an upstream provider, translated when it speaks another dialect (reef_lab/gateway/relay.py);
+    every call, failed or not, streaming or not, becomes a record. Shared by the primary's Inference and a relay
+    worker (server/workers.py RelayGateway), which writes its own log."""
+
+    def __init__(self, engine: Relay, store):
+        self.engine, self.store = engine, store
+
+    def relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
+              release: str, components: dict | None = None) -> Reply | StreamReply:
+        return RelayCall(self.engine, self.store, dialect, body, name, tags, headers, sent, release,
+                         time.perf_counter(), components).run()
+
+
+class Inference:
+    """Serves a scenario's requests. `serving(name)` gives what serves it besides the engine's own routing: the
+    harness release (id, files) and the composite release's components, or None (reef_lab.publishing.releaser)."""
+
+    def __init__(self, engine: Engine, store, scenarios, serving: Callable[[str], Any]):
+        self.engine, self.store, self.scenarios, self._serving = engine, store, scenarios, serving
+        self.started_at = time.time()
+        self._relaying = Relaying(engine, store) if isinstance(engine, Relay) else None
+
+    def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
+              client_headers: dict[str, str] | None = None, release: str | None = None,
+              kind: str = "inference") -> Reply | StreamReply:
+        """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
+        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`)."""
+        try:
+            name = check_name(scenario)
+        except BadRequest as e:
+            unanswered.log_unrecorded(dialect, scenario, e)
+            raise
+        t0, episode = time.perf_counter(), None
+        self.scenarios.ensure(name)  # a new name creates the scenario, refused request or not
+        try:  # [episodes hook] a 4xx below is recorded as refused (reef_lab/gateway/unanswered.py)
+            episode = episodes.detect(client_headers, body)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            serving = self._serving(name)
+            harness = serving.harness if serving is not None else None
+            components = serving.components if serving is not None else None
+            sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
+            label = serving.release_id if serving is not None and serving.release_id else None
+            if self._relaying is not None:
+                return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                                            label or "upstream", components)
+            return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind,
+                                  episode)
+        except ReefError as e:
+            if not unanswered.is_refusal(e) or kind != "inference":
+                raise
+            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+            raise
+
+    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
+                     release: str | None = None, kind: str = "inference") -> dict:
+        """One chat completion, not streamed, for an in-process caller: the stored record (response, token ids,
+        logprobs, the release that served it). A failed generation raises, its error kept in a record too."""
+        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, release=release,
+                           kind=kind)
+        return reply.record
+
+    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict) -> str:
+        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation)."""
+        rec = self.infer_record({"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens,
+                                 "temperature": 0.0}, scenario, tags, release=release, kind="eval")
+        return dialects.response_text(rec["dialect"], rec["response"])
+
+    def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
+                  components: dict | None, release: str | None, kind: str,
+                  episode: str | None = None) -> Reply | StreamReply:
+        """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
+        it. A harness or composite release, when one serves the scenario, is the release named on the record and
+        header."""
+        req = dialects.PARSERS[dialect](sent)
+        req.scenario = name
+        if release is not None:
+            req.release, label = release, release
+        model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
+        rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
+        try:
+            handle = self.engine.submit(req)
+        except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
+            raise BadRequest(str(e)) from None
+
+        sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
+        recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
+
+        def cancelled(reason: str) -> str:
+            rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
+                                   release_id=label or handle.release_id, episode=episode,
+                                   prompt_token_ids=list(handle.prompt_ids),
+                                   metadata={"generated_text": "".join(sent_text)})
+            self.store.append([rec])
+            recorded.append(rec.id)
+            unanswered.log_cancelled(name, dialect, rec.id, reason)
+            return rec.id
+
+        def finish():
+            try:
+                gen = handle.result()
+            except CancelledError as e:  # the client left (server/httpd.py's hang-up watch cancelled it)
+                record_id = cancelled(str(e) or "cancelled by its caller")
+                raise ReefError(f"generation cancelled: the client left (record {record_id})") from e
+            except Exception as e:
+                rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
+                                       error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id,
+                                       episode=episode)
+                self.store.append([rec])
+                recorded.append(rec.id)
+                err = ReefError(f"generation failed: {e} (record {rec.id})")
+                if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
+                    err.status, err.type, err.headers = e.status, e.type, e.headers
+                raise err from e
+            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
+            rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
+                                   prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
+                                   logprobs=gen.logprobs, episode=episode,
+                                   metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
+            self.store.append([rec])
+            recorded.append(rec.id)
+            return gen, rec, resp
+
+        session = {episodes.EPISODE_HEADER: episode} if episode else {}
+        if not body.get("stream"):
+            gen, rec, resp = finish()
+            return Reply(200, orjson.dumps(resp), headers={
+                RECEIPT_HEADER: rec.id, **release_header_values(label or gen.release_id, components), **session},
+                record=rec.to_dict())
+
+        def receipt():
+            gen, rec, _ = finish()
+            return gen, rec.id
+
+        def deltas():
+            try:
+                for delta in handle:
+                    sent_text.append(delta)
+                    yield delta
+            except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
+                return
+
+        def events():
+            done = False
+            try:
+                prompt_tokens = len(handle.prompt_ids)
+                yield from dialects.stream(dialect, deltas(), receipt, model, rid, created, prompt_tokens,
+                                           req.tool_use)
+                done = True
+            except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
+                done = True
+                yield dialects.error_event(dialect, e.message)
+            finally:
+                if not done:
+                    handle.cancel()
+                    if not recorded:  # the client closed the stream (the server closed this generator)
+                        cancelled(f"the client closed the stream after {len(''.join(sent_text))} characters")
+        return StreamReply(events(), headers={**release_header_values(label or handle.release_id, components),
+                                              **session}, cancel=handle.cancel)
+
+    def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object {model, messages, system?, tools?}")
+        if isinstance(self.engine, Relay):
+            if self.engine.upstream_dialect not in (None, dialects.ANTHROPIC):
+                raise NotFound("token counting is an Anthropic API; the upstream provider speaks "
+                               f"{self.engine.upstream_dialect}, which has none")
+            up = self.engine.forward("/v1/messages/count_tokens", body, client_headers or {})
+            return Reply(up.status, up.body, up.content_type)
+        messages = dialects.parse_count_tokens(body)
+        return Reply(200, orjson.dumps({"input_tokens": self.engine.count_tokens(messages)}))
+
+    def models(self) -> Reply:
+        if isinstance(self.engine, Relay) and not self.engine.model:
+            up = self.engine.get("/v1/models")
+            return Reply(up.status, up.body, up.content_type)
+        m = self.engine.model_name
+        return Reply(200, orjson.dumps({"object": "list", "data": [
+            {"id": m, "object": "model", "created": int(self.started_at), "owned_by": "reef_lab",
+             "type": "model", "display_name": m, "created_at": time.strftime(
+                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))}]}))
+

@@ -1,0 +1,130 @@
+"""Reports and imported records: validated before they are stored, handed to the scenario's learner after.
+
+A report is checked in full (its fields, a finite score, known receipts of the same scenario, the recipe's own
+schema) before anything is written; an import is all or nothing (every record parsed and its references resolved,
+within the batch too, before any is written). A repeated client-chosen id with the same content is not created
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+from reef_lab.errors import BadRequest
+from reef_lab.gateway import episodes
+from reef_lab.records.record import Record, client_id, content_hash, shown
+from reef_lab.scenarios import check_name
+
+__all__ = ["Reports", "shown"]
+REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata", "episode"}
+
+
+class Reports:
+    def __init__(self, store, scenarios, learners, handing_over=None):
+        """`handing_over(ids)`: a context in which retention holds the records on their way to a learner."""
+        self.store, self.scenarios, self.learners = store, scenarios, learners
+        self.handing_over = handing_over or (lambda ids: contextlib.nullcontext())
+
+    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
+               notify: bool = True) -> tuple[bool, str]:
+        """Validate and store a report; returns (created, record id). A repeated id with the same content is
+        not created again. `notify`: hand it to the scenario's learner (False for the reports a learner makes on
+        its own rollouts: it already knows them)."""
+        name = check_name(scenario)
+        if not isinstance(body, dict):
+            raise BadRequest("the report must be a JSON object {score?, feedback?, references?, metadata?}")
+        unknown = set(body) - REPORT_KEYS
+        if unknown:
+            raise BadRequest(f"unknown report field(s) {sorted(unknown)}; a report has score, feedback, "
+                             "references, metadata (and optionally a client-chosen agent_record_id)")
+        chosen = body.get("agent_record_id", body.get("id"))
+        if "agent_record_id" in body and "id" in body and body["id"] != body["agent_record_id"]:
+            raise BadRequest("give the report's id once: 'agent_record_id' (Reef's name) or 'id', not both")
+        score = body.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
+                                  or not math.isfinite(score)):
+            raise BadRequest(f"'score' must be a finite number, got {shown(score)}")
+        feedback = body.get("feedback")
+        if feedback is not None and not isinstance(feedback, (str, dict)):
+            raise BadRequest("'feedback' must be a string or an object")
+        if score is None and feedback is None:
+            raise BadRequest("a report needs a 'score' or 'feedback' (or both)")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise BadRequest("'metadata' must be an object")
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
+        episode = body.get("episode")
+        if episode is not None:  # [episodes hook] a report on a whole episode references all its calls
+            body = {**body, "references": episodes.episode_references(self.store, self.scenarios, name, episode,
+                                                                      body.get("references"))}
+        refs = self.check_references(name, body.get("references"))
+        self.scenarios.ensure(name)
+        self.learners.recipe(name).validate_report(body)
+        rec = Record(id=client_id(chosen), scenario=name, kind="report", references=refs,
+                     score=None if score is None else float(score), feedback=feedback, metadata=metadata,
+                     tags=tags or {}, episode=episode)
+        if chosen is not None:
+            rec.content_hash = content_hash(rec)
+        with self.handing_over([rec.id, *refs]):
+            created = self.store.append([rec], refs_checked_at=epoch)[0]
+            if notify and created and refs and self.learners.recipe(name).evolves != "nothing":
+                self.learners.start(name, rec.to_dict())
+        return created, rec.id
+
+    def check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
+        if refs is None:
+            return []
+        owner = self.scenarios.ensure(name)
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise BadRequest("'references' must be a list of receipts (x-reef-agent-record-id values)")
+        if len(set(refs)) != len(refs):
+            dup = next(r for r in refs if refs.count(r) > 1)
+            raise BadRequest(f"'references' lists {dup!r} more than once")
+        for r in refs:
+            e = self.store.entry(r)
+            if e is not None and e.scenario == name and not owner.owns(e):
+                e = None  # a record of a deleted earlier scenario of the same name
+            e = e or (extra or {}).get(r)
+            if e is None:
+                raise BadRequest(f"reference {r!r} is not a known receipt")
+            if e.scenario != name:
+                raise BadRequest(f"reference {r!r} belongs to scenario {e.scenario!r}, not {name!r}")
+            if e.kind != "inference":
+                raise BadRequest(f"reference {r!r} is a {e.kind} record; references name inference receipts")
+        return refs
+
+    # ---- records --------------------------------------------------------------------------------------------
+    def import_records(self, body: Any, default_scenario: str | None = None) -> tuple[int, dict]:
+        """Import records all or nothing: every record is checked before any is written."""
+        items = body.get("records") if isinstance(body, dict) else None
+        if not isinstance(items, list) or not items:
+            raise BadRequest("the body must be {\"records\": [record, ...]} with at least one record")
+        if len(items) > 10_000:
+            raise BadRequest("at most 10000 records per batch; split the import")
+        records, pending = [], {}
+        epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
+        for i, item in enumerate(items):
+            try:
+                rec = self._import_one(item, default_scenario, pending)
+            except BadRequest as e:
+                raise BadRequest(f"records[{i}]: {e.message}") from None
+            records.append(rec)
+            pending[rec.id] = rec
+        for rec in records:
+            self.scenarios.ensure(rec.scenario)
+        with self.handing_over([rid for r in records for rid in (r.id, *r.references)]):
+            created = self.store.append(records, refs_checked_at=epoch)
+            for rec, c in zip(records, created, strict=True):
+                if c and rec.kind in ("report", "train") and \
+                        self.learners.recipe(rec.scenario).evolves != "nothing":
+                    self.learners.start(rec.scenario, rec.to_dict())
+        return (201 if any(created) else 200), {
+            "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
+            "created": sum(created), "existing": len(created) - sum(created)}
+
+    def _import_one(self, item: Any, default_scenario: str | None, pending: dict) -> Record:
+        rec = Record.from_client(item, default_scenario)
+        rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
+        return rec
