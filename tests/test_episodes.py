@@ -271,3 +271,17 @@ def test_sao_learns_from_reports_on_episodes(tool_model_dir, tmp_path):
         assert len(calls) == 8 and sorted(rel["records"]) == sorted(r["id"] for r in calls)
     finally:
         srv.stop()
+
+
+def test_refusals_with_nothing_to_record_in_get_one_log_line(server, caplog):
+    """No valid scenario (nowhere to record it) and a body that is not JSON (before the gateway): a line each."""
+    with caplog.at_level(logging.INFO, logger="reef_lab.gateway.unanswered"):
+        r = requests.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 400
+        r = requests.post(server.url + "/v1/chat/completions", data=b"{not json",
+                          headers={"x-reef-scenario": "unlogged", "Content-Type": "application/json"})
+        assert r.status_code == 400
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("(not recorded: no valid scenario) with HTTP 400" in m for m in lines) == 1, lines
+    assert sum("(not recorded: refused before the gateway) with HTTP 400" in m for m in lines) == 1, lines
+    assert "unlogged" not in [s.name for s in server.gateway.scenarios.list()]

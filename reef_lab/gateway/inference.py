@@ -60,7 +60,7 @@ class Inference:
         try:
             name = check_name(scenario)
         except BadRequest as e:
-            unanswered.log_unrecorded(dialect, scenario, e)
+            unanswered.log_unrecorded(dialect, "no valid scenario", e)
             raise
         t0, episode = time.perf_counter(), None
         self.scenarios.ensure(name)  # a new name creates the scenario, refused request or not

@@ -41,10 +41,9 @@ def record_refused(store, name: str, dialect: str, body: Any, tags: dict, t0: fl
     return rec.id
 
 
-def log_unrecorded(dialect: str | None, scenario: Any, err: ReefError) -> None:
-    """The one line for a refusal that has no scenario to be recorded in."""
-    shown = repr(scenario)[:80] if isinstance(scenario, str) else "none"
-    log.info("refused %s call (no record: scenario %s) with HTTP %d: %s", dialect or "a", shown, err.status,
+def log_unrecorded(dialect: str | None, why: str, err: ReefError) -> None:
+    """The one line for a refusal that is not recorded (`why`: no valid scenario, or refused before the gateway)."""
+    log.info("refused %s call (not recorded: %s) with HTTP %d: %s", dialect or "a", why, err.status,
              err.message[:300])
 
 
