@@ -5,23 +5,32 @@ clients as they are:
 
     system_prompt.md     the system prompt
     rules.md             rules, appended under a "Rules" heading
-    skills/<name>.md     one skill each, appended under "Skills", by name (sorted)
+    skills/<name>.md     one skill each, appended under "Skills", by name (sorted); optional YAML front matter
+                         (`name`, `description`) as agents' SKILL.md files have
+    commands/<name>.md   a command a person invokes (an agent's slash command); not applied, installed
 
 Serving joins them into one system text and puts it in front of the client's own instructions, in the dialect's
 place for it: OpenAI chat, a first system message; OpenAI responses, `instructions`; Anthropic, `system`. The
 client's own system text is kept after it. The record keeps the client's request as sent and names the harness
 release; `GET /reef/harness` returns `{release_id, files}` so a client can install the harness itself.
+A client that carries an installed release in its own files (reef_lab/agents/: CLAUDE.md, skills, ...) says so
+with the `x-reef-harness: <scenario>:vN` header: the serving harness is then not applied a second time, and the
+record names the installed release.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path, PurePosixPath
+
+import yaml
 
 from reef_lab.gateway import dialects
 from reef_lab.errors import BadRequest
 
-SYSTEM_PROMPT, RULES, SKILLS = "system_prompt.md", "rules.md", "skills/"
+SYSTEM_PROMPT, RULES, SKILLS, COMMANDS = "system_prompt.md", "rules.md", "skills/", "commands/"
+INSTALLED_HEADER = "x-reef-harness"
 MAX_FILES, MAX_BYTES = 200, 1_000_000
 RESERVED = {"README.md", "reef_checkpoint.json"}  # a release folder's own files, written beside the harness
 MAX_NAME_BYTES, MAX_DEPTH = 200, 8  # per path part (filesystems stop at 255), parts per path
@@ -79,8 +88,33 @@ def write_tree(folder: Path, files: dict[str, str]) -> None:
 
 def read_tree(folder: Path) -> dict[str, str]:
     skip = {"README.md", "reef_checkpoint.json"}
-    return {str(p.relative_to(folder).as_posix()): p.read_text(encoding="utf-8") for p in sorted(Path(folder).rglob("*"))
-            if p.is_file() and p.name not in skip}
+    # bytes decoded, not read_text: its newline translation would turn a file's \r\n into \n
+    return {str(p.relative_to(folder).as_posix()): p.read_bytes().decode("utf-8")
+            for p in sorted(Path(folder).rglob("*")) if p.is_file() and p.name not in skip}
+
+
+def split_front_matter(text: str) -> tuple[dict, str]:
+    """(front matter, body) of a Markdown file that may open with a `---` YAML block (as SKILL.md files do);
+    ({}, text) when it has none or the block is not a YAML mapping."""
+    m = _FRONT.match(text)
+    if not m:
+        return {}, text
+    try:
+        meta = yaml.safe_load(m.group(1))
+    except yaml.YAMLError:
+        return {}, text
+    return (meta, text[m.end():]) if isinstance(meta, dict) else ({}, text)
+
+
+_FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
+
+
+def skill_text(path: str, text: str) -> str:
+    """A skill as serving shows it: its name, its description (front matter) and its body."""
+    meta, body = split_front_matter(text)
+    name = str(meta.get("name") or PurePosixPath(path).stem)
+    desc = str(meta.get("description") or "").strip()
+    return f"## {name}\n" + (f"{desc}\n\n" if desc else "") + body.strip()
 
 
 def system_text(files: dict[str, str]) -> str:
@@ -91,8 +125,23 @@ def system_text(files: dict[str, str]) -> str:
         parts.append("Rules:\n" + files[RULES].strip())
     skills = sorted((p, t) for p, t in files.items() if p.startswith(SKILLS) and t.strip())
     if skills:
-        parts.append("Skills:\n" + "\n\n".join(f"## {PurePosixPath(p).stem}\n{t.strip()}" for p, t in skills))
+        parts.append("Skills:\n" + "\n\n".join(skill_text(p, t) for p, t in skills))
     return "\n\n".join(parts)
+
+
+_INSTALLED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}:v[1-9][0-9]{0,8}$")
+
+
+def installed_release(scenario: str, headers: dict[str, str] | None) -> str | None:
+    """The harness release a client says it carries in its own files (header `x-reef-harness`), or None.
+    It must name a release of this scenario (`<scenario>:vN`); anything else is refused, never recorded."""
+    value = (headers or {}).get(INSTALLED_HEADER)
+    if value is None:
+        return None
+    if not _INSTALLED.match(value) or value.rsplit(":", 1)[0] != scenario:
+        raise BadRequest(f"header {INSTALLED_HEADER} must name a harness release of scenario {scenario!r} as "
+                         f"'{scenario}:vN' (the release the client installed), got {value[:80]!r}")
+    return value
 
 
 def apply(dialect: str, body: dict, files: dict[str, str]) -> dict:

@@ -66,7 +66,7 @@ for option in "$@"; do
     --agents)
       # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench_agents.py: pinned npm versions
       # in .agents/node_modules (binaries in .agents/node_modules/.bin), the versions the relay was tried with.
-      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33"
+      packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1"
       astamp=.agents/.installed
       if [ ! -f "$astamp" ] || [ "$(cat "$astamp")" != "$packages" ]; then
         command -v npm >/dev/null || { echo "setup.sh --agents needs npm (Node.js 18 or later)" >&2; exit 2; }
@@ -75,6 +75,12 @@ for option in "$@"; do
         # shellcheck disable=SC2086 # one word per package
         npm install --prefix .agents --no-audit --no-fund --loglevel=error --save-exact $packages
         echo "$packages" > "$astamp"
+      fi
+      # Debian's shellcheck lints the harness install script in tests/test_harness_install.py.
+      if ! command -v shellcheck >/dev/null; then
+        echo "[setup] installing shellcheck (Debian package) for the install-script tests" >&2
+        sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+        $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq shellcheck >/dev/null
       fi
       # The OpenAI Agents SDK (the `agents` extra) for the Agents SDK tool loops in tests/test_tool_agents.py.
       .venv/bin/python -c "import agents" 2>/dev/null \

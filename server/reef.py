@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, g, request
+from flask import Blueprint, Response, g, request
 
 from reef_lab.errors import BadRequest
 from server.common import has_body, json_body, json_response, scenario
@@ -43,7 +43,7 @@ def _int_arg(key: str, default: int) -> int:
 @bp.get("/scenarios/<name>/records")
 def list_records(name: str):
     return json_response(g.gateway.list_records(name, request.args.get("kind"), _int_arg("limit", 50),
-                                                request.args.get("after")))
+                                                request.args.get("after"), request.args.get("session")))
 
 
 @bp.get("/scenarios/<name>/records/<record_id>")
@@ -64,10 +64,27 @@ def status():
 
 @bp.post("/train")
 def train():
-    """Train one round now (scenarios in mode manual or hybrid): x-reef-scenario header or {"scenario": ...}."""
+    """Train one round now (scenarios in mode manual or hybrid): x-reef-scenario header or {"scenario": ...};
+    with {"text": ..., "session"?, "release_id"?} a change request on a harness scenario (GET /reef/requests/{id})."""
     body = json_body() if has_body(request.environ) else {}
     name = scenario() or (body.get("scenario") if isinstance(body, dict) else None)
-    return json_response(g.gateway.train(name), 202)
+    return json_response(g.gateway.train(name, body), 202)
+
+
+@bp.get("/requests/<request_id>")
+def get_request(request_id: str):
+    """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why)."""
+    from reef_lab.harness_requests import RequestStore
+
+    return json_response(RequestStore(g.gateway.data_dir).get(request_id))
+
+
+@bp.get("/scenarios/<name>/requests")
+def list_requests(name: str):
+    from reef_lab.harness_requests import RequestStore
+
+    since = g.gateway.scenarios.get(name).since
+    return json_response({"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)})
 
 
 @bp.get("/scenarios/<name>/releases")
@@ -95,6 +112,25 @@ def get_harness():
 def publish_harness(name: str):
     """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
     return json_response(g.gateway.publish_harness(name, json_body()), 201)
+
+
+INSTALL_ARGS = {"adapter", "release_id", "scenario", "base_url", "model"}
+
+
+@bp.get("/harness/install")
+def harness_install():
+    """A POSIX sh script installing the scenario's harness release into a coding agent (reef_lab/agents/script.py):
+    ?adapter=claude|codex|opencode|pi|files[&release_id=vN][&base_url=...][&model=...]; scenario from
+    x-reef-scenario or ?scenario=."""
+    from reef_lab.agents.script import install_script
+
+    unknown = sorted(set(request.args) - INSTALL_ARGS)
+    if unknown:
+        raise BadRequest(f"unknown query parameter(s) {unknown}; known: {sorted(INSTALL_ARGS)}")
+    harness = g.gateway.get_harness(scenario() or request.args.get("scenario"), request.args.get("release_id"))
+    text = install_script(harness, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
+                          request.args.get("model") or g.gateway.engine.model_name)
+    return Response(text, mimetype="text/x-shellscript", headers={"x-reef-release-id": harness["release_id"]})
 
 
 # [episodes hooks] an agent session's calls in turn order (reef_lab/gateway/episodes.py, docs/episodes.md)

@@ -335,9 +335,11 @@ class RelayGateway:
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             info = self.serving(name) or {"release_id": None, "files": None}
-            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] else body
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
+            release = (installed or info["release_id"]) if info["files"] else info["release_id"]
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                        info["release_id"] or "upstream")
+                                        release or "upstream")
         except ReefError as e:
             if unanswered.is_refusal(e):
                 unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)

@@ -684,3 +684,42 @@ def test_ttt_app_draws_a_finished_and_a_running_run(browser, tiny_model_dir, tmp
         stop.set()
         worker.join(120)
         gw.close()
+
+
+# ---- apps/harness.py --------------------------------------------------------------------------------------------
+def test_harness_app_shows_the_chain_a_diff_and_a_request_arriving(browser, tmp_path):
+    """Releases made by change requests (the scripted provider proposes), one rejected, then a new request while
+    the page is open: it appears under the requests in flight by itself."""
+    from reef_lab.harness_requests import RequestStore
+    from tests.test_apps_harness import harness_data
+
+    data = tmp_path / "data"
+    ids = harness_data(data)
+    with marimo_app("harness", tmp_path, REEF_LAB_DATA_DIR=data) as url:
+        app = AppPage(browser, url, "Release chain of")
+        assert app.errors() == []
+        chain = app.page.locator("#harness-chain")
+        rows = chain.locator("tr.harness-release").all_inner_texts()
+        assert [r.split()[0] for r in rows] == ["v3", "v2", "v1"] and "serving" in rows[0]
+        assert "request: Name the tests you ran" in rows[0] and "review: scripted review" in rows[0]
+        assert "seed harness" in rows[2]
+        # the picked release (the newest) shows its request and its diff, added lines marked
+        assert app.page.locator(f"#request-{ids[2]}").count() == 1
+        added = app.page.locator(".harness-diff .diff-add").all_inner_texts()
+        assert "+- Name the tests you ran" in added, added
+        app.select("Release", "v2")
+        assert app.page.locator(f"#request-{ids[0]}").count() == 1
+        assert "+- Always write a CHANGELOG entry" in app.page.locator(".harness-diff .diff-add").all_inner_texts()
+        every = app.table_rows(app.table_with("why"))
+        assert [r["state"] for r in every] == ["released", "rejected", "released"]
+        assert "Requests in flight (0)" in app.text()
+        # a request accepted while the page is open (its file written as POST /reef/train writes it), not yet taken
+        # up by a proposer: it shows up in flight by itself
+        RequestStore(data).create("s", {"text": "Prefer small commits", "session": None, "release_id": None})
+        app.page.get_by_text("Requests in flight (1)").first.wait_for(timeout=30_000)
+        app.settle()
+        flight = app.table_rows(app.table_with("why"))
+        assert flight[0]["state"] == "queued" and "Prefer small commits" in flight[0]["text"]
+        assert app.page.locator("marimo-dropdown select").first.input_value() == "s"  # selections kept
+        assert app.errors() == []
+        app.shot(tmp_path / "harness.png")

@@ -75,3 +75,23 @@ def test_harness_release_served_through_a_provider(proxy):
     assert [(r["version"], r["kind"], r["parent"]) for r in rels["releases"]] == [
         ("v1", "harness", "base"), ("v2", "harness", "h:v1")]
     assert json.dumps(rels)  # serialisable as the API returns it
+
+
+def test_a_client_carrying_its_installed_release_gets_no_second_copy(proxy):
+    """x-reef-harness: the client has that release in its own files (reef_lab/agents): not applied again, and the
+    record names it; a value that names no release of this scenario is refused."""
+    u = proxy.url
+    requests.post(u + "/reef/scenarios/h/harness", json={"files": FILES}).raise_for_status()
+    requests.post(u + "/reef/scenarios/h/harness", json={"files": {"rules.md": "v2 rules"}}).raise_for_status()
+    client = OpenAI(base_url=u + "/v1", api_key="x", default_headers={"x-reef-scenario": "h",
+                                                                      "x-reef-harness": "h:v1"})
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=[
+        {"role": "system", "content": "mine"}, {"role": "user", "content": "!system"}])
+    assert raw.parse().choices[0].message.content == "system: mine"  # the stub echoes the system text it got
+    assert raw.headers["x-reef-release-id"] == "h:v1"
+    rec = requests.get(f"{u}/reef/scenarios/h/records/{raw.headers['x-reef-agent-record-id']}").json()
+    assert rec["release_id"] == "h:v1"
+    for bad in ("other:v1", "h:v0", "h:latest", "h"):
+        r = requests.post(u + "/v1/chat/completions", headers={"x-reef-scenario": "h", "x-reef-harness": bad},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "x-reef-harness must name a harness release" in r.json()["error"]["message"]

@@ -210,7 +210,9 @@ def test_harness_release_is_a_file_tree_on_the_hub(live, hub, tmp_path):
     folder = hf_download(url, "v1", tmp_path / "h1")
     assert (folder / "system_prompt.md").read_text() == "Be brief."
     assert (folder / "skills" / "sum.md").read_text() == "Add the numbers."
-    assert "| recipe | manual |" in (folder / "README.md").read_text()
+    card = (folder / "README.md").read_text()  # a harness card: no weights to load, how to install it instead
+    assert "recipe `manual`" in card and "reef-lab agent claude install v1" in card
+    assert "from_pretrained" not in card
 
 
 @pytest.mark.heavy

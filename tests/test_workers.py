@@ -153,6 +153,16 @@ def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
         assert headers["x-reef-release-id"] == release
         assert json.loads(data)["choices"][0]["message"]["content"] == "system: You are terse."
     assert before == 2 or logs_with_records(data_dir) == 2
+    for i in range(10):  # a client that carries the release in its own files (x-reef-harness): neither worker applies it
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": [
+            {"role": "system", "content": "mine"}, {"role": "user", "content": "!system"}]}),
+            {"Content-Type": "application/json", "x-reef-scenario": "h", "x-reef-harness": release})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        assert r.status == 200 and r.getheader("x-reef-release-id") == release
+        assert json.loads(data)["choices"][0]["message"]["content"] == "system: mine"
     status, _, data = call(port, "GET", "/reef/harness", None, "h")
     assert json.loads(data)["release_id"] == release
 

@@ -25,6 +25,7 @@ import orjson
 
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
+from reef_lab.harness_requests import ChangeRequests, LazyLM
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.recipe import LearnContext, RecordHolder
 from reef_lab.learning.tasks import make_task
@@ -63,6 +64,10 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()
+        req_cfg = self.config.request_config()  # change requests in plain words: reef_lab/harness_requests.py
+        proposer = LazyLM(lambda: ctx.make_lm(req_cfg.proposer_lm))  # None: the deployment's model (its upstream)
+        self.requests = ChangeRequests(scenario, ctx.releaser, ctx.records, ctx.data_dir, proposer, req_cfg,
+                                       recipe.name, self._evaluate_request)
         self._start(f"reef-gepa-{scenario}")
 
     # ---- inputs ---------------------------------------------------------------------------------------------
@@ -74,8 +79,33 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self._queue(report)
 
     def promote(self, candidate: str) -> dict:
-        raise Conflict("a GEPA scenario publishes kept candidates itself (selection always, no_regression or "
-                       "strict_gain); there is no review queue")
+        rel = self.requests.promote(candidate)
+        if rel is None:
+            raise Conflict("a GEPA scenario publishes kept candidates itself (selection always, no_regression or "
+                           "strict_gain); only candidates of change requests (requests.selection promote) wait "
+                           "for review")
+        return rel
+
+    def request_change(self, body: dict) -> dict:
+        """A change request in plain words (reef_lab/harness_requests.py), in mode manual or hybrid."""
+        if self.config.mode == "auto":
+            raise Conflict(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' or "
+                           "'hybrid' to take change requests")
+        return self.requests.submit(body)
+
+    def _evaluate_request(self, files: dict[str, str]) -> tuple[bool, str]:
+        """GEPA's evaluation of a requested change: its validation mean may not fall below the serving harness's."""
+        mean = self._val_mean(files)
+        serving = self._val_mean(self._serving_files() or {})
+        return mean >= serving, f"validation {mean:.4f} vs serving {serving:.4f} (no_regression)"
+
+    def _val_mean(self, files: dict[str, str]) -> float:
+        scores = [r.score for r in self.search.evaluate(files, self.search.valset)]
+        return sum(scores) / len(scores)
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.requests.close()
+        super().close(timeout)
 
     def on_rollback(self) -> None:
         return None  # the search goes on from its candidates; the rolled-back harness serves until the next release
@@ -100,7 +130,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
                     "examples": len(self.examples), "pool": self._new, "inbox": len(self._inbox),
                     "rounds": self.rounds, "metric_calls": self.search.metric_calls,
                     "budget": self.search.config.max_metric_calls, "candidates": len(self.search.cands),
-                    "last_error": self.last_error}
+                    "requests_queued": self.requests.pending(), "last_error": self.last_error}
 
     # ---- examples from reports ------------------------------------------------------------------------------
     def _replay(self) -> None:

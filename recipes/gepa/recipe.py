@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
 from reef_lab.harness import check_files
+from reef_lab.harness_requests import RequestConfig
 from reef_lab.engines.lm import LMSpec
 from reef_lab.learning.recipe import MODES, LearnContext
 from reef_lab.schema import check_fields
@@ -47,6 +48,10 @@ class GEPARecipeConfig:
     reflection_lm: dict | None = field(default=None, metadata={
         "help": "the reflection model (reef_lab.engines.lm.make_lm spec); default: the task model", "schema": LMSpec,
         "operator": True})
+    requests: dict = field(default_factory=dict, metadata={
+        "help": "change requests in plain words (POST /reef/train {text}): reef_lab.harness_requests.RequestConfig "
+                "fields (selection review|evaluate|promote|always, proposer_lm, allow_executable, ...)",
+        "schema": RequestConfig})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -59,8 +64,12 @@ class GEPARecipeConfig:
         except BadRequest as e:
             raise ValueError(f"seed_harness: {e.message}") from None
         self.search_config()
+        self.request_config()
         if self.val_size < 1:
             raise ValueError("val_size must be at least 1")
+
+    def request_config(self) -> RequestConfig:
+        return RequestConfig(**self.requests)
 
     def search_config(self) -> GEPAConfig:
         return GEPAConfig(**{"max_metric_calls": 1_000_000, **self.search})

@@ -11,6 +11,7 @@ import logging
 import threading
 
 from reef_lab.errors import Conflict
+from reef_lab.harness_requests import refuse_change
 from reef_lab.learning.recipe import LearnContext
 
 from .config import TTTDConfig
@@ -60,6 +61,9 @@ class TTTDLearner:
 
     def promote(self, candidate: str) -> dict:
         raise Conflict("TTT-Discover publishes its final policy itself; there is no candidate to review")
+
+    def request_change(self, body: dict) -> dict:
+        raise refuse_change("tttd")
 
     def on_rollback(self) -> None:
         return None

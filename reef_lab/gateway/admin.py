@@ -12,6 +12,7 @@ from typing import Any
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
+from reef_lab.harness_requests import SESSION_ID
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
@@ -49,11 +50,17 @@ class Admin:
         return {**out, "components": rel["components"]} if rel.get("components") else out
 
     # ---- learning and releases ------------------------------------------------------------------------------
-    def train(self, scenario: str | None) -> dict:
+    def train(self, scenario: str | None, body: Any = None) -> dict:
+        """One round now; with {"text": ...} a change request in plain words (reef_lab/harness_requests.py)."""
         name = check_name(scenario)
         self.scenarios.get(name)
         if name in self.learners.errors:
             raise Conflict(f"scenario {name!r} cannot train: {self.learners.errors[name]}")
+        if isinstance(body, dict) and "text" in body:
+            return self.learners.learner(name).request_change(body)
+        if isinstance(body, dict) and set(body) - {"scenario"}:
+            raise BadRequest(f"unknown field(s) {sorted(set(body) - {'scenario'})}: a training round takes "
+                             "{\"scenario\"?}; a change request {\"text\", \"session\"?, \"release_id\"?}")
         return self.learners.learner(name).request_training()
 
     def list_releases(self, name: str) -> dict:
@@ -91,14 +98,30 @@ class Admin:
 
     # ---- scenarios and records ------------------------------------------------------------------------------
     def list_records(self, scenario: str, kind: str | None = None, limit: int = 50,
-                     after: str | None = None) -> dict:
+                     after: str | None = None, session: str | None = None) -> dict:
+        """A page of the scenario's records; `session` keeps one session's (its `session` tag, which
+        `reef-lab agent` sends as x-reef-tag-session), so a client finds a session's calls without reading all."""
         s = self.scenarios.get(scenario)
         if kind is not None and kind not in KINDS:
             raise BadRequest(f"'kind' must be one of {list(KINDS)}")
         if not 1 <= limit <= 1000:
             raise BadRequest("'limit' must be between 1 and 1000")
-        page, nxt = self.store.page(scenario, kind, s.since, after, limit)
-        return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
+        if session is None:
+            page, nxt = self.store.page(scenario, kind, s.since, after, limit)
+            return {"records": [wire_record(r) for r in self.store.get_many(page)], "next": nxt}
+        if not SESSION_ID.match(session):
+            raise BadRequest("'session' must be a session id: 1-128 letters, digits, '_', '.', ':' or '-'")
+        out: list[dict] = []
+        while True:
+            page, nxt = self.store.page(scenario, kind, s.since, after, 1000)
+            for rec in self.store.get_many(page):
+                if (rec.get("tags") or {}).get("session") == session:
+                    out.append(rec)
+                    if len(out) == limit:
+                        return {"records": [wire_record(r) for r in out], "next": rec["id"]}
+            if nxt is None:
+                return {"records": [wire_record(r) for r in out], "next": None}
+            after = nxt
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         s = self.scenarios.get(scenario)

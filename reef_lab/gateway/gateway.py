@@ -187,8 +187,8 @@ class Gateway:
     def learner(self, name: str):
         return self.learners.learner(name)
 
-    def train(self, scenario: str | None) -> dict:
-        return self.admin.train(scenario)
+    def train(self, scenario: str | None, body: Any = None) -> dict:
+        return self.admin.train(scenario, body)
 
     def list_releases(self, name: str) -> dict:
         return self.admin.list_releases(name)
@@ -205,8 +205,9 @@ class Gateway:
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         return self.admin.get_harness(scenario, release_id)
 
-    def list_records(self, scenario: str, kind: str | None = None, limit: int = 50, after: str | None = None) -> dict:
-        return self.admin.list_records(scenario, kind, limit, after)
+    def list_records(self, scenario: str, kind: str | None = None, limit: int = 50, after: str | None = None,
+                     session: str | None = None) -> dict:
+        return self.admin.list_records(scenario, kind, limit, after, session)
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         return self.admin.get_record(scenario, record_id)

@@ -71,8 +71,11 @@ class Inference:
             serving = self._serving(name)
             harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
-            sent = harness_mod.apply(dialect, body, harness[1]) if harness else body
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
+            if installed and harness and not components:  # the record names the release the client carries
+                label = installed
             if self._relaying is not None:
                 return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                                             label or "upstream", components)

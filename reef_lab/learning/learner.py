@@ -122,6 +122,11 @@ class Learner(LearnerLoop, RecordHolder):
     def promote(self, candidate: str) -> dict:
         return self.publish(candidate)
 
+    def request_change(self, body: dict) -> dict:
+        from reef_lab.harness_requests import refuse_change
+
+        raise refuse_change(self.recipe.name)
+
     def on_rollback(self) -> None:
         self.reset_trainer()
 

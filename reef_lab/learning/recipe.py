@@ -58,6 +58,10 @@ class ScenarioLearner(Protocol):
     def request_training(self) -> dict:
         """POST /reef/train: queue a round (Conflict when there is nothing to learn from, or mode is auto)."""
 
+    def request_change(self, body: dict) -> dict:
+        """POST /reef/train {text, session?, release_id?}: a change request in plain words (harness learners,
+        reef_lab/harness_requests.py); Conflict where the recipe evolves no harness."""
+
     def promote(self, candidate: str) -> dict:
         """POST /reef/scenarios/{s}/promote: publish a candidate waiting for review (Conflict if not offered)."""
 

@@ -65,8 +65,28 @@ class HubConfig:
         return self.repo.replace("{scenario}", scenario)
 
 
+def harness_card(scenario: str, release: dict) -> str:
+    """README.md of a harness release: what it is, and the change request it answers when it came from one."""
+    req = release.get("request") or {}
+    lines = ["---", yaml.safe_dump({"tags": ["reef_lab", "harness", release.get("recipe") or "manual"]},
+                                   sort_keys=False).strip(), "---", "",
+             f"# {scenario} {release['version']} (harness)", "",
+             f"Harness release `{release['release_id']}` of reef_lab scenario `{scenario}` (parent "
+             f"`{release.get('parent')}`, recipe `{release.get('recipe')}`): text files (system prompt, rules, skills, "
+             "commands) an agent runs with.", ""]
+    if req:
+        lines += ["## Change request", "", "> " + str(req.get("text", "")).replace("\n", "\n> "), "",
+                  f"Request `{req.get('id')}`; session `{req.get('session')}`; proposer's summary: "
+                  f"{req.get('summary')}; verdict: {req.get('verdict')}.", ""]
+    lines += [f"Fetch it: `hf download REPO --revision {release['version']}`; install it into an agent: "
+              "`reef-lab agent claude install " + release["version"] + "`.", ""]
+    return "\n".join(lines)
+
+
 def model_card(scenario: str, release: dict, base_model: str, wandb_url: str | None) -> str:
     """README.md of a release: where it came from, in the Hub's model-card format (YAML front matter)."""
+    if release.get("kind") == "harness":
+        return harness_card(scenario, release)
     meta = {"library_name": "transformers", "tags": ["reef_lab", release.get("recipe") or "release"],
             "base_model": base_model}
     ev = release.get("eval") or {}

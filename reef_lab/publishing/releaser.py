@@ -148,6 +148,11 @@ class Releaser:
             lineage = {**lineage, "component": "harness" if lineage.get("kind") == "harness" else "weights"}
         return self._store.new_candidate(scenario, lineage)
 
+    def annotate(self, scenario: str, cid: str, **fields) -> dict:
+        """Note on a candidate what judged it: a change request's verdict (status rejected or pending_review, with
+        the reason) or its lineage (the request) before it is released."""
+        return self._store.update_candidate(scenario, cid, **fields)
+
     def fail(self, scenario: str, cid: str, error: BaseException | str, log_row: Log | None = None,
              event: str = "candidate") -> None:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"

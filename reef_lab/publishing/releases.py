@@ -119,7 +119,7 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa")},
+                                                   "trainer_step", "gepa", "request")},
                        **({"kind": cand["kind"]} if cand.get("kind") else {})}
             idx["releases"].append(release)
             idx["serving"] = version

@@ -7,6 +7,11 @@ class RecordsReader:
     def __init__(self, store, scenario: str, since: float = 0.0):
         self._store, self.scenario, self._since = store, scenario, since
 
+    @property
+    def since(self) -> float:
+        """When the scenario was created: records (and change requests) older than that are a deleted namesake's."""
+        return self._since
+
     def ids(self, kind: str | None = None) -> list[str]:
         """Ids of the scenario's records (of one kind), oldest first."""
         return self._store.ids(self.scenario, kind, since=self._since)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
-AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
+AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
+          "pi": "@mariozechner/pi-coding-agent"}
 
 
 def installed(agent: str) -> bool:
@@ -113,6 +114,29 @@ def run_opencode(base_url: str, prompt: str, work: Path, scenario: str, timeout:
 
 
 RUNNERS = {"claude": run_claude, "codex": run_codex, "opencode": run_opencode}
+
+# Each agent's headless arguments, for `reef-lab agent <agent> -- <these>` (the wrapper binds the agent itself).
+HEADLESS = {
+    "claude": lambda prompt: ["-p", prompt, "--output-format", "json", "--permission-mode", "acceptEdits"],
+    "codex": lambda prompt: ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                             prompt],
+    "opencode": lambda prompt: ["run", "--format", "json", prompt],
+    "pi": lambda prompt: ["-p", "--mode", "json", "--offline", prompt],
+}
+QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+         "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+         "OPENCODE_PERMISSION": json.dumps({"edit": "allow", "bash": "allow"}), "PI_OFFLINE": "1"}
+
+
+def run_wrapper(agent: str, args: list[str], home: Path, cwd: Path, timeout: float = 300,
+                **extra: str) -> AgentRun:
+    """`reef-lab agent <agent> <args>` (reef_lab/agents/cli.py) with its own HOME, in a process group of its own:
+    the agent it starts replaces the wrapper's process, so the group holds the agent and everything it spawns."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = _env(home, PYTHONPATH=str(ROOT), **QUIET, **extra)
+    cmd = [sys.executable, "-m", "reef_lab.agents.cli", "agent", agent, *args]
+    rc, out, err, secs = run_group(cmd, env, cwd, timeout)
+    return AgentRun(agent, rc, secs, out, err, cmd)
 
 
 class ReefServer:

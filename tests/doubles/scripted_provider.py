@@ -7,7 +7,11 @@ against a real provider:
   content=<word>`, it answers with a call of a file-writing tool taken from the request's own `tools` (a write tool
   with a path and a content argument, `apply_patch`, or a shell tool), with the arguments that write that file;
 - turn 2 (a tool result is there): a short text answer, `Wrote the file.`;
-- any other request (an agent's side calls: titles, summaries): a short text answer.
+- any other request (an agent's side calls: titles, summaries): a short text answer;
+- reef_lab's change-request proposer (reef_lab/harness_requests.py, on chat completions): mutation JSON made from
+  the request text: a rules entry and a skill `req-<hash>` that quote it; `REEF-PROPOSE <json>` in the request
+  answers that JSON as it is, `REEF-PROPOSE-GARBAGE` answers prose; the reviewer accepts unless the request says
+  `REEF-REJECT`.
 
 It answers each dialect in its own wire format, streaming (event by event, flushed) or not, with thinking/reasoning
 when the request asks for it (Anthropic thinking with a signature, chat `reasoning_content`, a Responses reasoning
@@ -24,6 +28,7 @@ Run it alone: `python tests/doubles/scripted_provider.py --port 9100`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import shlex
 import threading
@@ -111,6 +116,34 @@ def wants_thinking(path: str, body: dict) -> bool:
     return bool((body.get("reasoning") or {}).get("effort"))
 
 
+PROPOSER, REVIEWER = "You are reef_lab's harness proposer.", "You are reef_lab's harness reviewer."
+REQUEST = re.compile(r"<request>\n(.*?)\n</request>", re.S)
+
+
+def change_request_answer(path: str, body: dict) -> str | None:
+    """The proposer's or reviewer's answer when `body` is one of reef_lab's change-request prompts, else None."""
+    messages = body.get("messages") if path == CHAT else None
+    if not isinstance(messages, list) or len(messages) < 2 or not isinstance(messages[0].get("content"), str):
+        return None
+    system, user = messages[0]["content"], str(messages[-1].get("content"))
+    found = REQUEST.search(user)
+    text = found.group(1) if found else ""
+    if system.startswith(REVIEWER):
+        return orjson.dumps({"accept": "REEF-REJECT" not in text, "reason": "scripted review"}).decode()
+    if not system.startswith(PROPOSER):
+        return None
+    if "REEF-PROPOSE-GARBAGE" in text:
+        return "I think the agent should be more careful."
+    if "REEF-PROPOSE " in text:
+        return text.split("REEF-PROPOSE ", 1)[1]
+    line = " ".join(text.split())
+    name = "req-" + hashlib.sha256(line.encode()).hexdigest()[:8]
+    return "```json\n" + orjson.dumps({"summary": f"scripted: {line[:80]}", "mutations": [
+        {"op": "add", "kind": "rule", "text": line},
+        {"op": "add", "kind": "skill", "name": name, "description": f"Use when: {line}",
+         "text": f"Follow this request: {line}"}]}).decode() + "\n```"
+
+
 class Plan:
     """What to answer: optional thinking text, then a text or a tool call."""
 
@@ -118,7 +151,10 @@ class Plan:
         self.thinking = "Thinking about the task." if wants_thinking(path, body) else None
         self.text, self.call = DONE_TEXT, None
         task = TASK.search(raw.decode(errors="replace"))
-        if task and not has_tool_result(path, body):
+        proposed = change_request_answer(path, body)
+        if proposed is not None:
+            self.text = proposed
+        elif task and not has_tool_result(path, body):
             found = writing_call(tools_of(path, body), task.group(1), task.group(2))
             if found:
                 tool, args = found
