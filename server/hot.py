@@ -14,7 +14,7 @@ from http import HTTPStatus
 
 import orjson
 
-from reef_lab.gateway import dialects
+from reef_lab.gateway import dialects, unanswered
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway, StreamReply
 from server.common import (DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, client_headers, error_body, parse_json,
@@ -77,6 +77,7 @@ class HotRoutes:
         dialect = INFERENCE.get(path)
         if dialect is None and path != REPORT or self.local is not None and not self.local(environ, dialect):
             return self.flask_wsgi(environ, start_response)
+        reached = False  # whether the gateway took the request (it records and logs its own refusals)
         try:
             if environ.get("REQUEST_METHOD") != "POST":
                 err = ReefError(f"method {environ.get('REQUEST_METHOD')} is not allowed on {path}; use POST",
@@ -86,6 +87,7 @@ class HotRoutes:
             admit(environ, self.tokens, self.limits)
             body = parse_json(read_body(environ, self.limits.for_path(path)), self.limits.json_depth)
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)
+            reached = True
             if dialect is None:
                 created, rid = self.gateway.report(scenario, body, tags)
                 out = orjson.dumps({"agent_record_id": rid, "scenario": scenario, "request_type": "report",
@@ -93,6 +95,8 @@ class HotRoutes:
                 return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})
             reply = self.gateway.infer(dialect, body, scenario, tags, client_headers(environ, self.tokens))
         except ReefError as e:
+            if not reached and dialect is not None:  # [episodes hook] refused before the gateway: a line, no record
+                unanswered.log_unrecorded(dialect, "refused before the gateway", e)
             return self._send(start_response, e.status, error_body(path, e), "application/json", e.headers)
         except Exception as e:  # a bug, not the client's fault: logged, answered 500, serving goes on
             log.exception("unhandled error on POST %s", path)

@@ -131,3 +131,15 @@ def harness_install():
     text = install_script(harness, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
                           request.args.get("model") or g.gateway.engine.model_name)
     return Response(text, mimetype="text/x-shellscript", headers={"x-reef-release-id": harness["release_id"]})
+
+
+# [episodes hooks] an agent session's calls in turn order (reef_lab/gateway/episodes.py, docs/episodes.md)
+@bp.get("/episodes/<episode>")
+def get_episode(episode: str):
+    """The episode's calls in the scenario named by x-reef-scenario (or ?scenario=)."""
+    return json_response(g.gateway.get_episode(scenario() or request.args.get("scenario"), episode))
+
+
+@bp.get("/scenarios/<name>/episodes/<episode>")
+def get_scenario_episode(name: str, episode: str):
+    return json_response(g.gateway.get_episode(name, episode))

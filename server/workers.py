@@ -41,6 +41,7 @@ import orjson
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, ReefError
+from reef_lab.gateway import episodes, unanswered
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.gateway.inference import Relaying
 from reef_lab.scenarios import check_name
@@ -328,14 +329,21 @@ class RelayGateway:
     def infer(self, dialect: str, body, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None):
         name = check_name(scenario)
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        info = self.serving(name) or {"release_id": None, "files": None}
-        installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-        sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
-        release = (installed or info["release_id"]) if info["files"] else info["release_id"]
-        return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                    release or "upstream")
+        t0, episode = time.perf_counter(), None
+        try:  # [episodes hook] a 4xx is recorded as refused, as the primary does (reef_lab/gateway/unanswered.py)
+            episode = episodes.detect(client_headers, body)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            info = self.serving(name) or {"release_id": None, "files": None}
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
+            release = (installed or info["release_id"]) if info["files"] else info["release_id"]
+            return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                                        release or "upstream")
+        except ReefError as e:
+            if unanswered.is_refusal(e):
+                unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+            raise
 
     def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
         """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""

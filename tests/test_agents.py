@@ -52,6 +52,8 @@ def test_agent_completes_a_file_task_through_the_relay(tmp_path, agent, speaks):
                        dialect=FLAG[speaks] if translated else None) as reef:
         run = RUNNERS[agent](reef.url, f"REEF-TASK path={target} content={content}", work, scenario)
         records = reef.records(scenario)
+        session = provider.requests[0]["headers"].get(SESSION_HEADER[agent])
+        episode = reef.episode(scenario, session) if session else None
     assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
     assert target.read_text().strip() == content
     assert DONE_TEXT in run.stdout
@@ -68,3 +70,8 @@ def test_agent_completes_a_file_task_through_the_relay(tmp_path, agent, speaks):
     answered = [i for i, r in enumerate(records) if tool_result_seen(route, r["request"])]
     assert called and answered and called[0] < answered[-1], "the tool call and its result are not both recorded"
     assert DONE_TEXT in orjson.dumps(records[answered[-1]]["response"]).decode()
+    # the client's own session id groups every call of the run into one episode, in the order they were made
+    assert {r["episode"] for r in records} == {session}
+    assert [r["id"] for r in episode["records"]] == [r["id"] for r in sorted(
+        records, key=lambda r: (r["created_at"], r["id"]))]
+    assert [r["turn"] for r in episode["records"]] == list(range(1, len(records) + 1))

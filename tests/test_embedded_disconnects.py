@@ -123,7 +123,7 @@ def test_a_client_that_hangs_up_during_a_chunked_prefill_stops_it(httpd, engine,
     chunks = engine.info()["prefill_chunks"]
     time.sleep(3 * delay[0])
     assert engine.info()["prefill_chunks"] == chunks and engine.info()["requests_cancelled"] == 1
-    assert record["status"] == "error"
+    assert record["status"] == "cancelled" and record["metadata"] == {"generated_text": ""}
 
 
 def test_a_client_that_hangs_up_while_tokens_stream_stops_within_a_step(httpd, engine, slowed):
@@ -143,6 +143,7 @@ def test_a_client_that_hangs_up_while_tokens_stream_stops_within_a_step(httpd, e
     record = wait_for(lambda: cancelled_record(gateway), what="the cancelled generation's record")
     generated = int(re.search(r"after (\d+) generated tokens", record["error"]).group(1))
     assert generated < 200, f"{generated} tokens were generated for a client that had left"
+    assert record["status"] == "cancelled" and record["metadata"]["generated_text"]  # what the client was sent
     assert len([p for p in passes if p[1] == 1]) < 250
 
 

@@ -212,3 +212,24 @@ def test_is_step_with_kl_trains_only_generated_tokens(trainer):
                 for h, r, a, b, mk in zip(hand, s.logprobs, s.extra["advantages"], bs, s.mask) if mk)
     assert m["tokens"] == 8
     assert m["loss"] == pytest.approx(-total / 8, rel=1e-4)
+
+
+def test_sao_advantages_run_over_the_generated_tokens_only():
+    """GAE over an episode skips the tool result: the episode's advantages and value targets at its generated
+    tokens equal those of the same tokens laid end to end (a 4-token single call), and are 0 at the given ones;
+    the values at given positions (absurd here) are never read."""
+    from recipes.sao.recipe import SAOConfig, advantages_and_targets
+
+    cfg = SAOConfig(normalize_advantages=False)
+    episode = Sample("e", [1], [3, 4, 5, 6, 7, 8], None, 1.0, "base", loss_mask=EPISODE_MASK)
+    single = Sample("s", [1], [3, 4, 7, 8], None, 1.0, "base")
+    values = [0.1, 0.2, 0.3, 0.4]
+    (adv_e,), (tgt_e,) = advantages_and_targets([episode], [[0.1, 0.2, 1e6, -1e6, 0.3, 0.4]], cfg)
+    (adv_s,), (tgt_s,) = advantages_and_targets([single], [values], cfg)
+    assert [adv_e[i] for i in TRAINED] == pytest.approx(adv_s) and adv_e[2] == adv_e[3] == 0.0
+    assert [tgt_e[i] for i in TRAINED] == pytest.approx(tgt_s) and tgt_e[2] == tgt_e[3] == 0.0
+    # the length in the adaptive lambda is the generated tokens' count: 4, not 6
+    lam = float(rl.length_adaptive_lambda(torch.tensor([4.0]), cfg.lambda_alpha)[0])
+    delta = [0.2 - 0.1, 0.3 - 0.2, 0.4 - 0.3, 1.0 - 0.4]
+    expected = sum((cfg.gamma * lam) ** k * d for k, d in enumerate(delta))
+    assert adv_e[0] == pytest.approx(expected, rel=1e-5)

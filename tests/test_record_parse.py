@@ -13,7 +13,8 @@ from reef_lab.records.record import CLIENT_FIELDS, Record, content_hash
 GOOD = {"id": "imp-1", "scenario": "s", "kind": "inference", "dialect": "openai.chat", "created_at": 1.7e9,
         "request": {"messages": []}, "response": {"x": 1}, "prompt_token_ids": [5], "token_ids": [1, 2],
         "logprobs": [-0.1, -2], "release_id": "s:v1", "tags": {"a": "b"}, "timing": {"total_ms": 3},
-        "references": [], "score": 1, "feedback": {"why": "ok"}, "metadata": [1], "status": "ok", "error": None}
+        "references": [], "score": 1, "feedback": {"why": "ok"}, "metadata": [1], "status": "ok", "error": None,
+        "episode": "session-1"}
 
 
 def test_a_whole_record_parses_with_its_types():
@@ -21,7 +22,7 @@ def test_a_whole_record_parses_with_its_types():
     assert (rec.id, rec.scenario, rec.kind, rec.token_ids, rec.logprobs, rec.score) == \
         ("imp-1", "s", "inference", [1, 2], [-0.1, -2.0], 1.0)
     assert isinstance(rec.score, float) and all(isinstance(x, float) for x in rec.logprobs)
-    assert rec.content_hash == content_hash(rec) and rec.created_at == 1.7e9
+    assert rec.content_hash == content_hash(rec) and rec.created_at == 1.7e9 and rec.episode == "session-1"
     assert set(GOOD) == set(CLIENT_FIELDS)  # every field a client may set is in the schema, and only those
 
 
@@ -37,7 +38,7 @@ def test_defaults_fill_what_a_client_leaves_out():
     ("created_at", 0, "positive unix time"), ("created_at", math.inf, "positive unix time"),
     ("created_at", True, "'created_at'"), ("token_ids", [2**31], "token ids"), ("token_ids", [True], "token ids"),
     ("prompt_token_ids", [-1], "token ids"), ("logprobs", [math.nan, 0], "finite numbers"),
-    ("release_id", ["x"], "'release_id'"), ("tags", {"a": 1}, "object of strings"), ("timing", 3, "'timing'"),
+    ("release_id", ["x"], "'release_id'"), ("episode", "a b", "an episode id"), ("tags", {"a": 1}, "object of strings"), ("timing", 3, "'timing'"),
     ("references", "x", "list of receipts"), ("score", "1", "finite number"), ("score", True, "finite number"),
     ("feedback", 5, "string or an object"), ("status", 1, "'status'"), ("id", "a b", "record id"),
     ("scenario", "bad name", "scenario name"), ("nope", 1, "unknown field(s) ['nope']")])

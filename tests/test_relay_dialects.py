@@ -198,7 +198,7 @@ def test_provider_errors_reach_the_client_in_its_own_shape(serve, provider, clie
     if status == 429:
         assert e.value.response.headers["retry-after"] == "3"
     rec = p.gateway.list_records("relay")["records"][-1]
-    assert rec["status"] == "error" and rec["error"] == f"upstream answered HTTP {status}"
+    assert rec["status"] == "refused" and rec["error"] == f"upstream answered HTTP {status}"  # 4xx: refused
     assert rec["metadata"]["upstream"]["status"] == status
 
 

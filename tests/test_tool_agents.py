@@ -58,18 +58,27 @@ def records(url: str, scenario: str) -> list[dict]:
     return r.json()["records"]
 
 
-def short(client: Client):
-    """The SDK client of tests/test_tool_calls.py, with time for SmolLM2 on a busy 2-core CPU."""
-    client.oai = client.oai.with_options(timeout=900)
-    client.an = client.an.with_options(timeout=900)
+def short(client: Client, session: str | None = None):
+    """The SDK client of tests/test_tool_calls.py, with time for SmolLM2 on a busy 2-core CPU (and a session)."""
+    headers = {"x-reef-session": session} if session else {}
+    client.oai = client.oai.with_options(timeout=900, default_headers=headers)
+    client.an = client.an.with_options(timeout=900, default_headers=headers)
     return client
+
+
+def episode(url: str, scenario: str, session: str) -> dict:
+    import requests
+
+    r = requests.get(f"{url}/reef/episodes/{session}", headers={"x-reef-scenario": scenario}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("dialect", ["chat", "responses", "anthropic"])
 def test_sdk_tool_loop_on_smollm2(serve_py, dialect, stream):
     scenario = f"loop-{dialect}-{stream}"
-    c = short(Client(serve_py, dialect, scenario))
+    c = short(Client(serve_py, dialect, scenario), session=f"session-{scenario}")
     history = [c.user(COPY)]
     text, calls, finish = c.ask(history, stream)
     assert [(n, a) for _, n, a in calls] == [("get_weather", {"city": "Paris"})], (text, calls)
@@ -82,6 +91,10 @@ def test_sdk_tool_loop_on_smollm2(serve_py, dialect, stream):
     # the second prompt continues the first (up to its closing `<|im_start|>assistant\n`, 3 tokens)
     opening = len(first["prompt_token_ids"]) - 3
     assert second["prompt_token_ids"][:opening] == first["prompt_token_ids"][:opening]
+    # one episode: both calls in order, with their tool calls
+    ep = episode(serve_py, scenario, f"session-{scenario}")
+    assert [(r["turn"], r["id"]) for r in ep["records"]] == [(1, first["id"]), (2, second["id"])]
+    assert ep["records"][0]["metadata"]["tool_calls"][0]["name"] == "get_weather"
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "anthropic"])
@@ -108,7 +121,7 @@ def test_openai_agents_sdk_runs_a_function_tool(serve_py, api):
         return "sunny, 21 C"
 
     client = AsyncOpenAI(base_url=serve_py + "/v1", api_key="x", timeout=900, max_retries=0,
-                         default_headers={"x-reef-scenario": f"agents-{api}"})
+                         default_headers={"x-reef-scenario": f"agents-{api}", "x-reef-session": f"run-{api}"})
     model = (agents.OpenAIChatCompletionsModel if api == "chat" else agents.OpenAIResponsesModel)(
         model="SmolLM2-135M-Instruct", openai_client=client)
     agent = agents.Agent(name="weather", tools=[get_weather], model=model,
@@ -120,3 +133,7 @@ def test_openai_agents_sdk_runs_a_function_tool(serve_py, api):
     sent = first["request"]["tools"][0]
     assert (sent.get("function") or sent)["name"] == "get_weather"
     assert json.dumps(second["request"]).count("sunny, 21 C") == 1
+    # the run is one episode: its calls in order, the tool call in turn 1, its result in turn 2's request
+    ep = episode(serve_py, f"agents-{api}", f"run-{api}")
+    assert [(r["turn"], r["id"]) for r in ep["records"]] == [(1, first["id"]), (2, second["id"])]
+    assert ep["records"][0]["metadata"]["tool_calls"][0]["arguments"] == {"city": "Paris"}

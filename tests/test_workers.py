@@ -103,6 +103,40 @@ def test_both_workers_serve_and_the_primary_knows_every_receipt(two_workers):
     assert json.loads(data)["records"] == {"inference": n, "report": (n + 1) // 2, "train": 0, "eval": 0}
 
 
+def test_an_episode_spans_both_workers_in_order(two_workers):
+    """One session's calls land on either worker (each writes its own log); the episode reads back whole, its turns
+    in the order the calls were made, and refusals by either worker are recorded in it."""
+    port, data_dir, _ = two_workers
+    assert chat(port, "warm", "ep")[0] == 200  # the scenario exists: both workers serve it from here on
+
+    def session_call(body):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/v1/chat/completions", json.dumps(body), {
+            "Content-Type": "application/json", "x-reef-scenario": "ep", "x-reef-session": "run-1"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, dict(r.getheaders()), data
+    receipts = []
+    for i in range(24):
+        status, headers, data = session_call({"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]})
+        assert status == 200 and headers["x-reef-episode"] == "run-1", data
+        receipts.append(headers["x-reef-agent-record-id"])
+    for _ in range(4):
+        status, _, data = session_call({"model": "m", "messages": "not a list"})
+        assert status == 400, data
+    assert logs_with_records(data_dir) == 2  # both workers recorded calls
+    status, _, data = call(port, "GET", "/reef/episodes/run-1", None, "ep")
+    assert status == 200, data
+    ep = json.loads(data)
+    answered = [r for r in ep["records"] if r["status"] == "ok"]
+    assert [r["id"] for r in answered] == receipts and [r["turn"] for r in ep["records"]] == list(range(1, 29))
+    assert [r["request"]["messages"][0]["content"] for r in answered] == [f"q{i}" for i in range(24)]
+    assert [r["status"] for r in ep["records"]].count("refused") == 4
+    status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "episode": "run-1"}, "ep")
+    assert status == 200, data
+
+
 @pytest.mark.heavy
 def test_sdk_streams_and_harness_releases_through_either_worker(two_workers):
     port, data_dir, _ = two_workers

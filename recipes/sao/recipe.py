@@ -75,13 +75,18 @@ class SAOTrainer:
 
 
 def advantages_and_targets(samples: list[Sample], values: list[list[float]], cfg: SAOConfig):
-    """Per sample: policy advantages (length-adaptive lambda) and value targets (lambda = value_lambda)."""
-    n = max(len(s.completion_ids) for s in samples)
+    """Per sample: policy advantages (length-adaptive lambda) and value targets (lambda = value_lambda).
+
+    Over the generated tokens only (the loss mask's 1s): an episode's tool results and template tokens are the
+    environment's move between two of the model's, so GAE runs over the model's tokens laid end to end, the length
+    in the adaptive lambda counts only them, and the advantages are normalised over them; given tokens get 0."""
+    where = [[t for t, m in enumerate(s.mask) if m] for s in samples]
+    n = max(len(w) for w in where)
     mask = torch.zeros(len(samples), n)
     v = torch.zeros(len(samples), n)
-    for i, vs in enumerate(values):
-        mask[i, : len(vs)] = 1
-        v[i, : len(vs)] = torch.tensor(vs)
+    for i, (vs, w) in enumerate(zip(values, where, strict=True)):
+        mask[i, : len(w)] = 1
+        v[i, : len(w)] = torch.tensor([vs[t] for t in w])
     rewards = rl.terminal_rewards(torch.tensor([s.score for s in samples]), mask)
     lengths = mask.sum(dim=1)
     adv = rl.gae(rewards, v, mask, cfg.gamma, rl.length_adaptive_lambda(lengths, cfg.lambda_alpha))
@@ -89,8 +94,18 @@ def advantages_and_targets(samples: list[Sample], values: list[list[float]], cfg
     if cfg.normalize_advantages:
         real = adv[mask.bool()]
         adv = (adv - real.mean()) / (real.std() + 1e-6) * mask
-    return ([adv[i, : len(s.completion_ids)].tolist() for i, s in enumerate(samples)],
-            [targets[i, : len(s.completion_ids)].tolist() for i, s in enumerate(samples)])
+    return _spread(adv, where, samples), _spread(targets, where, samples)
+
+
+def _spread(compact: torch.Tensor, where: list[list[int]], samples: list[Sample]) -> list[list[float]]:
+    """Rows over the generated tokens back to rows over every completion token (0 where the mask is 0)."""
+    out = []
+    for i, (w, s) in enumerate(zip(where, samples, strict=True)):
+        row = [0.0] * len(s.completion_ids)
+        for j, t in enumerate(w):
+            row[t] = float(compact[i, j])
+        out.append(row)
+    return out
 
 
 class SAORecipe(WeightRecipe):
@@ -134,6 +149,6 @@ class SAORecipe(WeightRecipe):
         for s, a in zip(batch, adv, strict=True):
             s.extra["advantages"] = a
         m = trainer.policy.step(batch, Loss("dis", cfg.dis_low, cfg.dis_high))
-        flat = [a for row in adv for a in row]
+        flat = [a for row, s in zip(adv, batch) for a, on in zip(row, s.mask) if on]
         return {**m, **rl.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
                 "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

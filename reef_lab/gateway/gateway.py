@@ -19,6 +19,7 @@ from typing import Any
 
 from reef_lab.engines.base import Engine
 from reef_lab.errors import NotFound
+from reef_lab.gateway import episodes
 from reef_lab.gateway.admin import Admin, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
 from reef_lab.gateway.learners import Learners
@@ -210,6 +211,11 @@ class Gateway:
 
     def get_record(self, scenario: str, record_id: str) -> dict:
         return self.admin.get_record(scenario, record_id)
+
+    def get_episode(self, scenario: str | None, episode: str) -> dict:
+        """[episodes hook] an agent session's calls in turn order (reef_lab/gateway/episodes.py)."""
+        out = episodes.read_episode(self.store, self.scenarios, check_name(scenario), episode)
+        return {**out, "records": [wire_record(r) for r in out["records"]]}
 
     def scenario_info(self, name: str) -> dict:
         return self.admin.scenario_info(name)

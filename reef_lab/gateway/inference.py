@@ -11,6 +11,7 @@ the client sent it.
 from __future__ import annotations
 
 import time
+from concurrent.futures import CancelledError
 from typing import Any, Callable
 
 import orjson
@@ -18,7 +19,7 @@ import orjson
 from reef_lab import harness as harness_mod
 from reef_lab.engines.base import Engine, Relay
 from reef_lab.errors import BadRequest, NotFound, ReefError
-from reef_lab.gateway import dialects
+from reef_lab.gateway import dialects, episodes, unanswered
 from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
 from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
     release_header_values
@@ -56,22 +57,35 @@ class Inference:
               kind: str = "inference") -> Reply | StreamReply:
         """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
         the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`)."""
-        name = check_name(scenario)
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        self.scenarios.ensure(name)
-        serving = self._serving(name)
-        harness = serving.harness if serving is not None else None
-        components = serving.components if serving is not None else None
-        installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-        sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
-        label = serving.release_id if serving is not None and serving.release_id else None
-        if installed and harness and not components:  # the record names the release the client carries
-            label = installed
-        if self._relaying is not None:
-            return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                        label or "upstream", components)
-        return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind)
+        try:
+            name = check_name(scenario)
+        except BadRequest as e:
+            unanswered.log_unrecorded(dialect, "no valid scenario", e)
+            raise
+        t0, episode = time.perf_counter(), None
+        self.scenarios.ensure(name)  # a new name creates the scenario, refused request or not
+        try:  # [episodes hook] a 4xx below is recorded as refused (reef_lab/gateway/unanswered.py)
+            episode = episodes.detect(client_headers, body)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            serving = self._serving(name)
+            harness = serving.harness if serving is not None else None
+            components = serving.components if serving is not None else None
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
+            label = serving.release_id if serving is not None and serving.release_id else None
+            if installed and harness and not components:  # the record names the release the client carries
+                label = installed
+            if self._relaying is not None:
+                return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
+                                            label or "upstream", components)
+            return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind,
+                                  episode)
+        except ReefError as e:
+            if not unanswered.is_refusal(e) or kind != "inference":
+                raise
+            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+            raise
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
                      release: str | None = None, kind: str = "inference") -> dict:
@@ -88,7 +102,8 @@ class Inference:
         return dialects.response_text(rec["dialect"], rec["response"])
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
-                  components: dict | None, release: str | None, kind: str) -> Reply | StreamReply:
+                  components: dict | None, release: str | None, kind: str,
+                  episode: str | None = None) -> Reply | StreamReply:
         """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
         it. A harness or composite release, when one serves the scenario, is the release named on the record and
         header."""
@@ -103,13 +118,31 @@ class Inference:
         except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
             raise BadRequest(str(e)) from None
 
+        sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
+        recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
+
+        def cancelled(reason: str) -> str:
+            rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
+                                   release_id=label or handle.release_id, episode=episode,
+                                   prompt_token_ids=list(handle.prompt_ids),
+                                   metadata={"generated_text": "".join(sent_text)})
+            self.store.append([rec])
+            recorded.append(rec.id)
+            unanswered.log_cancelled(name, dialect, rec.id, reason)
+            return rec.id
+
         def finish():
             try:
                 gen = handle.result()
+            except CancelledError as e:  # the client left (server/httpd.py's hang-up watch cancelled it)
+                record_id = cancelled(str(e) or "cancelled by its caller")
+                raise ReefError(f"generation cancelled: the client left (record {record_id})") from e
             except Exception as e:
                 rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
-                                       error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id)
+                                       error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id,
+                                       episode=episode)
                 self.store.append([rec])
+                recorded.append(rec.id)
                 err = ReefError(f"generation failed: {e} (record {rec.id})")
                 if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
                     err.status, err.type, err.headers = e.status, e.type, e.headers
@@ -117,15 +150,17 @@ class Inference:
             resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                   logprobs=gen.logprobs,
+                                   logprobs=gen.logprobs, episode=episode,
                                    metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
             self.store.append([rec])
+            recorded.append(rec.id)
             return gen, rec, resp
 
+        session = {episodes.EPISODE_HEADER: episode} if episode else {}
         if not body.get("stream"):
             gen, rec, resp = finish()
             return Reply(200, orjson.dumps(resp), headers={
-                RECEIPT_HEADER: rec.id, **release_header_values(label or gen.release_id, components)},
+                RECEIPT_HEADER: rec.id, **release_header_values(label or gen.release_id, components), **session},
                 record=rec.to_dict())
 
         def receipt():
@@ -134,7 +169,9 @@ class Inference:
 
         def deltas():
             try:
-                yield from handle
+                for delta in handle:
+                    sent_text.append(delta)
+                    yield delta
             except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
                 return
 
@@ -151,8 +188,10 @@ class Inference:
             finally:
                 if not done:
                     handle.cancel()
-        return StreamReply(events(), headers=release_header_values(label or handle.release_id, components),
-                           cancel=handle.cancel)
+                    if not recorded:  # the client closed the stream (the server closed this generator)
+                        cancelled(f"the client closed the stream after {len(''.join(sent_text))} characters")
+        return StreamReply(events(), headers={**release_header_values(label or handle.release_id, components),
+                                              **session}, cancel=handle.cancel)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):

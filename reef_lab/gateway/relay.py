@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import orjson
 
 from reef_lab.errors import UpstreamError
-from reef_lab.gateway import dialects
+from reef_lab.gateway import dialects, episodes, unanswered
 from reef_lab.gateway.accumulate import StreamAccumulator
 from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
 from reef_lab.records.record import Record, new_record_id
@@ -63,17 +63,33 @@ class RelayCall:
         self.tr = Translation(dialect, upstream, sent) if upstream != dialect else None
         self.upstream = upstream
         self.path, self.sent = PATHS[upstream], (self.tr.body if self.tr else sent)
+        self.episode = episodes.detect(headers, body)  # [episodes hook]
+        self.session = {episodes.EPISODE_HEADER: self.episode} if self.episode else {}
 
-    def record(self, response, error: str | None, upstream_status: int | None = None, upstream_response=None):
+    def record(self, response, error: str | None, upstream_status: int | None = None, upstream_response=None,
+               status: str | None = None):
+        """`status` defaults to ok, or error with an error; an upstream 4xx is `refused` (unanswered.py)."""
         meta = None
         if self.tr is not None:
             meta = {"upstream": {"dialect": self.upstream, "status": upstream_status, "response": upstream_response,
                                  "dropped": self.tr.dropped}}
+        if status is None:
+            status = "ok" if not error else "refused" if upstream_status and 400 <= upstream_status < 500 \
+                else "error"
         rec = inference_record(self.name, self.dialect, self.body, self.tags, response, self.t0,
-                               release_id=self.release, status="error" if error else "ok", error=error,
-                               metadata=meta)
+                               release_id=self.release, status=status, error=error, metadata=meta,
+                               episode=self.episode)
         self.store.append([rec])
+        if status == "refused":
+            unanswered.log.info("refused %s call in scenario %s: the provider answered HTTP %s (record %s)",
+                                self.dialect, self.name, upstream_status, rec.id)
         return rec
+
+    def cancelled(self, partial, upstream_status: int | None = None, upstream_partial=None) -> None:
+        """The client closed the stream: record what came until then."""
+        reason = "the client closed the stream before its end"
+        rec = self.record(partial, reason, upstream_status, upstream_partial, status="cancelled")
+        unanswered.log_cancelled(self.name, self.dialect, rec.id, reason)
 
     def run(self) -> Reply | StreamReply:
         engine = self.engine
@@ -87,7 +103,7 @@ class RelayCall:
             raise
         if events is not None:
             gen = self._stream(events) if self.tr is None else self._translated_stream(events, up.status)
-            return StreamReply(gen, headers={**self.release_headers, **up.headers})
+            return StreamReply(gen, headers={**self.release_headers, **self.session, **up.headers})
         try:
             resp = orjson.loads(up.body)
         except orjson.JSONDecodeError:
@@ -104,9 +120,10 @@ class RelayCall:
             body, content_type = orjson.dumps(mine), "application/json"
             rec = self.record(mine, None if up.status < 300 else f"upstream answered HTTP {up.status}", up.status, raw)
         else:
-            rec = self.record(raw, None if up.status < 300 else f"upstream answered HTTP {up.status}")
-        return Reply(up.status, body, content_type, {RECEIPT_HEADER: rec.id, **self.release_headers, **up.headers},
-                     record=rec.to_dict())
+            rec = self.record(raw, None if up.status < 300 else f"upstream answered HTTP {up.status}",
+                              up.status if up.status >= 400 else None)
+        return Reply(up.status, body, content_type, {RECEIPT_HEADER: rec.id, **self.release_headers, **self.session,
+                                                     **up.headers}, record=rec.to_dict())
 
     def _reef(self, rec) -> dict:
         return {"agent_record_id": rec.id, "release_id": self.release}
@@ -132,6 +149,9 @@ class RelayCall:
                 yield ev
         except UpstreamError as e:
             error = e.message
+        except GeneratorExit:  # the client left mid-stream
+            self.cancelled(acc.result())
+            raise
         rec = self.record(acc.result(), error)
         reef = self._reef(rec)
         if error:
@@ -177,6 +197,9 @@ class RelayCall:
                     yield encode(name, out)
         except UpstreamError as e:
             error = e.message
+        except GeneratorExit:  # the client left mid-stream
+            self.cancelled(mine.result(), status, theirs.result())
+            raise
         if error is None and st.failure is None and not st.finished:
             error = "the upstream stream ended before its last event"
         if error is None and st.failure is None:

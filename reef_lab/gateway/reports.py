@@ -13,11 +13,12 @@ import math
 from typing import Any
 
 from reef_lab.errors import BadRequest
+from reef_lab.gateway import episodes
 from reef_lab.records.record import Record, client_id, content_hash, shown
 from reef_lab.scenarios import check_name
 
 __all__ = ["Reports", "shown"]
-REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata"}
+REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata", "episode"}
 
 
 class Reports:
@@ -54,12 +55,16 @@ class Reports:
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
         epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
+        episode = body.get("episode")
+        if episode is not None:  # [episodes hook] a report on a whole episode references all its calls
+            body = {**body, "references": episodes.episode_references(self.store, self.scenarios, name, episode,
+                                                                      body.get("references"))}
         refs = self.check_references(name, body.get("references"))
         self.scenarios.ensure(name)
         self.learners.recipe(name).validate_report(body)
         rec = Record(id=client_id(chosen), scenario=name, kind="report", references=refs,
                      score=None if score is None else float(score), feedback=feedback, metadata=metadata,
-                     tags=tags or {})
+                     tags=tags or {}, episode=episode)
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         with self.handing_over([rec.id, *refs]):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
 from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
+from reef_lab.learning import episodes
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
-from reef_lab.learning.samples import Sample, sample_from_records
+from reef_lab.learning.samples import Sample
 from reef_lab.learning.tasks import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE
@@ -99,6 +101,7 @@ class Learner(LearnerLoop, RecordHolder):
         self._pool: list[Sample] = []
         self._in_round: list[Sample] = []  # taken from the pool by the round now training
         self._seen: set[str] = set()  # record ids that joined the pool in this process
+        self._drained: set[str] = set()  # report ids turned into samples in this process
         self._reset = False
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
@@ -106,6 +109,7 @@ class Learner(LearnerLoop, RecordHolder):
         self._policy_steps_since_candidate = 0
         self._held_out: HeldOut | None = None
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
+        self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
 
@@ -154,7 +158,7 @@ class Learner(LearnerLoop, RecordHolder):
             samples = [*self._pool, *self._in_round]
         samples += list(self._since_candidate)
         for s in samples:
-            held.add(s.record_id)
+            held.update(s.record_ids)
             if s.report_id:
                 held.add(s.report_id)
         return held
@@ -164,7 +168,8 @@ class Learner(LearnerLoop, RecordHolder):
             return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
                     "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
                     "trainer_step": self._trainer.steps if self._trainer else None,
-                    "consumed": len(self._consumed), "last_error": self.last_error}
+                    "consumed": len(self._consumed), "last_error": self.last_error,
+                    "episodes": dict(self.episode_counts)}
 
     # ---- the learner thread ---------------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -177,14 +182,20 @@ class Learner(LearnerLoop, RecordHolder):
         """Turn queued reports into pool samples (caller holds the lock)."""
         while self._inbox:
             kind, rec = self._inbox.popleft()
+            if kind == "report":  # a report replayed at start and delivered live is read once (episode counts)
+                if rec["id"] in self._drained:
+                    continue
+                self._drained.add(rec["id"])
             try:
                 samples = self._samples_of(kind, rec)
             except Exception as e:  # noqa: BLE001 - one bad record is data, not a reason to stop learning
                 log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
                 continue
             for s in samples:
-                if s.record_id not in self._consumed and s.record_id not in self._seen and self.recipe.accepts(s):
-                    self._seen.add(s.record_id)  # a report replayed at start and delivered live counts once
+                ids = s.record_ids
+                if not self._consumed.intersection(ids) and not self._seen.intersection(ids) and \
+                        self.recipe.accepts(s):
+                    self._seen.update(ids)  # a report replayed at start and delivered live counts once
                     self._pool.append(s)
 
     def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
@@ -199,12 +210,9 @@ class Learner(LearnerLoop, RecordHolder):
                            release_id=BASE, created_at=rec.get("created_at") or 0.0,
                            extra={"demonstration": True})]
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
-        out = []
-        for inference in self.records.get_many(refs):
-            s = sample_from_records(inference, rec)
-            if s is not None:
-                out.append(s)
-        return out
+        # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
+        return episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
+                                           self.episode_counts)
 
     def _release_steps(self) -> dict[str, int]:
         idx = self.releaser.index(self.scenario)
@@ -272,7 +280,9 @@ class Learner(LearnerLoop, RecordHolder):
         self._since_candidate += batch
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
-                      "staleness_max": max(staleness), "train_s": round(train_s, 3), **metrics})
+                      "staleness_max": max(staleness), "train_s": round(train_s, 3),
+                      "episode_samples": sum(1 for s in batch if s.loss_mask),
+                      **{f"episodes_{k}": v for k, v in self.episode_counts.items()}, **metrics})
         if metrics.get("policy_step"):
             self._policy_steps_since_candidate += 1
         if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
@@ -280,7 +290,7 @@ class Learner(LearnerLoop, RecordHolder):
             self._candidate(metrics)
 
     def _consume(self, samples: list[Sample]) -> None:
-        self._consumed.update(s.record_id for s in samples)
+        self._consumed.update(rid for s in samples for rid in s.record_ids)
         write_json(self._state_path, {"consumed": sorted(self._consumed)})
 
     # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
@@ -289,7 +299,7 @@ class Learner(LearnerLoop, RecordHolder):
         used = list(self._since_candidate)  # they leave it once the candidate's lineage names them
         serving = self.releaser.serving_release(self.scenario)
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
-            serving or {}).get("release_id", BASE), "records": [s.record_id for s in used],
+            serving or {}).get("release_id", BASE), "records": [rid for s in used for rid in s.record_ids],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releaser.start_candidate(self.scenario, lineage)

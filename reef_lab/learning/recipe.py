@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol
 
 from reef_lab.errors import BadRequest
 from reef_lab.plugins import import_path
+from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.learning.tasks import TaskConfig
 from reef_lab.publishing.releaser import SELECTIONS
 from reef_lab.schema import check_fields
@@ -127,6 +128,9 @@ class LearnConfig:
     eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
         "help": "reef_lab.trainers.base.TrainerConfig: the optimiser and the backend that trains the policy"})
+    episodes: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={
+        "help": "reef_lab.learning.episodes.EpisodeConfig: how reports on agent episodes become samples "
+                "(samples, mixed_release)"})
 
     def __post_init__(self) -> None:
         check_fields(self)

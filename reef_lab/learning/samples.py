@@ -55,6 +55,11 @@ class Sample:
         return self.loss_mask if self.loss_mask is not None else [1] * len(self.completion_ids)
 
     @property
+    def record_ids(self) -> list[str]:
+        """Every inference record the sample holds: an episode's turns (extra["records"]), or its one record."""
+        return list(self.extra.get("records") or [self.record_id])
+
+    @property
     def trained_tokens(self) -> int:
         """How many completion tokens a loss trains on (the mask's 1s)."""
         return sum(self.loss_mask) if self.loss_mask is not None else len(self.completion_ids)

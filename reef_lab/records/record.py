@@ -21,8 +21,11 @@ import polars as pl
 
 from reef_lab.errors import BadRequest
 
-SCHEMA_VERSION = 2  # 2 added stored_at; older segments read with it null (see store.scan_segments)
+SCHEMA_VERSION = 3  # 2 added stored_at, 3 episode; older segments read with them null (see store.scan_segments)
 KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a candidate was judged on
+# ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
+# cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
+STATUSES = ("ok", "error", "refused", "cancelled")
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 
 def new_record_id(now: float | None = None) -> str:
@@ -55,6 +58,7 @@ class Record:
     metadata: Any = None
     status: str = "ok"
     error: str | None = None
+    episode: str | None = None  # the agent session this call belongs to (reef_lab/gateway/episodes.py)
     stored_at: float = 0.0  # server time of the write (created_at may be a client's, for imports)
     content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
@@ -94,7 +98,8 @@ class Record:
                   tags=item.get("tags") or {}, timing=item.get("timing") or {},
                   references=list(item.get("references") or []),
                   score=None if item.get("score") is None else float(item["score"]), feedback=item.get("feedback"),
-                  metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"))
+                  metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"),
+                  episode=item.get("episode"))
         rec.content_hash = content_hash(rec)
         return rec
 
@@ -138,6 +143,8 @@ CLIENT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "metadata": (lambda v: True, "any JSON value"),
     "status": (_is(str), "a string"),
     "error": (_is(str), "a string"),
+    "episode": (lambda v: isinstance(v, str) and bool(_ID_RE.match(v)),
+                "an episode id (1-128 letters, digits, '_', '.', ':' or '-')"),
 }
 
 
@@ -160,7 +167,10 @@ _HASHED = ("scenario", "kind", "dialect", "request", "response", "token_ids", "l
 
 def content_hash(r: Record) -> str:
     """Hash of what a client supplied: a repeated client-chosen id with the same hash is the same record."""
-    payload = orjson.dumps({k: getattr(r, k) for k in _HASHED}, option=orjson.OPT_SORT_KEYS)
+    fields = {k: getattr(r, k) for k in _HASHED}
+    if r.episode is not None:  # only when set: records hashed before episodes existed keep their hash
+        fields["episode"] = r.episode
+    payload = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
@@ -172,7 +182,7 @@ PARQUET_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
     "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
     "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
-    "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
+    "episode": pl.String, "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
 }
 
 
@@ -199,4 +209,5 @@ def frame_row_to_dict(row: dict) -> dict:
         out["timing"] = {}
     if out.get("references") is None:
         out["references"] = []
+    out.setdefault("episode", None)  # rows written before schema 3
     return out

@@ -179,6 +179,12 @@ class ReefServer:
                 pass
             self.proc.wait()
 
+    def episode(self, scenario: str, episode: str) -> dict:
+        """GET /reef/episodes/<episode>: the episode's calls in turn order."""
+        req = urllib.request.Request(f"{self.url}/reef/episodes/{episode}", headers={"x-reef-scenario": scenario})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
     def records(self, scenario: str) -> list[dict]:
         """The scenario's records, oldest first (GET /reef/scenarios/<name>/records, every page)."""
         out, after = [], None

@@ -1,0 +1,126 @@
+"""Episodes: which agent session a call belongs to, and an episode's records read back in turn order.
+
+An agent run is many calls; reef_lab groups them by a session id the client already sends, so agents work
+unchanged. The first of these that a request carries names its episode:
+
+1. `x-reef-session` (any client may set it; refused with a 400 when it is not 1-128 of [A-Za-z0-9_.:-]);
+2. `x-claude-code-session-id` (Claude Code 2.1.197 sends it on every call);
+3. `session-id` (Codex CLI 0.171.0; its Responses body's `prompt_cache_key` holds the same id);
+4. `x-session-id` (opencode 1.18.33);
+5. the `session_id` inside an Anthropic body's `metadata.user_id` (Claude Code sends it there too, as JSON text;
+   older versions as `user_<hash>_account_<uuid>_session_<uuid>`). A `user_id` with no session in it names a
+   user, not a session, and is not used.
+
+Measured against the real CLIs by tests/test_agents.py (marker `agents`). A client's own id that reef_lab's id
+rules do not allow is kept as a hash of it (`sha-` + 32 hex), so any client's session still groups.
+
+Turns are numbered when an episode is read, not when a call is recorded: the calls of one session may be served by
+several workers (each writes its own log), and no counter is shared among them. Turn n is the n-th of the episode's
+inference records ordered by (created_at, id): the time each call was recorded, the record id breaking a tie. For an
+agent's loop, where a call is made only after the previous answer arrived, that is the order of its calls
+(docs/decisions.md, "Episode turns are numbered on read").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import orjson
+import polars as pl
+
+from reef_lab.errors import BadRequest, NotFound
+
+SESSION_HEADER = "x-reef-session"
+EPISODE_HEADER = "x-reef-episode"  # on every answer that belongs to an episode
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})$")
+
+
+def check_episode_id(value: Any, what: str = "episode id") -> str:
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        shown = repr(value)[:60] if isinstance(value, str) else f"a {type(value).__name__}"
+        raise BadRequest(f"{what} {shown} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
+    return value
+
+
+def _kept(client_id: str) -> str:
+    """A client's own session id as an episode id: as is when it fits the id rules, else a hash of it."""
+    if _ID_RE.match(client_id):
+        return client_id
+    return "sha-" + hashlib.blake2b(client_id.encode(), digest_size=16).hexdigest()
+
+
+def _from_user_id(body: dict) -> str | None:
+    meta = body.get("metadata")
+    user_id = meta.get("user_id") if isinstance(meta, dict) else None
+    if not isinstance(user_id, str) or not user_id:
+        return None
+    if user_id.startswith("{"):
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        sid = parsed.get("session_id") if isinstance(parsed, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+    m = _LEGACY_USER_ID.search(user_id)
+    return m.group(1) if m else None
+
+
+def detect(headers: dict[str, str] | None, body: Any) -> str | None:
+    """The episode a request belongs to (None: none), from its lower-cased headers and its body."""
+    headers = headers or {}
+    explicit = headers.get(SESSION_HEADER)
+    if explicit is not None:
+        return check_episode_id(explicit, f"the {SESSION_HEADER} header")
+    for name in CLIENT_SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return _kept(value)
+    if isinstance(body, dict):
+        sid = _from_user_id(body)
+        if sid:
+            return _kept(sid)
+    return None
+
+
+def episode_ids(store, scenario: str, episode: str, since: float = 0.0) -> list[str]:
+    """The ids of an episode's inference records in turn order ((created_at, id); see the module docstring).
+    A scan of the scenario's records (Parquet segments by predicate, the unrolled logs in full): fine for reports
+    and reads, not for the per-call path."""
+    frame = (store.scan()
+             .filter((pl.col("scenario") == scenario) & (pl.col("episode") == episode)
+                     & (pl.col("kind") == "inference")
+                     & (pl.coalesce("stored_at", "created_at") >= since))
+             .select("id", "created_at").collect())
+    return [rid for _, rid in sorted(zip(frame["created_at"].to_list(), frame["id"].to_list(), strict=True))]
+
+
+def numbered(records: list[dict]) -> list[dict]:
+    """An episode's records (already in turn order) with their turn, 1-based."""
+    return [{**r, "turn": i} for i, r in enumerate(records, start=1)]
+
+
+def episode_references(store, scenarios, name: str, episode, refs) -> list[str]:
+    """A report's `episode`, resolved to the receipts of the episode's calls now (in turn order)."""
+    check_episode_id(episode, "'episode'")
+    if refs is not None:
+        raise BadRequest("give a report either 'references' (receipts) or 'episode' (all its calls), not both")
+    s = scenarios.get(name)
+    ids = episode_ids(store, name, episode, s.since)
+    if not ids:
+        raise BadRequest(f"episode {episode!r} has no calls in scenario {name!r}")
+    return ids
+
+
+def read_episode(store, scenarios, scenario: str, episode: str) -> dict:
+    """GET /reef/episodes/<id>: the episode's calls in turn order, each with its `turn` (1-based)."""
+    s = scenarios.get(scenario)
+    check_episode_id(episode)
+    ids = episode_ids(store, s.name, episode, s.since)
+    if not ids:
+        raise NotFound(f"episode {episode!r} has no calls in scenario {s.name!r}")
+    records = numbered(store.get_many(ids))
+    return {"scenario": s.name, "episode": episode, "turns": len(records), "records": records}
