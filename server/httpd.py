@@ -578,14 +578,19 @@ def worker_main(spec: dict) -> None:
         mod = __import__(module, fromlist=[attr])
     except _Stop:
         return
-    server = Server(getattr(mod, attr), sock, Limits(**spec.get("limits", {})), multiprocess=spec.get("workers", 1) > 1)
-    if ready is not None:  # P: the app's primary (its module says role = "primary"), see run()
-        os.write(ready, b"P" if getattr(mod, "role", None) == "primary" else b"1")
-        os.close(ready)
-    try:
+    serving = False
+    try:  # a stop signal may come at any moment, also between the app's import and serving (a restart of all)
+        server = Server(getattr(mod, attr), sock, Limits(**spec.get("limits", {})),
+                        multiprocess=spec.get("workers", 1) > 1)
+        if ready is not None:  # P: the app's primary (its module says role = "primary"), see run()
+            os.write(ready, b"P" if getattr(mod, "role", None) == "primary" else b"1")
+            os.close(ready)
+        serving = True
         server.serve_forever()
     except _Stop:
-        pass
+        if not serving:  # no request was taken: the app's exit handlers close what it built
+            sock.close()
+            exit_now()
     stopped = time.monotonic()
     server.stop(on_stop=getattr(mod, "stopping", None))
     sock.close()

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from reef_lab.records.store import RecordStore, read_log
+from reef_lab import procs
 from tests.doubles.processes import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,7 +241,7 @@ def test_workers_threads_ask_for_a_short_time_slice(tmp_path, stub_url):
             c.request("POST", "/v1/chat/completions", body=json.dumps({"model": "m", "messages": []}),
                       headers={"x-reef-scenario": "slice", "Content-Type": "application/json"})
             assert c.getresponse().status == 200
-        kids = [int(p) for p in Path(f"/proc/{srv.pid}/task/{srv.pid}/children").read_text().split()]
+        kids = procs.children(srv.pid)  # the workers (each below a reef_lab.procs reaper)
         assert len(kids) == 2
         slices = {int(t): thread_slice_us(int(t)) for k in kids for t in os.listdir(f"/proc/{k}/task")}
         slices = {t: v for t, v in slices.items() if v is not None}  # None: a thread that ended meanwhile
