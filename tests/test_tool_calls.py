@@ -39,9 +39,9 @@ def server(tool_model, tokenizer, tmp_path_factory):
 class Client:
     """One dialect through its official SDK: `ask` returns (text, [(call id, name, arguments)], finish reason)."""
 
-    def __init__(self, url: str, dialect: str, scenario: str):
+    def __init__(self, url: str, dialect: str, scenario: str, session: str | None = None):
         self.dialect, self.scenario = dialect, scenario
-        h = {"x-reef-scenario": scenario}
+        h = {"x-reef-scenario": scenario, **({"x-reef-session": session} if session else {})}
         self.oai = openai.OpenAI(base_url=url + "/v1", api_key="x", default_headers=h, max_retries=0)
         self.an = anthropic.Anthropic(base_url=url, api_key="x", default_headers=h, max_retries=0)
 

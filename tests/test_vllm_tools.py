@@ -38,7 +38,7 @@ def records(server, scenario):
                                              ("anthropic", True), ("anthropic", False)])
 def test_vllm_tool_loop(servers, dialect, stream):
     vllm, _ = servers
-    c = Client(vllm.url, dialect, f"v-{dialect}-{stream}")
+    c = Client(vllm.url, dialect, f"v-{dialect}-{stream}", session=f"run-{dialect}-{stream}")
     history = [c.user(COPY)]
     text, calls, _ = c.ask(history, stream)
     assert [(n, a) for _, n, a in calls] == [("get_weather", {"city": "Paris"})], (text, calls)
@@ -48,6 +48,11 @@ def test_vllm_tool_loop(servers, dialect, stream):
     first, second = records(vllm, f"v-{dialect}-{stream}")
     assert first["metadata"]["tool_calls"][0]["id"] == calls[0][0] and second["metadata"] == {"tool_calls": []}
     assert len(first["token_ids"]) == len(first["logprobs"]) > 0
+    # the loop is one episode: its two calls in turn order, the tool call in turn 1, its result in turn 2's request
+    ep = vllm.gateway.get_episode(f"v-{dialect}-{stream}", f"run-{dialect}-{stream}")
+    assert [(r["id"], r["turn"]) for r in ep["records"]] == [(first["id"], 1), (second["id"], 2)], ep
+    assert ep["records"][0]["metadata"]["tool_calls"][0]["name"] == "get_weather"
+    assert "sunny, 21 C" in str(ep["records"][1]["request"])
 
 
 def test_vllm_and_embedded_record_the_same_prompt_and_calls(servers):
