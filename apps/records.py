@@ -702,7 +702,7 @@ def _(flt, records):
     episode_select = mo.ui.dropdown(
         {INSPECTED: None, **{f"{e} ({s}, {n} calls)": (s, e)
                              for s, e, n in _eps.select("scenario", "episode", "calls").iter_rows()}},
-        value=INSPECTED, searchable=True, label="Episode")
+        value=INSPECTED, label="Episode")
     return (episode_select,)
 
 
