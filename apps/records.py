@@ -8,7 +8,9 @@ Read-only and safe while a server writes to the data dir: everything comes from 
 (one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
 registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
 "include hidden records" to see everything on disk. Per release: reward and held-out accuracy with the lineage, and
-sample answers (what it served, with the reports' scores, and its held-out ones) next to them.
+sample answers (what it served, with the reports' scores, and its held-out ones) next to them. An agent's episode
+as a conversation (turns, tool calls and results, which tokens a report trains, the reports on it):
+apps/conversation.py, docs/apps.md.
 """
 
 import marimo

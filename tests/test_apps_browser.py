@@ -466,7 +466,8 @@ def test_records_app_renders_an_episode_as_a_conversation(browser, episode_data,
         app.select("Episode", "run-1 (agent, 2 calls)")
         assert app.page.locator("#records-episode .episode-turn").count() == 2
         assert app.errors() == []
-        app.shot(tmp_path / "records-episode.png")
+        app.page.locator("#records-episode").scroll_into_view_if_needed()
+        app.page.screenshot(path=str(tmp_path / "records-episode.png"))
 
 
 # ---- apps/sao.py ------------------------------------------------------------------------------------------------
