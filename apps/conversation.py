@@ -207,9 +207,12 @@ def reports_html(reports: list[dict]) -> str:
         fb = _json(r.get("feedback"))
         fb = "" if fb is None else fb if isinstance(fb, str) else orjson.dumps(fb).decode()
         on = "the episode" if r.get("episode") else f"{len(r.get('references') or [])} of its calls"
-        rows.append(f"<tr><td><code>{html.escape(r['id'])}</code></td><td>{html.escape(r.get('time') or '')}</td>"
-                    f"<td style='text-align: right'>{'' if r.get('score') is None else format(r['score'], 'g')}</td>"
-                    f"<td>{on}</td><td style='white-space: pre-wrap; max-width: 40em'>{html.escape(fb)}</td></tr>")
+        pad = "padding: 2px 12px 2px 0; vertical-align: top"
+        rows.append(f"<tr><td style='{pad}'><code>{html.escape(r['id'])}</code></td>"
+                    f"<td style='{pad}'>{html.escape(r.get('time') or '')}</td>"
+                    f"<td style='{pad}; text-align: right'>"
+                    f"{'' if r.get('score') is None else format(r['score'], 'g')}</td><td style='{pad}'>{on}</td>"
+                    f"<td style='{pad}; white-space: pre-wrap; max-width: 40em'>{html.escape(fb)}</td></tr>")
     head = "".join(f"<th style='text-align: left; padding-right: 12px'>{h}</th>"
                    for h in ("report", "time (UTC)", "score", "on", "feedback"))
     return (f"<table class='episode-reports' style='width: auto'><thead><tr>{head}</tr></thead>"
