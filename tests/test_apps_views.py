@@ -300,3 +300,18 @@ def test_records_app_shows_an_episode_as_a_conversation(episode_data):
     outputs, env = records.app.run(defs={"selected_id": alone, "episode_select": mo.ui.dropdown(
         {"ep": ("agent", "run-1")}, value="ep")})
     assert env["episode_shown"] == ("agent", "run-1") and len(turns_of(shown(outputs))) == 2
+    # a refused call of the episode shows as not trained; a history the client rewrote is split, said so, and each
+    # call's whole prompt is given
+    from apps.conversation import episode_html, trained_tokens
+
+    refused = {**second, "id": "rec_refused", "status": "refused", "error": "max_tokens must be positive",
+               "token_ids": None, "created_at": second["created_at"] + 1}
+    html3 = episode_html("run-1", "agent", [first, second, refused], [])
+    assert "3 turns" in html3 and "1 calls not trained" in html3
+    assert "not trained (refused: max_tokens must be positive)" in html3.split("<b>turn 3</b>")[1]
+    drifted = {**second, "prompt_token_ids": second["prompt_token_ids"][:3] + [0] + second["prompt_token_ids"][4:]}
+    tokens = trained_tokens([first, drifted])
+    assert tokens["how"].startswith("one sample per call (a turn's prompt does not extend")
+    assert tokens["per"][second["id"]] == {"given": len(second["prompt_token_ids"]),
+                                           "generated": len(second["token_ids"])}
+    assert tokens["samples"] == 2 and tokens["trained"] == trained
