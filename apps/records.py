@@ -8,7 +8,9 @@ Read-only and safe while a server writes to the data dir: everything comes from 
 (one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
 registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
 "include hidden records" to see everything on disk. Per release: reward and held-out accuracy with the lineage, and
-sample answers (what it served, with the reports' scores, and its held-out ones) next to them.
+sample answers (what it served, with the reports' scores, and its held-out ones) next to them. An agent's episode
+as a conversation (turns, tool calls and results, which tokens a report trains, the reports on it):
+apps/conversation.py, docs/apps.md.
 """
 
 import marimo
@@ -29,6 +31,7 @@ with app.setup:
 
     ROOT = Path(__file__).resolve().parents[1]
 
+    from apps.conversation import episode_html
     from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, signature, svg,
                              wandb_md, wandb_runs, wilson)
     from reef_lab.publishing.releases import BASE, ReleaseStore
@@ -37,9 +40,10 @@ with app.setup:
 
     SNIPPET = 80
     ALL = "(all)"
+    INSPECTED = "(the inspected record's)"
     # Columns the tables and filters need; request/response/feedback JSON are fetched only for shown rows.
     LIGHT = ["id", "scenario", "kind", "dialect", "created_at", "time", "status", "error", "release_id", "score",
-             "n_reports", "references", "n_tokens", "mean_logprob", "latency_ms", "visible"]
+             "n_reports", "references", "n_tokens", "mean_logprob", "latency_ms", "visible", "episode"]
     # The files a refresh compares: record logs and segments, the scenario registry, the release indexes.
     DATA_FILES = ("*.bin", "*.parquet", "scenarios.json", "index.json")
 
@@ -595,7 +599,7 @@ def _(filtered, flt, picked_memory, records_lf, set_picked_id):
                           .str.join(" | ")))
     records_view = (_page.join(_texts, on="id", how="left", maintain_order="left")
                     .join(_on_inference, left_on="id", right_on="ref", how="left", maintain_order="left")
-                    .select("id", "time", "scenario", "kind", "dialect", "status", "release_id",
+                    .select("id", "time", "scenario", "kind", "dialect", "status", "release_id", "episode",
                             pl.col("score").round(3), pl.col("n_reports").alias("reports"),
                             pl.coalesce("own_feedback", "reports_feedback").fill_null("")
                             .map_elements(lambda s: snippet(s, 120), return_dtype=pl.String).alias("feedback"),
@@ -686,6 +690,52 @@ def _(inspect_id, records_lf, selected_id):
         _out.append(mo.accordion(_panels, multiple=True))
     mo.vstack(_out)
     return inspected, referenced_df, referencing_df
+
+
+@app.cell
+def _(flt, records):
+    # Episodes (an agent's calls grouped by session) of the scenario picked above; the inspected record's by default.
+    _vis = records if flt["include_hidden"] else records.filter("visible")
+    if flt["scenario"]:
+        _vis = _vis.filter(pl.col("scenario") == flt["scenario"])
+    _eps = (_vis.filter((pl.col("kind") == "inference") & pl.col("episode").is_not_null())
+            .group_by("scenario", "episode").agg(calls=pl.len(), last=pl.col("created_at").max())
+            .sort("last", descending=True).head(500))
+    episode_select = mo.ui.dropdown(
+        {INSPECTED: None, **{f"{e} ({s}, {n} calls)": (s, e)
+                             for s, e, n in _eps.select("scenario", "episode", "calls").iter_rows()}},
+        value=INSPECTED, label="Episode")
+    return (episode_select,)
+
+
+@app.cell
+def _(episode_select, flt, inspected, records_lf):
+    # The episode as a conversation: each turn's new messages and answer, the tokens a report trains, its reports.
+    episode_shown = None
+    if episode_select.value is not None:
+        episode_shown = episode_select.value
+    elif inspected is not None and inspected.get("episode"):
+        episode_shown = (inspected["scenario"], inspected["episode"])
+    _out = [mo.md("## Episode"), episode_select]
+    if episode_shown is None:
+        _out.append(mo.md("_The inspected record belongs to no episode: pick one above, or inspect a record of "
+                          "one (its `episode` column)._"))
+    else:
+        _s, _e = episode_shown
+        _lf = records_lf if flt["include_hidden"] else records_lf.filter("visible")
+        _lf = _lf.filter((pl.col("scenario") == _s))
+        _calls = [frame_row_to_dict(r) for r in _lf.filter((pl.col("kind") == "inference")
+                                                           & (pl.col("episode") == _e)).collect().iter_rows(named=True)]
+        _ids = [r["id"] for r in _calls]
+        _on = (_lf.filter(pl.col("kind") == "report").select("id", ref=pl.col("references")).explode("ref")
+               .filter(pl.col("ref").is_in(_ids)).select("id").unique().collect()["id"].to_list())
+        _reports = [frame_row_to_dict(r) for r in
+                    _lf.filter((pl.col("kind") == "report") & ((pl.col("episode") == _e) | pl.col("id").is_in(_on)))
+                    .sort("created_at", "id").collect().iter_rows(named=True)]
+        _out.append(mo.Html(episode_html(_e, _s, _calls, _reports)) if _calls
+                    else mo.md(f"_Episode `{html.escape(_e)}` has no calls in scenario `{html.escape(_s)}`._"))
+    mo.vstack(_out)
+    return (episode_shown,)
 
 
 @app.cell

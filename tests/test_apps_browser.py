@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.test_apps_views import episode_data  # noqa: F401  (a fixture: a data dir of a real tool loop)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("REEF_LAB_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -431,6 +433,41 @@ def test_records_app_joins_scores_shows_feedback_filters_by_release_and_refreshe
             app.shot(tmp_path / "records.png")
     finally:
         store.close()
+
+
+def test_records_app_renders_an_episode_as_a_conversation(browser, episode_data, tmp_path):
+    """A real two-turn tool loop: inspecting one of its calls, or picking it, shows its turns, tool call, tool
+    result, which tokens were trained (green) and which were given (grey), and the report on it."""
+    from tests.test_episodes import TOOL_RESULT
+
+    data, (first, second), report_id, alone = episode_data
+    with marimo_app("records", tmp_path, REEF_LAB_DATA_DIR=data) as url:
+        app = AppPage(browser, url, "Score histogram")
+        assert app.errors() == []
+        assert "belongs to no episode" in app.text()
+        app.fill("text", "Inspect record id", second["id"])  # a call of the episode: its conversation
+        ep = app.page.locator("#records-episode")
+        ep.wait_for(timeout=60_000)
+        turns = ep.locator(".episode-turn")
+        assert turns.count() == 2
+        one, two = turns.nth(0).inner_text(), turns.nth(1).inner_text()
+        assert "turn 1" in one and "Weather in Paris?" in one and 'get_weather({"city":"Paris"})' in one
+        assert "turn 2" in two and TOOL_RESULT in two and "Weather in Paris?" not in two
+        trained = turns.nth(0).locator(".episode-trained")
+        assert f"generated, trained ({len(first['token_ids'])} tokens)" in trained.inner_text()
+        colours = {cls: ep.locator(f".{cls}").first.evaluate("e => getComputedStyle(e).backgroundColor")
+                   for cls in ("episode-given", "episode-trained")}
+        assert colours == {"episode-given": "rgb(243, 244, 246)", "episode-trained": "rgb(218, 251, 225)"}
+        reports = ep.locator("table.episode-reports tbody tr").all_inner_texts()
+        assert len(reports) == 1 and report_id in reports[0] and "0.75" in reports[0]
+        # a call of no episode, then the episode picked
+        app.fill("text", "Inspect record id", alone)
+        assert app.page.locator("#records-episode").count() == 0 and "belongs to no episode" in app.text()
+        app.select("Episode", "run-1 (agent, 2 calls)")
+        assert app.page.locator("#records-episode .episode-turn").count() == 2
+        assert app.errors() == []
+        app.page.locator("#records-episode").scroll_into_view_if_needed()
+        app.page.screenshot(path=str(tmp_path / "records-episode.png"))
 
 
 # ---- apps/sao.py ------------------------------------------------------------------------------------------------

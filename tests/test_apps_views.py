@@ -230,3 +230,88 @@ def test_sao_app_shows_each_candidates_answers(tmp_path):
     cand, base = html.split("base model")
     assert "candidate c0001" in cand and "release <b>v1</b>" in cand and "accuracy <b>0.500</b>" in cand
     assert "The answer is 12" in cand and "eight" in cand and "eight" in base and "The answer is 12" not in base
+
+
+# ---- records: an episode as a conversation --------------------------------------------------------------------------
+@pytest.fixture
+def episode_data(tool_model, tokenizer, tmp_path, monkeypatch):
+    """A data dir holding one real two-turn tool loop (the tiny tool model through the chat SDK, as
+    tests/test_episodes.py makes one), a report on the episode with feedback, and a call of no episode."""
+    import requests
+
+    from reef_lab.engines.embedded import EmbeddedEngine
+    from reef_lab.gateway.gateway import Gateway
+    from tests.conftest import Running
+    from reef_lab.gateway.gateway import RECEIPT_HEADER
+    from tests.test_episodes import session_client, tool_loop
+
+    d = tmp_path / "data"
+    r = Running(Gateway(d, EmbeddedEngine(tool_model, tokenizer, "tiny", max_batch=8)))
+    try:
+        c = session_client(r.url, "chat", "agent", "run-1")
+        tool_loop(c, stream=False)
+        got = requests.get(f"{r.url}/reef/episodes/run-1", headers={"x-reef-scenario": "agent"}, timeout=60).json()
+        rep = requests.post(f"{r.url}/reef/report", headers={"x-reef-scenario": "agent"}, timeout=60,
+                            json={"score": 0.75, "episode": "run-1", "feedback": "called the tool, then answered"})
+        assert rep.status_code == 200, rep.text
+        lone = requests.post(f"{r.url}/v1/chat/completions", headers={"x-reef-scenario": "agent"}, timeout=60,
+                             json={"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+        assert lone.status_code == 200 and "x-reef-episode" not in lone.headers, lone.text
+        alone = lone.headers[RECEIPT_HEADER]
+    finally:
+        r.stop()
+    monkeypatch.setenv("REEF_LAB_DATA_DIR", str(d))
+    return d, got["records"], rep.json()["agent_record_id"], alone
+
+
+def turns_of(text: str) -> list[str]:
+    block = text[text.index("id='records-episode'"):]
+    return block.split("<div class='episode-turn'")[1:]
+
+
+def test_records_app_shows_an_episode_as_a_conversation(episode_data):
+    from tests.test_episodes import TOOL_RESULT
+
+    d, (first, second), report_id, alone = episode_data
+    records = load_module("records")
+    outputs, env = records.app.run(defs={"selected_id": second["id"]})  # a record of the episode, inspected
+    assert env["episode_shown"] == ("agent", "run-1")
+    one, two = turns_of(shown(outputs))
+    # turn 1: the user's question given, the tool call with its arguments generated and trained
+    assert "<b>turn 1</b>" in one and first["id"] in one and "Weather in Paris?" in one.split("episode-trained")[0]
+    assert 'get_weather({&quot;city&quot;:&quot;Paris&quot;})' in one.split("episode-trained")[1]
+    # turn 2: the tool result given (not trained), the answer generated
+    given2, trained2 = two.split("episode-trained")
+    assert TOOL_RESULT in given2 and "tool (result of" in given2 and TOOL_RESULT not in trained2
+    assert "Weather in Paris?" not in two  # only what the turn's request added
+    # the token counts are the learner's: turn 1's prompt, then what turn 2's prompt added; generated = trained
+    added = len(second["prompt_token_ids"]) - len(first["prompt_token_ids"]) - len(first["token_ids"])
+    assert f"{len(first['prompt_token_ids'])} given tokens · {len(first['token_ids'])} generated tokens trained" in one
+    assert f"{added} given tokens · {len(second['token_ids'])} generated tokens trained" in two
+    trained = len(first["token_ids"]) + len(second["token_ids"])
+    assert f"trains one sample of 2 turns: <b>{trained}</b> tokens with loss" in shown(outputs)
+    # the report on it: score and feedback
+    reports = shown(outputs).split("episode-reports")[1]
+    assert report_id in reports and re.search(r">0.75</td>", reports) and "called the tool, then answered" in reports
+    # the picker lists it; a call of no episode shows none until one is picked
+    outputs, env = records.app.run(defs={"selected_id": alone})
+    assert env["episode_shown"] is None and "belongs to no episode" in shown(outputs)
+    assert ("agent", "run-1") in env["episode_select"].options.values()
+    outputs, env = records.app.run(defs={"selected_id": alone, "episode_select": mo.ui.dropdown(
+        {"ep": ("agent", "run-1")}, value="ep")})
+    assert env["episode_shown"] == ("agent", "run-1") and len(turns_of(shown(outputs))) == 2
+    # a refused call of the episode shows as not trained; a history the client rewrote is split, said so, and each
+    # call's whole prompt is given
+    from apps.conversation import episode_html, trained_tokens
+
+    refused = {**second, "id": "rec_refused", "status": "refused", "error": "max_tokens must be positive",
+               "token_ids": None, "created_at": second["created_at"] + 1}
+    html3 = episode_html("run-1", "agent", [first, second, refused], [])
+    assert "3 turns" in html3 and "1 calls not trained" in html3
+    assert "not trained (refused: max_tokens must be positive)" in html3.split("<b>turn 3</b>")[1]
+    drifted = {**second, "prompt_token_ids": second["prompt_token_ids"][:3] + [0] + second["prompt_token_ids"][4:]}
+    tokens = trained_tokens([first, drifted])
+    assert tokens["how"].startswith("one sample per call (a turn's prompt does not extend")
+    assert tokens["per"][second["id"]] == {"given": len(second["prompt_token_ids"]),
+                                           "generated": len(second["token_ids"])}
+    assert tokens["samples"] == 2 and tokens["trained"] == trained
