@@ -403,3 +403,23 @@ def test_relay_logs_rolled_while_the_primary_follows_are_indexed_once(tmp_path):
     assert not primary._index  # every relay log was rolled; nothing left indexed in memory
     assert primary.get("r01999")["request"] == {"i": 1999}
     primary.close()
+
+
+def test_a_record_with_an_integer_beyond_64_bits_is_stored_and_read_back(tmp_path):
+    """A model's tool call may carry an integer orjson cannot write (a calculator result of 10^20): the record is
+    stored (no 500), its exact digits on disk, and read back (that number as a float), before and after a roll."""
+    from reef_lab.records.record import Record, new_record_id
+
+    big = 123456789012345678901234567890
+    st = RecordStore(tmp_path / "data")
+    rec = Record(id=new_record_id(), scenario="s", kind="inference", dialect="openai.chat",
+                 request={"messages": []}, response={"ok": True},
+                 metadata={"tool_calls": [{"name": "mul", "arguments": {"a": big, "b": 2}}]})
+    assert st.append([rec]) == [True]
+    got = st.get(rec.id)["metadata"]["tool_calls"][0]["arguments"]
+    assert got["b"] == 2 and got["a"] == pytest.approx(float(big))
+    assert str(big).encode() in b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
+    st.close()
+    st = RecordStore(tmp_path / "data")  # reopened: the closed log is rolled into Parquet
+    assert st.get(rec.id)["metadata"]["tool_calls"][0]["arguments"]["a"] == pytest.approx(float(big))
+    st.close()

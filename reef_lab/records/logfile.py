@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import logging
 import mmap
 import os
@@ -41,8 +42,18 @@ def row_text(d: dict) -> bytes:
     row = dict(d)
     for k in JSON_COLUMNS:
         if (v := row[k]) is not None:
-            row[k] = orjson.dumps(v).decode()
+            row[k] = json_text(v)
     return orjson.dumps(row)
+
+
+def json_text(value) -> str:
+    """`value` as JSON text. orjson refuses integers beyond 64 bits (a model's tool call may carry one: a calculator
+    result of 10^20), so such a value is written by the standard library, digits exact on disk; a reader that parses
+    it with orjson gets a float for that number, never an error."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse_row(text: bytes) -> dict:
