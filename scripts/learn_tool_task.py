@@ -1,14 +1,16 @@
 """Learning a tool task live: SFT on imported calculator demonstrations, held-out tool episodes before and after.
 
 What a user would do, end to end against `scripts/serve.py` (the embedded SmolLM2-135M, recipe sft with
-recipes/sft/examples/tools.yaml, started here as a child that dies with this script):
-1. the base model runs held-out episodes through the OpenAI SDK tool loop (chat completions with `tools`, the tool
-   results sent back as `role: tool` messages) in a records-only scenario; each episode is scored by the task's
-   verifier and reported on its receipts (POST /reef/report);
-2. per seed, a scenario gets `--demos` demonstration episodes of calculator items drawn with seed 100+s (disjoint
-   from the held-out items, seed 1000), imported as one `train` record per assistant turn with the token ids the
-   engine templates (reef_lab/learning/tool_demos.py), `--epochs` times; `--steps` POST /reef/train rounds make
-   release v1, which then serves the scenario;
+recipes/sft/examples/tools.yaml), started here as a child that dies with this script, a fresh one per seed (each
+seed starts from the base weights):
+1. the base model runs the held-out episodes through the OpenAI SDK tool loop (chat completions with `tools`, the
+   tool results sent back as `role: tool` messages; greedy) in a records-only scenario, all episodes of all tasks at
+   once (the embedded engine batches them); each episode is scored by its task's verifier and reported on its
+   receipts (POST /reef/report);
+2. per seed, demonstrations of calculator items drawn with seed 100+s (disjoint from the held-out items, seed 1000;
+   checked) are imported as one `train` record per assistant turn, with the token ids the engine templates
+   (reef_lab/learning/tool_demos.py), the first `--samples` turns; steps_per_candidate POST /reef/train rounds
+   (manual mode) make release v1, which then serves the scenario;
 3. the release runs the same held-out episodes (calculator and BFCL v4), scored and reported the same way.
 Writes <out>.json (every episode, with its transcript), <out>.md and <out>.png.
 
@@ -91,41 +93,53 @@ class ReceiptChat:
         return raw.parse().choices[0].message.model_dump(exclude_none=True)
 
 
-def run_episodes(url: str, client, scenario: str, task, items, max_tokens: int, max_turns: int,
-                 concurrency: int) -> dict:
-    def one(item):
+def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
+    """Every held-out episode of every task at once (the embedded engine batches them): `jobs` maps a task name to
+    (task, items, max_tokens, max_turns). Each episode is scored and reported on its receipts."""
+    def one(job):
+        name, item = job
+        task, _, max_tokens, max_turns = jobs[name]
         chat = ReceiptChat(client, scenario, max_tokens)
         ep = task.run_episode(chat, item, max_turns)
         verdict = task.score_episode(item, ep.transcript)
         r = requests.post(f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
-                          headers={"x-reef-scenario": scenario}, timeout=120)
+                          headers={"x-reef-scenario": scenario}, timeout=300)
         r.raise_for_status()
-        return {"id": item["id"], "score": verdict.score, "correct": verdict.correct,
-                "valid_calls": verdict.valid_calls, "invalid_calls": verdict.invalid_calls,
-                "feedback": verdict.feedback, "turns": ep.turns, "releases": sorted(chat.releases),
-                "receipts": chat.receipts, "transcript": ep.transcript}
+        return name, {"id": item["id"], "score": verdict.score, "correct": verdict.correct,
+                      "valid_calls": verdict.valid_calls, "invalid_calls": verdict.invalid_calls,
+                      "feedback": verdict.feedback, "turns": ep.turns, "releases": sorted(chat.releases),
+                      "receipts": chat.receipts, "transcript": ep.transcript}
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        rows = list(pool.map(one, items))
-    k, n = int(sum(r["score"] for r in rows)), len(rows)
-    valid = sum(r["valid_calls"] for r in rows)
-    calls = valid + sum(r["invalid_calls"] for r in rows)
-    lo, hi = clopper_pearson(k, n)
-    return {"scenario": scenario, "n": n, "success": k, "accuracy": k / n, "ci95": [lo, hi], "tool_calls": calls,
-            "valid_calls": valid, "valid_call_fraction": valid / calls if calls else None,
-            "episodes_with_calls": sum(1 for r in rows if r["valid_calls"] + r["invalid_calls"]),
-            "episodes_with_valid_calls": sum(1 for r in rows if r["valid_calls"]),
-            "wall_s": round(time.perf_counter() - started, 1), "episodes": rows}
+    work = [(name, it) for name, (_, items, _, _) in jobs.items() for it in items]
+    with ThreadPoolExecutor(len(work)) as pool:
+        done = list(pool.map(one, work))
+    wall = round(time.perf_counter() - started, 1)
+    out = {}
+    for name in jobs:
+        rows = [r for n, r in done if n == name]
+        k, n = int(sum(r["score"] for r in rows)), len(rows)
+        valid = sum(r["valid_calls"] for r in rows)
+        calls = valid + sum(r["invalid_calls"] for r in rows)
+        lo, hi = clopper_pearson(k, n)
+        out[name] = {"scenario": scenario, "n": n, "success": k, "accuracy": k / n, "ci95": [lo, hi],
+                     "tool_calls": calls, "valid_calls": valid,
+                     "valid_call_fraction": valid / calls if calls else None,
+                     "episodes_with_calls": sum(1 for r in rows if r["valid_calls"] + r["invalid_calls"]),
+                     "episodes_with_valid_calls": sum(1 for r in rows if r["valid_calls"]),
+                     "wall_s": wall, "episodes": rows}
+        print(f"[learn] {scenario} {name}: {k}/{n}, {out[name]['episodes_with_valid_calls']} with a valid call "
+              f"({wall} s, all tasks together)", file=sys.stderr, flush=True)
+    return out
 
 
 # ---- the server --------------------------------------------------------------------------------------------------
-def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int) -> Popen:
+def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None) -> Popen:
     log = open(data_dir / "serve.log", "ab")
     proc = Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
-                  str(data_dir), "--recipe", "sft", "--recipe-config", recipe_config, "--max-batch", str(max_batch),
-                  "--log-level", "warning"], cwd=ROOT, stdout=log, stderr=log,
-                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                  str(data_dir), "--recipe", "sft", "--recipe-config", str(ROOT / recipe_config), "--max-batch",
+                  str(max_batch), "--log-level", "warning", *(["--model-path", model_path] if model_path else [])],
+                 cwd=ROOT, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wait_http(f"http://127.0.0.1:{port}/healthz", timeout=900)
     return proc
 
@@ -140,11 +154,11 @@ def train_release(url: str, scenario: str, records: list[dict], steps: int, time
     deadline = time.time() + timeout
     while time.time() < deadline:
         rels = requests.get(f"{url}/reef/scenarios/{scenario}/releases", timeout=60).json()
-        if rels.get("serving"):
+        if rels.get("serving") not in (None, "base"):
             return rels
-        info = requests.get(f"{url}/reef/scenarios/{scenario}", timeout=60).json()
-        if (info.get("learner") or {}).get("last_error"):
-            raise RuntimeError(f"{scenario}: training failed: {info['learner']['last_error']}")
+        learner = requests.get(f"{url}/reef/status", timeout=60).json()["learners"].get(scenario) or {}
+        if learner.get("last_error"):
+            raise RuntimeError(f"{scenario}: training failed: {learner['last_error']}")
         time.sleep(5)
     raise TimeoutError(f"{scenario}: no release within {timeout:.0f} s")
 
@@ -152,17 +166,17 @@ def train_release(url: str, scenario: str, records: list[dict], steps: int, time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--demos", type=int, default=40, help="demonstration episodes per seed")
-    ap.add_argument("--epochs", type=int, default=2, help="times each demonstration turn is imported")
-    ap.add_argument("--samples", type=int, default=96, help="demonstration turns used per epoch (the first ones)")
-    ap.add_argument("--n", type=int, default=30, help="held-out items per task")
+    ap.add_argument("--demos", type=int, default=16, help="demonstration episodes drawn per seed")
+    ap.add_argument("--samples", type=int, default=24, help="demonstration turns imported per seed (the first ones)")
+    ap.add_argument("--n", type=int, default=20, help="held-out items per task")
     ap.add_argument("--tasks", nargs="+", default=["calculator", "bfcl"], choices=["calculator", "bfcl"])
-    ap.add_argument("--max-tokens", type=int, default=96, help="max_tokens of each calculator reply")
-    ap.add_argument("--bfcl-max-tokens", type=int, default=128, help="max_tokens of each BFCL reply")
+    ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each calculator reply")
+    ap.add_argument("--bfcl-max-tokens", type=int, default=96, help="max_tokens of each BFCL reply")
     ap.add_argument("--max-turns", type=int, default=4, help="model replies per calculator episode")
-    ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--recipe-config", default="recipes/sft/examples/tools.yaml")
-    ap.add_argument("--data-dir", default="/tmp/learn-tool-task")
+    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--skip-base", action="store_true", help="keep the base run already in <out>.json")
+    ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
     ap.add_argument("--out", default="results/agents-learn")
     args = ap.parse_args()
 
@@ -170,42 +184,38 @@ def main() -> None:
     from openai import OpenAI
 
     rc = yaml.safe_load((ROOT / args.recipe_config).read_text())
-    steps = args.samples * args.epochs // rc["batch_size"]
-    if steps != rc["steps_per_candidate"]:
-        raise SystemExit(f"{args.samples} samples x {args.epochs} epochs / batch {rc['batch_size']} = {steps} steps, "
-                         f"but {args.recipe_config} makes a candidate after {rc['steps_per_candidate']}")
-    data = Path(args.data_dir)
-    data.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    steps = args.samples // rc["batch_size"]
+    if steps * rc["batch_size"] != args.samples or steps != rc["steps_per_candidate"]:
+        raise SystemExit(f"--samples {args.samples} must be steps_per_candidate x batch_size of {args.recipe_config} "
+                         f"({rc['steps_per_candidate']} x {rc['batch_size']}): one release from one pass")
     out = {"command": " ".join(["python", *sys.argv]), "args": vars(args), "recipe_config": rc, "steps": steps,
            "runs": {}}
+    if args.skip_base:
+        out["runs"]["base"] = json.loads(Path(f"{args.out}.json").read_text())["runs"]["base"]
+    calc = make_task({"name": "calculator", "options": {"max_turns": args.max_turns}})
+    bfcl = make_task({"name": "bfcl"})
+    held = {"calculator": calc.items(args.n, EVAL_SEED), "bfcl": bfcl.items(args.n, BFCL_SEED)}
+    jobs = {name: (calc if name == "calculator" else bfcl, held[name],
+                   args.max_tokens if name == "calculator" else args.bfcl_max_tokens,
+                   args.max_turns if name == "calculator" else 1) for name in args.tasks}
+    held_exprs = {it["expression"] for it in held["calculator"]}
     t0 = time.perf_counter()
-    proc = start_server(data, port, args.recipe_config, args.concurrency)
-    try:
-        client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=1800, max_retries=0)
-        chat_tok = ChatTokenizer.from_folder(default_cache_dir() / DEFAULT_MODEL_NAME)
-        calc = make_task({"name": "calculator", "options": {"max_turns": args.max_turns}})
-        bfcl = make_task({"name": "bfcl"})
-        held = {"calculator": calc.items(args.n, EVAL_SEED), "bfcl": bfcl.items(args.n, BFCL_SEED)}
-        held_exprs = {it["expression"] for it in held["calculator"]}
-
-        def evaluate(scenario: str) -> dict:
-            res = {}
-            for name in args.tasks:
-                task = calc if name == "calculator" else bfcl
-                res[name] = run_episodes(url, client, scenario, task, held[name],
-                                         args.max_tokens if name == "calculator" else args.bfcl_max_tokens,
-                                         args.max_turns if name == "calculator" else 1, args.concurrency)
-                print(f"[learn] {scenario} {name}: {res[name]['success']}/{res[name]['n']} "
-                      f"({res[name]['wall_s']} s)", file=sys.stderr, flush=True)
-            return res
-
-        requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
-                      timeout=60).raise_for_status()
-        out["runs"]["base"] = {"eval": evaluate("tools-base")}
-        _save(out, args.out)
-        for seed in args.seeds:
+    for seed in (["base"] if not args.skip_base else []) + list(args.seeds):
+        # a server per seed: each starts from the base weights, and a finished trainer's memory goes with it
+        data = Path(args.data_dir) / f"seed-{seed}"
+        data.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
+        try:
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=0)
+            if seed == "base":
+                requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
+                              timeout=60).raise_for_status()
+                out["runs"]["base"] = {"eval": run_episodes(url, client, "tools-base", jobs)}
+                _save(out, args.out)
+                continue
+            chat_tok = ChatTokenizer.from_folder(model_folder(args.model_path))
             scenario = f"tools-sft-s{seed}"
             items = calc.items(args.demos, 100 + seed)
             overlap = held_exprs & {it["expression"] for it in items}
@@ -215,22 +225,31 @@ def main() -> None:
             if len(turns) < args.samples:
                 raise SystemExit(f"seed {seed}: {len(turns)} demonstration turns, fewer than --samples {args.samples}")
             turns = turns[:args.samples]
-            records = [{**r, "tags": {**r["tags"], "epoch": str(e)}} for e in range(args.epochs) for r in turns]
             started = time.perf_counter()
-            rels = train_release(url, scenario, records, steps, timeout=7200)
+            rels = train_release(url, scenario, turns, steps, timeout=7200)
             train_s = time.perf_counter() - started
             print(f"[learn] {scenario}: {rels['serving']} after {train_s:.0f} s", file=sys.stderr, flush=True)
             metrics = data / "learn" / scenario / "metrics.jsonl"
-            losses = [json.loads(line).get("loss") for line in metrics.read_text().splitlines()
-                      if json.loads(line).get("event") == "step"] if metrics.is_file() else []
-            out["runs"][scenario] = {"seed": seed, "demo_items": [it["id"] for it in items],
-                                     "demo_turns": len(turns), "release": rels["serving"],
-                                     "train_s": round(train_s, 1), "losses": losses, "eval": evaluate(scenario)}
+            rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+            out["runs"][scenario] = {
+                "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
+                "release": rels["serving"], "train_s": round(train_s, 1),
+                "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
+                "eval": run_episodes(url, client, scenario, jobs)}
             _save(out, args.out)
-        out["wall_s"] = round(time.perf_counter() - t0, 1)
-        _save(out, args.out)
-    finally:
-        proc.stop(60)
+        finally:
+            proc.stop(120)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    _save(out, args.out)
+
+
+def model_folder(model_path: str | None) -> Path:
+    """The served model's folder (its tokenizer and chat template): the converted embedded default, or a folder."""
+    if model_path is None:
+        return default_cache_dir() / DEFAULT_MODEL_NAME
+    if not Path(model_path).is_dir():
+        raise SystemExit("--model-path must be a model folder here (the demonstrations need its tokenizer)")
+    return Path(model_path)
 
 
 def _save(out: dict, path: str) -> None:

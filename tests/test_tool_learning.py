@@ -121,3 +121,31 @@ def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, t
         assert ln.status()["pool"] == 1  # the plain demonstration only
     finally:
         gw.close()
+
+
+@pytest.mark.heavy
+def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path):
+    """scripts/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
+    trained into v1 over HTTP, the release's episodes served by v1 and reported on their receipts (the script stops on
+    a refused report), the pages written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "sft.yaml"
+    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
+                      "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
+    out = tmp_path / "learn"
+    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
+                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--model-path",
+                    str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--out", str(out)],
+                   cwd=root, check=True, timeout=1800)
+    result = json.loads(Path(f"{out}.json").read_text())
+    run = result["runs"]["tools-sft-s0"]
+    assert run["release"] == "tools-sft-s0:v1" and run["demo_turns"] == 8 and len(run["losses"]) == 2
+    for task in ("calculator", "bfcl"):
+        assert result["runs"]["base"]["eval"][task]["n"] == 2
+        episodes = run["eval"][task]["episodes"]
+        assert all(e["releases"] == ["tools-sft-s0:v1"] and e["receipts"] for e in episodes)
+    assert "<!-- tables" in Path(f"{out}.md").read_text() and Path(f"{out}.png").is_file()
