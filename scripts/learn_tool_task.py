@@ -102,9 +102,8 @@ def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
         chat = ReceiptChat(client, scenario, max_tokens)
         ep = task.run_episode(chat, item, max_turns)
         verdict = task.score_episode(item, ep.transcript)
-        r = requests.post(f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
-                          headers={"x-reef-scenario": scenario}, timeout=300)
-        r.raise_for_status()
+        _retrying("POST", f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
+                  headers={"x-reef-scenario": scenario}).raise_for_status()
         return name, {"id": item["id"], "score": verdict.score, "correct": verdict.correct,
                       "valid_calls": verdict.valid_calls, "invalid_calls": verdict.invalid_calls,
                       "feedback": verdict.feedback, "turns": ep.turns, "releases": sorted(chat.releases),
@@ -138,10 +137,24 @@ def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, 
     log = open(data_dir / "serve.log", "ab")
     proc = Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
                   str(data_dir), "--recipe", "sft", "--recipe-config", str(ROOT / recipe_config), "--max-batch",
-                  str(max_batch), "--log-level", "warning", *(["--model-path", model_path] if model_path else [])],
+                  str(max_batch), "--log-level", "warning", "--read-timeout", "300", *(["--model-path", model_path] if model_path else [])],
                  cwd=ROOT, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wait_http(f"http://127.0.0.1:{port}/healthz", timeout=900)
     return proc
+
+
+def _retrying(method: str, url: str, tries: int = 5, **kwargs) -> requests.Response:
+    """A call that survives a reset connection: on a starved CPU the server's reader thread can miss its read
+    timeout and drop a connection before the request was read (seen while polling during training). A reset after
+    the server had read a report would store it twice; the episodes' results here do not depend on stored reports."""
+    for i in range(tries):
+        try:
+            return requests.request(method, url, timeout=600, **kwargs)
+        except requests.ConnectionError:
+            if i == tries - 1:
+                raise
+            time.sleep(5)
+    raise AssertionError("unreachable")
 
 
 def train_release(url: str, scenario: str, records: list[dict], steps: int, timeout: float) -> dict:
@@ -153,10 +166,10 @@ def train_release(url: str, scenario: str, records: list[dict], steps: int, time
             raise RuntimeError(f"POST /reef/train: {r.status_code} {r.text}")
     deadline = time.time() + timeout
     while time.time() < deadline:
-        rels = requests.get(f"{url}/reef/scenarios/{scenario}/releases", timeout=60).json()
+        rels = _retrying("GET", f"{url}/reef/scenarios/{scenario}/releases").json()
         if rels.get("serving") not in (None, "base"):
             return rels
-        learner = requests.get(f"{url}/reef/status", timeout=60).json()["learners"].get(scenario) or {}
+        learner = _retrying("GET", f"{url}/reef/status").json()["learners"].get(scenario) or {}
         if learner.get("last_error"):
             raise RuntimeError(f"{scenario}: training failed: {learner['last_error']}")
         time.sleep(5)
@@ -176,9 +189,21 @@ def main() -> None:
     ap.add_argument("--recipe-config", default="recipes/sft/examples/tools.yaml")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--skip-base", action="store_true", help="keep the base run already in <out>.json")
+    ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: join the runs of these result files into <out> and write its pages")
     ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
     ap.add_argument("--out", default="results/agents-learn")
     args = ap.parse_args()
+
+    if args.merge:
+        parts = [json.loads(Path(f).read_text()) for f in args.merge]
+        out = {**parts[0], "command": " ; ".join(p["command"] for p in parts), "runs": {}}
+        for p in parts:
+            out["runs"].update(p["runs"])
+        out["runs"] = {k: out["runs"][k] for k in sorted(out["runs"], key=lambda k: (k != "base", k))}
+        _save(out, args.out)
+        return
 
     import yaml
     from openai import OpenAI
@@ -200,7 +225,7 @@ def main() -> None:
                    args.max_turns if name == "calculator" else 1) for name in args.tasks}
     held_exprs = {it["expression"] for it in held["calculator"]}
     t0 = time.perf_counter()
-    for seed in (["base"] if not args.skip_base else []) + list(args.seeds):
+    for seed in (["base"] if not (args.skip_base or args.no_base) else []) + list(args.seeds):
         # a server per seed: each starts from the base weights, and a finished trainer's memory goes with it
         data = Path(args.data_dir) / f"seed-{seed}"
         data.mkdir(parents=True, exist_ok=True)
@@ -208,7 +233,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
         try:
-            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=0)
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=3)
             if seed == "base":
                 requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
                               timeout=60).raise_for_status()
@@ -267,13 +292,23 @@ def summary(out: dict) -> dict:
         if task not in base:
             continue
         accs = [r["eval"][task]["accuracy"] for r in seeds if task in r["eval"]]
-        gains = [a - base[task]["accuracy"] for a in accs]
+        base_on = [_base_on(base[task], r["eval"][task]) for r in seeds if task in r["eval"]]
+        gains = [a - b for a, b in zip(accs, base_on)]  # on the same items (a run may take a prefix of base's)
         table[task] = {"base": base[task]["accuracy"], "base_ci95": base[task]["ci95"], "seeds": accs,
+                       "base_on_seed_items": base_on,
                        "mean": t_interval(accs) if accs else None, "gain": t_interval(gains) if gains else None,
                        "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in seeds if task in r["eval"]],
                        "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in seeds
                                                      if task in r["eval"]]}
     return table
+
+
+def _base_on(base: dict, run: dict) -> float:
+    scores = {e["id"]: e["score"] for e in base["episodes"]}
+    ids = [e["id"] for e in run["episodes"]]
+    if any(i not in scores for i in ids):
+        raise ValueError("a run evaluated items the base run did not: compare on the same held-out items")
+    return sum(scores[i] for i in ids) / len(ids)
 
 
 def write_report(out: dict, path: str) -> None:
@@ -288,12 +323,13 @@ def write_report(out: dict, path: str) -> None:
             lines.append(f"| {name} | {task} | {ev['success']}/{ev['n']} ({ev['accuracy']:.2f}) | "
                          f"{ev['ci95'][0]:.2f}-{ev['ci95'][1]:.2f} | {ev['episodes_with_valid_calls']}/{ev['n']} | "
                          f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev['wall_s']} |")
-    means = ["| task | base | mean over seeds | 95% t-interval (seeds) | gain over base | 95% t-interval |",
-             "|---|---|---|---|---|---|"]
+    means = ["| task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
+             "gain over base | 95% t-interval |", "|---|---|---|---|---|---|---|"]
     for task, t in table.items():
         if t["mean"]:
             m, g = t["mean"], t["gain"]
-            means.append(f"| {task} | {t['base']:.2f} | {m[0]:.3f} | {m[1]:.3f} to {m[2]:.3f} | {g[0]:+.3f} | "
+            means.append(f"| {task} | {len(t['seeds'])} | {sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | "
+                         f"{m[0]:.3f} | {m[1]:.3f} to {m[2]:.3f} | {g[0]:+.3f} | "
                          f"{g[1]:+.3f} to {g[2]:+.3f} |")
     block = (f"{TABLES}\nCommand: `{out['command']}`\n\n" + "\n".join(means) + "\n\n" + "\n".join(lines)
              + f"\n{TABLES_END}")
