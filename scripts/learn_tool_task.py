@@ -149,7 +149,7 @@ def _retrying(method: str, url: str, tries: int = 5, **kwargs) -> requests.Respo
     the server had read a report would store it twice; the episodes' results here do not depend on stored reports."""
     for i in range(tries):
         try:
-            return requests.request(method, url, timeout=600, **kwargs)
+            return requests.request(method, url, timeout=1800, **kwargs)
         except requests.ConnectionError:
             if i == tries - 1:
                 raise
@@ -178,7 +178,7 @@ def train_release(url: str, scenario: str, records: list[dict], steps: int, time
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="none: the base run only")
     ap.add_argument("--demos", type=int, default=16, help="demonstration episodes drawn per seed")
     ap.add_argument("--samples", type=int, default=24, help="demonstration turns imported per seed (the first ones)")
     ap.add_argument("--n", type=int, default=20, help="held-out items per task")
