@@ -328,9 +328,9 @@ def write_report(out: dict, path: str) -> None:
     for task, t in table.items():
         if t["mean"]:
             m, g = t["mean"], t["gain"]
+            ci = (lambda lo, hi: "n/a (one seed)" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}")
             means.append(f"| {task} | {len(t['seeds'])} | {sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | "
-                         f"{m[0]:.3f} | {m[1]:.3f} to {m[2]:.3f} | {g[0]:+.3f} | "
-                         f"{g[1]:+.3f} to {g[2]:+.3f} |")
+                         f"{m[0]:.3f} | {ci(m[1], m[2])} | {g[0]:+.3f} | {ci(g[1], g[2])} |")
     block = (f"{TABLES}\nCommand: `{out['command']}`\n\n" + "\n".join(means) + "\n\n" + "\n".join(lines)
              + f"\n{TABLES_END}")
     md = Path(f"{path}.md")
