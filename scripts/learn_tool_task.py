@@ -348,12 +348,18 @@ def write_report(out: dict, path: str) -> None:
     for ax, task in zip(axes[0], tasks):
         names = [n for n, r in out["runs"].items() if task in r.get("eval", {})]
         evs = [out["runs"][n]["eval"][task] for n in names]
-        acc = [e["accuracy"] for e in evs]
-        err = [[a - e["ci95"][0] for a, e in zip(acc, evs)], [e["ci95"][1] - a for a, e in zip(acc, evs)]]
-        ax.bar(range(len(names)), acc, yerr=err, capsize=4, color=["grey"] + ["tab:blue"] * (len(names) - 1))
-        ax.set_xticks(range(len(names)), [n.replace("tools-sft-", "sft ") for n in names])
-        ax.set_ylim(0, 1)
-        ax.set_title(f"{task}: held-out success (n={evs[0]['n']})")
+        x = list(range(len(names)))
+        for shift, key, label, color in ((-0.2, "success", "task success", "tab:blue"),
+                                         (0.2, "episodes_with_valid_calls", "episodes with a valid call", "tab:orange")):
+            ks = [e[key] for e in evs]
+            acc = [k / e["n"] for k, e in zip(ks, evs)]
+            cis = [clopper_pearson(k, e["n"]) for k, e in zip(ks, evs)]
+            err = [[a - c[0] for a, c in zip(acc, cis)], [c[1] - a for a, c in zip(acc, cis)]]
+            ax.bar([i + shift for i in x], acc, width=0.4, yerr=err, capsize=3, color=color, label=label)
+        ax.set_xticks(x, [n.replace("tools-sft-", "sft ") for n in names])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{task}, held out (n={evs[0]['n']}), 95% CP")
+        ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(f"{path}.png", dpi=110)
     plt.close(fig)
