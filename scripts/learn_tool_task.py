@@ -99,8 +99,15 @@ def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
     def one(job):
         name, item = job
         task, _, max_tokens, max_turns = jobs[name]
+        from openai import APIStatusError
+
         chat = ReceiptChat(client, scenario, max_tokens)
-        ep = task.run_episode(chat, item, max_turns)
+        try:
+            ep = task.run_episode(chat, item, max_turns)
+        except APIStatusError as e:  # one failed episode is data: score 0, the server's error kept
+            return name, {"id": item["id"], "score": 0.0, "correct": False, "valid_calls": 0, "invalid_calls": 0,
+                          "feedback": f"server error: {e}", "turns": len(chat.receipts) + 1, "server_error": str(e),
+                          "releases": sorted(chat.releases), "receipts": chat.receipts, "transcript": []}
         verdict = task.score_episode(item, ep.transcript)
         _retrying("POST", f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
                   headers={"x-reef-scenario": scenario}).raise_for_status()
@@ -126,6 +133,7 @@ def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
                      "valid_call_fraction": valid / calls if calls else None,
                      "episodes_with_calls": sum(1 for r in rows if r["valid_calls"] + r["invalid_calls"]),
                      "episodes_with_valid_calls": sum(1 for r in rows if r["valid_calls"]),
+                     "server_errors": sum(1 for r in rows if r.get("server_error")),
                      "wall_s": wall, "episodes": rows}
         print(f"[learn] {scenario} {name}: {k}/{n}, {out[name]['episodes_with_valid_calls']} with a valid call "
               f"({wall} s, all tasks together)", file=sys.stderr, flush=True)
@@ -233,7 +241,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
         try:
-            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=3)
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1)
             if seed == "base":
                 requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
                               timeout=60).raise_for_status()
@@ -317,12 +325,12 @@ def write_report(out: dict, path: str) -> None:
     out["summary"] = table
     Path(f"{path}.json").write_text(json.dumps(out, indent=1))
     lines = ["| run | task | success | 95% CI (Clopper-Pearson) | episodes with a valid call | tool calls (valid) | "
-             "wall s |", "|---|---|---|---|---|---|---|"]
+             "episodes ended by a server error | wall s |", "|---|---|---|---|---|---|---|---|"]
     for name, run in out["runs"].items():
         for task, ev in run.get("eval", {}).items():
             lines.append(f"| {name} | {task} | {ev['success']}/{ev['n']} ({ev['accuracy']:.2f}) | "
                          f"{ev['ci95'][0]:.2f}-{ev['ci95'][1]:.2f} | {ev['episodes_with_valid_calls']}/{ev['n']} | "
-                         f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev['wall_s']} |")
+                         f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev.get('server_errors', 0)} | {ev['wall_s']} |")
     means = ["| task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
              "gain over base | 95% t-interval |", "|---|---|---|---|---|---|---|"]
     for task, t in table.items():
