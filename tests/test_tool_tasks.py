@@ -297,3 +297,16 @@ def test_an_episode_verdict_is_a_report_the_server_takes(proxy):
     stored = proxy.gateway.store.get(r.json()["agent_record_id"])
     assert stored["score"] == 1.0 and stored["references"] == receipts
     assert stored["metadata"]["valid_calls"] == 1 and stored["feedback"] == verdict.feedback
+
+
+def test_a_bfcl_episode_of_one_turn_does_not_run_its_calls():
+    """BFCL scores one reply and executes no tools: an episode of max_turns 1 whose reply calls a tool ends there
+    (it used to run the call and raise NotImplementedError, which stopped a whole evaluation)."""
+    task = make_task(TaskConfig(name="bfcl", options={"categories": ["parallel"]}))
+    it = next(i for i in task.all_items() if i["id"] == "parallel_0")
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "spotify_play", "arguments": json.dumps(a)}}
+             for i, a in enumerate(({"artist": "Maroon 5", "duration": 15}, {"artist": "Taylor Swift", "duration": 20}))]
+    ep = task.run_episode(lambda messages, tools: {"role": "assistant", "content": None, "tool_calls": calls}, it,
+                          max_turns=1)
+    assert ep.turns == 1 and not ep.finished and [m["role"] for m in ep.transcript] == ["assistant"]
+    assert task.score_episode(it, ep.transcript).score == 1.0

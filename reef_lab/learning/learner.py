@@ -200,7 +200,15 @@ class Learner(LearnerLoop, RecordHolder):
 
     def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
         if kind == "demo":
+            if rec.get("prompt_token_ids") and rec.get("token_ids"):  # templated by the client, e.g. a tool episode's
+                return [Sample(record_id=rec["id"], prompt_ids=list(rec["prompt_token_ids"]),  # turn: as given
+                               completion_ids=list(rec["token_ids"]), logprobs=None, score=rec.get("score"),
+                               release_id=BASE, created_at=rec.get("created_at") or 0.0,
+                               extra={"demonstration": True})]
             request, response = rec.get("request") or {}, rec.get("response")
+            if isinstance(request, dict) and request.get("tools"):
+                raise ValueError("a demonstration with tools needs its prompt_token_ids and token_ids (the engine "
+                                 "templates tools; see reef_lab/learning/tool_demos.py)")
             text = response.get("content") if isinstance(response, dict) else response
             if not isinstance(request, dict) or not isinstance(request.get("messages"), list) or not isinstance(
                     text, str):

@@ -236,7 +236,8 @@ class ToolTask(Task):
     def score_episode(self, item: dict, transcript: list[dict]) -> EpisodeScore: ...
 
     def run_episode(self, chat: ToolChat, item: dict, max_turns: int | None = None) -> Episode:
-        """model -> tool calls -> executed results -> model ... until a reply calls no tool or max_turns replies."""
+        """model -> tool calls -> executed results -> model ... until a reply calls no tool or max_turns replies
+        (the last reply's calls are then not run: with max_turns 1, a task that executes no tools, BFCL, works)."""
         messages, transcript = list(item["messages"]), []
         turns, limit = 0, max_turns or self.max_turns
         while turns < limit:
@@ -245,6 +246,8 @@ class ToolTask(Task):
             transcript.append(reply)
             if not reply.get("tool_calls"):
                 return Episode(transcript, turns, True)
+            if turns >= limit:
+                break  # out of turns: calls that no reply could read the results of are not run
             for call in reply["tool_calls"]:
                 error = check_call(call, item["tools"])
                 name, args, _ = call_arguments(call)

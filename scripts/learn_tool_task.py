@@ -1,0 +1,377 @@
+"""Learning a tool task live: SFT on imported calculator demonstrations, held-out tool episodes before and after.
+
+What a user would do, end to end against `scripts/serve.py` (the embedded SmolLM2-135M, recipe sft with
+recipes/sft/examples/tools.yaml), started here as a child that dies with this script, a fresh one per seed (each
+seed starts from the base weights):
+1. the base model runs the held-out episodes through the OpenAI SDK tool loop (chat completions with `tools`, the
+   tool results sent back as `role: tool` messages; greedy) in a records-only scenario, all episodes of all tasks at
+   once (the embedded engine batches them); each episode is scored by its task's verifier and reported on its
+   receipts (POST /reef/report);
+2. per seed, demonstrations of calculator items drawn with seed 100+s (disjoint from the held-out items, seed 1000;
+   checked) are imported as one `train` record per assistant turn, with the token ids the engine templates
+   (reef_lab/learning/tool_demos.py), the first `--samples` turns; steps_per_candidate POST /reef/train rounds
+   (manual mode) make release v1, which then serves the scenario;
+3. the release runs the same held-out episodes (calculator and BFCL v4), scored and reported the same way.
+Writes <out>.json (every episode, with its transcript), <out>.md and <out>.png.
+
+    .venv/bin/python scripts/learn_tool_task.py --seeds 0 1 2 --out results/agents-learn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import requests  # noqa: E402
+
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # noqa: E402
+from reef_lab.engines.remote import ChatTokenizer  # noqa: E402
+from reef_lab.learning.tasks import make_task  # noqa: E402
+from reef_lab.learning.tool_demos import calculator_episode, turn_records  # noqa: E402
+from reef_lab.procs import Popen  # noqa: E402
+from reef_lab.testing import free_port, wait_http  # noqa: E402
+
+EVAL_SEED, BFCL_SEED = 1000, 0
+TABLES, TABLES_END = "<!-- tables: written by scripts/learn_tool_task.py -->", "<!-- /tables -->"
+
+
+# ---- statistics -----------------------------------------------------------------------------------------------
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    """Exact 95% interval of k successes in n (bisection on the binomial tails)."""
+    def solve(f):
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) else (lo, mid)
+        return (lo + hi) / 2
+    lower = 0.0 if k == 0 else solve(lambda p: 1 - _binom_cdf(k - 1, n, p) < 0.025)
+    upper = 1.0 if k == n else solve(lambda p: _binom_cdf(k, n, p) > 0.025)
+    return lower, upper
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): 95% t-interval of the mean over seeds."""
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    h = T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+    return m, m - h, m + h
+
+
+# ---- the client: the OpenAI SDK tool loop, receipts, reports ------------------------------------------------------
+class ReceiptChat:
+    """A ToolChat over the OpenAI SDK that keeps each reply's receipt (x-reef-agent-record-id)."""
+
+    def __init__(self, client, scenario: str, max_tokens: int):
+        self.client, self.scenario, self.max_tokens = client, scenario, max_tokens
+        self.receipts: list[str] = []
+        self.releases: set[str] = set()
+
+    def __call__(self, messages, tools):
+        raw = self.client.chat.completions.with_raw_response.create(
+            model="smollm2", messages=messages, tools=tools, max_tokens=self.max_tokens, temperature=0,
+            extra_headers={"x-reef-scenario": self.scenario})
+        self.receipts.append(raw.headers["x-reef-agent-record-id"])
+        self.releases.add(raw.headers.get("x-reef-release-id", "?"))
+        return raw.parse().choices[0].message.model_dump(exclude_none=True)
+
+
+def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
+    """Every held-out episode of every task at once (the embedded engine batches them): `jobs` maps a task name to
+    (task, items, max_tokens, max_turns). Each episode is scored and reported on its receipts."""
+    def one(job):
+        name, item = job
+        task, _, max_tokens, max_turns = jobs[name]
+        from openai import APIStatusError
+
+        chat = ReceiptChat(client, scenario, max_tokens)
+        try:
+            ep = task.run_episode(chat, item, max_turns)
+        except APIStatusError as e:  # one failed episode is data: score 0, the server's error kept
+            return name, {"id": item["id"], "score": 0.0, "correct": False, "valid_calls": 0, "invalid_calls": 0,
+                          "feedback": f"server error: {e}", "turns": len(chat.receipts) + 1, "server_error": str(e),
+                          "releases": sorted(chat.releases), "receipts": chat.receipts, "transcript": []}
+        verdict = task.score_episode(item, ep.transcript)
+        _retrying("POST", f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
+                  headers={"x-reef-scenario": scenario}).raise_for_status()
+        return name, {"id": item["id"], "score": verdict.score, "correct": verdict.correct,
+                      "valid_calls": verdict.valid_calls, "invalid_calls": verdict.invalid_calls,
+                      "feedback": verdict.feedback, "turns": ep.turns, "releases": sorted(chat.releases),
+                      "receipts": chat.receipts, "transcript": ep.transcript}
+
+    started = time.perf_counter()
+    work = [(name, it) for name, (_, items, _, _) in jobs.items() for it in items]
+    with ThreadPoolExecutor(len(work)) as pool:
+        done = list(pool.map(one, work))
+    wall = round(time.perf_counter() - started, 1)
+    out = {}
+    for name in jobs:
+        rows = [r for n, r in done if n == name]
+        k, n = int(sum(r["score"] for r in rows)), len(rows)
+        valid = sum(r["valid_calls"] for r in rows)
+        calls = valid + sum(r["invalid_calls"] for r in rows)
+        lo, hi = clopper_pearson(k, n)
+        out[name] = {"scenario": scenario, "n": n, "success": k, "accuracy": k / n, "ci95": [lo, hi],
+                     "tool_calls": calls, "valid_calls": valid,
+                     "valid_call_fraction": valid / calls if calls else None,
+                     "episodes_with_calls": sum(1 for r in rows if r["valid_calls"] + r["invalid_calls"]),
+                     "episodes_with_valid_calls": sum(1 for r in rows if r["valid_calls"]),
+                     "server_errors": sum(1 for r in rows if r.get("server_error")),
+                     "wall_s": wall, "episodes": rows}
+        print(f"[learn] {scenario} {name}: {k}/{n}, {out[name]['episodes_with_valid_calls']} with a valid call "
+              f"({wall} s, all tasks together)", file=sys.stderr, flush=True)
+    return out
+
+
+# ---- the server --------------------------------------------------------------------------------------------------
+def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None) -> Popen:
+    log = open(data_dir / "serve.log", "ab")
+    proc = Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
+                  str(data_dir), "--recipe", "sft", "--recipe-config", str(ROOT / recipe_config), "--max-batch",
+                  str(max_batch), "--log-level", "warning", "--read-timeout", "300", *(["--model-path", model_path] if model_path else [])],
+                 cwd=ROOT, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wait_http(f"http://127.0.0.1:{port}/healthz", timeout=900)
+    return proc
+
+
+def _retrying(method: str, url: str, tries: int = 5, **kwargs) -> requests.Response:
+    """A call that survives a reset connection: on a starved CPU the server's reader thread can miss its read
+    timeout and drop a connection before the request was read (seen while polling during training). A reset after
+    the server had read a report would store it twice; the episodes' results here do not depend on stored reports."""
+    for i in range(tries):
+        try:
+            return requests.request(method, url, timeout=1800, **kwargs)
+        except requests.ConnectionError:
+            if i == tries - 1:
+                raise
+            time.sleep(5)
+    raise AssertionError("unreachable")
+
+
+def train_release(url: str, scenario: str, records: list[dict], steps: int, timeout: float) -> dict:
+    r = requests.post(f"{url}/reef/records/batch", json={"records": records}, timeout=300)
+    r.raise_for_status()
+    for _ in range(steps):
+        r = requests.post(f"{url}/reef/train", headers={"x-reef-scenario": scenario}, timeout=120)
+        if r.status_code != 202:
+            raise RuntimeError(f"POST /reef/train: {r.status_code} {r.text}")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rels = _retrying("GET", f"{url}/reef/scenarios/{scenario}/releases").json()
+        if rels.get("serving") not in (None, "base"):
+            return rels
+        learner = _retrying("GET", f"{url}/reef/status").json()["learners"].get(scenario) or {}
+        if learner.get("last_error"):
+            raise RuntimeError(f"{scenario}: training failed: {learner['last_error']}")
+        time.sleep(5)
+    raise TimeoutError(f"{scenario}: no release within {timeout:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="none: the base run only")
+    ap.add_argument("--demos", type=int, default=16, help="demonstration episodes drawn per seed")
+    ap.add_argument("--samples", type=int, default=24, help="demonstration turns imported per seed (the first ones)")
+    ap.add_argument("--n", type=int, default=20, help="held-out items per task")
+    ap.add_argument("--tasks", nargs="+", default=["calculator", "bfcl"], choices=["calculator", "bfcl"])
+    ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each calculator reply")
+    ap.add_argument("--bfcl-max-tokens", type=int, default=96, help="max_tokens of each BFCL reply")
+    ap.add_argument("--max-turns", type=int, default=4, help="model replies per calculator episode")
+    ap.add_argument("--recipe-config", default="recipes/sft/examples/tools.yaml")
+    ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    ap.add_argument("--skip-base", action="store_true", help="keep the base run already in <out>.json")
+    ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: join the runs of these result files into <out> and write its pages")
+    ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
+    ap.add_argument("--out", default="results/agents-learn")
+    args = ap.parse_args()
+
+    if args.merge:
+        parts = [json.loads(Path(f).read_text()) for f in args.merge]
+        out = {**parts[0], "command": " ; ".join(p["command"] for p in parts), "runs": {}}
+        for p in parts:
+            out["runs"].update(p["runs"])
+        out["runs"] = {k: out["runs"][k] for k in sorted(out["runs"], key=lambda k: (k != "base", k))}
+        _save(out, args.out)
+        return
+
+    import yaml
+    from openai import OpenAI
+
+    rc = yaml.safe_load((ROOT / args.recipe_config).read_text())
+    steps = args.samples // rc["batch_size"]
+    if steps * rc["batch_size"] != args.samples or steps != rc["steps_per_candidate"]:
+        raise SystemExit(f"--samples {args.samples} must be steps_per_candidate x batch_size of {args.recipe_config} "
+                         f"({rc['steps_per_candidate']} x {rc['batch_size']}): one release from one pass")
+    out = {"command": " ".join(["python", *sys.argv]), "args": vars(args), "recipe_config": rc, "steps": steps,
+           "runs": {}}
+    if args.skip_base:
+        out["runs"]["base"] = json.loads(Path(f"{args.out}.json").read_text())["runs"]["base"]
+    calc = make_task({"name": "calculator", "options": {"max_turns": args.max_turns}})
+    bfcl = make_task({"name": "bfcl"})
+    held = {"calculator": calc.items(args.n, EVAL_SEED), "bfcl": bfcl.items(args.n, BFCL_SEED)}
+    jobs = {name: (calc if name == "calculator" else bfcl, held[name],
+                   args.max_tokens if name == "calculator" else args.bfcl_max_tokens,
+                   args.max_turns if name == "calculator" else 1) for name in args.tasks}
+    held_exprs = {it["expression"] for it in held["calculator"]}
+    t0 = time.perf_counter()
+    for seed in (["base"] if not (args.skip_base or args.no_base) else []) + list(args.seeds):
+        # a server per seed: each starts from the base weights, and a finished trainer's memory goes with it
+        data = Path(args.data_dir) / f"seed-{seed}"
+        data.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
+        try:
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1)
+            if seed == "base":
+                requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
+                              timeout=60).raise_for_status()
+                out["runs"]["base"] = {"eval": run_episodes(url, client, "tools-base", jobs)}
+                _save(out, args.out)
+                continue
+            chat_tok = ChatTokenizer.from_folder(model_folder(args.model_path))
+            scenario = f"tools-sft-s{seed}"
+            items = calc.items(args.demos, 100 + seed)
+            overlap = held_exprs & {it["expression"] for it in items}
+            if overlap:
+                raise SystemExit(f"demonstration items overlap the held-out ones: {sorted(overlap)[:3]}")
+            turns = [r for it in items for r in turn_records(chat_tok, it, calculator_episode(it), scenario)]
+            if len(turns) < args.samples:
+                raise SystemExit(f"seed {seed}: {len(turns)} demonstration turns, fewer than --samples {args.samples}")
+            turns = turns[:args.samples]
+            started = time.perf_counter()
+            rels = train_release(url, scenario, turns, steps, timeout=7200)
+            train_s = time.perf_counter() - started
+            print(f"[learn] {scenario}: {rels['serving']} after {train_s:.0f} s", file=sys.stderr, flush=True)
+            metrics = data / "learn" / scenario / "metrics.jsonl"
+            rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+            out["runs"][scenario] = {
+                "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
+                "release": rels["serving"], "train_s": round(train_s, 1),
+                "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
+                "eval": run_episodes(url, client, scenario, jobs)}
+            _save(out, args.out)
+        finally:
+            proc.stop(120)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    _save(out, args.out)
+
+
+def model_folder(model_path: str | None) -> Path:
+    """The served model's folder (its tokenizer and chat template): the converted embedded default, or a folder."""
+    if model_path is None:
+        return default_cache_dir() / DEFAULT_MODEL_NAME
+    if not Path(model_path).is_dir():
+        raise SystemExit("--model-path must be a model folder here (the demonstrations need its tokenizer)")
+    return Path(model_path)
+
+
+def _save(out: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{path}.json").write_text(json.dumps(out, indent=1))
+    write_report(out, path)
+
+
+def summary(out: dict) -> dict:
+    """Per task: the base, each seed's release, and the mean over seeds with its t-interval (gain over base too)."""
+    base = out["runs"].get("base", {}).get("eval", {})
+    seeds = [r for name, r in out["runs"].items() if name != "base"]
+    table = {}
+    for task in out["args"]["tasks"]:
+        if task not in base:
+            continue
+        accs = [r["eval"][task]["accuracy"] for r in seeds if task in r["eval"]]
+        base_on = [_base_on(base[task], r["eval"][task]) for r in seeds if task in r["eval"]]
+        gains = [a - b for a, b in zip(accs, base_on)]  # on the same items (a run may take a prefix of base's)
+        table[task] = {"base": base[task]["accuracy"], "base_ci95": base[task]["ci95"], "seeds": accs,
+                       "base_on_seed_items": base_on,
+                       "mean": t_interval(accs) if accs else None, "gain": t_interval(gains) if gains else None,
+                       "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in seeds if task in r["eval"]],
+                       "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in seeds
+                                                     if task in r["eval"]]}
+    return table
+
+
+def _base_on(base: dict, run: dict) -> float:
+    scores = {e["id"]: e["score"] for e in base["episodes"]}
+    ids = [e["id"] for e in run["episodes"]]
+    if any(i not in scores for i in ids):
+        raise ValueError("a run evaluated items the base run did not: compare on the same held-out items")
+    return sum(scores[i] for i in ids) / len(ids)
+
+
+def write_report(out: dict, path: str) -> None:
+    """<path>.md (tables) and <path>.png (success per release with 95% Clopper-Pearson intervals)."""
+    table = summary(out)
+    out["summary"] = table
+    Path(f"{path}.json").write_text(json.dumps(out, indent=1))
+    lines = ["| run | task | success | 95% CI (Clopper-Pearson) | episodes with a valid call | tool calls (valid) | "
+             "episodes ended by a server error | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for name, run in out["runs"].items():
+        for task, ev in run.get("eval", {}).items():
+            lines.append(f"| {name} | {task} | {ev['success']}/{ev['n']} ({ev['accuracy']:.2f}) | "
+                         f"{ev['ci95'][0]:.2f}-{ev['ci95'][1]:.2f} | {ev['episodes_with_valid_calls']}/{ev['n']} | "
+                         f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev.get('server_errors', 0)} | {ev['wall_s']} |")
+    means = ["| task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
+             "gain over base | 95% t-interval |", "|---|---|---|---|---|---|---|"]
+    for task, t in table.items():
+        if t["mean"]:
+            m, g = t["mean"], t["gain"]
+            ci = (lambda lo, hi: "n/a (one seed)" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}")
+            means.append(f"| {task} | {len(t['seeds'])} | {sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | "
+                         f"{m[0]:.3f} | {ci(m[1], m[2])} | {g[0]:+.3f} | {ci(g[1], g[2])} |")
+    block = (f"{TABLES}\nCommand: `{out['command']}`\n\n" + "\n".join(means) + "\n\n" + "\n".join(lines)
+             + f"\n{TABLES_END}")
+    md = Path(f"{path}.md")
+    text = md.read_text() if md.is_file() else f"# {Path(path).name}\n\n{TABLES}{TABLES_END}\n"
+    head, _, rest = text.partition(TABLES)
+    md.write_text(head + block + rest.partition(TABLES_END)[2])
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    tasks = [t for t in out["args"]["tasks"] if any(t in r.get("eval", {}) for r in out["runs"].values())]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        names = [n for n, r in out["runs"].items() if task in r.get("eval", {})]
+        evs = [out["runs"][n]["eval"][task] for n in names]
+        x = list(range(len(names)))
+        for shift, key, label, color in ((-0.2, "success", "task success", "tab:blue"),
+                                         (0.2, "episodes_with_valid_calls", "episodes with a valid call", "tab:orange")):
+            ks = [e[key] for e in evs]
+            acc = [k / e["n"] for k, e in zip(ks, evs)]
+            cis = [clopper_pearson(k, e["n"]) for k, e in zip(ks, evs)]
+            err = [[a - c[0] for a, c in zip(acc, cis)], [c[1] - a for a, c in zip(acc, cis)]]
+            ax.bar([i + shift for i in x], acc, width=0.4, yerr=err, capsize=3, color=color, label=label)
+        ax.set_xticks(x, [n.replace("tools-sft-", "sft ") for n in names])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{task}, held out (n={evs[0]['n']}), 95% CP")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(f"{path}.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Learning a tool task: demonstrations templated exactly as the engine serves them, imported as `train` records
+with token ids, and the SFT recipe training a release from them that then writes the demonstrated tool call.
+
+The tiny random Llama of conftest.py learns one calculator call from imported demonstration turns through the real
+gateway (import, POST-train equivalent, candidate, release routed), and the release answers the demonstrated item
+with a `tool_calls` reply that the task's verifier accepts as valid.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reef_lab.engines.embedded import EmbeddedEngine
+from reef_lab.engines.remote import ChatTokenizer
+from reef_lab.engines.tools import ToolUse, parse_turn
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.learner import read_metrics
+from reef_lab.learning.tasks import make_task
+from reef_lab.learning.tool_demos import calculator_episode, turn_records
+
+FORMS = ["a + b", "a * b", "(a + b) * c", "a * b + c"]
+
+
+@pytest.fixture(scope="module")
+def calc():
+    return make_task({"name": "calculator", "options": {"forms": FORMS}})
+
+
+def test_calculator_demonstrations_are_correct_episodes(calc):
+    items = calc.items(24, seed=3)
+    assert {it["expression"].count(" ") for it in items} >= {2, 4}  # one- and two-operation forms drawn
+    for item in items:
+        transcript = calculator_episode(item)
+        verdict = calc.score_episode(item, transcript)
+        assert verdict.score == 1.0 and verdict.invalid_calls == 0, (item["expression"], verdict.feedback)
+        assert verdict.valid_calls == (2 if "(" in item["expression"] or item["expression"].count(" ") == 4 else 1)
+
+
+def test_demonstration_turns_are_the_served_tokens(calc, tokenizer):
+    """Each turn's prompt is the engine's prompt for that history (tools included), its completion parses back into
+    the demonstrated call, and prompt + completion is a prefix of the next turn's prompt: the tokens SFT trains on
+    are the tokens the served conversation holds."""
+    chat = ChatTokenizer(tokenizer, tokenizer.eos_token_id)
+    item = next(it for it in calc.items(40, seed=4) if it["expression"].startswith("("))
+    transcript = calculator_episode(item)
+    records = turn_records(chat, item, transcript, "s")
+    assert [r["kind"] for r in records] == ["train"] * 3 and all(r["scenario"] == "s" for r in records)
+    assert "<tools>" in tokenizer.decode(records[0]["prompt_token_ids"])  # the tool template, not the plain one
+    assert records[0]["prompt_token_ids"] == chat.prompt_ids(item["messages"], item["tools"])
+    for r, turn in zip(records, [m for m in transcript if m["role"] == "assistant"]):
+        assert r["token_ids"][-1] == tokenizer.eos_token_id
+        text = tokenizer.decode(r["token_ids"][:-1])
+        parsed = _parse(text, item["tools"])
+        want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in turn.get("tool_calls", [])]
+        assert parsed["calls"] == want and (parsed["text"] == (turn.get("content") or "")), (text, parsed)
+    for a, b in zip(records, records[1:]):
+        joined = a["prompt_token_ids"] + a["token_ids"]
+        assert b["prompt_token_ids"][:len(joined)] == joined
+
+
+def _parse(text: str, tools: list[dict]) -> dict:
+    turn = parse_turn(ToolUse(tools), text)
+    return {"calls": [(c.name, c.arguments) for c in turn.calls], "text": "".join(turn.texts).strip(),
+            "errors": turn.errors}
+
+
+def test_sft_release_writes_the_demonstrated_call(tiny_model_dir, tokenizer, tmp_path):
+    """Imported demonstration turns (token ids as given) train release v1 in manual mode; the release answers the
+    item through the gateway with a tool call the verifier accepts, where the base model wrote none."""
+    calc = make_task({"name": "calculator", "options": {"min_digits": 1, "max_digits": 2, "forms": ["a + b"]}})
+    item = calc.items(1, seed=7)[0]
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=4))
+    try:
+        steps = 25
+        gw.create_scenario({"name": "s", "recipe": "sft", "config": {
+            "mode": "manual", "batch_size": 4, "steps_per_candidate": steps,
+            "trainer": {"lr": 3e-3, "micro_batch_size": 4}}})
+        body = {"model": "tiny", "messages": item["messages"], "tools": item["tools"], "max_tokens": 40,
+                "temperature": 0}
+        before = json.loads(gw.infer("openai.chat", body, "s").body)["choices"][0]["message"]
+        assert not before.get("tool_calls")
+        chat = ChatTokenizer(tokenizer, tokenizer.eos_token_id)
+        call_turn = turn_records(chat, item, calculator_episode(item), "s")[0]
+        gw.import_records({"records": [{**call_turn, "tags": {"copy": str(i)}} for i in range(4 * steps)]})
+        for _ in range(steps):
+            gw.train("s")
+        ln = gw.learner("s")
+        assert ln.wait_idle(600) and ln.last_error is None, ln.status()
+        assert gw.list_releases("s")["serving"] == "s:v1"
+        losses = [m["loss"] for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+        assert len(losses) == steps and losses[-1] < losses[0] / 4, losses
+        reply = gw.infer("openai.chat", body, "s")
+        assert reply.headers["x-reef-release-id"] == "s:v1"
+        msg = json.loads(reply.body)["choices"][0]["message"]
+        transcript = [{"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls")}]
+        verdict = calc.score_episode(item, transcript)
+        assert verdict.valid_calls == 1 and verdict.invalid_calls == 0, (msg, verdict.feedback)
+        a, b = map(int, item["expression"].split(" + "))
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
+            ("add", {"a": a, "b": b})]
+    finally:
+        gw.close()
+
+
+def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, tmp_path):
+    """A `train` record with tools but no token ids would be templated without its tools (the learner cannot see
+    the dialect's tool form): it becomes no sample, rather than a sample whose prompt the model is never served."""
+    calc = make_task({"name": "calculator"})
+    item = calc.items(1, seed=1)[0]
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=4))
+    try:
+        gw.create_scenario({"name": "s", "recipe": "sft", "config": {"mode": "manual", "batch_size": 1}})
+        gw.import_records({"records": [{"kind": "train", "scenario": "s", "request": {
+            "messages": item["messages"], "tools": item["tools"]}, "response": {"content": item["answer"]}},
+            {"kind": "train", "scenario": "s", "request": {"messages": item["messages"]},
+             "response": {"content": item["answer"]}}]})
+        ln = gw.learner("s")
+        assert ln.wait_idle(60)
+        assert ln.status()["pool"] == 1  # the plain demonstration only
+    finally:
+        gw.close()
+
+
+@pytest.mark.heavy
+def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path):
+    """scripts/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
+    trained into v1 over HTTP, the release's episodes served by v1 and reported on their receipts (the script stops on
+    a refused report), the pages written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "sft.yaml"
+    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
+                      "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
+    out = tmp_path / "learn"
+    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
+                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--model-path",
+                    str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--out", str(out)],
+                   cwd=root, check=True, timeout=1800)
+    result = json.loads(Path(f"{out}.json").read_text())
+    run = result["runs"]["tools-sft-s0"]
+    assert run["release"] == "tools-sft-s0:v1" and run["demo_turns"] == 8 and len(run["losses"]) == 2
+    for task in ("calculator", "bfcl"):
+        assert result["runs"]["base"]["eval"][task]["n"] == 2
+        episodes = run["eval"][task]["episodes"]
+        assert all(e["releases"] == ["tools-sft-s0:v1"] and e["receipts"] for e in episodes)
+    assert "<!-- tables" in Path(f"{out}.md").read_text() and Path(f"{out}.png").is_file()
