@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
@@ -38,7 +37,7 @@ from reef_lab.engines.remote import ChatTokenizer  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
 from reef_lab.learning.tool_demos import calculator_episode, turn_records  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
-from reef_lab.testing import free_port, wait_http  # noqa: E402
+from tests.doubles import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
 TABLES, TABLES_END = "<!-- tables: written by scripts/learn_tool_task.py -->", "<!-- /tables -->"
