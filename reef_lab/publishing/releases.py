@@ -107,11 +107,7 @@ class ReleaseStore:
         """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
         with self._lock:
             idx = self.index(scenario)
-            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
-            if cand is None:
-                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
-            if cand["status"] == "accepted":
-                raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
+            cand = _unpublished(idx, scenario, cid)
             version = f"v{len(idx['releases']) + 1}"
             src, dst = self.folder(scenario) / "candidates" / cid, self.folder(scenario) / version
             shutil.copytree(src, dst)  # the candidate folder stays as it was, for inspection
@@ -121,11 +117,7 @@ class ReleaseStore:
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
                                                    "trainer_step", "gepa", "request")},
                        **({"kind": cand["kind"]} if cand.get("kind") else {})}
-            idx["releases"].append(release)
-            idx["serving"] = version
-            cand.update(status="accepted", release_id=release["release_id"])
-            self._save(scenario, idx)
-            return release
+            return self._serve_new(scenario, idx, cand, release)
 
     def publish_component(self, scenario: str, cid: str, component: str, components: list[str]) -> dict:
         """A composite scenario's next release: candidate `cid` as the new version of `component`, every other
@@ -135,11 +127,7 @@ class ReleaseStore:
         introduced it; the weights' own `trainer_step` and held-out `eval` ride along only while they still serve."""
         with self._lock:
             idx = self.index(scenario)
-            cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
-            if cand is None:
-                raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
-            if cand["status"] == "accepted":
-                raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
+            cand = _unpublished(idx, scenario, cid)
             prev = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
             version = f"v{len(idx['releases']) + 1}"
             release_id, dst = release_key(scenario, version), self.folder(scenario) / version
@@ -163,11 +151,15 @@ class ReleaseStore:
                        "trainer_step": cand.get("trainer_step") if weights_new else (prev or {}).get("trainer_step"),
                        "eval": cand.get("eval") if weights_new else None, "component_eval": cand.get("eval"),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "gepa")}}
-            idx["releases"].append(release)
-            idx["serving"] = version
-            cand.update(status="accepted", release_id=release_id)
-            self._save(scenario, idx)
-            return release
+            return self._serve_new(scenario, idx, cand, release)
+
+    def _serve_new(self, scenario: str, idx: dict, cand: dict, release: dict) -> dict:
+        """Append `release` (made from `cand`), serve it and mark the candidate accepted, in one index write."""
+        idx["releases"].append(release)
+        idx["serving"] = release["version"]
+        cand.update(status="accepted", release_id=release["release_id"])
+        self._save(scenario, idx)
+        return release
 
     def set_serving(self, scenario: str, release_id: str) -> dict | None:
         """Point serving at an existing release (or `base`); returns its entry (None for base)."""
@@ -198,3 +190,13 @@ class ReleaseStore:
 
     def scenarios(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/index.json")) if self.root.exists() else []
+
+
+def _unpublished(idx: dict, scenario: str, cid: str) -> dict:
+    """Candidate `cid` of the index, refused when unknown or already a release."""
+    cand = next((c for c in idx["candidates"] if c["id"] == cid), None)
+    if cand is None:
+        raise NotFound(f"scenario {scenario!r} has no candidate {cid!r}")
+    if cand["status"] == "accepted":
+        raise BadRequest(f"candidate {cid} is already release {cand.get('release_id')}")
+    return cand
