@@ -41,6 +41,12 @@ with app.setup:
     PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out accuracy (95% CI)"), ("loss", "policy loss"),
               ("masked_fraction", "masked-token fraction"), ("value_abs_error", "value error |V - target|"),
               ("staleness_mean", "staleness (policy steps)")]
+    # Titles of the numbers reports carry in metadata, averaged per step by the learner (`report_<key>`); any other
+    # key gets a generic title.
+    REPORT_PANELS = {"report_valid_call_fraction": "tool-call validity (valid calls / calls)",
+                     "report_correct": "task success (answer correct)",
+                     "report_valid_calls": "valid tool calls per episode",
+                     "report_invalid_calls": "invalid tool calls per episode"}
     RUN_FILES = ("config.json", "summary.json", "rollouts.jsonl", "metrics.jsonl", "index.json", "run.log",
                  "run.pid")
     # The experiment configs of the weight recipes (live.yaml is a recipe config, not an experiment); the one
@@ -95,8 +101,9 @@ def load_run(run_dir: str | Path) -> dict | None:
                                                 else pl.Int64 if c == "n" else pl.Float64) for c in cols},
                             strict=False)
 
+    reported = sorted({k for r in rows if r["event"] == "step" for k in r if k.startswith("report_")})
     steps = frame("step", ["trainer_step", "phase", "reward_mean", "loss", "masked_fraction", "value_abs_error",
-                           "grad_norm", "staleness_mean", "step_s", "time"])
+                           "grad_norm", "staleness_mean", "step_s", "time", *reported])
     steps = steps.with_row_index("batch", offset=1)
     index_file = run_dir / "data" / "releases" / config["name"] / "index.json"
     index = orjson.loads(index_file.read_bytes()) if index_file.exists() else {"releases": [], "candidates": []}
@@ -112,7 +119,8 @@ def load_run(run_dir: str | Path) -> dict | None:
     releases = frame("release", ["trainer_step", "release_id", "accuracy", "swap_s", "time"])
     base = next((r["accuracy"] for r in rows if r["event"] == "eval" and r.get("release_id") == "base"), None)
     done = count_lines(run_dir / "rollouts.jsonl")
-    run = {"dir": str(run_dir), "config": config, "summary": summary, "steps": steps, "candidates": candidates,
+    run = {"dir": str(run_dir), "config": config, "summary": summary, "steps": steps, "reported": reported,
+           "candidates": candidates,
            "releases": releases, "base_accuracy": base, "eval_n": eval_n, "index": index,
            "errors": [r for r in rows if r["event"] == "error"], "rollouts_done": done,
            "rollouts_total": config.get("rollouts", 0), "wandb": wandb_runs(run_dir / "data"),
@@ -175,6 +183,36 @@ def plot_run(run: dict):
             ax.axvline(step, color="grey", linestyle="--", alpha=0.5)
         ax.set_title(title)
         ax.set_xlabel(STEP)
+    return fig
+
+
+@app.function
+def report_title(col: str) -> str:
+    return REPORT_PANELS.get(col, f"reports: {col.removeprefix('report_')} (batch mean)")
+
+
+@app.function
+def plot_reports(run: dict):
+    """What the reports say, per policy step: each `report_<key>` a step's row averages over its batch (a tool
+    task's tool-call validity and task success, reef_lab.learning.tool_tasks), one panel each; None when the reports
+    carry no numbers."""
+    cols = run["reported"]
+    if not cols:
+        return None
+    ncols = min(3, len(cols))
+    fig, axes = figure(360 * ncols, 280 * -(-len(cols) // ncols), -(-len(cols) // ncols), ncols)
+    released = [s for s in run["releases"]["trainer_step"].to_list() if s is not None]
+    for ax, col in zip(axes.flat, cols):
+        data = run["steps"].filter(pl.col(col).is_not_null())
+        xs, ys = data["trainer_step"].to_list(), data[col].to_list()
+        ax.plot(xs, ys, marker="o", linestyle="-", gid=f"sao-{col}")
+        fit_axes(ax, xs + released, ys)
+        for step in released:
+            ax.axvline(step, color="grey", linestyle="--", alpha=0.5)
+        ax.set_title(report_title(col))
+        ax.set_xlabel(STEP)
+    for ax in list(axes.flat)[len(cols):]:
+        ax.set_visible(False)
     return fig
 
 
@@ -526,6 +564,8 @@ def _(get_shown, run_ui):
             [mo.md(_head), mo.md("  \n".join(_links)), svg(plot_run(run), "sao-run-figure"),
              mo.md("Held-out accuracy: base model at step 0, then each candidate; bars: 95% Wilson intervals over "
                    f"the {run['eval_n']} held-out items. Dashed lines: releases."),
+             *([mo.md("### What the reports say, per step (mean over each training batch)"),
+                svg(plot_reports(run), "sao-reports-figure")] if run["reported"] else []),
              mo.md("### Releases"), mo.Html(releases_html(run)),
              mo.md("### Candidates"),
              mo.ui.table(tidy(_cands), selection=None, show_column_summaries=False, show_data_types=False),

@@ -75,6 +75,27 @@ def test_sao_charts_have_readable_axes(tmp_path, steps):
     assert axis_problems(sao.plot_compare([run])) == []
 
 
+def test_sao_app_plots_what_the_reports_say_per_step(tmp_path):
+    """A tool-task run's steps carry report_<key> means (the learner averages report metadata): the app draws one
+    panel per key, tool-call validity and task success titled as such, with each step's value; a run without them
+    draws none."""
+    sao = load_module("sao")
+    steps = [{"trainer_step": k, "reward_mean": r, "report_correct": r, "report_valid_call_fraction": v,
+              "report_valid_calls": c} for k, r, v, c in ((1, 0.25, 0.5, 1.0), (2, 0.5, 0.75, 1.5), (3, 0.5, 1.0, 2.0))]
+    run = sao.load_run(sao_run(tmp_path / "run", steps))
+    assert run["reported"] == ["report_correct", "report_valid_call_fraction", "report_valid_calls"]
+    fig = sao.plot_reports(run)
+    assert axis_problems(fig) == []
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["task success (answer correct)",
+                                                "tool-call validity (valid calls / calls)",
+                                                "valid tool calls per episode"]
+    validity = shown[1].lines[0]
+    assert list(validity.get_xdata()) == [1, 2, 3] and list(validity.get_ydata()) == [0.5, 0.75, 1.0]
+    plain = sao.load_run(sao_run(tmp_path / "plain", [{"trainer_step": 1, "reward_mean": 0.3}]))
+    assert plain["reported"] == [] and sao.plot_reports(plain) is None
+
+
 def test_ttt_charts_number_steps_as_the_metrics_rows_do(monkeypatch):
     from recipes.tttd.archive import Archive
 

@@ -60,9 +60,10 @@ def get_episode(url: str, scenario: str, episode: str) -> dict:
     return r.json()
 
 
-def report_on_episode(url: str, scenario: str, episode: str, score: float = 1.0) -> dict:
+def report_on_episode(url: str, scenario: str, episode: str, score: float = 1.0, metadata: dict | None = None) -> dict:
     r = requests.post(f"{url}/reef/report", headers={"x-reef-scenario": scenario},
-                      json={"score": score, "episode": episode}, timeout=30)
+                      json={"score": score, "episode": episode, **({"metadata": metadata} if metadata else {})},
+                      timeout=30)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -248,7 +249,8 @@ def test_a_client_session_id_outside_the_id_rules_is_kept_as_its_hash():
 # ---- the learner trains on episode samples ------------------------------------------------------------------------
 def test_sao_learns_from_reports_on_episodes(tool_model_dir, tmp_path):
     """Reports on four tool-loop episodes: SAO's pool holds four two-turn samples (not eight calls), its critic
-    warm-up and policy step train on them, and the release's lineage names every call."""
+    warm-up and policy step train on them, each step's row averages the numbers the reports carry (what the app
+    plots per step), and the release's lineage names every call."""
     gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tool_model_dir), max_batch=8))
     srv = Running(gw)
     try:
@@ -257,7 +259,8 @@ def test_sao_learns_from_reports_on_episodes(tool_model_dir, tmp_path):
             "trainer": {"lr": 1e-3, "micro_batch_size": 2}}})
         for i in range(4):
             tool_loop(session_client(srv.url, "chat", "sao-ep", f"s{i}"), False)
-            report_on_episode(srv.url, "sao-ep", f"s{i}", score=float(i % 2))
+            report_on_episode(srv.url, "sao-ep", f"s{i}", score=float(i % 2), metadata={
+                "correct": bool(i % 2), "valid_call_fraction": i / 4, "item": f"q{i}", "note": None})
         ln = gw.learner("sao-ep")
         assert ln.wait_idle(300), ln.status()
         assert ln.last_error is None, ln.last_error
@@ -265,6 +268,10 @@ def test_sao_learns_from_reports_on_episodes(tool_model_dir, tmp_path):
         assert [m["phase"] for m in steps] == ["critic_warmup", "policy"]
         assert all(m["episode_samples"] == 2 and m["samples"] == 2 for m in steps[:1])
         assert steps[-1]["episodes_episode_samples"] == 4 and steps[-1]["episodes_episodes"] == 4
+        # two batches of two episodes: together they average every report once (booleans as 0/1)
+        assert sum(m["report_correct"] for m in steps) * 2 == pytest.approx(2)
+        assert sum(m["report_valid_call_fraction"] for m in steps) * 2 == pytest.approx(0 + 0.25 + 0.5 + 0.75)
+        assert all(not {"report_item", "report_note"} & set(m) for m in steps)
         assert ln.status()["episodes"] == {"episodes": 4, "episode_samples": 4}
         [rel] = gw.list_releases("sao-ep")["releases"]
         calls = gw.list_records("sao-ep", "inference")["records"]

@@ -109,7 +109,8 @@ def test_calculator_episode_verdicts():
     assert item["answer"] in ep.transcript[-1]["content"]
     assert v.report(["rec_1", "rec_2"], item["id"]) == {
         "score": 1.0, "feedback": v.feedback, "references": ["rec_1", "rec_2"],
-        "metadata": {"correct": True, "valid_calls": 2, "invalid_calls": 0, "item": item["id"]}}
+        "metadata": {"correct": True, "valid_calls": 2, "invalid_calls": 0, "valid_call_fraction": 1.0,
+                     "item": item["id"]}}
 
     v = task.score_episode(item, task.run_episode(scripted_calculator_model(wrong_answer=True), item).transcript)
     assert v.score == 0.0 and not v.correct and "expected" in v.feedback

@@ -10,11 +10,14 @@ in a round is logged, recorded in the metrics file and leaves the serving releas
 
 State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids, so a restart replays only the
 reports not yet learned from) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
-the apps and trackers read). A restart resumes from the serving release's weights (optimizer state starts fresh).
+the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
+as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
+release's weights (optimizer state starts fresh).
 """
 
 from __future__ import annotations
 
+import math
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -219,8 +222,12 @@ class Learner(LearnerLoop, RecordHolder):
                            extra={"demonstration": True})]
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
         # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
-        return episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
-                                           self.episode_counts)
+        out = episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
+                                          self.episode_counts)
+        measured = report_measures(rec)
+        for s in out:
+            s.extra["report_measures"] = measured
+        return out
 
     def _release_steps(self) -> dict[str, int]:
         idx = self.releaser.index(self.scenario)
@@ -290,7 +297,8 @@ class Learner(LearnerLoop, RecordHolder):
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
                       "staleness_max": max(staleness), "train_s": round(train_s, 3),
                       "episode_samples": sum(1 for s in batch if s.loss_mask),
-                      **{f"episodes_{k}": v for k, v in self.episode_counts.items()}, **metrics})
+                      **{f"episodes_{k}": v for k, v in self.episode_counts.items()},
+                      **batch_report_means(batch), **metrics})
         if metrics.get("policy_step"):
             self._policy_steps_since_candidate += 1
         if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
@@ -348,6 +356,23 @@ class Learner(LearnerLoop, RecordHolder):
             f.write(orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         if self.tracker is not None:
             self.tracker.log(row)
+
+
+def report_measures(report: dict) -> dict[str, float]:
+    """The numbers a report's `metadata` carries (booleans as 0/1), e.g. a tool task's `correct` and
+    `valid_call_fraction`: what a step's metrics average over its batch, so a run shows them per step."""
+    meta = report.get("metadata") if isinstance(report.get("metadata"), dict) else {}
+    return {k: float(v) for k, v in meta.items()
+            if isinstance(k, str) and isinstance(v, (bool, int, float)) and math.isfinite(v) and k != "exp_index"}
+
+
+def batch_report_means(batch: list[Sample]) -> dict[str, float]:
+    """`report_<key>`: the mean of each report number over the batch's samples that carry it."""
+    sums: dict[str, list[float]] = {}
+    for s in batch:
+        for k, v in (s.extra.get("report_measures") or {}).items():
+            sums.setdefault(k, []).append(v)
+    return {f"report_{k}": sum(vs) / len(vs) for k, vs in sorted(sums.items())}
 
 
 def _jsonable(config) -> dict:

@@ -58,8 +58,11 @@ class EpisodeScore:
 
     def report(self, references: list[str], item_id: str | None = None) -> dict:
         """The body of POST /reef/report (or Gateway.report) on the episode's receipts: its score and feedback, the
-        counts in metadata."""
+        counts in metadata (a learner averages them per step: `report_correct`, `report_valid_call_fraction`, which
+        an episode without a tool call leaves out)."""
+        calls = self.valid_calls + self.invalid_calls
         meta = {"correct": self.correct, "valid_calls": self.valid_calls, "invalid_calls": self.invalid_calls,
+                **({"valid_call_fraction": self.valid_calls / calls} if calls else {}),
                 **({"item": item_id} if item_id else {})}
         return {"score": self.score, "feedback": self.feedback, "references": list(references), "metadata": meta}
 
