@@ -11,7 +11,11 @@ seed starts from the base weights):
    checked) are imported as one `train` record per assistant turn, with the token ids the engine templates
    (reef_lab/learning/tool_demos.py), the first `--samples` turns; steps_per_candidate POST /reef/train rounds
    (manual mode) make release v1, which then serves the scenario;
-3. the release runs the same held-out episodes (calculator and BFCL v4), scored and reported the same way.
+3. the release runs the same held-out episodes (calculator and BFCL v4), scored and reported the same way;
+4. (`--policy grpo`, the default) a fresh server on the SFT release's weights with the GRPO recipe: sampled
+   calculator episodes (items seed 200+s), each its own session tagged with its item, reported on the episode, which
+   the learner trains on as one masked sample; its releases then run the same held-out episodes. Its run folder
+   opens in the SAO app (tool-call validity and task success per step).
 Writes <out>.json (every episode, with its transcript), <out>.md and <out>.png.
 
     .venv/bin/python scripts/learn_tool_task.py --seeds 0 1 2 --out results/agents-learn
@@ -76,17 +80,20 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 
 # ---- the client: the OpenAI SDK tool loop, receipts, reports ------------------------------------------------------
 class ReceiptChat:
-    """A ToolChat over the OpenAI SDK that keeps each reply's receipt (x-reef-agent-record-id)."""
+    """A ToolChat over the OpenAI SDK that keeps each reply's receipt (x-reef-agent-record-id). Greedy unless a
+    temperature is given; `headers` go on every call (a rollout's session and group)."""
 
-    def __init__(self, client, scenario: str, max_tokens: int):
+    def __init__(self, client, scenario: str, max_tokens: int, temperature: float = 0.0,
+                 headers: dict | None = None):
         self.client, self.scenario, self.max_tokens = client, scenario, max_tokens
+        self.temperature, self.headers = temperature, headers or {}
         self.receipts: list[str] = []
         self.releases: set[str] = set()
 
     def __call__(self, messages, tools):
         raw = self.client.chat.completions.with_raw_response.create(
-            model="smollm2", messages=messages, tools=tools, max_tokens=self.max_tokens, temperature=0,
-            extra_headers={"x-reef-scenario": self.scenario})
+            model="smollm2", messages=messages, tools=tools, max_tokens=self.max_tokens, temperature=self.temperature,
+            extra_headers={"x-reef-scenario": self.scenario, **self.headers})
         self.receipts.append(raw.headers["x-reef-agent-record-id"])
         self.releases.add(raw.headers.get("x-reef-release-id", "?"))
         return raw.parse().choices[0].message.model_dump(exclude_none=True)
@@ -139,15 +146,90 @@ def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
     return out
 
 
+def policy_rollouts(url: str, client, scenario: str, task, items: list[dict], group: int, max_tokens: int,
+                    max_turns: int, temperature: float, concurrency: int, log_path: Path) -> list[dict]:
+    """The policy stage's rollouts: `group` sampled episodes of each item through the same OpenAI SDK tool loop,
+    each its own session (`x-reef-session`, so the server groups its calls into one episode) tagged with its item
+    (`x-reef-tag-group`, GRPO's group); each is scored by the task's verifier and reported on the episode
+    (`{"score", "episode", "metadata"}`), which the learner trains on as one masked sample."""
+    import uuid
+
+    from openai import APIStatusError
+
+    log = open(log_path, "ab")
+
+    def one(k: int) -> dict:
+        item = items[k // group]
+        session = f"rollout-{uuid.uuid4().hex}"
+        chat = ReceiptChat(client, scenario, max_tokens, temperature,
+                           {"x-reef-session": session, "x-reef-tag-group": item["id"]})
+        try:
+            ep = task.run_episode(chat, item, max_turns)
+        except APIStatusError as e:  # a failed episode is not reported (it trains nothing); counted
+            row = {"k": k, "item": item["id"], "error": str(e), "time": time.time()}
+        else:
+            verdict = task.score_episode(item, ep.transcript)
+            body = {**verdict.report([], item["id"]), "episode": session}
+            del body["references"]
+            _retrying("POST", f"{url}/reef/report", json=body,
+                      headers={"x-reef-scenario": scenario}).raise_for_status()
+            row = {"k": k, "item": item["id"], "release": sorted(chat.releases)[0] if chat.releases else None,
+                   "score": verdict.score, "valid_calls": verdict.valid_calls,
+                   "invalid_calls": verdict.invalid_calls, "turns": ep.turns, "time": time.time()}
+        log.write((json.dumps(row) + "\n").encode())
+        log.flush()
+        return row
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        rows = list(pool.map(one, range(len(items) * group)))
+    log.close()
+    return rows
+
+
+def wait_releases(url: str, scenario: str, count: int, timeout: float) -> dict:
+    """Wait until the learner has trained on what it can: `count` releases made, or (if some episodes could not
+    be trained, e.g. split, dropped or short of a whole group) idle at the same trainer step for six polls in a
+    row (30 s). A failed round stops the wait with its error."""
+    deadline, quiet, last_step = time.time() + timeout, 0, None
+    while time.time() < deadline:
+        rels = _retrying("GET", f"{url}/reef/scenarios/{scenario}/releases").json()
+        learner = _retrying("GET", f"{url}/reef/status").json()["learners"].get(scenario) or {}
+        if learner.get("last_error"):
+            raise RuntimeError(f"{scenario}: training failed: {learner['last_error']}")
+        idle = learner.get("phase") == "idle" and not learner.get("inbox")
+        if idle and len(rels.get("releases") or []) >= count:
+            return rels
+        step = learner.get("trainer_step")
+        quiet = quiet + 1 if idle and step == last_step else 0
+        last_step = step
+        if quiet >= 6:
+            if not rels.get("releases"):
+                raise RuntimeError(f"{scenario}: the learner is idle with no release ({learner})")
+            return rels
+        time.sleep(5)
+    raise TimeoutError(f"{scenario}: {count} releases not made within {timeout:.0f} s")
+
+
 # ---- the server --------------------------------------------------------------------------------------------------
-def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None) -> Popen:
+def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None,
+                 recipe: str = "sft") -> Popen:
     log = open(data_dir / "serve.log", "ab")
     proc = Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
-                  str(data_dir), "--recipe", "sft", "--recipe-config", str(ROOT / recipe_config), "--max-batch",
+                  str(data_dir), "--recipe", recipe, "--recipe-config", str(ROOT / recipe_config), "--max-batch",
                   str(max_batch), "--log-level", "warning", "--read-timeout", "300", *(["--model-path", model_path] if model_path else [])],
                  cwd=ROOT, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    wait_http(f"http://127.0.0.1:{port}/healthz", timeout=900)
-    return proc
+    deadline = time.time() + 900
+    while True:  # a server that fails to start says so at once, not after the wait
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            return proc
+        except TimeoutError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve.py exited with {proc.returncode} before it was ready: see "
+                                   f"{data_dir / 'serve.log'}") from None
+            if time.time() > deadline:
+                proc.stop(30)
+                raise
 
 
 def _retrying(method: str, url: str, tries: int = 5, **kwargs) -> requests.Response:
@@ -186,8 +268,8 @@ def train_release(url: str, scenario: str, records: list[dict], steps: int, time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="none: the base run only")
-    ap.add_argument("--demos", type=int, default=16, help="demonstration episodes drawn per seed")
-    ap.add_argument("--samples", type=int, default=24, help="demonstration turns imported per seed (the first ones)")
+    ap.add_argument("--demos", type=int, default=32, help="demonstration episodes drawn per seed")
+    ap.add_argument("--samples", type=int, default=64, help="demonstration turns imported per seed (the first ones)")
     ap.add_argument("--n", type=int, default=20, help="held-out items per task")
     ap.add_argument("--tasks", nargs="+", default=["calculator", "bfcl"], choices=["calculator", "bfcl"])
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each calculator reply")
@@ -199,6 +281,13 @@ def main() -> None:
     ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: join the runs of these result files into <out> and write its pages")
+    ap.add_argument("--policy", choices=["none", "grpo", "sao"], default="grpo",
+                    help="after SFT, a policy stage on sampled episodes from the SFT release (none: SFT only)")
+    ap.add_argument("--policy-config", default="recipes/grpo/examples/tools.yaml",
+                    help="the policy recipe's config (auto mode: it trains as episode reports arrive)")
+    ap.add_argument("--rollouts", type=int, default=128, help="policy stage: sampled episodes per seed")
+    ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
+    ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
     ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
     ap.add_argument("--out", default="results/agents-learn")
     args = ap.parse_args()
@@ -265,14 +354,78 @@ def main() -> None:
             rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
             out["runs"][scenario] = {
                 "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
+                "demo_episodes": len({r["tags"]["item"] for r in turns}),
                 "release": rels["serving"], "train_s": round(train_s, 1),
                 "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
                 "eval": run_episodes(url, client, scenario, jobs)}
             _save(out, args.out)
+            sft_folder = Path(next(r["folder"] for r in rels["releases"] if r["release_id"] == rels["serving"]))
         finally:
             proc.stop(120)
+        if args.policy != "none":
+            out["runs"][f"tools-{args.policy}-s{seed}"] = policy_stage(args, seed, sft_folder, calc, jobs,
+                                                                       held_exprs)
+            _save(out, args.out)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     _save(out, args.out)
+
+
+def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs: set) -> dict:
+    """A fresh server on the SFT release's weights with the policy recipe (auto mode), `--rollouts` sampled
+    calculator episodes of items drawn with seed 200+s (disjoint from the held-out ones), reported per episode; when
+    its releases are made, the same held-out episodes. The run folder (config.json, data/, rollouts.jsonl,
+    summary.json) is one the SAO app opens: it plots the reports' tool-call validity and task success per step."""
+    import yaml
+    from openai import OpenAI
+
+    rc = yaml.safe_load((ROOT / args.policy_config).read_text())
+    group = rc.get("group_size", 1) if args.policy == "grpo" else 1
+    per_release = rc["batch_size"] * rc["steps_per_candidate"]
+    if args.rollouts % per_release or args.rollouts % group:
+        raise SystemExit(f"--rollouts {args.rollouts} must be a multiple of batch_size x steps_per_candidate "
+                         f"({per_release}) of {args.policy_config}")
+    scenario = f"tools-{args.policy}-s{seed}"
+    run = Path(args.data_dir) / f"seed-{seed}" / args.policy
+    (run / "data").mkdir(parents=True, exist_ok=True)
+    items = calc.items(args.rollouts // group, 200 + seed)
+    overlap = held_exprs & {it["expression"] for it in items}
+    if overlap:
+        raise SystemExit(f"policy items overlap the held-out ones: {sorted(overlap)[:3]}")
+    (run / "config.json").write_text(json.dumps({
+        "name": scenario, "recipe": args.policy, "seed": seed, "rollouts": args.rollouts, "group_size": group,
+        "temperature": args.temperature, "max_tokens": args.max_tokens, "model_path": str(sft_folder),
+        "task": {"name": "calculator", "options": {"max_turns": args.max_turns}}, "recipe_config": rc}, indent=1))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(run / "data", port, args.policy_config, max(2 * args.n, args.concurrency), str(sft_folder),
+                        recipe=args.policy)
+    try:
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1)
+        started = time.perf_counter()
+        rows = policy_rollouts(url, client, scenario, calc, items, group, args.max_tokens, args.max_turns,
+                               args.temperature, args.concurrency, run / "rollouts.jsonl")
+        reported = [r for r in rows if "score" in r]
+        rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
+        train_s = time.perf_counter() - started
+        print(f"[learn] {scenario}: {rels['serving']} after {train_s:.0f} s ({len(reported)} episodes reported)",
+              file=sys.stderr, flush=True)
+        metrics = run / "data" / "learn" / scenario / "metrics.jsonl"
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        steps = [r for r in steps if r.get("event") == "step"]
+        ev = run_episodes(url, client, scenario, jobs)
+        (run / "summary.json").write_text(json.dumps({
+            "name": scenario, "rollouts": args.rollouts, "final_accuracy": ev["calculator"]["accuracy"],
+            "wall_s": round(time.perf_counter() - started, 1)}))
+        return {"seed": seed, "from": str(sft_folder), "run_dir": str(run), "release": rels["serving"],
+                "releases": len(rels["releases"]), "rollouts": len(rows), "reported": len(reported),
+                "rollout_success": sum(r["score"] for r in reported) / max(1, len(reported)),
+                "train_s": round(train_s, 1),
+                "steps": [{k: r.get(k) for k in ("trainer_step", "reward_mean", "loss", "report_correct",
+                                                 "report_valid_call_fraction", "masked_fraction", "step_s")}
+                          for r in steps],
+                "eval": ev}
+    finally:
+        proc.stop(120)
 
 
 def model_folder(model_path: str | None) -> Path:
@@ -290,23 +443,38 @@ def _save(out: dict, path: str) -> None:
     write_report(out, path)
 
 
+def arm_of(run_name: str) -> str:
+    """tools-sft-s0 -> tools-sft: runs of one arm differ only in their seed."""
+    return run_name.rsplit("-s", 1)[0]
+
+
 def summary(out: dict) -> dict:
-    """Per task: the base, each seed's release, and the mean over seeds with its t-interval (gain over base too)."""
+    """Per arm and task: the base, each seed's release, and the mean over seeds with its t-interval; the gain over
+    base (paired on the same items), and for a policy arm its gain over the SFT release of the same seed."""
     base = out["runs"].get("base", {}).get("eval", {})
-    seeds = [r for name, r in out["runs"].items() if name != "base"]
+    arms: dict[str, list[dict]] = {}
+    for name, r in out["runs"].items():
+        if name != "base":
+            arms.setdefault(arm_of(name), []).append(r)
+    sft = {r["seed"]: r for r in arms.get("tools-sft", [])}
     table = {}
-    for task in out["args"]["tasks"]:
-        if task not in base:
-            continue
-        accs = [r["eval"][task]["accuracy"] for r in seeds if task in r["eval"]]
-        base_on = [_base_on(base[task], r["eval"][task]) for r in seeds if task in r["eval"]]
-        gains = [a - b for a, b in zip(accs, base_on)]  # on the same items (a run may take a prefix of base's)
-        table[task] = {"base": base[task]["accuracy"], "base_ci95": base[task]["ci95"], "seeds": accs,
-                       "base_on_seed_items": base_on,
-                       "mean": t_interval(accs) if accs else None, "gain": t_interval(gains) if gains else None,
-                       "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in seeds if task in r["eval"]],
-                       "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in seeds
-                                                     if task in r["eval"]]}
+    for arm, seeds in arms.items():
+        for task in out["args"]["tasks"]:
+            runs = [r for r in seeds if task in r.get("eval", {})]
+            if task not in base or not runs:
+                continue
+            accs = [r["eval"][task]["accuracy"] for r in runs]
+            base_on = [_base_on(base[task], r["eval"][task]) for r in runs]
+            gains = [a - b for a, b in zip(accs, base_on)]  # on the same items (a run may take a prefix of base's)
+            row = {"arm": arm, "task": task, "base": base[task]["accuracy"], "base_ci95": base[task]["ci95"],
+                   "seeds": accs, "base_on_seed_items": base_on, "mean": t_interval(accs), "gain": t_interval(gains),
+                   "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in runs],
+                   "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in runs]}
+            paired = [(r["eval"][task]["accuracy"], sft[r["seed"]]["eval"][task]["accuracy"]) for r in runs
+                      if arm != "tools-sft" and r["seed"] in sft and task in sft[r["seed"]].get("eval", {})]
+            if paired:
+                row["gain_over_sft"] = t_interval([a - b for a, b in paired])
+            table[f"{arm}/{task}"] = row
     return table
 
 
@@ -330,14 +498,15 @@ def write_report(out: dict, path: str) -> None:
             lines.append(f"| {name} | {task} | {ev['success']}/{ev['n']} ({ev['accuracy']:.2f}) | "
                          f"{ev['ci95'][0]:.2f}-{ev['ci95'][1]:.2f} | {ev['episodes_with_valid_calls']}/{ev['n']} | "
                          f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev.get('server_errors', 0)} | {ev['wall_s']} |")
-    means = ["| task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
-             "gain over base | 95% t-interval |", "|---|---|---|---|---|---|---|"]
-    for task, t in table.items():
-        if t["mean"]:
-            m, g = t["mean"], t["gain"]
-            ci = (lambda lo, hi: "n/a (one seed)" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}")
-            means.append(f"| {task} | {len(t['seeds'])} | {sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | "
-                         f"{m[0]:.3f} | {ci(m[1], m[2])} | {g[0]:+.3f} | {ci(g[1], g[2])} |")
+    means = ["| arm | task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
+             "gain over base | 95% t-interval | gain over SFT (same seed) | 95% t-interval |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    ci = (lambda lo, hi: "n/a (one seed)" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}")
+    for t in table.values():
+        m, g, o = t["mean"], t["gain"], t.get("gain_over_sft")
+        means.append(f"| {t['arm']} | {t['task']} | {len(t['seeds'])} | "
+                     f"{sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | {m[0]:.3f} | {ci(m[1], m[2])} | "
+                     f"{g[0]:+.3f} | {ci(g[1], g[2])} | " + (f"{o[0]:+.3f} | {ci(o[1], o[2])} |" if o else "| |"))
     block = (f"{TABLES}\nCommand: `{out['command']}`\n\n" + "\n".join(means) + "\n\n" + "\n".join(lines)
              + f"\n{TABLES_END}")
     md = Path(f"{path}.md")
@@ -363,7 +532,8 @@ def write_report(out: dict, path: str) -> None:
             cis = [clopper_pearson(k, e["n"]) for k, e in zip(ks, evs)]
             err = [[a - c[0] for a, c in zip(acc, cis)], [c[1] - a for a, c in zip(acc, cis)]]
             ax.bar([i + shift for i in x], acc, width=0.4, yerr=err, capsize=3, color=color, label=label)
-        ax.set_xticks(x, [n.replace("tools-sft-", "sft ") for n in names])
+        ax.set_xticks(x, [n.removeprefix("tools-").replace("-s", " s") for n in names], fontsize=7,
+                      rotation=30 if len(names) > 5 else 0)
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{task}, held out (n={evs[0]['n']}), 95% CP")
         ax.legend(fontsize=7, loc="upper left")
