@@ -78,10 +78,11 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
-# ---- the client: the OpenAI SDK tool loop, receipts, reports ------------------------------------------------------
+# ---- the client: an SDK's tool loop, receipts, reports --------------------------------------------------------------
 class ReceiptChat:
-    """A ToolChat over the OpenAI SDK that keeps each reply's receipt (x-reef-agent-record-id). Greedy unless a
-    temperature is given; `headers` go on every call (a rollout's session and group)."""
+    """A ToolChat over the OpenAI SDK (chat completions with `tools`, results sent back as `role: tool` messages)
+    that keeps each reply's receipt (x-reef-agent-record-id). Greedy unless a temperature is given; `headers` go on
+    every call (a rollout's session and group)."""
 
     def __init__(self, client, scenario: str, max_tokens: int, temperature: float = 0.0,
                  headers: dict | None = None):
@@ -94,20 +95,58 @@ class ReceiptChat:
         raw = self.client.chat.completions.with_raw_response.create(
             model="smollm2", messages=messages, tools=tools, max_tokens=self.max_tokens, temperature=self.temperature,
             extra_headers={"x-reef-scenario": self.scenario, **self.headers})
-        self.receipts.append(raw.headers["x-reef-agent-record-id"])
-        self.releases.add(raw.headers.get("x-reef-release-id", "?"))
+        self._keep(raw.headers)
         return raw.parse().choices[0].message.model_dump(exclude_none=True)
 
+    def _keep(self, headers) -> None:
+        self.receipts.append(headers["x-reef-agent-record-id"])
+        self.releases.add(headers.get("x-reef-release-id", "?"))
 
-def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
+
+class AnthropicReceiptChat(ReceiptChat):
+    """The same loop through the Anthropic SDK against /v1/messages: `tools` with `input_schema`, the model's
+    `tool_use` blocks, results sent back as `tool_result` blocks. The task keeps its history in chat form, so each
+    call's body is written in Anthropic's form (and each answer read back) by reef_lab's own translator
+    (reef_lab/gateway/translate), what the server's relay uses between these two dialects."""
+
+    def __call__(self, messages, tools):
+        from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
+        from reef_lab.gateway.translate import Translation
+
+        tr = Translation(OPENAI_CHAT, ANTHROPIC, {"model": "smollm2", "messages": messages, "tools": tools,
+                                                   "max_tokens": self.max_tokens, "temperature": self.temperature})
+        body = {k: v for k, v in tr.body.items() if k != "stream"}
+        # anthropic 2.16's create() has no sampling arguments (temperature, top_p): they go as extra_body, as a user
+        # of this SDK would send them
+        extra = {k: body.pop(k) for k in ("temperature", "top_p", "top_k") if k in body}
+        raw = self.client.messages.with_raw_response.create(
+            **body, extra_body=extra, extra_headers={"x-reef-scenario": self.scenario, **self.headers})
+        self._keep(raw.headers)
+        answer = tr.answer(raw.parse().model_dump(exclude_none=True))
+        return {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
+
+
+def sdk_client(kind: str, url: str):
+    """(the SDK's client against the server, its ToolChat class, its status error)."""
+    if kind == "anthropic":
+        import anthropic
+
+        return (anthropic.Anthropic(base_url=url, api_key="none", timeout=3600, max_retries=1),
+                AnthropicReceiptChat, anthropic.APIStatusError)
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1), ReceiptChat, \
+        openai.APIStatusError
+
+
+def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
     """Every held-out episode of every task at once (the embedded engine batches them): `jobs` maps a task name to
     (task, items, max_tokens, max_turns). Each episode is scored and reported on its receipts."""
     def one(job):
         name, item = job
         task, _, max_tokens, max_turns = jobs[name]
-        from openai import APIStatusError
-
-        chat = ReceiptChat(client, scenario, max_tokens)
+        client, chat_cls, APIStatusError = sdk
+        chat = chat_cls(client, scenario, max_tokens)
         try:
             ep = task.run_episode(chat, item, max_turns)
         except APIStatusError as e:  # one failed episode is data: score 0, the server's error kept
@@ -146,7 +185,7 @@ def run_episodes(url: str, client, scenario: str, jobs: dict) -> dict:
     return out
 
 
-def policy_rollouts(url: str, client, scenario: str, task, items: list[dict], group: int, max_tokens: int,
+def policy_rollouts(url: str, sdk, scenario: str, task, items: list[dict], group: int, max_tokens: int,
                     max_turns: int, temperature: float, concurrency: int, log_path: Path) -> list[dict]:
     """The policy stage's rollouts: `group` sampled episodes of each item through the same OpenAI SDK tool loop,
     each its own session (`x-reef-session`, so the server groups its calls into one episode) tagged with its item
@@ -154,14 +193,13 @@ def policy_rollouts(url: str, client, scenario: str, task, items: list[dict], gr
     (`{"score", "episode", "metadata"}`), which the learner trains on as one masked sample."""
     import uuid
 
-    from openai import APIStatusError
-
+    client, chat_cls, APIStatusError = sdk
     log = open(log_path, "ab")
 
     def one(k: int) -> dict:
         item = items[k // group]
         session = f"rollout-{uuid.uuid4().hex}"
-        chat = ReceiptChat(client, scenario, max_tokens, temperature,
+        chat = chat_cls(client, scenario, max_tokens, temperature,
                            {"x-reef-session": session, "x-reef-tag-group": item["id"]})
         try:
             ep = task.run_episode(chat, item, max_turns)
@@ -281,6 +319,9 @@ def main() -> None:
     ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: join the runs of these result files into <out> and write its pages")
+    ap.add_argument("--client", choices=["openai", "anthropic"], default="openai",
+                    help="the SDK whose tool loop runs every episode: openai (chat completions) or anthropic "
+                         "(messages, tool_use / tool_result blocks)")
     ap.add_argument("--policy", choices=["none", "grpo", "sao"], default="grpo",
                     help="after SFT, a policy stage on sampled episodes from the SFT release (none: SFT only)")
     ap.add_argument("--policy-config", default="recipes/grpo/examples/tools.yaml",
@@ -302,7 +343,6 @@ def main() -> None:
         return
 
     import yaml
-    from openai import OpenAI
 
     rc = yaml.safe_load((ROOT / args.recipe_config).read_text())
     steps = args.samples // rc["batch_size"]
@@ -329,11 +369,11 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
         try:
-            client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1)
+            sdk = sdk_client(args.client, url)
             if seed == "base":
                 requests.post(f"{url}/reef/scenarios", json={"name": "tools-base", "recipe": "basic"},
                               timeout=60).raise_for_status()
-                out["runs"]["base"] = {"eval": run_episodes(url, client, "tools-base", jobs)}
+                out["runs"]["base"] = {"eval": run_episodes(url, sdk, "tools-base", jobs)}
                 _save(out, args.out)
                 continue
             chat_tok = ChatTokenizer.from_folder(model_folder(args.model_path))
@@ -357,7 +397,7 @@ def main() -> None:
                 "demo_episodes": len({r["tags"]["item"] for r in turns}),
                 "release": rels["serving"], "train_s": round(train_s, 1),
                 "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
-                "eval": run_episodes(url, client, scenario, jobs)}
+                "eval": run_episodes(url, sdk, scenario, jobs)}
             _save(out, args.out)
             sft_folder = Path(next(r["folder"] for r in rels["releases"] if r["release_id"] == rels["serving"]))
         finally:
@@ -376,7 +416,6 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     its releases are made, the same held-out episodes. The run folder (config.json, data/, rollouts.jsonl,
     summary.json) is one the SAO app opens: it plots the reports' tool-call validity and task success per step."""
     import yaml
-    from openai import OpenAI
 
     rc = yaml.safe_load((ROOT / args.policy_config).read_text())
     group = rc.get("group_size", 1) if args.policy == "grpo" else 1
@@ -400,9 +439,9 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     proc = start_server(run / "data", port, args.policy_config, max(2 * args.n, args.concurrency), str(sft_folder),
                         recipe=args.policy)
     try:
-        client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=3600, max_retries=1)
+        sdk = sdk_client(args.client, url)
         started = time.perf_counter()
-        rows = policy_rollouts(url, client, scenario, calc, items, group, args.max_tokens, args.max_turns,
+        rows = policy_rollouts(url, sdk, scenario, calc, items, group, args.max_tokens, args.max_turns,
                                args.temperature, args.concurrency, run / "rollouts.jsonl")
         reported = [r for r in rows if "score" in r]
         rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
@@ -412,7 +451,7 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
         metrics = run / "data" / "learn" / scenario / "metrics.jsonl"
         steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         steps = [r for r in steps if r.get("event") == "step"]
-        ev = run_episodes(url, client, scenario, jobs)
+        ev = run_episodes(url, sdk, scenario, jobs)
         (run / "summary.json").write_text(json.dumps({
             "name": scenario, "rollouts": args.rollouts, "final_accuracy": ev["calculator"]["accuracy"],
             "wall_s": round(time.perf_counter() - started, 1)}))

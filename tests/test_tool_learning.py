@@ -15,6 +15,7 @@ import pytest
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.remote import ChatTokenizer
 from reef_lab.engines.tools import ToolUse, parse_turn
+from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.tasks import make_task
@@ -124,12 +125,14 @@ def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, t
 
 
 @pytest.mark.heavy
-def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("client", ["openai", "anthropic"])
+def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
     """scripts/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
     trained into v1 over HTTP, the release's episodes served by v1 and reported on their receipts (the script stops on
     a refused report); then the GRPO stage from that release: sampled episodes reported per episode, trained as
     episode samples into a release that serves the held-out episodes, a run folder the SAO app opens with the
-    reports' numbers per step; the pages written."""
+    reports' numbers per step; the pages written. Every episode runs through the OpenAI SDK's tool loop or the
+    Anthropic SDK's (/v1/messages, tool_use and tool_result blocks: the records say which dialect served them)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -146,7 +149,7 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path):
                     "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--model-path",
                     str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--out", str(out),
                     "--policy", "grpo", "--policy-config", str(grpo), "--rollouts", "16", "--concurrency", "8",
-                    "--max-tokens", "24"],
+                    "--max-tokens", "24", "--client", client],
                    cwd=root, check=True, timeout=1800)
     result = json.loads(Path(f"{out}.json").read_text())
     run = result["runs"]["tools-sft-s0"]
@@ -170,4 +173,12 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path):
     shown = load_module("sao").load_run(policy["run_dir"])
     assert shown["rollouts_done"] == 16 and shown["steps"].height == 2 and "report_correct" in shown["reported"]
     assert shown["status"] == "finished" and shown["releases"].height == 1
+    from reef_lab.records.store import RecordStore
+
+    store = RecordStore(Path(policy["run_dir"]) / "data")
+    try:
+        dialects = {r["dialect"] for r in store.get_many(store.ids("tools-grpo-s0", "inference"))}
+    finally:
+        store.close()
+    assert dialects == {ANTHROPIC if client == "anthropic" else OPENAI_CHAT}, dialects
     assert "<!-- tables" in Path(f"{out}.md").read_text() and Path(f"{out}.png").is_file()
