@@ -119,20 +119,24 @@ def test_an_episode_spans_both_workers_in_order(two_workers):
         c.close()
         return r.status, dict(r.getheaders()), data
     receipts = []
-    for i in range(24):
+    # at least 24 calls, more until both workers have answered some: on a busy machine the kernel can hand one
+    # worker a long run of connections (as in chat_until_both_answer)
+    while len(receipts) < 24 or logs_with_records(data_dir) < 2 and len(receipts) < 600:
+        i = len(receipts)
         status, headers, data = session_call({"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]})
         assert status == 200 and headers["x-reef-episode"] == "run-1", data
         receipts.append(headers["x-reef-agent-record-id"])
     for _ in range(4):
         status, _, data = session_call({"model": "m", "messages": "not a list"})
         assert status == 400, data
-    assert logs_with_records(data_dir) == 2  # both workers recorded calls
+    assert logs_with_records(data_dir) == 2, f"one worker answered all {len(receipts)} calls"
     status, _, data = call(port, "GET", "/reef/episodes/run-1", None, "ep")
     assert status == 200, data
     ep = json.loads(data)
     answered = [r for r in ep["records"] if r["status"] == "ok"]
-    assert [r["id"] for r in answered] == receipts and [r["turn"] for r in ep["records"]] == list(range(1, 29))
-    assert [r["request"]["messages"][0]["content"] for r in answered] == [f"q{i}" for i in range(24)]
+    n = len(receipts)
+    assert [r["id"] for r in answered] == receipts and [r["turn"] for r in ep["records"]] == list(range(1, n + 5))
+    assert [r["request"]["messages"][0]["content"] for r in answered] == [f"q{i}" for i in range(n)]
     assert [r["status"] for r in ep["records"]].count("refused") == 4
     status, _, data = call(port, "POST", "/reef/report", {"score": 1.0, "episode": "run-1"}, "ep")
     assert status == 200, data
