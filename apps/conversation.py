@@ -30,8 +30,9 @@ def _json(value):
     return value
 
 
-def _text(content) -> str:
-    """Message content (a string or a list of parts) as text; non-text parts as [type]."""
+def content_text(content, sep: str = "\n") -> str:
+    """Message content (a string or a list of parts, in any dialect) as text, parts joined by `sep`; a tool_use
+    part as [tool_use <name>], other non-text parts as [type]. The records app's table uses it too."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -43,9 +44,11 @@ def _text(content) -> str:
                 out.append(p)
             elif isinstance(p, dict) and isinstance(p.get("text"), str):
                 out.append(p["text"])
+            elif isinstance(p, dict) and p.get("type") == "tool_use":
+                out.append(f"[tool_use {p.get('name')}]")
             elif isinstance(p, dict):
                 out.append(f"[{p.get('type', 'part')}]")
-        return "\n".join(out)
+        return sep.join(out)
     return str(content)
 
 
@@ -63,7 +66,7 @@ def messages(request) -> list[dict]:
     out = []
     for key in ("system", "instructions"):  # Anthropic's and Responses' top-level system text
         if req.get(key):
-            out.append({"role": "system", "text": _text(req[key]), "call": None})
+            out.append({"role": "system", "text": content_text(req[key]), "call": None})
     items = req.get("messages")
     if items is None:
         items = req.get("input")
@@ -76,22 +79,22 @@ def messages(request) -> list[dict]:
         if kind == "function_call":  # Responses
             out.append({"role": "assistant", "text": "", "call": f"{m.get('name')}({_args(m.get('arguments'))})"})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "text": _text(m.get("output")), "call": m.get("call_id")})
+            out.append({"role": "tool", "text": content_text(m.get("output")), "call": m.get("call_id")})
         elif role == "tool":  # Chat Completions
-            out.append({"role": "tool", "text": _text(m.get("content")), "call": m.get("tool_call_id")})
+            out.append({"role": "tool", "text": content_text(m.get("content")), "call": m.get("tool_call_id")})
         elif isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") in
                                                         ("tool_use", "tool_result") for p in m["content"]):
             text = [p for p in m["content"] if not (isinstance(p, dict) and p.get("type") in ("tool_use",
                                                                                               "tool_result"))]
             if text:
-                out.append({"role": role, "text": _text(text), "call": None})
+                out.append({"role": role, "text": content_text(text), "call": None})
             for p in m["content"]:  # Anthropic's tool_use / tool_result parts
                 if isinstance(p, dict) and p.get("type") == "tool_use":
                     out.append({"role": "assistant", "text": "", "call": f"{p.get('name')}({_args(p.get('input'))})"})
                 elif isinstance(p, dict) and p.get("type") == "tool_result":
-                    out.append({"role": "tool", "text": _text(p.get("content")), "call": p.get("tool_use_id")})
+                    out.append({"role": "tool", "text": content_text(p.get("content")), "call": p.get("tool_use_id")})
         else:
-            out.append({"role": role or "user", "text": _text(m.get("content")), "call": None})
+            out.append({"role": role or "user", "text": content_text(m.get("content")), "call": None})
             for tc in m.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 out.append({"role": "assistant", "text": "", "call": f"{fn.get('name')}({_args(fn.get('arguments'))})"})
@@ -113,13 +116,13 @@ def answer(record: dict) -> dict:
     if isinstance(resp, dict):
         if isinstance(resp.get("choices"), list) and resp["choices"]:
             msg = (resp["choices"][0] or {}).get("message") or {}
-            text.append(_text(msg.get("content")))
+            text.append(content_text(msg.get("content")))
             calls += [f"{(tc.get('function') or {}).get('name')}({_args((tc.get('function') or {}).get('arguments'))})"
                       for tc in msg.get("tool_calls") or []]
         elif isinstance(resp.get("output"), list):
             for item in resp["output"]:
                 if isinstance(item, dict) and item.get("type") == "message":
-                    text.append(_text(item.get("content")))
+                    text.append(content_text(item.get("content")))
                 elif isinstance(item, dict) and item.get("type") == "function_call":
                     calls.append(f"{item.get('name')}({_args(item.get('arguments'))})")
         elif isinstance(resp.get("content"), list):

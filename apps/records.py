@@ -31,7 +31,7 @@ with app.setup:
 
     ROOT = Path(__file__).resolve().parents[1]
 
-    from apps.conversation import episode_html
+    from apps.conversation import content_text, episode_html
     from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, signature, svg,
                              wandb_md, wandb_runs, wilson)
     from reef_lab.publishing.releases import BASE, ReleaseStore
@@ -50,23 +50,8 @@ with app.setup:
 
 @app.function
 def text_of(content) -> str:
-    """Message content (a string or a list of parts) as plain text; non-text parts as [type]."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if isinstance(p, str):
-                out.append(p)
-            elif isinstance(p, dict):
-                if isinstance(p.get("text"), str):
-                    out.append(p["text"])
-                elif p.get("type") == "tool_use":
-                    out.append(f"[tool_use {p.get('name')}]")
-                else:
-                    out.append(f"[{p.get('type', 'part')}]")
-        return " ".join(out)
-    return "" if content is None else str(content)
+    """Message content as plain text on one line of the table (apps/conversation.py's reading of it)."""
+    return content_text(content, " ")
 
 
 @app.function
