@@ -250,11 +250,15 @@ def wait_releases(url: str, scenario: str, count: int, timeout: float) -> dict:
 
 # ---- the server --------------------------------------------------------------------------------------------------
 def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None,
-                 recipe: str = "sft") -> Popen:
+                 recipe: str = "sft", engine: str = "embedded") -> Popen:
+    """scripts/serve.py as a child that dies with this script; `engine` vllm: a vLLM CPU server (.venv-vllm) that
+    serves the model and its releases (weights transport: LoRA-trained releases reloaded in place)."""
     log = open(data_dir / "serve.log", "ab")
     proc = Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
                   str(data_dir), "--recipe", recipe, "--recipe-config", str(ROOT / recipe_config), "--max-batch",
-                  str(max_batch), "--log-level", "warning", "--read-timeout", "300", *(["--model-path", model_path] if model_path else [])],
+                  str(max_batch), "--log-level", "warning", "--read-timeout", "300", "--engine", engine,
+                  *(["--engine_options", json.dumps({"port": free_port()})] if engine == "vllm" else []),
+                  *(["--model-path", model_path] if model_path else [])],
                  cwd=ROOT, stdout=log, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.time() + 900
     while True:  # a server that fails to start says so at once, not after the wait
@@ -319,13 +323,21 @@ def main() -> None:
     ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: join the runs of these result files into <out> and write its pages")
+    ap.add_argument("--sft-from", default=None, metavar="DATA_DIR",
+                    help="run the policy stage only, from the SFT releases an earlier run left in DATA_DIR "
+                         "(its --data-dir: seed-<s>/releases/tools-sft-s<s>/v1)")
     ap.add_argument("--client", choices=["openai", "anthropic"], default="openai",
                     help="the SDK whose tool loop runs every episode: openai (chat completions) or anthropic "
                          "(messages, tool_use / tool_result blocks)")
     ap.add_argument("--policy", choices=["none", "grpo", "sao"], default="grpo",
                     help="after SFT, a policy stage on sampled episodes from the SFT release (none: SFT only)")
-    ap.add_argument("--policy-config", default="recipes/grpo/examples/tools.yaml",
-                    help="the policy recipe's config (auto mode: it trains as episode reports arrive)")
+    ap.add_argument("--policy-engine", choices=["embedded", "vllm"], default="embedded",
+                    help="policy stage: the engine that samples its rollouts and serves its releases; vllm (bash "
+                         "scripts/setup.sh --vllm) trains LoRA releases (recipes/grpo/examples/tools-lora.yaml) and "
+                         "first runs the SFT release's held-out episodes on vLLM too (run tools-sft-vllm-s<seed>)")
+    ap.add_argument("--policy-config", default=None,
+                    help="the policy recipe's config (auto mode: it trains as episode reports arrive); default: "
+                         "recipes/grpo/examples/tools.yaml, tools-lora.yaml with --policy-engine vllm")
     ap.add_argument("--rollouts", type=int, default=128, help="policy stage: sampled episodes per seed")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
     ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
@@ -361,6 +373,19 @@ def main() -> None:
                    args.max_turns if name == "calculator" else 1) for name in args.tasks}
     held_exprs = {it["expression"] for it in held["calculator"]}
     t0 = time.perf_counter()
+    if args.sft_from:
+        if args.policy == "none":
+            raise SystemExit("--sft-from runs the policy stage only: give --policy")
+        folders = {s: Path(args.sft_from) / f"seed-{s}" / "releases" / f"tools-sft-s{s}" / "v1" for s in args.seeds}
+        missing = [str(f) for f in folders.values() if not (f / "config.json").is_file()]
+        if missing:
+            raise SystemExit(f"--sft-from: no SFT release at {', '.join(missing)}")
+        for seed, folder in folders.items():
+            policy_stage(args, seed, folder, calc, jobs, held_exprs, out)
+            _save(out, args.out)
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        _save(out, args.out)
+        return
     for seed in (["base"] if not (args.skip_base or args.no_base) else []) + list(args.seeds):
         # a server per seed: each starts from the base weights, and a finished trainer's memory goes with it
         data = Path(args.data_dir) / f"seed-{seed}"
@@ -393,38 +418,44 @@ def main() -> None:
             metrics = data / "learn" / scenario / "metrics.jsonl"
             rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
             out["runs"][scenario] = {
-                "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
-                "demo_episodes": len({r["tags"]["item"] for r in turns}),
-                "release": rels["serving"], "train_s": round(train_s, 1),
-                "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
-                "eval": run_episodes(url, sdk, scenario, jobs)}
+            "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
+            "demo_episodes": len({r["tags"]["item"] for r in turns}),
+            "release": rels["serving"], "train_s": round(train_s, 1),
+            "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
+            "eval": run_episodes(url, sdk, scenario, jobs)}
             _save(out, args.out)
             sft_folder = Path(next(r["folder"] for r in rels["releases"] if r["release_id"] == rels["serving"]))
         finally:
             proc.stop(120)
         if args.policy != "none":
-            out["runs"][f"tools-{args.policy}-s{seed}"] = policy_stage(args, seed, sft_folder, calc, jobs,
-                                                                       held_exprs)
+            policy_stage(args, seed, sft_folder, calc, jobs, held_exprs, out)
             _save(out, args.out)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     _save(out, args.out)
 
 
-def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs: set) -> dict:
+def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs: set, out: dict) -> None:
     """A fresh server on the SFT release's weights with the policy recipe (auto mode), `--rollouts` sampled
     calculator episodes of items drawn with seed 200+s (disjoint from the held-out ones), reported per episode; when
-    its releases are made, the same held-out episodes. The run folder (config.json, data/, rollouts.jsonl,
-    summary.json) is one the SAO app opens: it plots the reports' tool-call validity and task success per step."""
+    its releases are made, the same held-out episodes (run tools-<policy>[-vllm]-s<seed> of `out`). On vLLM the SFT
+    weights first run the held-out episodes there too (run tools-sft-vllm-s<seed>): the policy's gain is then also
+    paired with its start on the same engine. The run folder (config.json, data/, rollouts.jsonl, summary.json) is
+    one the SAO app opens: it plots the reports' tool-call validity and task success per step."""
     import yaml
 
-    rc = yaml.safe_load((ROOT / args.policy_config).read_text())
+    vllm = args.policy_engine == "vllm"
+    config = args.policy_config or f"recipes/grpo/examples/tools{'-lora' if vllm else ''}.yaml"
+    rc = yaml.safe_load((ROOT / config).read_text())
     group = rc.get("group_size", 1) if args.policy == "grpo" else 1
     per_release = rc["batch_size"] * rc["steps_per_candidate"]
     if args.rollouts % per_release or args.rollouts % group:
         raise SystemExit(f"--rollouts {args.rollouts} must be a multiple of batch_size x steps_per_candidate "
-                         f"({per_release}) of {args.policy_config}")
-    scenario = f"tools-{args.policy}-s{seed}"
-    run = Path(args.data_dir) / f"seed-{seed}" / args.policy
+                     f"({per_release}) of {config}")
+    if vllm and not (rc.get("trainer") or {}).get("lora_rank"):
+        raise SystemExit(f"{config}: the vllm engine serves LoRA-trained releases only: set trainer.lora_rank")
+    arm = f"tools-{args.policy}{'-vllm' if vllm else ''}"
+    scenario = f"{arm}-s{seed}"
+    run = Path(args.data_dir) / f"seed-{seed}" / arm.removeprefix("tools-")
     (run / "data").mkdir(parents=True, exist_ok=True)
     items = calc.items(args.rollouts // group, 200 + seed)
     overlap = held_exprs & {it["expression"] for it in items}
@@ -433,16 +464,23 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     (run / "config.json").write_text(json.dumps({
         "name": scenario, "recipe": args.policy, "seed": seed, "rollouts": args.rollouts, "group_size": group,
         "temperature": args.temperature, "max_tokens": args.max_tokens, "model_path": str(sft_folder),
+        "engine": args.policy_engine,
         "task": {"name": "calculator", "options": {"max_turns": args.max_turns}}, "recipe_config": rc}, indent=1))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(run / "data", port, args.policy_config, max(2 * args.n, args.concurrency), str(sft_folder),
-                        recipe=args.policy)
+    proc = start_server(run / "data", port, config, max(2 * args.n, args.concurrency), str(sft_folder),
+                    recipe=args.policy, engine=args.policy_engine)
     try:
         sdk = sdk_client(args.client, url)
+        if vllm:  # the start on this engine, in a records-only scenario (its reports train nothing)
+            requests.post(f"{url}/reef/scenarios", json={"name": f"tools-sft-vllm-s{seed}", "recipe": "basic"},
+                      timeout=60).raise_for_status()
+            out["runs"][f"tools-sft-vllm-s{seed}"] = {"seed": seed, "from": str(sft_folder), "engine": "vllm",
+                                                 "eval": run_episodes(url, sdk, f"tools-sft-vllm-s{seed}", jobs)}
+            _save(out, args.out)
         started = time.perf_counter()
         rows = policy_rollouts(url, sdk, scenario, calc, items, group, args.max_tokens, args.max_turns,
-                               args.temperature, args.concurrency, run / "rollouts.jsonl")
+                           args.temperature, args.concurrency, run / "rollouts.jsonl")
         reported = [r for r in rows if "score" in r]
         rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
         train_s = time.perf_counter() - started
@@ -452,17 +490,22 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
         steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         steps = [r for r in steps if r.get("event") == "step"]
         ev = run_episodes(url, sdk, scenario, jobs)
+        engine = _retrying("GET", f"{url}/reef/status").json()["engine"]
         (run / "summary.json").write_text(json.dumps({
             "name": scenario, "rollouts": args.rollouts, "final_accuracy": ev["calculator"]["accuracy"],
             "wall_s": round(time.perf_counter() - started, 1)}))
-        return {"seed": seed, "from": str(sft_folder), "run_dir": str(run), "release": rels["serving"],
-                "releases": len(rels["releases"]), "rollouts": len(rows), "reported": len(reported),
-                "rollout_success": sum(r["score"] for r in reported) / max(1, len(reported)),
-                "train_s": round(train_s, 1),
-                "steps": [{k: r.get(k) for k in ("trainer_step", "reward_mean", "loss", "report_correct",
-                                                 "report_valid_call_fraction", "masked_fraction", "step_s")}
-                          for r in steps],
-                "eval": ev}
+        out["runs"][scenario] = {
+            "seed": seed, "from": str(sft_folder), "engine": args.policy_engine, "config": config,
+            # what the server's engine said after the held-out episodes: which engine, which weights it held
+            "served_by": {k: engine.get(k) for k in ("engine", "transport", "weights_serving", "release_id")},
+            "run_dir": str(run), "release": rels["serving"],
+            "releases": len(rels["releases"]), "rollouts": len(rows), "reported": len(reported),
+            "rollout_success": sum(r["score"] for r in reported) / max(1, len(reported)),
+            "train_s": round(train_s, 1),
+            "steps": [{k: r.get(k) for k in ("trainer_step", "reward_mean", "loss", "report_correct",
+                                             "report_valid_call_fraction", "masked_fraction", "step_s")}
+                      for r in steps],
+            "eval": ev}
     finally:
         proc.stop(120)
 
@@ -495,7 +538,6 @@ def summary(out: dict) -> dict:
     for name, r in out["runs"].items():
         if name != "base":
             arms.setdefault(arm_of(name), []).append(r)
-    sft = {r["seed"]: r for r in arms.get("tools-sft", [])}
     table = {}
     for arm, seeds in arms.items():
         for task in out["args"]["tasks"]:
@@ -509,8 +551,12 @@ def summary(out: dict) -> dict:
                    "seeds": accs, "base_on_seed_items": base_on, "mean": t_interval(accs), "gain": t_interval(gains),
                    "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in runs],
                    "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in runs]}
+            # a policy arm against the SFT release it started from, on its own engine; the SFT release on vLLM
+            # against the same release on the embedded engine (the engine's own effect)
+            start = "tools-sft-vllm" if arm.endswith("-vllm") and arm != "tools-sft-vllm" else "tools-sft"
+            sft = {r["seed"]: r for r in arms.get(start, [])}
             paired = [(r["eval"][task]["accuracy"], sft[r["seed"]]["eval"][task]["accuracy"]) for r in runs
-                      if arm != "tools-sft" and r["seed"] in sft and task in sft[r["seed"]].get("eval", {})]
+                      if arm != start and r["seed"] in sft and task in sft[r["seed"]].get("eval", {})]
             if paired:
                 row["gain_over_sft"] = t_interval([a - b for a, b in paired])
             table[f"{arm}/{task}"] = row

@@ -182,3 +182,48 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
         store.close()
     assert dialects == {ANTHROPIC if client == "anthropic" else OPENAI_CHAT}, dialects
     assert "<!-- tables" in Path(f"{out}.md").read_text() and Path(f"{out}.png").is_file()
+
+
+@pytest.mark.heavy
+@pytest.mark.vllm
+def test_learn_tool_task_policy_stage_on_vllm(tmp_path):
+    """The policy stage with `--policy-engine vllm`: a vLLM CPU server on the SFT release's folder samples the
+    rollouts, the learner trains a LoRA release that vLLM reloads in place, and that release runs the held-out
+    episodes; before the rollouts the SFT weights run them on vLLM too (run tools-sft-vllm-s0), the policy's
+    start on its own engine. On the real SmolLM2 (vLLM's CPU attention has no kernel for the tiny Llama's head
+    size 16)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from reef_lab.engines.vllm import DEFAULT_PYTHON
+
+    if not DEFAULT_PYTHON.is_file():
+        pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "sft.yaml"
+    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
+                      "trainer: {lr: 1.0e-4, micro_batch_size: 4}\n")
+    grpo = tmp_path / "grpo.yaml"
+    grpo.write_text("group_size: 4\nbatch_size: 8\nsteps_per_candidate: 2\nmax_staleness: 8\nselection: always\n"
+                    "trainer: {lr: 3.0e-4, micro_batch_size: 4, lora_rank: 4}\n")
+    out = tmp_path / "learn"
+    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
+                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--data-dir",
+                    str(tmp_path / "data"), "--out", str(out), "--policy", "grpo", "--policy-engine", "vllm", "--policy-config", str(grpo), "--rollouts", "16",
+                    "--concurrency", "8", "--max-tokens", "24"],
+                   cwd=root, check=True, timeout=1800)
+    result = json.loads(Path(f"{out}.json").read_text())
+    start, policy = result["runs"]["tools-sft-vllm-s0"], result["runs"]["tools-grpo-vllm-s0"]
+    assert start["engine"] == policy["engine"] == "vllm" and policy["from"].endswith("tools-sft-s0/v1")
+    assert policy["release"] == "tools-grpo-vllm-s0:v1" and policy["reported"] == 16 == policy["rollouts"]
+    assert len(policy["steps"]) == 2
+    for task in ("calculator", "bfcl"):
+        assert all(e["releases"] == ["base"] and e["receipts"] for e in start["eval"][task]["episodes"])
+        assert all(e["releases"] == ["tools-grpo-vllm-s0:v1"] for e in policy["eval"][task]["episodes"])
+    # the policy paired with its start on vLLM; the start with the same SFT release on the embedded engine
+    summary = result["summary"]
+    assert "gain_over_sft" in summary["tools-grpo-vllm/calculator"] and "gain_over_sft" in summary[
+        "tools-sft-vllm/calculator"]
+    # vLLM served them, holding the LoRA release's merged weights at the end (the weights transport)
+    assert policy["served_by"]["engine"] == "vllm" and policy["served_by"]["weights_serving"] == policy["release"]
