@@ -418,11 +418,11 @@ def main() -> None:
             metrics = data / "learn" / scenario / "metrics.jsonl"
             rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
             out["runs"][scenario] = {
-            "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
-            "demo_episodes": len({r["tags"]["item"] for r in turns}),
-            "release": rels["serving"], "train_s": round(train_s, 1),
-            "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
-            "eval": run_episodes(url, sdk, scenario, jobs)}
+                "seed": seed, "demo_items": sorted({r["tags"]["item"] for r in turns}), "demo_turns": len(turns),
+                "demo_episodes": len({r["tags"]["item"] for r in turns}),
+                "release": rels["serving"], "train_s": round(train_s, 1),
+                "losses": [r.get("loss") for r in rows if r.get("event") == "step"],
+                "eval": run_episodes(url, sdk, scenario, jobs)}
             _save(out, args.out)
             sft_folder = Path(next(r["folder"] for r in rels["releases"] if r["release_id"] == rels["serving"]))
         finally:
@@ -450,7 +450,7 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     per_release = rc["batch_size"] * rc["steps_per_candidate"]
     if args.rollouts % per_release or args.rollouts % group:
         raise SystemExit(f"--rollouts {args.rollouts} must be a multiple of batch_size x steps_per_candidate "
-                     f"({per_release}) of {config}")
+                         f"({per_release}) of {config}")
     if vllm and not (rc.get("trainer") or {}).get("lora_rank"):
         raise SystemExit(f"{config}: the vllm engine serves LoRA-trained releases only: set trainer.lora_rank")
     arm = f"tools-{args.policy}{'-vllm' if vllm else ''}"
@@ -469,18 +469,18 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(run / "data", port, config, max(2 * args.n, args.concurrency), str(sft_folder),
-                    recipe=args.policy, engine=args.policy_engine)
+                        recipe=args.policy, engine=args.policy_engine)
     try:
         sdk = sdk_client(args.client, url)
         if vllm:  # the start on this engine, in a records-only scenario (its reports train nothing)
             requests.post(f"{url}/reef/scenarios", json={"name": f"tools-sft-vllm-s{seed}", "recipe": "basic"},
-                      timeout=60).raise_for_status()
+                          timeout=60).raise_for_status()
             out["runs"][f"tools-sft-vllm-s{seed}"] = {"seed": seed, "from": str(sft_folder), "engine": "vllm",
-                                                 "eval": run_episodes(url, sdk, f"tools-sft-vllm-s{seed}", jobs)}
+                                                     "eval": run_episodes(url, sdk, f"tools-sft-vllm-s{seed}", jobs)}
             _save(out, args.out)
         started = time.perf_counter()
         rows = policy_rollouts(url, sdk, scenario, calc, items, group, args.max_tokens, args.max_turns,
-                           args.temperature, args.concurrency, run / "rollouts.jsonl")
+                               args.temperature, args.concurrency, run / "rollouts.jsonl")
         reported = [r for r in rows if "score" in r]
         rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
         train_s = time.perf_counter() - started
@@ -499,13 +499,13 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
             # what the server's engine said after the held-out episodes: which engine, which weights it held
             "served_by": {k: engine.get(k) for k in ("engine", "transport", "weights_serving", "release_id")},
             "run_dir": str(run), "release": rels["serving"],
-            "releases": len(rels["releases"]), "rollouts": len(rows), "reported": len(reported),
-            "rollout_success": sum(r["score"] for r in reported) / max(1, len(reported)),
-            "train_s": round(train_s, 1),
-            "steps": [{k: r.get(k) for k in ("trainer_step", "reward_mean", "loss", "report_correct",
-                                             "report_valid_call_fraction", "masked_fraction", "step_s")}
-                      for r in steps],
-            "eval": ev}
+                "releases": len(rels["releases"]), "rollouts": len(rows), "reported": len(reported),
+                "rollout_success": sum(r["score"] for r in reported) / max(1, len(reported)),
+                "train_s": round(train_s, 1),
+                "steps": [{k: r.get(k) for k in ("trainer_step", "reward_mean", "loss", "report_correct",
+                                                 "report_valid_call_fraction", "masked_fraction", "step_s")}
+                          for r in steps],
+                "eval": ev}
     finally:
         proc.stop(120)
 
