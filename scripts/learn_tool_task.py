@@ -338,6 +338,8 @@ def main() -> None:
     ap.add_argument("--policy-config", default=None,
                     help="the policy recipe's config (auto mode: it trains as episode reports arrive); default: "
                          "recipes/grpo/examples/tools.yaml, tools-lora.yaml with --policy-engine vllm")
+    ap.add_argument("--tag", default="", help="policy stage: a suffix of its arm's name, to keep runs of other "
+                                              "budgets apart (tools-grpo-vllm-<tag>-s<seed>)")
     ap.add_argument("--rollouts", type=int, default=128, help="policy stage: sampled episodes per seed")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
     ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
@@ -453,7 +455,7 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
                          f"({per_release}) of {config}")
     if vllm and not (rc.get("trainer") or {}).get("lora_rank"):
         raise SystemExit(f"{config}: the vllm engine serves LoRA-trained releases only: set trainer.lora_rank")
-    arm = f"tools-{args.policy}{'-vllm' if vllm else ''}"
+    arm = f"tools-{args.policy}{'-vllm' if vllm else ''}{'-' + args.tag if args.tag else ''}"
     scenario = f"{arm}-s{seed}"
     run = Path(args.data_dir) / f"seed-{seed}" / arm.removeprefix("tools-")
     (run / "data").mkdir(parents=True, exist_ok=True)
@@ -550,10 +552,12 @@ def summary(out: dict) -> dict:
             row = {"arm": arm, "task": task, "base": base[task]["accuracy"], "base_ci95": base[task]["ci95"],
                    "seeds": accs, "base_on_seed_items": base_on, "mean": t_interval(accs), "gain": t_interval(gains),
                    "valid_call_fraction": [r["eval"][task]["valid_call_fraction"] for r in runs],
-                   "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in runs]}
+                   "episodes_with_valid_calls": [r["eval"][task]["episodes_with_valid_calls"] for r in runs],
+                   # every seed's episodes together: successes of all held-out episodes, an exact interval
+                   "pooled": [sum(r["eval"][task]["success"] for r in runs), sum(r["eval"][task]["n"] for r in runs)]}
             # a policy arm against the SFT release it started from, on its own engine; the SFT release on vLLM
             # against the same release on the embedded engine (the engine's own effect)
-            start = "tools-sft-vllm" if arm.endswith("-vllm") and arm != "tools-sft-vllm" else "tools-sft"
+            start = "tools-sft-vllm" if "-vllm" in arm and arm != "tools-sft-vllm" else "tools-sft"
             sft = {r["seed"]: r for r in arms.get(start, [])}
             paired = [(r["eval"][task]["accuracy"], sft[r["seed"]]["eval"][task]["accuracy"]) for r in runs
                       if arm != start and r["seed"] in sft and task in sft[r["seed"]].get("eval", {})]
@@ -584,13 +588,17 @@ def write_report(out: dict, path: str) -> None:
                          f"{ev['ci95'][0]:.2f}-{ev['ci95'][1]:.2f} | {ev['episodes_with_valid_calls']}/{ev['n']} | "
                          f"{ev['tool_calls']} ({ev['valid_calls']}) | {ev.get('server_errors', 0)} | {ev['wall_s']} |")
     means = ["| arm | task | seeds | base on the same items | release, mean over seeds | 95% t-interval (seeds) | "
-             "gain over base | 95% t-interval | gain over SFT (same seed) | 95% t-interval |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "all seeds' episodes (95% Clopper-Pearson) | gain over base | 95% t-interval | "
+             "gain over SFT (same seed) | 95% t-interval |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     ci = (lambda lo, hi: "n/a (one seed)" if math.isnan(lo) else f"{lo:+.3f} to {hi:+.3f}")
-    for t in table.values():
+    for t in sorted(table.values(), key=lambda t: ("-vllm" in t["arm"], "-sft" not in t["arm"], t["arm"])):
         m, g, o = t["mean"], t["gain"], t.get("gain_over_sft")
+        k, n = t["pooled"]
+        lo, hi = clopper_pearson(k, n)
         means.append(f"| {t['arm']} | {t['task']} | {len(t['seeds'])} | "
                      f"{sum(t['base_on_seed_items']) / len(t['seeds']):.3f} | {m[0]:.3f} | {ci(m[1], m[2])} | "
+                     f"{k}/{n} ({lo:.2f}-{hi:.2f}) | "
                      f"{g[0]:+.3f} | {ci(g[1], g[2])} | " + (f"{o[0]:+.3f} | {ci(o[1], o[2])} |" if o else "| |"))
     block = (f"{TABLES}\nCommand: `{out['command']}`\n\n" + "\n".join(means) + "\n\n" + "\n".join(lines)
              + f"\n{TABLES_END}")
@@ -605,22 +613,29 @@ def write_report(out: dict, path: str) -> None:
     except ImportError:
         return
     tasks = [t for t in out["args"]["tasks"] if any(t in r.get("eval", {}) for r in out["runs"].values())]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.6), squeeze=False)
+    arms: dict[str, list[dict]] = {}  # per arm, its runs (the base is one run); bars: the mean over seeds
+    for name, r in out["runs"].items():
+        arms.setdefault("base" if name == "base" else arm_of(name), []).append(r)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        names = [n for n, r in out["runs"].items() if task in r.get("eval", {})]
-        evs = [out["runs"][n]["eval"][task] for n in names]
+        names = sorted((a for a, runs in arms.items() if all(task in r.get("eval", {}) for r in runs)),
+                       key=lambda a: (a != "base", "-vllm" in a, "-sft" not in a, a))  # base, sft, policy
         x = list(range(len(names)))
         for shift, key, label, color in ((-0.2, "success", "task success", "tab:blue"),
                                          (0.2, "episodes_with_valid_calls", "episodes with a valid call", "tab:orange")):
-            ks = [e[key] for e in evs]
-            acc = [k / e["n"] for k, e in zip(ks, evs)]
-            cis = [clopper_pearson(k, e["n"]) for k, e in zip(ks, evs)]
-            err = [[a - c[0] for a, c in zip(acc, cis)], [c[1] - a for a, c in zip(acc, cis)]]
-            ax.bar([i + shift for i in x], acc, width=0.4, yerr=err, capsize=3, color=color, label=label)
-        ax.set_xticks(x, [n.removeprefix("tools-").replace("-s", " s") for n in names], fontsize=7,
-                      rotation=30 if len(names) > 5 else 0)
+            per_arm = [[r["eval"][task][key] / r["eval"][task]["n"] for r in arms[a]] for a in names]
+            stats = [t_interval(v) for v in per_arm]
+            err = [[0 if math.isnan(lo) else m - max(lo, 0) for m, lo, _ in stats],
+                   [0 if math.isnan(hi) else min(hi, 1) - m for m, _, hi in stats]]
+            ax.bar([i + shift for i in x], [m for m, _, _ in stats], width=0.4, yerr=err, capsize=3, color=color,
+                   alpha=0.75, label=label)
+            for i, v in enumerate(per_arm):  # each seed
+                ax.scatter([i + shift] * len(v), v, s=12, color="black", zorder=3)
+        ax.set_xticks(x, [f"{a.removeprefix('tools-')}\n({len(arms[a])} run{'s' if len(arms[a]) > 1 else ''})"
+                          for a in names], fontsize=7)
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"{task}, held out (n={evs[0]['n']}), 95% CP")
+        n = arms[names[0]][0]["eval"][task]["n"]
+        ax.set_title(f"{task}, {n} held-out items: mean over seeds, 95% t-interval, dots = seeds", fontsize=8)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(f"{path}.png", dpi=110)
