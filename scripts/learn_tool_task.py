@@ -186,11 +186,13 @@ def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
 
 
 def policy_rollouts(url: str, sdk, scenario: str, task, items: list[dict], group: int, max_tokens: int,
-                    max_turns: int, temperature: float, concurrency: int, log_path: Path) -> list[dict]:
+                    max_turns: int, temperature: float, concurrency: int, log_path: Path,
+                    first: int = 0) -> list[dict]:
     """The policy stage's rollouts: `group` sampled episodes of each item through the same OpenAI SDK tool loop,
     each its own session (`x-reef-session`, so the server groups its calls into one episode) tagged with its item
     (`x-reef-tag-group`, GRPO's group); each is scored by the task's verifier and reported on the episode
-    (`{"score", "episode", "metadata"}`), which the learner trains on as one masked sample."""
+    (`{"score", "episode", "metadata"}`), which the learner trains on as one masked sample. `first`: the number
+    of the first episode in the log (a later round's)."""
     import uuid
 
     client, chat_cls, APIStatusError = sdk
@@ -204,14 +206,14 @@ def policy_rollouts(url: str, sdk, scenario: str, task, items: list[dict], group
         try:
             ep = task.run_episode(chat, item, max_turns)
         except APIStatusError as e:  # a failed episode is not reported (it trains nothing); counted
-            row = {"k": k, "item": item["id"], "error": str(e), "time": time.time()}
+            row = {"k": first + k, "item": item["id"], "error": str(e), "time": time.time()}
         else:
             verdict = task.score_episode(item, ep.transcript)
             body = {**verdict.report([], item["id"]), "episode": session}
             del body["references"]
             _retrying("POST", f"{url}/reef/report", json=body,
                       headers={"x-reef-scenario": scenario}).raise_for_status()
-            row = {"k": k, "item": item["id"], "release": sorted(chat.releases)[0] if chat.releases else None,
+            row = {"k": first + k, "item": item["id"], "release": sorted(chat.releases)[0] if chat.releases else None,
                    "score": verdict.score, "valid_calls": verdict.valid_calls,
                    "invalid_calls": verdict.invalid_calls, "turns": ep.turns, "time": time.time()}
         log.write((json.dumps(row) + "\n").encode())
@@ -340,7 +342,10 @@ def main() -> None:
                          "recipes/grpo/examples/tools.yaml, tools-lora.yaml with --policy-engine vllm")
     ap.add_argument("--tag", default="", help="policy stage: a suffix of its arm's name, to keep runs of other "
                                               "budgets apart (tools-grpo-vllm-<tag>-s<seed>)")
-    ap.add_argument("--rollouts", type=int, default=128, help="policy stage: sampled episodes per seed")
+    ap.add_argument("--rollouts", type=int, default=128, help="policy stage: sampled episodes per seed (per round)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="policy stage: rounds of --rollouts episodes, each sampled from the release the previous "
+                         "round made (on-policy), new items each round")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
     ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
     ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
@@ -459,12 +464,14 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     scenario = f"{arm}-s{seed}"
     run = Path(args.data_dir) / f"seed-{seed}" / arm.removeprefix("tools-")
     (run / "data").mkdir(parents=True, exist_ok=True)
-    items = calc.items(args.rollouts // group, 200 + seed)
+    per_round = args.rollouts // group
+    items = calc.items(args.rounds * per_round, 200 + seed)
     overlap = held_exprs & {it["expression"] for it in items}
     if overlap:
         raise SystemExit(f"policy items overlap the held-out ones: {sorted(overlap)[:3]}")
     (run / "config.json").write_text(json.dumps({
-        "name": scenario, "recipe": args.policy, "seed": seed, "rollouts": args.rollouts, "group_size": group,
+        "name": scenario, "recipe": args.policy, "seed": seed, "rollouts": args.rollouts * args.rounds,
+        "group_size": group,
         "temperature": args.temperature, "max_tokens": args.max_tokens, "model_path": str(sft_folder),
         "engine": args.policy_engine,
         "task": {"name": "calculator", "options": {"max_turns": args.max_turns}}, "recipe_config": rc}, indent=1))
@@ -481,10 +488,18 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
                                                      "eval": run_episodes(url, sdk, f"tools-sft-vllm-s{seed}", jobs)}
             _save(out, args.out)
         started = time.perf_counter()
-        rows = policy_rollouts(url, sdk, scenario, calc, items, group, args.max_tokens, args.max_turns,
-                               args.temperature, args.concurrency, run / "rollouts.jsonl")
-        reported = [r for r in rows if "score" in r]
-        rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
+        rows = []
+        for r in range(args.rounds):  # each round from the newest release: the server serves it once made
+            part = policy_rollouts(url, sdk, scenario, calc, items[r * per_round:(r + 1) * per_round], group,
+                                   args.max_tokens, args.max_turns, args.temperature, args.concurrency,
+                                   run / "rollouts.jsonl", first=r * args.rollouts)
+            rows += part
+            reported = [x for x in rows if "score" in x]
+            rels = wait_releases(url, scenario, len(reported) // per_release, timeout=7200)
+            scores = [x["score"] for x in part if "score" in x]
+            print(f"[learn] {scenario}: round {r + 1}/{args.rounds} sampled from {part[0].get('release')}: "
+                  f"success {sum(scores) / max(1, len(scores)):.3f} of {len(scores)}; now serving {rels['serving']}",
+                  file=sys.stderr, flush=True)
         train_s = time.perf_counter() - started
         print(f"[learn] {scenario}: {rels['serving']} after {train_s:.0f} s ({len(reported)} episodes reported)",
               file=sys.stderr, flush=True)
@@ -494,7 +509,7 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
         ev = run_episodes(url, sdk, scenario, jobs)
         engine = _retrying("GET", f"{url}/reef/status").json()["engine"]
         (run / "summary.json").write_text(json.dumps({
-            "name": scenario, "rollouts": args.rollouts, "final_accuracy": ev["calculator"]["accuracy"],
+            "name": scenario, "rollouts": len(rows), "final_accuracy": ev["calculator"]["accuracy"],
             "wall_s": round(time.perf_counter() - started, 1)}))
         out["runs"][scenario] = {
             "seed": seed, "from": str(sft_folder), "engine": args.policy_engine, "config": config,

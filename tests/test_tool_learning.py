@@ -129,8 +129,9 @@ def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, t
 def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
     """scripts/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
     trained into v1 over HTTP, the release's episodes served by v1 and reported on their receipts (the script stops on
-    a refused report); then the GRPO stage from that release: sampled episodes reported per episode, trained as
-    episode samples into a release that serves the held-out episodes, a run folder the SAO app opens with the
+    a refused report); then the GRPO stage from that release in two rounds, the second sampled from the release the
+    first made: sampled episodes reported per episode, trained as episode samples into releases, the last of which
+    serves the held-out episodes, a run folder the SAO app opens with the
     reports' numbers per step; the pages written. Every episode runs through the OpenAI SDK's tool loop or the
     Anthropic SDK's (/v1/messages, tool_use and tool_result blocks: the records say which dialect served them)."""
     import subprocess
@@ -142,13 +143,13 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
     config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
                       "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
     grpo = tmp_path / "grpo.yaml"
-    grpo.write_text("group_size: 4\nbatch_size: 8\nsteps_per_candidate: 2\nmax_staleness: 8\nselection: always\n"
+    grpo.write_text("group_size: 4\nbatch_size: 8\nsteps_per_candidate: 1\nmax_staleness: 8\nselection: always\n"
                     "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
     out = tmp_path / "learn"
     subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
                     "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--model-path",
                     str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--out", str(out),
-                    "--policy", "grpo", "--policy-config", str(grpo), "--rollouts", "16", "--concurrency", "8",
+                    "--policy", "grpo", "--policy-config", str(grpo), "--rollouts", "8", "--rounds", "2", "--concurrency", "8",
                     "--max-tokens", "24", "--client", client],
                    cwd=root, check=True, timeout=1800)
     result = json.loads(Path(f"{out}.json").read_text())
@@ -159,20 +160,23 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
         episodes = run["eval"][task]["episodes"]
         assert all(e["releases"] == ["tools-sft-s0:v1"] and e["receipts"] for e in episodes)
     policy = result["runs"]["tools-grpo-s0"]
-    assert policy["release"] == "tools-grpo-s0:v1" and policy["from"].endswith("tools-sft-s0/v1")
+    assert policy["release"] == "tools-grpo-s0:v2" and policy["from"].endswith("tools-sft-s0/v1")
     assert policy["reported"] == 16 == policy["rollouts"]
     assert len(policy["steps"]) == 2 and all(st["report_correct"] is not None for st in policy["steps"])
     for task in ("calculator", "bfcl"):
-        assert all(e["releases"] == ["tools-grpo-s0:v1"] for e in policy["eval"][task]["episodes"])
+        assert all(e["releases"] == ["tools-grpo-s0:v2"] for e in policy["eval"][task]["episodes"])
     assert "calculator" in result["summary"]["tools-grpo/calculator"]["task"]
     assert "gain_over_sft" in result["summary"]["tools-grpo/calculator"]
     rollouts = [json.loads(line) for line in (Path(policy["run_dir"]) / "rollouts.jsonl").read_text().splitlines()]
-    assert sorted(r["k"] for r in rollouts) == list(range(16)) and {r["release"] for r in rollouts} == {"base"}
+    # two rounds of 8: the second sampled from the release the first made (on-policy)
+    assert sorted(r["k"] for r in rollouts) == list(range(16))
+    assert {r["release"] for r in rollouts if r["k"] < 8} == {"base"}
+    assert {r["release"] for r in rollouts if r["k"] >= 8} == {"tools-grpo-s0:v1"}
     from tests.test_apps import load_module
 
     shown = load_module("sao").load_run(policy["run_dir"])
     assert shown["rollouts_done"] == 16 and shown["steps"].height == 2 and "report_correct" in shown["reported"]
-    assert shown["status"] == "finished" and shown["releases"].height == 1
+    assert shown["status"] == "finished" and shown["releases"].height == 2
     from reef_lab.records.store import RecordStore
 
     store = RecordStore(Path(policy["run_dir"]) / "data")
