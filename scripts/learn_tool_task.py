@@ -636,8 +636,9 @@ def write_report(out: dict, path: str) -> None:
         names = sorted((a for a, runs in arms.items() if all(task in r.get("eval", {}) for r in runs)),
                        key=lambda a: (a != "base", "-vllm" in a, "-sft" not in a, a))  # base, sft, policy
         x = list(range(len(names)))
-        for shift, key, label, color in ((-0.2, "success", "task success", "tab:blue"),
-                                         (0.2, "episodes_with_valid_calls", "episodes with a valid call", "tab:orange")):
+        series = ((-0.2, "success", "task success", "tab:blue"),
+                  (0.2, "episodes_with_valid_calls", "episodes with a valid call", "tab:orange"))
+        for shift, key, label, color in series:
             per_arm = [[r["eval"][task][key] / r["eval"][task]["n"] for r in arms[a]] for a in names]
             stats = [t_interval(v) for v in per_arm]
             err = [[0 if math.isnan(lo) else m - max(lo, 0) for m, lo, _ in stats],
