@@ -150,3 +150,29 @@ def test_restart_serves_the_release_and_resumes_learning(tiny_model_dir, tmp_pat
         assert set(rels["releases"][1]["records"]).isdisjoint(rels["releases"][0]["records"])
     finally:
         gw.close()
+
+
+def test_a_restart_trains_again_what_the_lost_steps_had_learned(tiny_model_dir, tmp_path):
+    """A step's weights live in the process until a candidate is exported; a crash (or stop) before that loses them,
+    so its samples are replayed after the restart and trained again, not counted as learned (seen live: a worker
+    killed by the OOM killer between two steps of a candidate, whose samples then never reached a release)."""
+    data = tmp_path / "data"
+    gw = Gateway(data, EmbeddedEngine.from_path(str(tiny_model_dir)))
+    gw.create_scenario({"name": "s", "recipe": "sft", "config": {"batch_size": 4, "steps_per_candidate": 2,
+                                                                  "trainer": TRAINER}})
+    drive(gw, "s", 8)  # 4 good samples: one step of the two a candidate needs
+    ln = gw.learner("s")
+    assert ln.wait_idle(300) and ln.status()["trainer_step"] == 1 and ln.status()["consumed"] == 0
+    gw.close()
+    gw = Gateway(data, EmbeddedEngine.from_path(str(tiny_model_dir)))
+    try:
+        ln = gw.learner("s")
+        # the step's 4 samples are back in the pool (a full batch again: trained from the base once more)
+        assert ln.wait_idle(300) and ln.status()["trainer_step"] == 1, ln.status()
+        drive(gw, "s", 8)  # 4 more: the second step, and the candidate names all 8 samples
+        assert ln.wait_idle(300) and ln.last_error is None
+        rels = gw.list_releases("s")
+        assert rels["serving"] == "s:v1" and len(rels["releases"][0]["records"]) == 8  # both steps' samples
+        assert ln.status()["consumed"] > 0
+    finally:
+        gw.close()

@@ -8,11 +8,12 @@ held-out task, and lets the selection policy decide; an accepted candidate becom
 routes the scenario's new requests to it (requests already running finish on their release). Anything that fails
 in a round is logged, recorded in the metrics file and leaves the serving release as it was.
 
-State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids, so a restart replays only the
-reports not yet learned from) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
+State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids: those a candidate was made from, and
+those dropped, so a restart replays only the reports whose learning did not reach a candidate) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
 the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
 as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
-release's weights (optimizer state starts fresh).
+release's weights (optimizer state starts fresh): steps taken since the last candidate died with the process, so
+their samples count as consumed only once a candidate is made from them, and are trained again after a crash.
 """
 
 from __future__ import annotations
@@ -291,8 +292,7 @@ class Learner(LearnerLoop, RecordHolder):
             metrics = self.recipe.train(self._trainer, batch)
         train_s = time.perf_counter() - started  # the whole round's training (a policy step's own: step_s)
         self.rounds += 1
-        self._consume(batch)
-        self._since_candidate += batch
+        self._since_candidate += batch  # consumed when a candidate is made from them (module docstring)
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
                       "staleness_max": max(staleness), "train_s": round(train_s, 3),
@@ -319,6 +319,7 @@ class Learner(LearnerLoop, RecordHolder):
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releaser.start_candidate(self.scenario, lineage)
+        self._consume(used)
         self._since_candidate = self._since_candidate[len(used):]
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})
