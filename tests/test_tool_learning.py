@@ -9,6 +9,7 @@ with a `tool_calls` reply that the task's verifier accepts as valid.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,26 @@ def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, t
         gw.close()
 
 
+def run_learn_script(tmp_path, sft_lr: str, grpo: str, *args: str) -> tuple[dict, Path]:
+    """scripts/learn_tool_task.py, seed 0, 2 held-out items per task, 8 demonstration turns in 2 SFT steps, the
+    GRPO config `grpo` (a YAML mapping's lines); returns the result file's content and the pages' path."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "sft.yaml"
+    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
+                      f"trainer: {{lr: {sft_lr}, micro_batch_size: 4}}\n")
+    (tmp_path / "grpo.yaml").write_text(grpo)
+    out = tmp_path / "learn"
+    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
+                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--data-dir",
+                    str(tmp_path / "data"), "--out", str(out), "--policy", "grpo", "--policy-config",
+                    str(tmp_path / "grpo.yaml"), "--concurrency", "8", "--max-tokens", "24", *args],
+                   cwd=root, check=True, timeout=1800)
+    return json.loads(Path(f"{out}.json").read_text()), out
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("client", ["openai", "anthropic"])
 def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
@@ -134,25 +155,10 @@ def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
     serves the held-out episodes, a run folder the SAO app opens with the
     reports' numbers per step; the pages written. Every episode runs through the OpenAI SDK's tool loop or the
     Anthropic SDK's (/v1/messages, tool_use and tool_result blocks: the records say which dialect served them)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    config = tmp_path / "sft.yaml"
-    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
-                      "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
-    grpo = tmp_path / "grpo.yaml"
-    grpo.write_text("group_size: 4\nbatch_size: 8\nsteps_per_candidate: 1\nmax_staleness: 8\nselection: always\n"
-                    "trainer: {lr: 1.0e-3, micro_batch_size: 4}\n")
-    out = tmp_path / "learn"
-    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
-                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--model-path",
-                    str(tiny_model_dir), "--data-dir", str(tmp_path / "data"), "--out", str(out),
-                    "--policy", "grpo", "--policy-config", str(grpo), "--rollouts", "8", "--rounds", "2", "--concurrency", "8",
-                    "--max-tokens", "24", "--client", client],
-                   cwd=root, check=True, timeout=1800)
-    result = json.loads(Path(f"{out}.json").read_text())
+    result, out = run_learn_script(
+        tmp_path, "1.0e-3", "group_size: 4\nbatch_size: 8\nsteps_per_candidate: 1\nmax_staleness: 8\n"
+        "selection: always\ntrainer: {lr: 1.0e-3, micro_batch_size: 4}\n", "--model-path", str(tiny_model_dir),
+        "--rollouts", "8", "--rounds", "2", "--client", client)
     run = result["runs"]["tools-sft-s0"]
     assert run["release"] == "tools-sft-s0:v1" and run["demo_turns"] == 8 and len(run["losses"]) == 2
     for task in ("calculator", "bfcl"):
@@ -196,28 +202,14 @@ def test_learn_tool_task_policy_stage_on_vllm(tmp_path):
     episodes; before the rollouts the SFT weights run them on vLLM too (run tools-sft-vllm-s0), the policy's
     start on its own engine. On the real SmolLM2 (vLLM's CPU attention has no kernel for the tiny Llama's head
     size 16)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from reef_lab.engines.vllm import DEFAULT_PYTHON
 
     if not DEFAULT_PYTHON.is_file():
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    root = Path(__file__).resolve().parents[1]
-    config = tmp_path / "sft.yaml"
-    config.write_text("mode: manual\nbatch_size: 4\nsteps_per_candidate: 2\nselection: always\n"
-                      "trainer: {lr: 1.0e-4, micro_batch_size: 4}\n")
-    grpo = tmp_path / "grpo.yaml"
-    grpo.write_text("group_size: 4\nbatch_size: 8\nsteps_per_candidate: 2\nmax_staleness: 8\nselection: always\n"
-                    "trainer: {lr: 3.0e-4, micro_batch_size: 4, lora_rank: 4}\n")
-    out = tmp_path / "learn"
-    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
-                    "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--data-dir",
-                    str(tmp_path / "data"), "--out", str(out), "--policy", "grpo", "--policy-engine", "vllm", "--policy-config", str(grpo), "--rollouts", "16",
-                    "--concurrency", "8", "--max-tokens", "24"],
-                   cwd=root, check=True, timeout=1800)
-    result = json.loads(Path(f"{out}.json").read_text())
+    result, _ = run_learn_script(
+        tmp_path, "1.0e-4", "group_size: 4\nbatch_size: 8\nsteps_per_candidate: 2\nmax_staleness: 8\n"
+        "selection: always\ntrainer: {lr: 3.0e-4, micro_batch_size: 4, lora_rank: 4}\n", "--policy-engine", "vllm",
+        "--rollouts", "16")
     start, policy = result["runs"]["tools-sft-vllm-s0"], result["runs"]["tools-grpo-vllm-s0"]
     assert start["engine"] == policy["engine"] == "vllm" and policy["from"].endswith("tools-sft-s0/v1")
     assert policy["release"] == "tools-grpo-vllm-s0:v1" and policy["reported"] == 16 == policy["rollouts"]
