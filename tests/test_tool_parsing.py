@@ -4,7 +4,6 @@ fields read into one form, with a 400 naming the field for each malformed one.""
 from __future__ import annotations
 
 import copy
-
 import random
 
 import pytest
