@@ -424,11 +424,19 @@ def _config_fields(cls: type, prefix: str = "") -> list[tuple[str, object, str]]
         schema = f.metadata.get("schema") or config_class(hints.get(f.name))
         if schema is not None:
             schema = schema if is_dataclass(schema) else schema()
-            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+            out.append((prefix + f.name, default, _who(f.metadata)))
             out += _config_fields(schema, f"{prefix}{f.name}.")
         else:
-            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+            out.append((prefix + f.name, default, _who(f.metadata)))
     return out
+
+
+def _who(meta) -> str:
+    """A field's help and who may set it (reef_lab.schema.check_client_fields)."""
+    text = meta.get("help", "")
+    if meta.get("operator"):
+        return text + " [operator only]"
+    return text + (f" [clients: at most {meta['client_max']}]" if "client_max" in meta else "")
 
 
 def _recipe_help(spec: str) -> str:

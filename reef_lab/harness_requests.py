@@ -71,11 +71,13 @@ class RequestConfig:
     allow_executable: bool = field(default=False, metadata={
         "help": "allow scripts (#!, .sh, .py, ...) and Claude Code's !`command` lines in skills and commands",
         "operator": True})
-    max_file_bytes: int = field(default=20_000, metadata={"help": "largest file a mutation may write"})
-    max_mutations: int = field(default=8, metadata={"help": "most mutations one request may make"})
-    max_tokens: int = field(default=2000, metadata={"help": "max_tokens of the proposer's answer"})
+    max_file_bytes: int = field(default=20_000, metadata={"client_max": 200_000,
+        "help": "largest file a mutation may write"})
+    max_mutations: int = field(default=8, metadata={"client_max": 64, "help": "most mutations one request may make"})
+    max_tokens: int = field(default=2000, metadata={"client_max": 8192, "help": "max_tokens of the proposer's answer"})
     temperature: float = field(default=0.0, metadata={"help": "sampling temperature of the proposer"})
-    context_chars: int = field(default=12_000, metadata={"help": "most characters of the session shown"})
+    context_chars: int = field(default=12_000, metadata={"client_max": 100_000,
+        "help": "most characters of the session shown"})
 
     def __post_init__(self) -> None:
         check_fields(self)

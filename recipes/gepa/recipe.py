@@ -30,15 +30,16 @@ class GEPARecipeConfig:
         "help": "auto: an iteration every minibatch_size new examples; manual: on POST /reef/train; hybrid: both"})
     selection: str = field(default="strict_gain", metadata={
         "help": "release a kept candidate: always, no_regression (validation mean >= serving's) or strict_gain (>)"})
-    seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
+    seed_harness: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
     val_task: TaskConfig = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
         "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on"})
-    val_size: int = field(default=16, metadata={"help": "validation examples"})
+    val_size: int = field(default=16, metadata={"client_max": 1024, "help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={
         "help": "report metadata key holding the reference answer of the referenced inference"})
-    task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of a candidate's answers (greedy)"})
+    task_max_tokens: int = field(default=48, metadata={"client_max": 4096,
+        "help": "max_tokens of a candidate's answers (greedy)"})
     search: dict = field(default_factory=dict, metadata={
         "help": "recipes.gepa.search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
         "schema": GEPAConfig})

@@ -16,7 +16,7 @@ from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.engines.lm import make_lm
 from reef_lab.errors import BadRequest, Conflict, ReefError
 from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, evolved, \
-    load_recipe
+    load_recipe, recipe_config_class
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
 from reef_lab.schema import check_client_fields
 
@@ -31,7 +31,6 @@ class Learners:
         self._context = context
         self.errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self._recipes: dict[str, Recipe] = {}
-        self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
         self._learners: dict[str, ScenarioLearner] = {}
         self._lock = threading.Lock()
 
@@ -61,11 +60,8 @@ class Learners:
 
     def check_client_config(self, spec: str, config: dict | None) -> None:
         """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""
-        if spec not in self._config_classes:
-            recipe = load_recipe(spec)  # the recipe's defaults: nothing of the client's is read
-            self._config_classes[spec] = type(recipe.config) if recipe.config is not None else None
         try:
-            check_client_fields(self._config_classes[spec], config or {})
+            check_client_fields(recipe_config_class(spec), config or {})
         except ValueError as e:
             raise BadRequest(str(e)) from None
 

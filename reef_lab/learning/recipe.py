@@ -13,10 +13,11 @@ A deployment names its recipe by a `module:Class` path, or by a bare name `x` me
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -120,12 +121,13 @@ class LearnConfig:
     selection: str = field(default="always", metadata={
         "help": "accept a candidate: always, no_regression (held-out accuracy >= serving), strict_gain (>), "
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
-    steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
+    steps_per_candidate: int = field(default=1, metadata={"client_max": 64, "help": "policy steps between candidates"})
     eval_task: TaskConfig | None = field(default=None, metadata={
         "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
-    eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
+    eval_size: int = field(default=64, metadata={"client_max": 1024, "help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
-    eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
+    eval_max_tokens: int = field(default=32, metadata={"client_max": 4096,
+        "help": "max_tokens of the greedy held-out answers"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
         "help": "reef_lab.trainers.base.TrainerConfig: the optimiser and the backend that trains the policy"})
     episodes: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={
@@ -219,6 +221,14 @@ def _unknown_keys(klass: type, config: dict | None) -> str | None:
 
 def recipe_path(spec: str) -> str:
     return spec if ":" in spec else f"recipes.{spec}:Recipe"
+
+
+@functools.lru_cache(maxsize=None)
+def recipe_config_class(spec: str) -> type | None:
+    """The config dataclass of the recipe `spec` names (None: it has none), read from the recipe built with its
+    defaults, so nothing a client sent is used; what reef_lab.schema.check_client_fields walks."""
+    config = load_recipe(spec).config
+    return type(config) if is_dataclass(config) else None
 
 
 def load_recipe(spec: str, config: dict | None = None) -> Recipe:

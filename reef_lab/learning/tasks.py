@@ -38,14 +38,18 @@ class TaskConfig:
                 "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
                 "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
-    options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
+    options: dict = field(default_factory=dict, metadata={
+        "help": "the task's own settings (calculator: reef_lab.learning.tool_tasks.CalculatorOptions fields; bfcl: "
+                "categories; a plug-in task's own); a client may set them only where the task types them "
+                "(Task.options_class)",
+        "schema_by": lambda task: task_class(task.get("name", "arithmetic")).options_class})
     system_prompt: str | None = field(default=None, metadata={
         "help": "system message put in front of every question ('' for none); default: the built-in tasks' "
                 f"{DEFAULT_SYSTEM_PROMPT!r}, none for a plug-in task (module:Class), which writes its own prompts"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
-    max_terms: int = field(default=2, metadata={"help": "arithmetic: most operands"})
+    max_terms: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most operands"})
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
-    max_digits: int = field(default=2, metadata={"help": "arithmetic: most digits per operand"})
+    max_digits: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most digits per operand"})
     operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={"help": "arithmetic: operators"})
     path: str | None = field(default=None, metadata={
         "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
@@ -83,6 +87,10 @@ class TaskConfig:
 class Task(ABC):
     """Items and a scorer. `items(n, seed)` is deterministic in (n, seed); items carry `id`, `messages` and what
     the scorer needs (`answer` for the built-in ones)."""
+
+    # The dataclass of this task's `options` (its fields' help and types): what lets a client set them
+    # (reef_lab.schema.check_client_fields); None: options are free-form, the operator's alone.
+    options_class: type | None = None
 
     def __init__(self, config: TaskConfig):
         self.config = config

@@ -306,7 +306,7 @@ class CalculatorOptions:
         "help": "question forms, drawn uniformly: 'a + b', 'a * b', '(a + b) * c' (two calls), 'a * b + c'"})
     require_tool_use: bool = field(default=True, metadata={
         "help": "an episode scores only if it called a tool (the answer came from the tools)"})
-    max_turns: int = field(default=6, metadata={"help": "model replies per episode"})
+    max_turns: int = field(default=6, metadata={"client_max": 32, "help": "model replies per episode"})
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_digits <= self.max_digits <= 18:
@@ -323,6 +323,8 @@ FORMS = {"a + b": lambda a, b, c: a + b, "a * b": lambda a, b, c: a * b, "(a + b
 class CalculatorTask(ToolTask):
     """Large-number arithmetic through `add` and `mul` tools; an episode scores 1 when every tool call was valid,
     at least one was made (`require_tool_use`) and the final reply's last number is the exact result."""
+
+    options_class = CalculatorOptions
 
     def __init__(self, config):
         super().__init__(config)

@@ -95,15 +95,16 @@ class TrainerConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
-    micro_batch_size: int = field(default=8, metadata={
+    micro_batch_size: int = field(default=8, metadata={"client_max": 64,
         "help": "samples per forward/backward; gradients accumulate over the batch"})
-    lora_rank: int = field(default=0, metadata={"help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
+    lora_rank: int = field(default=0, metadata={"client_max": 256,
+        "help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
     lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                              "up_proj", "down_proj"],
                                     metadata={"help": "module names LoRA adapts"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
+    device: str = field(default="auto", metadata={"operator": True, "help": "auto (cuda if present), cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
     backend: str = field(default="torch", metadata={
         "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA), slime "
