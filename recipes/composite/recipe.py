@@ -134,6 +134,14 @@ class CompositeLearner:
             raise Conflict("no component can train now: " + "; ".join(refusals))
         return {"scenario": self.ctx.scenario, "queued": True, "components": out}
 
+    def request_change(self, body: dict) -> dict:
+        """A change request in plain words is the harness component's (its release joins the composite's next
+        manifest); a composite without one refuses it like any scenario that evolves no harness."""
+        if "harness" not in self.parts:
+            raise Conflict(f"composite scenario {self.ctx.scenario!r} has no harness component; change requests "
+                           "({\"text\": ...} on POST /reef/train) go to a harness component (recipe gepa)")
+        return {**self.parts["harness"].request_change(body), "component": "harness"}
+
     def promote(self, candidate: str) -> dict:
         component = self.ctx.releaser.candidate(self.ctx.scenario, candidate).get("component")
         if component not in self.parts:
