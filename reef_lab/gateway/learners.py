@@ -14,6 +14,7 @@ from typing import Callable
 
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.engines.lm import make_lm
+from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.errors import BadRequest, Conflict, ReefError
 from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, evolved, \
     load_recipe, recipe_config_class
@@ -123,6 +124,11 @@ class Learners:
         if not self.engine.model:
             raise Conflict("the gepa recipe calls the upstream model itself: start with --upstream-model, or give "
                            "the recipe a task_lm {kind: openai, base_url, model}")
+        if isinstance(self.engine, UpstreamEngine) and self.engine.key_from_client and not self.engine.api_key:
+            raise Conflict("this recipe calls the upstream provider itself (task model, reflection, change-request "
+                           "proposer), and the deployment holds no provider key (--upstream-key-from-client without "
+                           "REEF_UPSTREAM_API_KEY: only clients' own requests carry a key): set REEF_UPSTREAM_API_KEY "
+                           "for the server's own calls, or give the recipe's LMs a key_env in --recipe-config")
         return make_lm({"kind": "openai", "base_url": self.engine.base_url, "model": self.engine.model})
 
     def forget(self, name: str) -> None:
