@@ -323,6 +323,14 @@ class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptio
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose error is one line naming the problem: its default put a usage of some 35 lines (one per
+    option) before it, so the line that says what to fix scrolled away."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists every option)\n")
+
+
 def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
     """ServeConfig from `-c file.yaml` plus flags (flags win), one flag per field (`dataclass_parser`). The recipe
     config is checked at every depth before anything starts; `--help` lists the chosen recipe's own fields, and
@@ -381,7 +389,7 @@ def dataclass_parser(cls: type, helps: dict[str, str] | None = None, **kwargs) -
     import types
     import typing
 
-    p = argparse.ArgumentParser(**kwargs)
+    p = _Parser(**kwargs)
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         tp = hints[f.name]

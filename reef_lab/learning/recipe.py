@@ -16,12 +16,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
-from reef_lab.errors import BadRequest
+from reef_lab.errors import BadRequest, ReefError
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.learning.tasks import TaskConfig
@@ -85,6 +86,7 @@ class RecordHolder(ABC):
         """Ids of the records this learner still needs (called from retention's thread)."""
 
 
+@runtime_checkable
 class Recipe(Protocol):
     name: str
     evolves: str  # one of EVOLVES; a composite recipe also has `components: dict[str, Recipe]`
@@ -96,10 +98,9 @@ class Recipe(Protocol):
     def learner(self, ctx: LearnContext) -> ScenarioLearner | None:
         """The scenario's learner (None for a recipe that evolves nothing)."""
 
-    @staticmethod
-    def run_experiment(data: dict, progress: bool = True) -> dict:
-        """Run (or resume) an experiment of this recipe from its YAML mapping (reef_lab.experiments.run); its
-        summary. Weight recipes (WeightRecipe) need none: they share reef_lab.experiments.weights."""
+    # Experiments (reef_lab.experiments.run): a weight recipe (WeightRecipe) shares reef_lab.experiments.weights;
+    # any other recipe that runs experiments has a static `run_experiment(data, progress=True) -> summary` that runs
+    # (or resumes) one from its YAML mapping. Not a member here: a recipe without experiments still serves.
 
 
 def recipe_class(spec: str) -> type:
@@ -231,8 +232,16 @@ def recipe_config_class(spec: str) -> type | None:
     return type(config) if is_dataclass(config) else None
 
 
+class RecipeBroken(ReefError):
+    """A recipe's own code failed while it was built (not its config): the operator's to fix, so a 500 that names
+    the recipe, the error and where it was raised, not an anonymous internal error or a server's traceback."""
+
+
 def load_recipe(spec: str, config: dict | None = None) -> Recipe:
     klass = recipe_class(spec)
+    if not isinstance(klass, type):
+        raise BadRequest(f"recipe {spec!r} names a {type(klass).__name__}, not a class; name a recipe class (the "
+                         "members of reef_lab.learning.recipe.Recipe, docs/extending.md)")
     try:
         recipe = klass(**(config or {}))
     except TypeError as e:  # most likely a key the config has no field for: name it, with the fields it has
@@ -240,6 +249,17 @@ def load_recipe(spec: str, config: dict | None = None) -> Recipe:
             from e
     except ValueError as e:
         raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e
+    except ReefError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, reported with where it is
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise RecipeBroken(f"recipe {spec!r} failed while it was built: {type(e).__name__}: {e} (raised at "
+                           f"{frame.filename}:{frame.lineno}); the recipe's code must be fixed, its config is not "
+                           "at fault (a recipe written for an earlier reef_lab: see docs/extending.md)") from e
+    if not isinstance(recipe, Recipe):
+        raise BadRequest(f"recipe {spec!r} ({klass.__module__}.{klass.__name__}) is not a recipe: it needs the members "
+                         "of reef_lab.learning.recipe.Recipe (name, evolves, config, validate_report, learner; "
+                         "docs/extending.md)")
     if recipe.evolves not in EVOLVES:
         raise BadRequest(f"recipe {spec!r} declares evolves={recipe.evolves!r}; it must be one of {EVOLVES}")
     return recipe

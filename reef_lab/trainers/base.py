@@ -21,9 +21,11 @@ loss is fixed when its job launches) is refused at scenario creation or experime
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reef_lab.learning.samples import Sample
 from reef_lab.schema import check_fields
@@ -123,6 +125,22 @@ class TrainerConfig:
         from reef_lab.trainers import check_backend_config  # the backend, resolved now: a wrong name fails at start
 
         check_backend_config(self)
+
+    # The mapping interface of the versions where this config was a dict (`trainer.get("lr")`, `trainer["lr"]`),
+    # kept so a plug-in recipe written then still runs; it warns once per call site.
+    def get(self, key: str, default: Any = None) -> Any:
+        _warn_mapping_use()
+        return asdict(self).get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        _warn_mapping_use()
+        return asdict(self)[key]
+
+
+def _warn_mapping_use() -> None:
+    warnings.warn("the trainer config is a reef_lab.trainers.base.TrainerConfig dataclass now: read its attributes "
+                  "(config.trainer.lr); its dict interface (get, []) will go in a later version",
+                  DeprecationWarning, stacklevel=3)
 
 
 @dataclass
