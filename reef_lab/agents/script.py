@@ -21,6 +21,7 @@ import base64
 import textwrap
 
 from reef_lab.agents.layout import FOLDER_ENV, KEY_ENV, RELEASE_FILE, Rendered
+from reef_lab.harness import Harness
 
 _HEAD = r"""#!/bin/sh
 # shellcheck disable=SC2016 # file names are single-quoted on purpose: a '$(...)' in one is text, never run
@@ -197,13 +198,13 @@ def _hint(adapter: str) -> str:
             '"$dir"')
 
 
-def install_script(harness: dict, adapter: str | None, base_url: str, model: str) -> str:
-    """The install script of `harness` ({scenario, release_id, files}, as Gateway.get_harness gives it)."""
+def install_script(harness: dict, tree: Harness, adapter: str | None, base_url: str, model: str) -> str:
+    """The install script of `harness` ({scenario, release_id, ...}, as Gateway.harness_release gives it with its
+    parsed `tree`: no front matter is parsed here)."""
     from reef_lab.agents.layout import ADAPTERS, Binding, render
     from reef_lab.errors import BadRequest
 
     if adapter not in ADAPTERS:
         raise BadRequest(f"query parameter 'adapter' must be one of {list(ADAPTERS)}, got {adapter!r}")
     binding = Binding(base_url.rstrip("/"), harness["scenario"], harness["release_id"], model)
-    return render_script(adapter, harness["scenario"], harness["release_id"],
-                         render(adapter, harness["files"], binding))
+    return render_script(adapter, harness["scenario"], harness["release_id"], render(adapter, tree, binding))
