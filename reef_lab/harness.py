@@ -94,10 +94,12 @@ def write_tree(folder: Path, files: dict[str, str]) -> None:
 
 
 def read_tree(folder: Path) -> dict[str, str]:
-    skip = {"README.md", "reef_checkpoint.json"}
+    """The harness files of a release folder: every file but the folder's own (RESERVED, at its top only: a
+    nested README.md is a harness file like any other)."""
+    folder = Path(folder)
+    paths = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
     # bytes decoded, not read_text: its newline translation would turn a file's \r\n into \n
-    return {str(p.relative_to(folder).as_posix()): p.read_bytes().decode("utf-8")
-            for p in sorted(Path(folder).rglob("*")) if p.is_file() and p.name not in skip}
+    return {rel: p.read_bytes().decode("utf-8") for rel, p in paths.items() if rel not in RESERVED}
 
 
 # ---- the tree as serving uses it: parsed once -------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What a harness release may hold, checked once when it is released, by every path (a person's publish over HTTP,
 GEPA's releases, a change request): skills' front matter parsed then with YAML's limits (no alias, bounded depth and
-size), and nothing executable unless the operator allows it. Serving and the install script use the parsed tree: no
-YAML is read on a request."""
+size), nothing executable unless the operator allows it, and every file served as released (a nested README.md
+too). Serving and the install script use the parsed tree: no YAML is read on a request."""
 
 from __future__ import annotations
 
@@ -156,5 +156,27 @@ def test_the_operator_allows_executables_for_every_path(tmp_path, stub_url):
         assert out["run.SH"] == "x"
         with pytest.raises(BadRequest, match="alias"):  # front matter limits hold whatever the operator allows
             s.gateway.releaser.publish_harness("g", {"skills/x.md": alias_bomb()})
+    finally:
+        s.stop()
+
+
+# ---- item 12: a nested README.md is served as released ------------------------------------------------------------
+def test_a_nested_readme_is_served_like_any_file(tmp_path, stub_url):
+    files = {"system_prompt.md": "Be brief.", "skills/README.md": "about the skills", "docs/a/README.md": "deep"}
+    s = Running(Gateway(tmp_path / "data", UpstreamEngine(stub_url, model="m")))
+    try:
+        assert publish(s.url, files).status_code == 201
+        assert requests.get(s.url + "/reef/harness", headers=H).json()["files"] == files
+        assert publish(s.url, {"system_prompt.md": "v2"}).status_code == 201
+        assert requests.get(s.url + "/reef/harness?release_id=v1", headers=H).json()["files"] == files
+        requests.post(s.url + "/reef/scenarios/s/rollback", json={"release_id": "v1"}).raise_for_status()
+        assert requests.get(s.url + "/reef/harness", headers=H).json()["files"] == files
+    finally:
+        s.stop()
+    s = Running(Gateway(tmp_path / "data", UpstreamEngine(stub_url, model="m")))  # a restart serves it too
+    try:
+        assert requests.get(s.url + "/reef/harness", headers=H).json()["files"] == files
+        r = publish(s.url, {"README.md": "the release folder's own card"})
+        assert r.status_code == 400 and "README.md" in r.json()["error"]["message"]
     finally:
         s.stop()
