@@ -36,4 +36,5 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
                    allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
-                   roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes())
+                   roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes(),
+                   harness_allow_executable=bool(cfg.harness_allow_executable))

@@ -127,8 +127,9 @@ def harness_install():
     unknown = sorted(set(request.args) - INSTALL_ARGS)
     if unknown:
         raise BadRequest(f"unknown query parameter(s) {unknown}; known: {sorted(INSTALL_ARGS)}")
-    harness = g.gateway.get_harness(scenario() or request.args.get("scenario"), request.args.get("release_id"))
-    text = install_script(harness, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
+    name = scenario() or request.args.get("scenario")
+    harness, tree = g.gateway.harness_release(name, request.args.get("release_id"))
+    text = install_script(harness, tree, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
                           request.args.get("model") or g.gateway.engine.model_name)
     return Response(text, mimetype="text/x-shellscript", headers={"x-reef-release-id": harness["release_id"]})
 

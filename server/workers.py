@@ -334,10 +334,11 @@ class RelayGateway:
             episode = episodes.detect(client_headers, body)
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            info = self.serving(name) or {"release_id": None, "files": None}
+            info = self.serving(name) or {"release_id": None, "system": None}
+            harness = info["system"] is not None  # the primary parsed it once, at release
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
-            release = (installed or info["release_id"]) if info["files"] else info["release_id"]
+            sent = harness_mod.apply(dialect, body, info["system"]) if harness and not installed else body
+            release = (installed or info["release_id"]) if harness else info["release_id"]
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                                         release or "upstream")
         except ReefError as e:

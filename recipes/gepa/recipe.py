@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
-from reef_lab.harness import check_files
+from reef_lab.harness import load as load_harness
 from reef_lab.harness_requests import RequestConfig
 from reef_lab.engines.lm import LMSpec
 from reef_lab.learning.recipe import MODES, LearnContext
@@ -51,7 +51,8 @@ class GEPARecipeConfig:
         "operator": True})
     requests: dict = field(default_factory=dict, metadata={
         "help": "change requests in plain words (POST /reef/train {text}): reef_lab.harness_requests.RequestConfig "
-                "fields (selection review|evaluate|promote|always, proposer_lm, allow_executable, ...)",
+                "fields (selection review|evaluate|promote|always, proposer_lm, ...); executable content needs the "
+                "server's --harness-allow-executable 1",
         "schema": RequestConfig})
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class GEPARecipeConfig:
         if self.selection not in ("always", "no_regression", "strict_gain"):
             raise ValueError(f"selection must be always, no_regression or strict_gain, got {self.selection!r}")
         try:
-            check_files(self.seed_harness)
+            load_harness(self.seed_harness)  # paths, sizes, front matter within YAML's limits
         except BadRequest as e:
             raise ValueError(f"seed_harness: {e.message}") from None
         self.search_config()

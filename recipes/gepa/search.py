@@ -106,8 +106,10 @@ class TaskSystem:
         return float(self.task.score(item, text)), self.task.feedback(item, text)
 
     def run(self, components: dict[str, str], examples: list[dict]) -> list[Rollout]:
+        system = harness_mod.system_text(components)  # once per candidate, not per item
+
         def one(item: dict) -> Rollout:
-            sent = harness_mod.apply("openai.chat", {"messages": item["messages"]}, components)["messages"]
+            sent = harness_mod.apply("openai.chat", {"messages": item["messages"]}, system)["messages"]
             text = self.lm.complete(sent, max_tokens=self.max_tokens, temperature=0.0)
             score, feedback = self.grade(item, text)
             return Rollout(item["id"], score, text, feedback, user_text(item["messages"]))

@@ -13,12 +13,18 @@ Before each run it checks every harness file against the release file and refuse
 gets a fresh session id, sent as `x-reef-session` and the `x-reef-tag-session` tag (Claude Code also gets it as its
 own `--session-id`), so `report` and `evolve` can name that session's calls. The server's token comes from
 $REEF_TOKEN; it is passed to the agent in its environment, never written to a file.
+
+The token and the install script travel only over https, or plain http to this machine (loopback); REEF_ALLOW_HTTP=1
+allows plain http to another host (a LAN you trust: the token then crosses it readable). No redirect is followed
+(the token would go with it). A script runs only if it is reef_lab's, whole, for the asked scenario and adapter
+(reef_lab.agents.script.check_script).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from reef_lab import procs
 from reef_lab.agents.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, SESSION_ENV, parse_release
+from reef_lab.agents.script import check_script
 
 COMMANDS = ("run", "install", "update", "versions", "report", "evolve", "doctor")
 HARNESS_DIRS = {"claude": ("skills", "commands"), "codex": ("skills", "prompts"), "opencode": ("skill", "command"),
@@ -48,8 +55,45 @@ class Failed(Exception):
 
 
 # ---- the server -------------------------------------------------------------------------------------------------
+ALLOW_HTTP = "REEF_ALLOW_HTTP"
+
+
+def check_url(url: str) -> None:
+    """Failed unless `url` is https, or plain http to this machine, or plain http allowed by REEF_ALLOW_HTTP=1: the
+    token goes with every call, and `install` runs what the server answers."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Failed(f"{url!r} is not the http(s) address of a reef_lab server")
+    if parts.scheme == "http" and not is_loopback(parts.hostname) and os.environ.get(ALLOW_HTTP) != "1":
+        raise Failed(f"refusing plain http to {parts.hostname}, which is not this machine: REEF_TOKEN and the "
+                     f"install script would cross the network readable and changeable. Use https, or on a LAN "
+                     f"you trust set {ALLOW_HTTP}=1")
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib follows a redirect to any host with every header, Authorization included: follow none."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        fp.close()
+        raise Failed(f"{req.full_url} answered a redirect ({code}) to {newurl}; reef-lab follows none (the token "
+                     "would go with it): give --url the address that answers itself")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def http(method: str, url: str, body: dict | None = None, scenario: str | None = None,
          timeout: float = 60.0) -> tuple[int, bytes]:
+    check_url(url)
     headers = {"accept": "application/json"}
     if body is not None:
         headers["content-type"] = "application/json"
@@ -60,7 +104,7 @@ def http(method: str, url: str, body: dict | None = None, scenario: str | None =
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -188,6 +232,10 @@ def cmd_install(a, inst: Install, release_id: str | None = None) -> int:
     where = f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}"
     status, script = http("GET", where)
     check(status, script, "GET", where)
+    try:
+        check_script(script, inst.adapter, scenario, release_id)
+    except ValueError as e:
+        raise Failed(f"refusing to run what {where} answered: {e}") from None
     done = procs.run(["sh", "-s", "--", str(inst.root)], input=script)  # dies with the wrapper, kill -9 included
     return done.returncode
 
@@ -196,6 +244,7 @@ def cmd_run(a, inst: Install, agent_args: list[str]) -> int:
     if inst.adapter == "files":
         raise Failed("the files adapter installs a tree; it starts no agent")
     rel = inst.check()
+    check_url(rel["url"])  # the agent sends the token there
     try:
         serving = call("GET", f"{rel['url']}/reef/harness", scenario=rel["scenario"])["release_id"]
         if serving != rel["release"]:

@@ -28,26 +28,34 @@ class Admin:
     # ---- harness releases -----------------------------------------------------------------------------------
     def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
         """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
-        requests."""
+        requests. Checked like every harness release (reef_lab.harness.check_release): 400 before anything is
+        written."""
         self.scenarios.ensure(name)
-        files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
+        files = body.get("files") if isinstance(body, dict) else None
         return self.releaser.publish_harness(name, files, lineage)["release"]
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
+        return self.harness_release(scenario, release_id)[0]
+
+    def harness_release(self, scenario: str | None,
+                        release_id: str | None = None) -> tuple[dict, harness_mod.Harness]:
+        """({scenario, release_id, files, components?}, the parsed tree) of the serving harness (parsed when it was
+        released) or of release `release_id` (parsed now, within the same limits)."""
         name = check_name(scenario)
         self.scenarios.get(name)
         if release_id is None:
             serving = self.serving.get(name)
             if serving is None or serving.harness is None:
                 raise NotFound(f"scenario {name!r} serves no harness release")
-            out = {"scenario": name, "release_id": serving.release_id, "files": serving.harness[1]}
-            return {**out, "components": serving.components} if serving.components else out
+            tree = serving.harness[1]
+            out = {"scenario": name, "release_id": serving.release_id, "files": tree.files}
+            return ({**out, "components": serving.components} if serving.components else out), tree
         rel = self.releaser.release(name, release_id)
-        files = self.releaser.harness_files(name, release_id)
-        if rel is None or files is None:
+        tree = self.releaser.harness(name, release_id)
+        if rel is None or tree is None:
             raise NotFound(f"release {release_id!r} of scenario {name!r} holds no harness")
-        out = {"scenario": name, "release_id": rel["release_id"], "files": files}
-        return {**out, "components": rel["components"]} if rel.get("components") else out
+        out = {"scenario": name, "release_id": rel["release_id"], "files": tree.files}
+        return ({**out, "components": rel["components"]} if rel.get("components") else out), tree
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def train(self, scenario: str | None, body: Any = None) -> dict:

@@ -44,7 +44,8 @@ class Gateway:
     def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
-                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
+                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20,
+                 harness_allow_executable: bool = False):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -66,7 +67,8 @@ class Gateway:
         self.serving_table = ServingTable(self._changed)
         self.scenarios.on_change = self._changed
         self.inference = Inference(engine, self.store, self.scenarios, self._serving_of)
-        self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer)
+        self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer,
+                                 allow_executable=harness_allow_executable)
         self.reports = Reports(self.store, self.scenarios, self.learners, self._handing_over)
         self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
                            self.serving_table, self.hub)
@@ -148,16 +150,16 @@ class Gateway:
         return pinned
 
     def serving(self, scenario: str) -> dict | None:
-        """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.
-        None while the scenario does not exist (the relay hands such a request over, and its creation follows
-        the one code path in `infer`)."""
+        """What a relay worker needs to serve a scenario's inference itself: the harness release it applies and its
+        system text (`system` None: no harness). None while the scenario does not exist (the relay hands such a
+        request over, and its creation follows the one code path in `infer`)."""
         name = check_name(scenario)
         if not self.scenarios.exists(name):
             return None
         serving = self._serving_of(name)
         harness = serving.harness if serving is not None else None
-        release, files = harness if harness else (None, None)
-        return {"release_id": release, "files": files}
+        return {"release_id": harness[0], "system": harness[1].system} if harness else \
+            {"release_id": None, "system": None}
 
     # ---- the data path ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
@@ -204,6 +206,9 @@ class Gateway:
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         return self.admin.get_harness(scenario, release_id)
+
+    def harness_release(self, scenario: str | None, release_id: str | None = None):
+        return self.admin.harness_release(scenario, release_id)
 
     def list_records(self, scenario: str, kind: str | None = None, limit: int = 50, after: str | None = None,
                      session: str | None = None) -> dict:

@@ -72,7 +72,7 @@ class Inference:
             harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-            sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
+            sent = harness_mod.apply(dialect, body, harness[1].system) if harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
             if installed and harness and not components:  # the record names the release the client carries
                 label = installed

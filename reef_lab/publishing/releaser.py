@@ -13,6 +13,9 @@ routes back) the scenario on the release it had, and raises. No other module wri
 - Weights load beside what serves under `<scenario>:cN` to be judged and `<scenario>:vN` to serve; the index is
   written only once the engine serves the new release, so it never names a release that is not serving.
 - A harness release (and a composite's harness component) serves through the ServingTable that inference reads.
+  Every harness is checked here before it serves, whoever made it (a person's publish, GEPA, a change request):
+  its front matter parsed once within YAML's limits and nothing executable unless the operator allows it
+  (reef_lab.harness.check_release); serving uses that parsed tree and never reads YAML on a request.
 - Every release is queued for the Hub (when a repo is configured); the publisher's push states come back here.
 """
 
@@ -74,9 +77,10 @@ STATUS = {"accepted": "accepted", "rejected": "rejected", "review": "pending_rev
 
 class Releaser:
     def __init__(self, releases: ReleaseStore, engine, serving: ServingTable, hub=None,
-                 answer: Answer | None = None):
+                 answer: Answer | None = None, allow_executable: bool = False):
         self._store, self.engine, self.serving, self.hub = releases, engine, serving, hub
         self._answer = answer
+        self.allow_executable = allow_executable  # the operator's --harness-allow-executable
         self._lock = threading.RLock()  # one release at a time per deployment: versions are numbered in order
         if hub is not None:
             hub.on_state = self._hub_state
@@ -130,6 +134,15 @@ class Releaser:
             folder = rel["folders"].get("harness")
             return harness_mod.read_tree(Path(folder)) if folder else None
         return harness_mod.read_tree(Path(rel["folder"])) if rel.get("kind") == "harness" else None
+
+    def harness(self, scenario: str, release_id: str) -> harness_mod.Harness | None:
+        """The parsed harness of release `release_id` (read and parsed now, within the same limits)."""
+        files = self.harness_files(scenario, release_id)
+        return harness_mod.load(files) if files is not None else None
+
+    def check_harness(self, files: object) -> harness_mod.Harness:
+        """The one check every harness passes before it is released (BadRequest says what is wrong)."""
+        return harness_mod.check_release(files, self.allow_executable)
 
     def declare_components(self, scenario: str, names: list[str]) -> None:
         """Make the scenario composite: from now on each release is a manifest of these components' versions."""
@@ -256,8 +269,8 @@ class Releaser:
                 if components:
                     rel = self._release_component(scenario, cid, cand, key, components)
                 elif cand.get("kind") == "harness":  # serves first, then the index names it
-                    files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
-                    self.serving.set(scenario, Serving(key, (key, files)))
+                    tree = self.check_harness(harness_mod.read_tree(self.candidate_folder(scenario, cid)))
+                    self.serving.set(scenario, Serving(key, (key, tree)))
                     rel = self._store.publish_candidate(scenario, cid)
                     if rel["release_id"] != key:
                         raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
@@ -291,27 +304,33 @@ class Releaser:
         component = cand.get("component") or "weights"
         prev = self._store.serving(scenario) or {}
         versions = {**{c: (prev.get("components") or {}).get(c) for c in components}, component: key}
-        files = None
+        tree = None
         if component == "weights":
             self._host().load_release(key, self.candidate_folder(scenario, cid))
             self.engine.route(scenario, key)
         else:
-            files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
-        self.serving.set(scenario, self._serving_of(key, versions, files, prev))
+            tree = self.check_harness(harness_mod.read_tree(self.candidate_folder(scenario, cid)))
+        self.serving.set(scenario, self._serving_of(key, versions, tree, prev))
         rel = self._store.publish_component(scenario, cid, component, components)
         if rel["release_id"] != key:
             raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
         return rel
 
-    def _serving_of(self, release_id: str, versions: dict, files: dict | None, prev: dict | None) -> Serving:
-        """What serves a composite release: its id on records, its harness files, its components (weights named
-        `base` while untrained)."""
-        if files is None and versions.get("harness"):
+    def _serving_of(self, release_id: str, versions: dict, tree: harness_mod.Harness | None,
+                    prev: dict | None) -> Serving:
+        """What serves a composite release: its id on records, its harness, its components (weights named `base`
+        while untrained)."""
+        if tree is None and versions.get("harness"):
             folder = (prev or {}).get("folders", {}).get("harness")
-            files = harness_mod.read_tree(Path(folder)) if folder else None
+            tree = self._load(Path(folder)) if folder else None
         shown = {c: v for c, v in versions.items() if v} | ({"weights": BASE} if "weights" in versions
                                                              and not versions["weights"] else {})
-        return Serving(release_id, (versions["harness"], files) if files is not None else None, shown)
+        return Serving(release_id, (versions["harness"], tree) if tree is not None else None, shown)
+
+    @staticmethod
+    def _load(folder: Path) -> harness_mod.Harness:
+        """A released harness folder, parsed for serving (it passed check_release when it was released)."""
+        return harness_mod.load(harness_mod.read_tree(folder))
 
     @staticmethod
     def _weights_key(rel: dict | None) -> str:
@@ -322,7 +341,7 @@ class Releaser:
             return (rel.get("components") or {}).get("weights") or BASE
         return rel["release_id"]
 
-    def publish_harness(self, scenario: str, files: dict[str, str], lineage: dict | None = None,
+    def publish_harness(self, scenario: str, files: object, lineage: dict | None = None,
                         selection: str = "always", scores: dict | None = None,
                         serving_scores: dict | None = None) -> dict:
         """A harness candidate from a file tree, judged (`selection` on the given scores) and released when
@@ -331,6 +350,7 @@ class Releaser:
         if current is not None and current.get("kind") not in ("harness", "composite"):
             raise Conflict(f"scenario {scenario!r} serves trained weights ({current['release_id']}); a scenario "
                            "evolves either its weights or its harness")
+        files = self.check_harness(files).files  # refused (400) before anything is written
         meta = {"recipe": (lineage or {}).get("recipe", "manual"),
                 "parent": current["release_id"] if current else BASE, **(lineage or {}), "kind": "harness"}
         staged = self._store.folder(scenario) / "candidates" / f".staged-{new_record_id()}"
@@ -356,7 +376,7 @@ class Releaser:
             elif (rel or {}).get("kind") == "harness" or (rel is None and current is not None and current.harness):
                 self._store.set_serving(scenario, target)
                 self.serving.set(scenario, None if rel is None else Serving(
-                    target, (target, harness_mod.read_tree(Path(rel["folder"])))))
+                    target, (target, self._load(Path(rel["folder"])))))
             else:
                 host = self._host("this engine serves no weights of its own (upstream provider)")
                 if rel and target not in host.loaded_releases():
@@ -376,8 +396,13 @@ class Releaser:
             if rel.get("kind") == "composite":
                 self._serve_composite(name, rel)
             elif rel.get("kind") == "harness":
-                self.serving.set(name, Serving(rel["release_id"], (rel["release_id"],
-                                                                   harness_mod.read_tree(Path(rel["folder"])))))
+                try:
+                    tree = self._load(Path(rel["folder"]))
+                except BadRequest as e:  # released by an earlier version that did not check it
+                    log.error("scenario %s: release %s is not served: %s; roll back to another release or publish "
+                              "a new one", name, rel["release_id"], e.message)
+                    continue
+                self.serving.set(name, Serving(rel["release_id"], (rel["release_id"], tree)))
             elif isinstance(self.engine, ReleaseHost):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
@@ -395,8 +420,8 @@ class Releaser:
             self.serving.set(scenario, None)
             return
         folder = rel["folders"].get("harness")
-        files = harness_mod.read_tree(Path(folder)) if folder else None
-        self.serving.set(scenario, self._serving_of(rel["release_id"], rel["components"], files, None))
+        tree = self._load(Path(folder)) if folder else None
+        self.serving.set(scenario, self._serving_of(rel["release_id"], rel["components"], tree, None))
 
     # ---- on-policy serving between releases (a recipe that samples from its own policy, e.g. TTT) -----------
     def serve_policy(self, scenario: str, key: str, folder: str | Path, previous: str | None = None) -> None:
