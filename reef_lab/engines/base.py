@@ -32,7 +32,8 @@ class ChatRequest:
     """One chat conversation to continue. Messages are {"role": system|user|assistant|tool, "content": str}; an
     assistant message may carry `tool_calls` [{"id", "type": "function", "function": {"name", "arguments": dict}}]
     and a tool message answers one by `tool_call_id` (and `name`), as transformers' chat templates take them.
-    `tool_use` holds the tools the request offers and its tool choice (reef_lab/engines/tools.py)."""
+    `tool_use` holds the tools the request offers and its tool choice (reef_lab/engines/tools.py). `dropped` lists
+    what of the client's request the model does not see (a hosted tool no engine here runs), for the record."""
 
     messages: list[dict]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -40,6 +41,7 @@ class ChatRequest:
     release: str | None = None  # or exactly this loaded release (e.g. a candidate under evaluation)
     prompt_ids: list[int] | None = None  # the prompt as token ids, already templated (then `messages` is unused)
     tool_use: ToolUse | None = None
+    dropped: list[str] = field(default_factory=list)
 
 
 @dataclass

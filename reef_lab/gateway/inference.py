@@ -118,6 +118,7 @@ class Inference:
         except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
             raise BadRequest(str(e)) from None
 
+        dropped = {"dropped": req.dropped} if req.dropped else {}  # hosted tools the model did not see
         sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
         recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
 
@@ -125,7 +126,7 @@ class Inference:
             rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
                                    release_id=label or handle.release_id, episode=episode,
                                    prompt_token_ids=list(handle.prompt_ids),
-                                   metadata={"generated_text": "".join(sent_text)})
+                                   metadata={"generated_text": "".join(sent_text), **dropped})
             self.store.append([rec])
             recorded.append(rec.id)
             unanswered.log_cancelled(name, dialect, rec.id, reason)
@@ -151,7 +152,8 @@ class Inference:
             rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
                                    logprobs=gen.logprobs, episode=episode,
-                                   metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
+                                   metadata={**(dialects.tool_record(dialect, gen, rid, req.tool_use) or {}),
+                                             **dropped} or None)
             self.store.append([rec])
             recorded.append(rec.id)
             return gen, rec, resp
