@@ -376,6 +376,50 @@ def test_no_new_user_namespace_even_where_processes_are_allowed():
     assert r.stdout.endswith("thread ran\nfork 7\n"), r.stdout
 
 
+# --- disk ----------------------------------------------------------------------------------------------------------
+
+FILL = """\
+import errno, os
+for top in ('/tmp', '/dev/shm', '/', '/dev'):
+    written, why = 0, 'none'
+    try:
+        for i in range(100):  # 100 files of 60 KB (each under the output cap, which bounds any one file)
+            with open(os.path.join(top, f'fill-{i}'), 'wb') as f:
+                f.write(b'x' * 60 * 1024)
+            written += 60 * 1024
+    except OSError as e:
+        why = errno.errorcode[e.errno]
+    print(top, written, why)
+"""
+
+
+def test_every_writable_mount_is_bounded():
+    """Issue 38: /, /dev and /dev/shm were tmpfs of half the RAM (64 MB written in 0.07 s): now /tmp and /dev/shm
+    hold `disk_mb` each and the rest is read-only."""
+    r = attack(FILL, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024, disk_mb=2))
+    assert r.kind == "ok", r
+    got = {top: (int(n), why) for top, n, why in (line.split() for line in r.stdout.splitlines())}
+    assert set(got) == {"/tmp", "/dev/shm", "/", "/dev"}, r.stdout
+    for top, (written, why) in got.items():
+        assert why in ("ENOSPC", "EROFS", "EACCES") and written <= 2 << 20, (top, written, why)
+    assert got["/tmp"][1] == got["/dev/shm"][1] == "ENOSPC" and got["/tmp"][0] > 0, got
+
+
+def test_a_candidate_that_fills_its_disk_scores_zero_with_the_error_kept():
+    from recipes.tttd.problems import make_problem
+
+    with pytest.raises(ValueError, match="disk_mb must be >= 1"):
+        make_problem({"disk_mb": 0})
+    problem = make_problem({"n": 2, "disk_mb": 1, "output_kb": 64, "wall_seconds": 60.0})
+    assert problem.limits.disk_mb == 1
+    code = ("for i in range(100):\n"
+            "    open(f'/tmp/fill-{i}', 'wb').write(b'x' * 60 * 1024)\n"
+            + problem.initial_solution())
+    v = problem.verify(f"```python\n{code}\n```")
+    assert (v.reward, v.valid, v.kind) == (0.0, False, "crash"), v
+    assert "No space left on device" in v.reason, v.reason
+
+
 # --- network -------------------------------------------------------------------------------------------------------
 
 def test_a_candidate_cannot_reach_the_hosts_loopback():

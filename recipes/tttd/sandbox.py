@@ -14,8 +14,9 @@ bubblewrap (`apt-get install bubblewrap`):
   (bubblewrap >= 0.8). `--cap-drop ALL` either way (as root bwrap keeps only setpriv's three);
 - new pid, network, IPC, UTS and cgroup namespaces: its own /proc (read-only) that shows only its own processes
   (not the server's, nor their environment), no network but its own loopback; `--die-with-parent`, `--new-session`;
-- a filesystem of read-only binds of what Python needs (/usr, /lib*, the interpreter's install and the venv) and a
-  fresh tmpfs at /tmp (its home and working directory, `disk_mb` large), nothing else of the host;
+- a read-only filesystem: / and /dev are remounted read-only, with binds of what Python needs (/usr, /lib*, the
+  interpreter's install and the venv); the only writable places are /tmp (its home and working directory) and
+  /dev/shm, tmpfs of `disk_mb` each (a write past it fails with ENOSPC); nothing else of the host;
 - an empty environment (`--clearenv`, then only locale, thread counts and PATH);
 - a seccomp filter refusing new processes and threads (clone, fork, vfork) unless `allow_processes`, a clone that
   makes a namespace even then, clone3 (ENOSYS: its flags are out of a filter's reach, and glibc falls back to
@@ -28,8 +29,8 @@ bubblewrap (`apt-get install bubblewrap`):
   killed.
 
 `isolation="none"` runs the same bootstrap as a plain child process (`python -I`, empty environment, the limits
-above, its own temporary directory) with the server's user and view of the machine: the operator's explicit
-choice (`problem.sandbox: none`) where bubblewrap cannot run, logged once.
+above, its own temporary directory, no disk bound but RLIMIT_FSIZE per file) with the server's user and view of the
+machine: the operator's explicit choice (`problem.sandbox: none`) where bubblewrap cannot run, logged once.
 `check_isolation(limits)` probes bubblewrap (and, as root, setpriv) and raises `SandboxUnavailable` naming the fix
 when it cannot run; problems that run code call it when they are built.
 
@@ -100,7 +101,7 @@ class Limits:
     output_bytes: int = 64 * 1024
     allow_processes: bool = False
     isolation: str = "bwrap"  # one of ISOLATIONS
-    disk_mb: int = 16  # size of the sandbox's own /tmp (bwrap)
+    disk_mb: int = 16  # size of the sandbox's /tmp and of its /dev/shm, each (bwrap)
 
     def __post_init__(self) -> None:
         if self.cpu_seconds < 1 or self.wall_seconds <= 0 or self.memory_mb < 64 or self.output_bytes < 1:
@@ -220,7 +221,9 @@ def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
         args += ["--setenv", key, value]
     disk = str(limits.disk_mb << 20)
     args += ["--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--chdir", "/tmp",
-             "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--ro-bind", "/usr", "/usr"]
+             "--proc", "/proc", "--remount-ro", "/proc",
+             "--dev", "/dev", "--perms", "1777", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -228,7 +231,7 @@ def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
             args += ["--ro-bind", top, top]
     for d in _python_dirs(python):  # --dir first: bubblewrap 0.8 makes a bind's missing parents 0700, root's
         args += ["--perms", "0755", "--dir", d, "--ro-bind", d, d]
-    args += ["--seccomp", str(seccomp_fd), "--"]
+    args += ["--remount-ro", "/", "--seccomp", str(seccomp_fd), "--"]
     if as_root:
         args += [_setpriv(), "--reuid", nobody, "--regid", nobody, "--clear-groups", "--inh-caps", "-all",
                  "--bounding-set", "-all", "--"]
