@@ -47,6 +47,10 @@ class ProblemConfig:
     memory_mb: int = field(default=256, metadata={
         "help": "address-space limit of a candidate, in MB", "operator": True})
     output_kb: int = field(default=16, metadata={"help": "most stdout a candidate may print, in KB", "operator": True})
+    disk_mb: int = field(default=16, metadata={
+        "help": "size in MB of each of a candidate's two writable folders, /tmp (its home and working directory) and "
+                "/dev/shm; the rest of its filesystem is read-only, and a write past the size fails (ENOSPC: the "
+                "candidate scores as invalid). With sandbox none only output_kb bounds a file", "operator": True})
     sandbox: str = field(default="bwrap", metadata={
         "help": "how candidate programs are isolated: bwrap (bubblewrap: own user, pid, network and mount namespaces, "
                 "read-only system, empty environment, no new processes; recipes/tttd/sandbox.py) or none (a plain "
@@ -65,6 +69,8 @@ class ProblemConfig:
             raise ValueError(f"n must be >= 2, got {self.n}")
         if not 0 < self.start_fill <= 1:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
+        if self.disk_mb < 1:
+            raise ValueError(f"disk_mb must be >= 1 (MB), got {self.disk_mb}")
         if self.sandbox not in ISOLATIONS:
             raise ValueError(f"sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
         from recipes.tttd.problems import problem_class  # resolved now: a wrong module:Class fails at creation
