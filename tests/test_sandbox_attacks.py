@@ -405,6 +405,37 @@ def test_every_writable_mount_is_bounded():
     assert got["/tmp"][1] == got["/dev/shm"][1] == "ENOSPC" and got["/tmp"][0] > 0, got
 
 
+MEMORY_ELSEWHERE = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(nr, *args):
+    r = libc.syscall(nr, *args)
+    return errno.errorcode.get(ctypes.get_errno(), '?') if r == -1 else f'allowed {r}'
+nrs = {'x86_64': (319, 29, 68), 'aarch64': (279, 194, 186)}[os.uname().machine]
+print('memfd_create', refused(nrs[0], b'm', 0))
+print('shmget', refused(nrs[1], 0, 1 << 20, 0o1600))
+print('msgget', refused(nrs[2], 0, 0o1600))
+opened = []
+try:
+    for i in range(1000):
+        opened.append(open('/tmp/f%d' % i, 'wb'))
+    print('files', len(opened), 'none')
+except OSError as e:
+    print('files', len(opened), errno.errorcode[e.errno])
+"""
+
+
+def test_no_memory_outside_the_limits_memfd_sysv_or_many_files():
+    """Memory outside RLIMIT_AS and the bounded mounts: a memfd (bounded only by the output cap times the open-file
+    limit), SysV shared memory and message queues are refused; at most 64 files are open at once."""
+    r = attack(MEMORY_ELSEWHERE, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, disk_mb=2))
+    assert r.kind == "ok", r
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert got["memfd_create"] == got["shmget"] == got["msgget"] == "EPERM", got
+    count, why = got["files"].split()
+    assert why == "EMFILE" and int(count) < 64, got
+
+
 def test_a_candidate_that_fills_its_disk_scores_zero_with_the_error_kept():
     from recipes.tttd.problems import make_problem
 

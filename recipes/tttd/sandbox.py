@@ -25,7 +25,7 @@ bubblewrap (`apt-get install bubblewrap`):
 - these limits, set by a small bootstrap before the candidate's first line runs (soft = hard, so it cannot raise
   them): RLIMIT_CPU (SIGXCPU, then SIGKILL one second later), RLIMIT_AS (MemoryError), RLIMIT_FSIZE (stdout goes
   to a file the caller opened outside the sandbox and reads back through its own descriptor, never by name),
-  RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0; and a wall-clock timeout after which the sandbox is
+  RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0, RLIMIT_NOFILE 64; and a wall-clock timeout after which the sandbox is
   killed.
 
 `isolation="none"` runs the same bootstrap as a plain child process (`python -I`, empty environment, the limits
@@ -81,6 +81,7 @@ resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_FSIZE, (out, out))
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 if nproc >= 0:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 sys.argv = ["candidate.py"]
@@ -139,11 +140,15 @@ def _env(home: str) -> dict[str, str]:
 _ARCHES = {  # machine: (AUDIT_ARCH_*, process-creating syscalls but clone3, always refused, has the x32 ABI to refuse)
     "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58},
                {"ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308,
-                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}, True),
+                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68}, True),
     "aarch64": (0xC00000B7, {"clone": 220},
                 {"ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268,
-                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}, False),
+                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                 "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186}, False),
 }
+# memfd_create, memfd_secret, shmget and msgget: memory outside RLIMIT_AS and the bounded mounts (a memfd is only
+# bounded by RLIMIT_FSIZE times the open-file limit); a circle program needs none of them.
 _CLONE3 = 435  # the same number on both
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME: a new user namespace would give the
 # candidate capabilities in it (an unbounded tmpfs of its own, for one)
