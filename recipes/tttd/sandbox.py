@@ -25,8 +25,8 @@ bubblewrap (`apt-get install bubblewrap`):
 - these limits, set by a small bootstrap before the candidate's first line runs (soft = hard, so it cannot raise
   them): RLIMIT_CPU (SIGXCPU, then SIGKILL one second later), RLIMIT_AS (MemoryError), RLIMIT_FSIZE (stdout goes
   to a file the caller opened outside the sandbox and reads back through its own descriptor, never by name),
-  RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0, RLIMIT_NOFILE 64; and a wall-clock timeout after which the sandbox is
-  killed.
+  RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0, RLIMIT_NOFILE 64; and a wall-clock timeout after which
+  the sandbox is killed.
 
 `isolation="none"` runs the same bootstrap as a plain child process (`python -I`, empty environment, the limits
 above, its own temporary directory, no disk bound but RLIMIT_FSIZE per file) with the server's user and view of the
