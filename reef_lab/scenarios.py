@@ -2,8 +2,8 @@
 
 A scenario is created on first use (the `x-reef-scenario` header names it) with the deployment's recipe, or
 explicitly with `POST /reef/scenarios`. The registry is one JSON file, replaced atomically on every change.
-Deleting a scenario hides its records (they stay on disk: records are append-only); a scenario created again
-under the same name starts empty.
+Deleting a scenario hides its records (they stay on disk: records are append-only) and retires its releases and
+learner state (reef_lab/gateway/admin.py); a scenario created again under the same name starts empty.
 
 A name is a folder name (releases, learner state) and part of a Hub repo id (`--hub-repo me/reef-{scenario}`), so a
 new scenario's name keeps to the rules of both (`check_name(name, new=True)`); a name that only needs looking up is

@@ -73,10 +73,9 @@ def train():
 
 @bp.get("/requests/<request_id>")
 def get_request(request_id: str):
-    """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why)."""
-    from reef_lab.harness_requests import RequestStore
-
-    return json_response(RequestStore(g.gateway.data_dir).get(request_id))
+    """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why);
+    404 when its scenario is gone (deleted, or created again since)."""
+    return json_response(g.gateway.get_request(request_id))
 
 
 @bp.get("/scenarios/<name>/requests")

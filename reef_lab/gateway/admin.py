@@ -12,7 +12,7 @@ from typing import Any
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
-from reef_lab.harness_requests import SESSION_ID
+from reef_lab.harness_requests import SESSION_ID, RequestStore
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
@@ -168,10 +168,29 @@ class Admin:
         return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
+        """The scenario goes, and everything of it that could serve or answer again: its learner, its releases and
+        learner state (moved to `<data dir>/deleted/<name>.<ms>/`, kept for inspection), what the engine holds for
+        it; its records are hidden (append-only, they stay on disk) and its change requests are of an earlier
+        scenario from now on. A scenario created again under the name starts empty, from the base."""
         s = self.scenarios.delete(name)
         self.learners.forget(name)
+        attic = self.data_dir / "deleted" / f"{name}.{int(time.time() * 1000)}"
+        self.releaser.forget(name, attic)
+        state = self.data_dir / "learn" / name
+        if state.exists():
+            attic.mkdir(parents=True, exist_ok=True)
+            state.replace(attic / "learn")
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
+
+    def get_request(self, request_id: str) -> dict:
+        """A change request, if it is of a scenario that exists now (not of a deleted one of the same name); 404
+        otherwise."""
+        req = RequestStore(self.data_dir).get(request_id)
+        name = req.get("scenario")
+        if not (self.scenarios.exists(name) and req["created_at"] >= self.scenarios.get(name).since):
+            raise NotFound(f"change request {request_id!r} not found")
+        return req
 
     def status(self) -> dict:
         return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),

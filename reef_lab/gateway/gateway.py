@@ -231,6 +231,10 @@ class Gateway:
     def delete_scenario(self, name: str) -> dict:
         return self.admin.delete_scenario(name)
 
+    def get_request(self, request_id: str) -> dict:
+        """A change request of a scenario that exists; 404 otherwise."""
+        return self.admin.get_request(request_id)
+
     def status(self) -> dict:
         return {**self.admin.status(), "retention": None if self.retainer is None else self.retainer.status()}
 
