@@ -118,6 +118,10 @@ class ServeConfig:
         "help": "1: harness releases may hold what an agent runs (scripts such as .sh/.py files or #! lines, "
                 "Claude Code's and opencode's !`command`, front matter granting allowed-tools or hooks), by every "
                 "path (published by hand, GEPA, change requests); 0: refused with 400 (docs/harness.md)"})
+    tokens_file: str | None = field(default=None, metadata={
+        "help": "a YAML file of the API's tokens, each by its sha256 with a role (agent, reader or admin) and the "
+                "scenarios it may use (names or patterns such as team-a-*); `reef-lab token add` writes one. "
+                "REEF_TOKEN adds admin tokens of every scenario; no token at all: no auth (docs/api.md#tokens)"})
     max_body_mb: float = field(default=10.0, metadata={
         "help": "largest JSON body of an inference or any other request, in MB (413 beyond)"})
     max_report_kb: float = field(default=1024.0, metadata={"help": "largest report body, in KB (413 beyond)"})
@@ -208,6 +212,10 @@ class ServeConfig:
             raise ValueError(f"roll_records must be at least 1 and roll_mb in (0, 4096], got {self.roll_records} "
                              f"and {self.roll_mb}")
         self.retention_config()  # a bad size, duration or override is refused at start
+        if self.tokens_file is not None:  # a missing file or a bad entry is refused at start, naming the entry
+            from reef_lab.tenants import read_tokens_file
+
+            read_tokens_file(self.tokens_file)
 
     def engine_name(self) -> str:
         return self.engine or ("upstream" if self.upstream_url else "embedded")
@@ -243,6 +251,13 @@ class ServeConfig:
         recipes): all that the plug-in loader may import in a server process (reef_lab.plugins.restrict_to)."""
         named = [self.to_dict(), self.recipe_settings(), self.engine_settings(), self.allowed_recipe_list()]
         return [path for _, path in code_paths(named)]
+
+    def tenants(self):
+        """The deployment's tokens (reef_lab.tenants): the tokens file's and REEF_TOKEN's (admins of every
+        scenario)."""
+        from reef_lab.tenants import Tenants
+
+        return Tenants.load(tokens_from_env(), self.tokens_file)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -287,7 +302,8 @@ def _mapping(value, name: str, what: str) -> dict:
 DESCRIPTION = (
     "Run the reef_lab gateway: the providers' APIs (OpenAI chat/responses, Anthropic messages) in front of the "
     "embedded model or an upstream provider; every interaction recorded, reports taken at /reef/report. Auth: set "
-    "REEF_TOKEN (comma-separated for several tokens); unset means no auth (loopback use).")
+    "REEF_TOKEN (comma-separated admin tokens) and/or --tokens-file (tokens scoped to scenarios and roles); neither "
+    "means no auth (loopback use).")
 
 
 class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -386,7 +386,7 @@ def cmd_doctor(a, inst: Install) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef-lab", description="reef_lab's command line.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="group", required=True, metavar="agent")
+    sub = p.add_subparsers(dest="group", required=True, metavar="agent|token")
     agent = sub.add_parser("agent", help="run a coding agent on an installed harness release", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     agent.add_argument("adapter", choices=ADAPTERS, help="the agent: claude, codex, opencode, pi (files: a plain tree)")
@@ -418,7 +418,45 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--wait", action="store_true", help="wait until it is released or rejected")
     evo.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
     add("doctor", "check the install, its files, the server, the token, the versions, the agent and the paths")
+    token_parser(sub)
     return p
+
+
+def token_parser(sub) -> None:
+    """`reef-lab token add|hash`: the operator's tokens file (reef_lab/tenants.py, docs/api.md#tokens)."""
+    from reef_lab.tenants import ROLES
+
+    tok = sub.add_parser("token", help="make a token scoped to scenarios and a role (the server's tokens file)",
+                         description="The server's tokens file (--tokens-file) lists each token by its sha256; "
+                                     "`add` makes a token, writes its entry and prints the token once.")
+    cmds = tok.add_subparsers(dest="command", required=True, metavar="add|hash")
+    add = cmds.add_parser("add", help="make a token, add it to the file, print it once")
+    add.add_argument("--file", required=True, help="the tokens file (created when missing)")
+    add.add_argument("--role", required=True, choices=ROLES, help="agent < reader < admin (each holds the rights "
+                                                                   "of those before it)")
+    add.add_argument("--scenario", action="append", required=True, dest="scenarios",
+                     help="a scenario name or fnmatch pattern ('team-a-*'; '*': every one); repeat for more")
+    add.add_argument("--name", help="a label for the operator (who holds the token)")
+    cmds.add_parser("hash", help="print the sha256 of a token read from stdin (to write an entry by hand)")
+
+
+def cmd_token(a) -> int:
+    from reef_lab import tenants
+
+    if a.command == "hash":
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise Failed("give the token on stdin, e.g. `printf %s \"$TOKEN\" | reef-lab token hash`")
+        print(tenants.digest(token))
+        return 0
+    try:
+        token, token_id = tenants.add_token(a.file, a.role, a.scenarios, a.name)
+    except ValueError as e:
+        raise Failed(str(e)) from None
+    print(f"added token {token_id} ({a.role} of {', '.join(a.scenarios)}) to {a.file}; restart the server to use "
+          "it. The token (shown only now, the file keeps its sha256):", file=sys.stderr)
+    print(token)
+    return 0
 
 
 def split_run(argv: list[str]) -> list[str]:
@@ -443,6 +481,12 @@ def split_run(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(split_run(list(sys.argv[1:] if argv is None else argv)))
+    if args.group == "token":
+        try:
+            return cmd_token(args)
+        except Failed as e:
+            print(f"reef-lab: {e}", file=sys.stderr)
+            return 1
     command = args.command or "run"
     try:
         inst = Install.locate(args.adapter, getattr(args, "root", None), getattr(args, "scenario", None))

@@ -12,11 +12,12 @@ from typing import Any
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
-from reef_lab.harness_requests import SESSION_ID
+from reef_lab.harness_requests import SESSION_ID, RequestStore
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
 from reef_lab.scenarios import check_name
+from reef_lab.tenants import OPEN, Grant
 
 
 class Admin:
@@ -168,18 +169,46 @@ class Admin:
         return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
+        """The scenario goes, and everything of it that could serve or answer again: its learner, its releases and
+        learner state (moved to `<data dir>/deleted/<name>.<ms>/`, kept for inspection), what the engine holds for
+        it; its records are hidden (append-only, they stay on disk) and its change requests are of an earlier
+        scenario from now on. A scenario created again under the name starts empty, from the base."""
         s = self.scenarios.delete(name)
         self.learners.forget(name)
+        attic = self.data_dir / "deleted" / f"{name}.{int(time.time() * 1000)}"
+        self.releaser.forget(name, attic)
+        state = self.data_dir / "learn" / name
+        if state.exists():
+            attic.mkdir(parents=True, exist_ok=True)
+            state.replace(attic / "learn")
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
 
-    def status(self) -> dict:
+    def get_request(self, request_id: str, grant: Grant = OPEN) -> dict:
+        """A change request, if it is of a scenario that exists now (not of a deleted one of the same name) and
+        `grant` may read; any other answers 404 alike, so nothing is told of another tenant's requests."""
+        req = RequestStore(self.data_dir).get(request_id)
+        name = req.get("scenario")
+        if not (self.scenarios.exists(name) and req["created_at"] >= self.scenarios.get(name).since
+                and grant.may("reader", name)):
+            raise NotFound(f"change request {request_id!r} not found")
+        return req
+
+    def status(self, grant: Grant = OPEN) -> dict:
+        """The deployment's state. A token that is not an admin of every scenario sees its own scenarios' part only:
+        nothing of the deployment (data dir, engine and its upstream URL, store) nor of other tenants."""
+        if not grant.everywhere:
+            mine = {s.name for s in self.scenarios.list() if grant.covers(s.name)}
+            return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "scenarios": len(mine),
+                    "learners": {n: v for n, v in self.learners.status().items() if n in mine},
+                    "scenario_errors": {n: v for n, v in self.learners.errors.items() if n in mine},
+                    "token": _token(grant)}
         return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
                 "engine": self.engine.info(), "store": self.store.info(),
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": self.learners.status(),
                 "scenario_errors": dict(self.learners.errors),
-                "hub": None if self.hub is None else self._hub_status()}
+                "hub": None if self.hub is None else self._hub_status(), "token": _token(grant)}
 
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
@@ -191,6 +220,11 @@ class Admin:
             if states or idx.get("hub_main"):
                 scenarios[name] = {"releases": states, "main": idx.get("hub_main")}
         return {"repo": self.hub.config.repo, "queued": self.hub.queued, "scenarios": scenarios}
+
+
+def _token(grant: Grant) -> dict | None:
+    """Who the caller is, as it may know: its id on records, its role and scenarios (None: auth is off)."""
+    return None if grant.id is None else {"id": grant.id, "role": grant.role, "scenarios": list(grant.scenarios)}
 
 
 def wire_record(r: dict) -> dict:

@@ -38,9 +38,9 @@ class Relaying:
         self.engine, self.store = engine, store
 
     def relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
-              release: str, components: dict | None = None) -> Reply | StreamReply:
+              release: str, components: dict | None = None, caller: str | None = None) -> Reply | StreamReply:
         return RelayCall(self.engine, self.store, dialect, body, name, tags, headers, sent, release,
-                         time.perf_counter(), components).run()
+                         time.perf_counter(), components, caller).run()
 
 
 class Inference:
@@ -54,9 +54,10 @@ class Inference:
 
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None, release: str | None = None,
-              kind: str = "inference") -> Reply | StreamReply:
+              kind: str = "inference", caller: str | None = None) -> Reply | StreamReply:
         """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
-        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`)."""
+        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`). `caller`: the id
+        of the client's token (reef_lab/tenants.py), kept on the record; an episode is its token's own."""
         try:
             name = check_name(scenario)
         except BadRequest as e:
@@ -78,13 +79,13 @@ class Inference:
                 label = installed
             if self._relaying is not None:
                 return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                            label or "upstream", components)
+                                            label or "upstream", components, caller)
             return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind,
-                                  episode)
+                                  episode, caller)
         except ReefError as e:
             if not unanswered.is_refusal(e) or kind != "inference":
                 raise
-            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode, caller=caller)
             raise
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
@@ -103,7 +104,7 @@ class Inference:
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
                   components: dict | None, release: str | None, kind: str,
-                  episode: str | None = None) -> Reply | StreamReply:
+                  episode: str | None = None, caller: str | None = None) -> Reply | StreamReply:
         """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
         it. A harness or composite release, when one serves the scenario, is the release named on the record and
         header."""
@@ -124,7 +125,7 @@ class Inference:
 
         def cancelled(reason: str) -> str:
             rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
-                                   release_id=label or handle.release_id, episode=episode,
+                                   release_id=label or handle.release_id, episode=episode, caller=caller,
                                    prompt_token_ids=list(handle.prompt_ids),
                                    metadata={"generated_text": "".join(sent_text), **dropped})
             self.store.append([rec])
@@ -141,7 +142,7 @@ class Inference:
             except Exception as e:
                 rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
                                        error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id,
-                                       episode=episode)
+                                       episode=episode, caller=caller)
                 self.store.append([rec])
                 recorded.append(rec.id)
                 err = ReefError(f"generation failed: {e} (record {rec.id})")
@@ -151,7 +152,7 @@ class Inference:
             resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                   logprobs=gen.logprobs, episode=episode,
+                                   logprobs=gen.logprobs, episode=episode, caller=caller,
                                    metadata={**(dialects.tool_record(dialect, gen, rid, req.tool_use) or {}),
                                              **dropped} or None)
             self.store.append([rec])

@@ -387,6 +387,20 @@ class Releaser:
             self.hub.serving(scenario, rel["version"] if rel else None)
         return rel
 
+    def forget(self, scenario: str, attic: Path) -> None:
+        """A deleted scenario: nothing of it serves any more (its harness, its weights' route, the releases and
+        policies the engine holds for it) and its releases move to `attic` (ReleaseStore.retire), so a scenario
+        created again under the name starts from the base, with release ids of its own."""
+        with self._lock:
+            self.serving.set(scenario, None)
+            mine = [k for k in self.engine.loaded_releases() if k.startswith(scenario + ":")] \
+                if isinstance(self.engine, ReleaseHost) else []  # its releases and policies (names hold no ':')
+            if mine:
+                self.engine.route(scenario, BASE)
+                for key in mine:
+                    self.engine.unload(key)
+            self._store.retire(scenario, attic)
+
     def restore(self, scenarios: set[str]) -> None:
         """After a restart: serve each scenario's serving release again."""
         for name in self._store.scenarios():

@@ -480,7 +480,9 @@ class RecordStore(SegmentEviction):
         with self._read_lock:
             with self._lock:  # a snapshot: segments never change and a log's indexed records only grow
                 paths = [p for _, p in sorted(self._segments.items())]
-                parts = [(c.fd, [self._index[rid] for rid in c.ids]) for _, c in sorted(self._tail.items()) if c.ids]
+                # an id the index no longer holds is of a deleted scenario (forget): hidden here too
+                parts = [(c.fd, [self._index[rid] for rid in c.ids if rid in self._index])
+                         for _, c in sorted(self._tail.items()) if c.ids]
             tails = [lines_to_frame([os.pread(fd, e.size, e.pos) for e in entries]) for fd, entries in parts]
         return scan_segments(paths, tails)
 
