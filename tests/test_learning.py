@@ -176,3 +176,79 @@ def test_a_restart_trains_again_what_the_lost_steps_had_learned(tiny_model_dir, 
         assert ln.status()["consumed"] > 0
     finally:
         gw.close()
+
+
+def _demo(i: int, completion: list[int]) -> dict:
+    """A train record as a client imports it: a demonstration with its token ids (POST /reef/records/batch)."""
+    return {"id": f"demo-{i}", "scenario": "s", "kind": "train", "request": {"messages": [
+        {"role": "user", "content": f"q{i}"}]}, "response": {"role": "assistant", "content": f"a{i}"},
+        "prompt_token_ids": [1, 9, 14 + i], "token_ids": completion, "score": 1.0}
+
+
+def test_a_failed_round_gives_its_batch_back_and_the_next_round_trains_it(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 38 item 15: a round that raised took its batch out of the pool for good (back only after a restart).
+    Now its samples return to the pool, the next round trains them, and the release names them."""
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    real, calls = TorchTrainer.step, []
+
+    def flaky(self, samples, loss):
+        calls.append(len(samples))
+        if len(calls) == 1:
+            raise RuntimeError("injected: the first step fails")
+        return real(self, samples, loss)
+    monkeypatch.setattr(TorchTrainer, "step", flaky)
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir)))
+    try:
+        gw.create_scenario({"name": "s", "recipe": "sft", "config": {
+            "mode": "manual", "batch_size": 4, "trainer": TRAINER}})
+        status, _ = gw.import_records({"records": [_demo(i, [20 + i, 31, 2]) for i in range(4)]})
+        assert status == 201
+        ln = gw.learner("s")
+        gw.train("s")
+        assert ln.wait_idle(300)
+        assert ln.last_error == "RuntimeError: injected: the first step fails" and ln.status()["pool"] == 4
+        gw.train("s")  # the same four, trained now
+        assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+        rels = gw.list_releases("s")
+        assert calls == [4, 4] and rels["serving"] == "s:v1", (calls, rels)
+        assert sorted(rels["releases"][0]["records"]) == [f"demo-{i}" for i in range(4)]
+        assert ln.status()["failed_samples"] == 0
+    finally:
+        gw.close()
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_import_and_by_the_trainer(tiny_model_dir, tmp_path,
+                                                                                     monkeypatch):
+    """Issue 38 item 5: an import with an id beyond the vocabulary is a 400 naming the record and position; and a
+    sample that reaches the trainer with one anyway (here: an engine that claims a larger vocabulary) is dropped on
+    its own, its error kept, while the batch's other samples go on to a release."""
+    from reef_lab.errors import BadRequest
+
+    engine = EmbeddedEngine.from_path(str(tiny_model_dir))
+    gw = Gateway(tmp_path / "data", engine)
+    try:
+        gw.create_scenario({"name": "s", "recipe": "sft", "config": {
+            "mode": "manual", "batch_size": 4, "trainer": TRAINER}})
+        vocab = engine.vocab_size()
+        with pytest.raises(BadRequest, match=rf"records\[1\]: 'token_ids'\[1\] = {2**31 - 1} is not a token id of "
+                                             rf"the served model: ids must lie in 0..{vocab - 1}"):
+            gw.import_records({"records": [_demo(0, [20, 31, 2]), _demo(1, [20, 2**31 - 1, 2])]})
+        assert gw.learner("s").status()["pool"] == 0  # all or nothing: not even the good one
+        monkeypatch.setattr(engine, "vocab_size", lambda: 2**31)
+        gw.import_records({"records": [_demo(0, [20, 31, 2]), _demo(1, [20, vocab + 5, 2]),
+                                       _demo(2, [22, 31, 2]), _demo(3, [23, 31, 2])]})
+        ln = gw.learner("s")
+        gw.train("s")
+        assert ln.wait_idle(300) and "outside the model's vocabulary" in ln.last_error, ln.status()
+        assert ln.status()["failed_samples"] == 1 and ln.status()["pool"] == 3, ln.status()
+        dropped = [r for r in read_metrics(tmp_path / "data" / "learn" / "s" / "metrics.jsonl")
+                   if r["event"] == "dropped"]
+        assert [r["records"] for r in dropped] == [["demo-1"]]
+        gw.import_records({"records": [_demo(4, [24, 31, 2])]})
+        gw.train("s")
+        assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+        rels = gw.list_releases("s")
+        assert sorted(rels["releases"][0]["records"]) == ["demo-0", "demo-2", "demo-3", "demo-4"], rels
+    finally:
+        gw.close()

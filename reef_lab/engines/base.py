@@ -157,6 +157,11 @@ class ReleaseHost(ABC):
     def completion_ids(self, text: str) -> list[int]:
         """A completion's token ids, ending as the model ends a turn."""
 
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """How many token ids the model's tokenizer has: an imported record's ids must lie in [0, this) before the
+        trainer may embed them (an id beyond the table fails the round on CPU and poisons the process on CUDA)."""
+
 
 class YieldsToTraining(ABC):
     """An engine that stands aside while a training step runs on the CPUs it shares with the trainer (an external

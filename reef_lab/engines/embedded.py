@@ -563,6 +563,9 @@ class EmbeddedEngine(Generator, ReleaseHost):
     def completion_ids(self, text: str) -> list[int]:
         return self._chat.completion_ids(text)
 
+    def vocab_size(self) -> int:
+        return self._chat.vocab_size()
+
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request. Bad parameters or messages raise here, in the caller's thread, and so does a prompt that
         leaves no room in the model's context (the gateway answers that 400 before a stream starts). A prompt that

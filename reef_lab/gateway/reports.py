@@ -12,6 +12,7 @@ import contextlib
 import math
 from typing import Any, Callable
 
+from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import BadRequest, Forbidden
 from reef_lab.gateway import episodes
 from reef_lab.records.record import Record, client_id, content_hash, shown
@@ -141,10 +142,25 @@ class Reports:
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
 
+    def _check_vocabulary(self, rec: Record) -> None:
+        """An imported record's token ids lie in the served model's vocabulary, where it has one (an engine that
+        trains): a trainer would look them up in its embedding table (issue 38: 2^31-1 dropped a batch on CPU; on
+        CUDA such a lookup is a device-side assert that fails every later CUDA call of the process)."""
+        engine = self.learners.engine
+        if not isinstance(engine, ReleaseHost):
+            return
+        size = engine.vocab_size()
+        for name, ids in (("prompt_token_ids", rec.prompt_token_ids), ("token_ids", rec.token_ids)):
+            bad = next((k for k, t in enumerate(ids or ()) if not 0 <= t < size), None)
+            if bad is not None:
+                raise BadRequest(f"'{name}'[{bad}] = {ids[bad]} is not a token id of the served model: ids must lie in "
+                                 f"0..{size - 1} (its tokenizer's vocabulary)")
+
     def _import_one(self, item: Any, default_scenario: str | None, pending: dict,
                     scope: Callable[[str], None] | None = None) -> Record:
         rec = Record.from_client(item, default_scenario)
         if scope is not None:  # before its references are looked up: nothing of another tenant's is told
             scope(rec.scenario)
+        self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
         return rec

@@ -14,6 +14,8 @@ the apps and trackers read; a step's row also averages the numbers its batch's r
 as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
 release's weights (optimizer state starts fresh): steps taken since the last candidate died with the process, so
 their samples count as consumed only once a candidate is made from them, and are trained again after a crash.
+A round that fails before its step trained the batch gives the batch back to the pool (retried, with a growing
+wait); samples the trainer refuses, or that were in MAX_TRIES failed rounds, are dropped with their error kept.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from reef_lab.learning.samples import Sample
 from reef_lab.learning.tasks import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE
+from reef_lab.trainers.base import InvalidSamples
 
 log = logging.getLogger("reef_lab.learning.learner")
+MAX_TRIES = 3  # failed rounds a sample may be in before it is dropped (its error kept)
 
 
 class WeightRecipe(ABC):
@@ -107,6 +111,8 @@ class Learner(LearnerLoop, RecordHolder):
         self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._drained: set[str] = set()  # report ids turned into samples in this process
         self._reset = False
+        self._failures = 0  # rounds failed in a row (the wait before the next grows with it)
+        self.failed_samples = 0  # samples dropped after failed rounds (their records listed in the metrics)
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
         self._since_candidate: list[Sample] = []
@@ -173,6 +179,7 @@ class Learner(LearnerLoop, RecordHolder):
                     "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
                     "trainer_step": self._trainer.steps if self._trainer else None,
                     "consumed": len(self._consumed), "last_error": self.last_error,
+                    "failed_samples": self.failed_samples,
                     "episodes": dict(self.episode_counts)}
 
     # ---- the learner thread ---------------------------------------------------------------------------------
@@ -261,15 +268,36 @@ class Learner(LearnerLoop, RecordHolder):
             try:
                 self._round(batch, dropped, manual)
                 self.last_error = None
+                self._failures = 0
             except Exception as e:  # noqa: BLE001 - a failed round leaves serving as it was, and says why
                 log.exception("scenario %s: training round failed", self.scenario)
                 self.last_error = f"{type(e).__name__}: {e}"
                 self._metric({"event": "error", "error": self.last_error})
-                time.sleep(1.0)
+                self._failures += 1
+                with self._cv:
+                    self._give_back(self._in_round, e)
+                time.sleep(min(60.0, 2.0 ** self._failures))  # a round that keeps failing does not spin
             finally:
                 with self._cv:
                     self.phase = "idle"
                     self._in_round = []
+
+    def _give_back(self, untrained: list[Sample], error: BaseException) -> None:
+        """A failed round's samples that no step trained go back to the front of the pool (caller holds the lock):
+        nothing acknowledged is skipped. Samples the trainer refused (InvalidSamples) and samples in MAX_TRIES failed
+        rounds are dropped instead, consumed and listed with the error (status `failed_samples`, a `dropped` metrics
+        row), so a sample that always fails never blocks the others."""
+        refused = set(error.record_ids) if isinstance(error, InvalidSamples) else set()
+        back, failed = [], []
+        for s in untrained:
+            s.extra["failed_rounds"] = s.extra.get("failed_rounds", 0) + 1
+            (failed if s.record_id in refused or s.extra["failed_rounds"] >= MAX_TRIES else back).append(s)
+        self._pool[:0] = back
+        if failed:
+            self._consume(failed)
+            self.failed_samples += len(failed)
+            self._metric({"event": "dropped", "records": [s.record_id for s in failed],
+                          "error": f"{type(error).__name__}: {error}"})
 
     def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
         if dropped:
@@ -292,6 +320,8 @@ class Learner(LearnerLoop, RecordHolder):
             metrics = self.recipe.train(self._trainer, batch)
         train_s = time.perf_counter() - started  # the whole round's training (a policy step's own: step_s)
         self.rounds += 1
+        with self._cv:
+            self._in_round = []  # trained: a later failure (export, evaluation) must not train them again
         self._since_candidate += batch  # consumed when a candidate is made from them (module docstring)
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),

@@ -159,6 +159,24 @@ class Critic(ABC):
         """One optimizer step towards the targets; metrics (value_loss, value_abs_error before the step)."""
 
 
+class InvalidSamples(ValueError):
+    """Samples a trainer cannot run (their token ids lie outside the model's vocabulary): the learner drops exactly
+    these, their error kept, and trains the rest; never a crashed round that loses the whole batch."""
+
+    def __init__(self, message: str, record_ids: list[str]):
+        super().__init__(message)
+        self.record_ids = record_ids
+
+
+def check_token_ids(samples: list[Sample], vocab: int) -> None:
+    """InvalidSamples naming every sample with a prompt or completion id outside [0, vocab): checked before any id
+    reaches an embedding table (on CUDA an out-of-range lookup is a device-side assert that breaks the process)."""
+    bad = [s for s in samples if any(not 0 <= t < vocab for t in (*s.prompt_ids, *s.completion_ids))]
+    if bad:
+        raise InvalidSamples(f"{len(bad)} sample(s) hold token ids outside the model's vocabulary 0..{vocab - 1}: "
+                             f"{', '.join(s.record_id for s in bad[:5])}", [s.record_id for s in bad])
+
+
 class Trainer(ABC):
     """The policy being trained. `steps` counts policy steps taken (a scenario's releases remember theirs)."""
 

@@ -30,7 +30,7 @@ import torch
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
-                                    TrainerConfig)
+                                    TrainerConfig, check_token_ids)
 
 log = logging.getLogger("reef_lab.trainer")
 
@@ -154,6 +154,7 @@ class TorchTrainer(SequenceLossTrainer):
 
     def micro_batches(self, samples: list[Sample], group: int = 1):
         size = max(group, self.config.micro_batch_size // group * group)  # a group never straddles two
+        check_token_ids(samples, self.model.get_input_embeddings().num_embeddings)
         for i in range(0, len(samples), size):
             chunk = samples[i: i + size]
             yield chunk, pack(chunk, self.pad_id, self.device)
