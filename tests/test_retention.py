@@ -203,6 +203,45 @@ def test_a_report_on_a_record_during_a_round_keeps_it(tmp_path):
     st.close()
 
 
+def test_an_episode_read_never_meets_a_segment_being_rewritten(tmp_path, monkeypatch):
+    """Issue 38 item 9: an episode report raced a retention rewrite (500 'parquet: File out of specification'): the
+    episode's ids came from a scan whose plan names segment files by path, collected while a round replaced one.
+    Here the round is started exactly in that window (after the scan is planned, before it is collected) and given
+    time to finish; the read must still see the episode's calls, every one."""
+    from reef_lab.gateway.episodes import episode_ids
+
+    st = RecordStore(tmp_path, roll_records=40)
+    calls = []
+    for i in range(40):
+        r = Record(id=new_record_id(), scenario="a" if i % 4 == 0 else "b", kind="inference",
+                   request={"messages": [{"role": "user", "content": f"q{i}"}]}, response={"content": "x" * 400},
+                   episode="e1" if i % 4 == 0 else None)
+        st.append([r])
+        calls += [r.id] if r.scenario == "a" else []
+    st.roll_open_log()
+    assert st.info()["segments"] == 1
+    plain_scan, rounds = st.scan, []
+
+    def scan_then_round():
+        frame = plain_scan()
+        drop = st.eviction_candidates({1: {"b"}})[1]
+        st.fence(set(drop))
+        t = threading.Thread(target=lambda: rounds.append(st.evict(1, drop)))
+        t.start()
+        t.join(3.0)  # with the fix the round waits for the read; without it, it rewrites the file under the plan
+        return frame
+    monkeypatch.setattr(st, "scan", scan_then_round)
+    assert episode_ids(st, "a", "e1") == calls
+    monkeypatch.setattr(st, "scan", plain_scan)
+    deadline = time.monotonic() + 60
+    while not rounds and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rounds and rounds[0] is not None and st.info()["records"] == 10, (rounds, st.info())  # once read
+    assert episode_ids(st, "a", "e1") == calls
+    st.unfence()
+    st.close()
+
+
 def test_a_reference_checked_before_an_eviction_is_refused_after_it(tmp_path):
     st = RecordStore(tmp_path, roll_records=20)
     recs = fill(st, 40, ("a",))

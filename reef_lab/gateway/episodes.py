@@ -95,11 +95,10 @@ def episode_ids(store, scenario: str, episode: str, since: float = 0.0, caller: 
     calls `caller` (a token's id; None: auth off) made with that session id. A scan of the scenario's records
     (Parquet segments by predicate, the unrolled logs in full): fine for reports and reads, not for the per-call
     path."""
-    frame = (store.scan()
-             .filter((pl.col("scenario") == scenario) & (pl.col("episode") == episode)
-                     & pl.col("caller").eq_missing(caller) & (pl.col("kind") == "inference")
-                     & (pl.coalesce("stored_at", "created_at") >= since))
-             .select("id", "created_at").collect())
+    frame = store.collect(lambda records: records.filter(
+        (pl.col("scenario") == scenario) & (pl.col("episode") == episode) & pl.col("caller").eq_missing(caller)
+        & (pl.col("kind") == "inference") & (pl.coalesce("stored_at", "created_at") >= since)
+    ).select("id", "created_at"))
     return [rid for _, rid in sorted(zip(frame["created_at"].to_list(), frame["id"].to_list(), strict=True))]
 
 
