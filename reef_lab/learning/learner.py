@@ -260,6 +260,7 @@ class Learner(LearnerLoop, RecordHolder):
                     return
                 manual = self._manual > 0
                 self._manual = max(0, self._manual - 1)
+                self._pool.sort(key=lambda s: s.content_key)  # by content, not arrival: same samples, same batches
                 batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
                 taken = {s.record_id for s in batch + dropped}
                 self._pool = [s for s in self._pool if s.record_id not in taken]
