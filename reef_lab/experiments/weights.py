@@ -123,26 +123,32 @@ class WeightsExperiment(ExperimentDriver):
         bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
                    disable=not progress, dynamic_ncols=True)
 
-        def rollout(k: int) -> tuple[int, dict, dict, float]:
-            item = prompts[k // group_size]
-            body = {"model": engine.model_name, "messages": item["messages"], "max_tokens": cfg.max_tokens,
-                    "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k}
+        def rollout(k: int) -> tuple[int, dict, list[dict], float]:
+            """Rollout k: one reply, or a tool task's whole episode (its calls one session), and its score."""
+            item, records = prompts[k // group_size], []
             tags = {"exp_index": str(k)}
             if group_size > 1:
                 tags["group"] = f"p{k // group_size}"
-            rec = gw.infer_record(body, name, tags)
-            return k, item, rec, task.score(item, rec["response"]["choices"][0]["message"]["content"])
+
+            def chat(messages: list[dict], tools: list[dict] | None) -> dict:
+                body = {"model": engine.model_name, "messages": messages, "max_tokens": cfg.max_tokens,
+                        "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k + 7_919 * len(records)}
+                records.append(gw.infer_record({**body, **({"tools": tools} if tools else {})}, name, tags,
+                                               session=f"exp-{cfg.seed}-{k}"))
+                return {key: v for key, v in records[-1]["response"]["choices"][0]["message"].items() if v is not None}
+            score, _ = task.rollout(chat, item)
+            return k, item, records, score
 
         def one(k: int) -> None:
             while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
                 time.sleep(0.05)
             report(*rollout(k))
 
-        def report(k: int, item: dict, rec: dict, score: float) -> None:
-            gw.report(name, {"score": score, "references": [rec["id"]], "metadata": {"exp_index": k}})
+        def report(k: int, item: dict, records: list[dict], score: float) -> None:
+            gw.report(name, {"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k}})
             with lock:
-                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": rec["release_id"],
-                                                 "score": score, "time": time.time()}) + b"\n")
+                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": records[0]["release_id"],
+                                                 "calls": len(records), "score": score, "time": time.time()}) + b"\n")
                 rollouts_log.flush()
                 bar.update(1)
                 if bar.n % 16 == 0:

@@ -168,9 +168,11 @@ class Gateway:
         """`caller`: the id of the client's token (reef_lab/tenants.py), kept on the record."""
         return self.inference.infer(dialect, body, scenario, tags, client_headers, caller=caller)
 
-    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None) -> dict:
-        """One chat completion for an in-process caller; the stored record (reef_lab.gateway.inference)."""
-        return self.inference.infer_record(body, scenario, tags)
+    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
+                     session: str | None = None) -> dict:
+        """One chat completion for an in-process caller; the stored record (reef_lab.gateway.inference).
+        `session`: the episode the call belongs to."""
+        return self.inference.infer_record(body, scenario, tags, session=session)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         return self.inference.count_tokens(body, client_headers)

@@ -89,18 +89,24 @@ class Inference:
             raise
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
-                     release: str | None = None, kind: str = "inference") -> dict:
+                     release: str | None = None, kind: str = "inference", session: str | None = None) -> dict:
         """One chat completion, not streamed, for an in-process caller: the stored record (response, token ids,
-        logprobs, the release that served it). A failed generation raises, its error kept in a record too."""
-        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, release=release,
-                           kind=kind)
+        logprobs, the release that served it). A failed generation raises, its error kept in a record too.
+        `session`: the episode the call belongs to (as the x-reef-session header would say)."""
+        headers = {episodes.SESSION_HEADER: session} if session else None
+        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, client_headers=headers,
+                           release=release, kind=kind)
         return reply.record
 
-    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict) -> str:
-        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation)."""
-        rec = self.infer_record({"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens,
-                                 "temperature": 0.0}, scenario, tags, release=release, kind="eval")
-        return dialects.response_text(rec["dialect"], rec["response"])
+    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict,
+               tools: list[dict] | None = None) -> dict:
+        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation): the
+        assistant message in OpenAI chat shape (content, and tool_calls when `tools` were offered and it calls them)."""
+        body = {"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+        rec = self.infer_record({**body, **({"tools": tools} if tools else {})}, scenario, tags, release=release,
+                                kind="eval")
+        message = rec["response"]["choices"][0]["message"]
+        return {k: v for k, v in message.items() if v is not None}
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
                   components: dict | None, release: str | None, kind: str,

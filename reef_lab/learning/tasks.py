@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 from reef_lab.extras import need
 from reef_lab.plugins import load_class
@@ -105,6 +106,13 @@ class Task(ABC):
     def feedback(self, item: dict, text: str) -> str:
         """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
         return f"score {self.score(item, text):g}"
+
+    def rollout(self, chat: Callable[[list[dict], list[dict] | None], dict], item: dict) -> tuple[float, str]:
+        """(score, text) of one item answered through `chat(messages, tools) -> the assistant message` (OpenAI chat
+        shape): one reply here; a tool task runs the whole episode (reef_lab.learning.tool_tasks.ToolTask). What a
+        release's held-out evaluation and an experiment's rollout call, whatever the task."""
+        text = chat(item["messages"], None).get("content") or ""
+        return self.score(item, text), text
 
     @classmethod
     def check_config(cls, config: TaskConfig) -> None:

@@ -258,12 +258,32 @@ class ToolTask(Task):
                 transcript.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
         return Episode(transcript, turns, False)
 
+    def rollout(self, chat: ToolChat, item: dict) -> tuple[float, str]:
+        """The item's whole episode (tool calls executed, their results read back), scored by score_episode; the
+        text is the transcript in short (each call and its result, then the final reply)."""
+        episode = self.run_episode(chat, item)
+        return self.score_episode(item, episode.transcript).score, transcript_text(episode.transcript)
+
     def score(self, item: dict, text: str) -> float:
         """One reply as a one-message episode (its Hermes tool calls parsed)."""
         return self.score_episode(item, [text_reply(text)]).score
 
     def feedback(self, item: dict, text: str) -> str:
         return self.score_episode(item, [text_reply(text)]).feedback
+
+
+def transcript_text(transcript: list[dict]) -> str:
+    """An episode in one line: `add({"a": 1, "b": 2}) -> 3 | ... | final reply`."""
+    parts = []
+    for m in transcript:
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            parts.append(f"{fn.get('name')}({fn.get('arguments')})")
+        if m.get("role") == "tool":
+            parts[-1:] = [f"{parts[-1]} -> {m.get('content')}" if parts else f"-> {m.get('content')}"]
+        elif m.get("role") == "assistant" and not m.get("tool_calls"):
+            parts.append(m.get("content") or "")
+    return " | ".join(parts)
 
 
 def text_reply(text: str) -> dict:

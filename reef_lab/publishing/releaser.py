@@ -43,7 +43,8 @@ log = logging.getLogger("reef_lab.publishing.releaser")
 SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 EVAL_TAG = "reef.eval"  # on every held-out answer's record, with reef.release (and reef.candidate)
 
-Answer = Callable[[str, str, list, int, dict], str]  # (scenario, release, messages, max_tokens, tags) -> text
+# (scenario, release, messages, max_tokens, tags, tools) -> the assistant message (OpenAI chat shape)
+Answer = Callable[[str, str, list, int, dict, "list[dict] | None"], dict]
 Log = Callable[[dict], None]
 
 
@@ -224,11 +225,11 @@ class Releaser:
         tags = {EVAL_TAG: "1", "reef.release": release, **({"reef.candidate": candidate} if candidate else {})}
         items = held_out.items
 
-        def one(it: dict) -> str:
-            return self._answer(scenario, release, it["messages"], held_out.max_tokens, tags)
+        def one(it: dict) -> tuple[float, str]:  # one reply, or a tool task's whole episode (Task.rollout)
+            return held_out.task.rollout(
+                lambda messages, tools: self._answer(scenario, release, messages, held_out.max_tokens, tags, tools), it)
         with ThreadPoolExecutor(max(1, min(len(items), 64)), thread_name_prefix="reef-eval") as pool:
-            texts = list(pool.map(one, items))
-        scores = [held_out.task.score(it, t) for it, t in zip(items, texts, strict=True)]
+            scores, texts = zip(*pool.map(one, items))
         return {"accuracy": sum(scores) / len(scores), "n": len(scores), "correct": int(sum(scores)),
                 "release": release, "eval_s": round(time.perf_counter() - started, 2),
                 "examples": [{"id": it["id"], "answer": it.get("answer"), "text": t, "score": sc}
