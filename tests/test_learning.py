@@ -328,3 +328,66 @@ def test_a_report_that_cannot_become_a_sample_is_listed_as_failed(served):
     assert served.gateway.learner("s").wait_idle(60)
     (failed,) = served.releases()["learner"]["failed"]
     assert failed["record"] == "tools-demo" and "needs its prompt_token_ids and token_ids" in failed["error"], failed
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_import(served):
+    """Issue 38 item 5: ids up to 2^31-1 were stored and reached the trainer (a lost batch on CPU, a device-side
+    assert that breaks every later CUDA call on a GPU). The import answers 400 naming the record's index in the
+    batch, the field, the position and the range, and stores none of the batch."""
+    served.create(mode="manual")
+    vocab = served.gateway.engine.vocab_size()
+    cases = [(_demo(1, [20, 2**31 - 1, 2]), f"'token_ids'[1] = {2**31 - 1}"),
+             (_demo(1, [20, 31, 2], prompt=[1, 9, 3, vocab]), f"'prompt_token_ids'[3] = {vocab}")]
+    for record, says in cases:
+        r = served.post("/reef/records/batch", {"records": [_demo(0, [20, 31, 2]), record]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == (
+            f"records[1]: {says} is not a token id of the served model: ids must lie in 0..{vocab - 1} (its "
+            "tokenizer's vocabulary): tokenize with the served model's tokenizer"), r.text
+    assert requests.get(served.url + "/reef/scenarios/s/records?kind=train", timeout=30).json()["records"] == []
+    ok = served.post("/reef/records/batch", {"records": [_demo(0, [20, vocab - 1, 2], prompt=[0, 9, 3])]})
+    assert ok.status_code == 201, ok.text
+
+
+def test_a_sample_past_the_embedding_table_fails_alone_and_the_others_train(served, monkeypatch):
+    """Issue 38 item 5, in depth: an id the import let through (here: a tokenizer larger than the model's embedding
+    table, as when tokens were added and the embeddings not resized) is refused by the trainer before it reaches the
+    embedding: that sample fails, its error listed, without costing the round's other samples a try; they train."""
+    engine = served.gateway.engine
+    vocab = engine.vocab_size()
+    monkeypatch.setattr(engine, "vocab_size", lambda: vocab + 16)
+    served.create(mode="manual")
+    served.post("/reef/records/batch", {"records": [_demo(0, [20, 31, 2]), _demo(1, [20, vocab + 5, 2]),
+                                                    _demo(2, [22, 31, 2]), _demo(3, [23, 31, 2])]})
+    served.train()
+    learner = served.releases()["learner"]
+    assert learner["pool"] == 3 and learner["last_error"] is None, learner
+    (failed,) = learner["failed"]
+    assert failed["record"] == "demo-1" and failed["rounds"] == 0 and failed["error"] == (
+        f"completion_ids[1] = {vocab + 5} is outside the model's vocabulary 0..{vocab - 1} (token ids from another "
+        "tokenizer?)"), failed
+    assert [r["record"] for r in read_metrics(served.gateway.data_dir / "learn" / "s" / "metrics.jsonl")
+            if r["event"] == "failed"] == ["demo-1"]
+    served.post("/reef/records/batch", {"records": [_demo(4, [24, 31, 2])]})
+    served.train()
+    rels = served.releases()
+    assert rels["learner"]["last_error"] is None and rels["learner"]["failed_samples"] == 1, rels["learner"]
+    assert sorted(rels["releases"][0]["records"]) == ["demo-0", "demo-2", "demo-3", "demo-4"], rels
+
+
+def test_the_critic_refuses_ids_past_its_embedding_too(tiny_model_dir):
+    """SAO asks its critic for values before the policy's step: the critic checks the ids as the policy does."""
+    from reef_lab.learning.samples import Sample
+    from reef_lab.trainers.base import CriticConfig, InvalidSamples
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    critic = TorchTrainer(tiny_model_dir).critic(CriticConfig(lr=1e-3))
+    vocab = critic.trunk.get_input_embeddings().num_embeddings
+    good = Sample("good", [1, 2], [3, 4], None, 1.0, "base")
+    bad = Sample("bad", [1, vocab], [3, 4], None, 1.0, "base")
+    for call in (lambda: critic.values([good, bad]), lambda: critic.update([good, bad], [[0.0, 0.0]] * 2)):
+        with pytest.raises(InvalidSamples) as e:
+            call()
+        assert e.value.errors == {"bad": f"prompt_ids[1] = {vocab} is outside the model's vocabulary 0..{vocab - 1} "
+                                         "(token ids from another tokenizer?)"}
+    assert len(critic.values([good])) == 1
