@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -115,6 +116,7 @@ class Learner(LearnerLoop, RecordHolder):
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
         self._consumed: set[str] = set(state.get("consumed", []))
         self._failed: dict[str, dict] = state.get("failed", {})  # record id -> its error, rounds, records, report
+        self._state_lock = threading.Lock()  # state.json is written by the learner thread and by request threads
         self._init_loop()
         self._pool: list[Sample] = []
         self._in_round: list[Sample] = []  # taken from the pool by the round now training
@@ -382,7 +384,8 @@ class Learner(LearnerLoop, RecordHolder):
         self._save_state()
 
     def _save_state(self) -> None:
-        write_json(self._state_path, {"consumed": sorted(self._consumed), "failed": self._failed})
+        with self._state_lock:
+            write_json(self._state_path, {"consumed": sorted(self._consumed), "failed": self._failed})
 
     # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
     def _candidate(self, metrics: dict) -> None:
