@@ -145,16 +145,18 @@ class Reports:
     def _check_vocabulary(self, rec: Record) -> None:
         """An imported record's token ids lie in the served model's vocabulary, where it has one (an engine that
         trains): a trainer would look them up in its embedding table (issue 38: 2^31-1 dropped a batch on CPU; on
-        CUDA such a lookup is a device-side assert that fails every later CUDA call of the process)."""
+        CUDA such a lookup is a device-side assert that fails every later CUDA call of the process). Both id fields
+        a record has reach a trainer (a demonstration's, or a referenced inference's): both are checked."""
         engine = self.learners.engine
-        if not isinstance(engine, ReleaseHost):
+        if not isinstance(engine, ReleaseHost):  # a relay serves no model of ours: nothing of it is trained
             return
         size = engine.vocab_size()
         for name, ids in (("prompt_token_ids", rec.prompt_token_ids), ("token_ids", rec.token_ids)):
-            bad = next((k for k, t in enumerate(ids or ()) if not 0 <= t < size), None)
-            if bad is not None:
-                raise BadRequest(f"'{name}'[{bad}] = {ids[bad]} is not a token id of the served model: ids must lie in "
-                                 f"0..{size - 1} (its tokenizer's vocabulary)")
+            if ids and max(ids) >= size:  # (negative ids fail the record's own parse)
+                k = next(k for k, t in enumerate(ids) if not 0 <= t < size)
+                raise BadRequest(f"'{name}'[{k}] = {ids[k]} is not a token id of the served model: ids must lie in "
+                                 f"0..{size - 1} (its tokenizer's vocabulary): tokenize with the served model's "
+                                 "tokenizer")
 
     def _import_one(self, item: Any, default_scenario: str | None, pending: dict,
                     scope: Callable[[str], None] | None = None) -> Record:

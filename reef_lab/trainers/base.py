@@ -161,20 +161,30 @@ class Critic(ABC):
 
 class InvalidSamples(ValueError):
     """Samples a trainer cannot run (their token ids lie outside the model's vocabulary): the learner drops exactly
-    these, their error kept, and trains the rest; never a crashed round that loses the whole batch."""
+    these, each with its own error kept (`errors`: record id -> why), and trains the rest; never a crashed round
+    that loses the whole batch."""
 
-    def __init__(self, message: str, record_ids: list[str]):
+    def __init__(self, message: str, errors: dict[str, str]):
         super().__init__(message)
-        self.record_ids = record_ids
+        self.errors = errors
+        self.record_ids = list(errors)
 
 
 def check_token_ids(samples: list[Sample], vocab: int) -> None:
-    """InvalidSamples naming every sample with a prompt or completion id outside [0, vocab): checked before any id
-    reaches an embedding table (on CUDA an out-of-range lookup is a device-side assert that breaks the process)."""
-    bad = [s for s in samples if any(not 0 <= t < vocab for t in (*s.prompt_ids, *s.completion_ids))]
-    if bad:
-        raise InvalidSamples(f"{len(bad)} sample(s) hold token ids outside the model's vocabulary 0..{vocab - 1}: "
-                             f"{', '.join(s.record_id for s in bad[:5])}", [s.record_id for s in bad])
+    """InvalidSamples naming every sample with a prompt or completion id outside [0, vocab), the first such id's
+    field and position: checked before any id reaches an embedding table (on CUDA an out-of-range lookup is a
+    device-side assert after which every CUDA call of the process fails)."""
+    errors = {}
+    for s in samples:
+        for name, ids in (("prompt_ids", s.prompt_ids), ("completion_ids", s.completion_ids)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                k = next(k for k, t in enumerate(ids) if not 0 <= t < vocab)
+                errors[s.record_id] = (f"{name}[{k}] = {ids[k]} is outside the model's vocabulary 0..{vocab - 1} "
+                                       "(token ids from another tokenizer?)")
+                break
+    if errors:
+        raise InvalidSamples(f"{len(errors)} sample(s) hold token ids outside the model's vocabulary: " + "; ".join(
+            f"{rid}: {why}" for rid, why in list(errors.items())[:5]), errors)
 
 
 class Trainer(ABC):

@@ -301,6 +301,7 @@ class ValueModel(Critic):
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[list[float]]:
+        check_token_ids(samples, self.trunk.get_input_embeddings().num_embeddings)  # a recipe may ask it first
         out = []
         for i in range(0, len(samples), self.config.micro_batch_size):
             chunk = samples[i: i + self.config.micro_batch_size]
@@ -311,6 +312,7 @@ class ValueModel(Critic):
     def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
         """One step of 0.5 * (V - target)^2, averaged over real tokens. Returns loss and the mean |V - target|
         before the step."""
+        check_token_ids(samples, self.trunk.get_input_embeddings().num_embeddings)
         total = sum(s.trained_tokens for s in samples)
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, abs_err = 0.0, 0.0
