@@ -77,8 +77,11 @@ def test_no_regression_refuses_a_release_that_loses_held_out_tool_episodes(tool_
         assert cand["eval"]["accuracy"] < 1.0 and "held-out 0.0000 < serving 1.0000" in cand["reason"], cand
         # the episodes ran through the gateway: each held-out turn is an eval record, tools offered and called
         evals = [r for r in s.gateway.store.get_many(s.gateway.store.ids("w", "eval"))]
-        called = [r for r in evals if (r["response"]["choices"][0]["message"].get("tool_calls"))]
-        assert called and all(r["request"]["tools"] == TOOLS for r in evals), json.dumps(evals[:1])[:800]
+        episodes = [r for r in evals if "tools" in r["request"]]  # the rest: the retention task's (colors)
+        called = [r for r in episodes if (r["response"]["choices"][0]["message"].get("tool_calls"))]
+        assert len(called) == 2 and all(r["request"]["tools"] == TOOLS for r in episodes), json.dumps(evals[:1])[:800]
+        assert len(evals) - len(episodes) == 2 * 32  # the retention task, base and candidate
+        assert cand["retention"]["n"] == 32 and rels["base_retention"]["n"] == 32, cand
     finally:
         s.stop()
 

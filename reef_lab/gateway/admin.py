@@ -78,6 +78,7 @@ class Admin:
         serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
+               "base_retention": idx.get("base_retention"),
                "hub_main": idx.get("hub_main")}
         ln = self.learners.running(name)
         if ln is not None:

@@ -130,6 +130,8 @@ class Learner(LearnerLoop, RecordHolder):
         self._policy_steps_since_candidate = 0
         self._held_out: HeldOut | None = None
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
+        self._retention_task = make_task(self.config.retention_task) if self.config.retention_task else None
+        self._retention: HeldOut | None = None
         self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
@@ -405,7 +407,8 @@ class Learner(LearnerLoop, RecordHolder):
             raise
         self._consume(used)
         self._since_candidate = self._since_candidate[len(used):]
-        self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric)
+        self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric,
+                             retention=self._retention_set())
 
     def publish(self, cid: str) -> dict:
         """Candidate -> release vN+1 through the releaser; on any failure the scenario stays on its release."""
@@ -418,6 +421,14 @@ class Learner(LearnerLoop, RecordHolder):
             self._held_out = HeldOut(self._task, self._task.items(self.config.eval_size, self.config.eval_seed),
                                      self.config.eval_max_tokens)
         return self._held_out
+
+    def _retention_set(self) -> HeldOut | None:
+        if self._retention_task is None:
+            return None
+        if self._retention is None:
+            self._retention = HeldOut(self._retention_task, self._retention_task.items(
+                self.config.retention_size, self.config.eval_seed), self.config.retention_max_tokens)
+        return self._retention
 
     @property
     def evaluates(self) -> bool:

@@ -127,6 +127,13 @@ class LearnConfig:
         "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
     eval_size: int = field(default=64, metadata={"client_max": 1024, "help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
+    retention_task: TaskConfig | None = field(default_factory=lambda: TaskConfig(name="colors"), metadata={
+        "help": "a second held-out task every candidate is also scored on, beside the serving release: what a "
+                "release keeps (or loses) of what it was not trained on; informational, never gating. Default colors, "
+                "which the base model mostly gets right; null: off"})
+    retention_size: int = field(default=32, metadata={"client_max": 1024, "help": "retention items per evaluation"})
+    retention_max_tokens: int = field(default=12, metadata={"client_max": 4096,
+        "help": "max_tokens of the greedy retention answers"})
     eval_max_tokens: int = field(default=32, metadata={"client_max": 4096,
         "help": "max_tokens of the greedy held-out answers"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
@@ -144,8 +151,8 @@ class LearnConfig:
         if self.selection in ("no_regression", "strict_gain") and not self.eval_task:
             raise ValueError(f"selection {self.selection!r} compares held-out scores: give an eval_task "
                              "(e.g. {name: arithmetic}) or use selection 'always' or 'review'")
-        if self.steps_per_candidate < 1 or self.eval_size < 1:
-            raise ValueError("steps_per_candidate and eval_size must be at least 1")
+        if self.steps_per_candidate < 1 or self.eval_size < 1 or self.retention_size < 1:
+            raise ValueError("steps_per_candidate, eval_size and retention_size must be at least 1")
 
 
 def evolved(recipe) -> set[str]:

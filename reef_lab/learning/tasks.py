@@ -17,6 +17,7 @@ own `score_answer` gives partial credit for near misses, which would blur an acc
 
 from __future__ import annotations
 
+import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
 @dataclass
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
-        "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
+        "help": "arithmetic (reasoning-gym basic_arithmetic), colors (the answer is in the question; the default "
+                "retention task), jsonl (question/answer rows), choice (multiple "
                 "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
                 "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
@@ -75,7 +77,8 @@ class TaskConfig:
             raise ValueError(f"task name must be one of {sorted(TASKS) + sorted(TOOL_TASKS)} or a module:Class "
                              f"path, got {self.name!r}")
         if self.system_prompt is None:
-            self.system_prompt = DEFAULT_SYSTEM_PROMPT if self.name in TASKS else ""
+            self.system_prompt = "" if self.name not in TASKS else (
+                "Answer in one short sentence." if self.name == "colors" else DEFAULT_SYSTEM_PROMPT)
         # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
         # and checks its own options
         task_class(self.name).check_config(self)
@@ -153,6 +156,31 @@ class ArithmeticTask(VerifiedTask):
         return [self._item(f"arith-{seed}-{i}", x["question"], str(x["answer"])) for i, x in enumerate(ds)]
 
 
+COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
+THINGS = ("the kite", "the bucket", "the scarf", "the door", "the mug", "the bicycle", "the tent", "the lamp", "the boat",
+          "the hat", "the fence", "the sofa", "the ball", "the truck", "the umbrella", "the shirt", "the chair",
+          "the vase", "the book", "the balloon", "the car", "the towel", "the box", "the pencil", "the bag",
+          "the roof", "the flag", "the shoe", "the cup", "the kettle", "the rug", "the bottle")
+
+
+class ColorsTask(VerifiedTask):
+    """'The kite is green. What color is the kite?': the answer is in the question (as in OLMo's copycolors); the
+    verifier reads which of ten colours the reply names first. Generated, so it needs no data: a retention task the
+    base model can do (docs/learning.md), which a release should not lose while it learns something else."""
+
+    def items(self, n: int, seed: int) -> list[dict]:
+        rng = random.Random(seed)
+        labels = [chr(ord("A") + k) for k in range(len(COLORS))]
+        out = []
+        for i in range(n):
+            thing, k = rng.choice(THINGS), rng.randrange(len(COLORS))
+            item = self._item(f"colors-{seed}-{i}", f"{thing.capitalize()} is {COLORS[k]}. What color is {thing}?",
+                              labels[k])
+            item.update(choices=labels, options=dict(zip(labels, COLORS, strict=True)))
+            out.append(item)
+        return out
+
+
 class JsonlTask(VerifiedTask):
     """Question/answer rows of a json lines file or a `datasets` folder, shuffled by the seed."""
 
@@ -220,7 +248,7 @@ class ChoiceTask(JsonlTask):
         return item
 
 
-TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
+TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask, "colors": ColorsTask}
 # Tool tasks (episodes with tool calls; reef_lab/learning/tool_tasks.py), imported when named
 TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl": "reef_lab.learning.bfcl:BfclTask"}
 

@@ -176,42 +176,54 @@ class Releaser:
 
     def submit(self, scenario: str, cid: str, selection: str = "always", held_out: HeldOut | None = None,
                scores: dict | None = None, serving_scores: dict | None = None,
-               log_row: Log | None = None) -> dict:
+               log_row: Log | None = None, retention: HeldOut | None = None) -> dict:
         """Judge candidate `cid` and release it when the policy accepts: its held-out `scores` as given (a harness
-        search scores its own candidates) or computed on `held_out`. Returns the candidate's entry, with
-        `release` set when it serves. Any error: the candidate is `failed` with it, serving stays, and it
-        raises."""
+        search scores its own candidates) or computed on `held_out`. `retention`: a second task the candidate and
+        what serves are both scored on (what the release keeps of what it was not trained on; never gating).
+        Returns the candidate's entry, with `release` set when it serves. Any error: the candidate is `failed`
+        with it, serving stays, and it raises."""
         try:
             cand = self._store.candidate(scenario, cid)
-            if scores is None and held_out is not None:
-                scores = self._evaluate_candidate(scenario, cid, cand, held_out)
+            kept = serving_kept = None
+            if (scores is None and held_out is not None) or retention is not None:
+                computed, kept = self._evaluate_candidate(scenario, cid, cand, held_out if scores is None else None,
+                                                          retention)
+                scores = computed if scores is None else scores
             if serving_scores is None and held_out is not None:
                 serving_scores = self.serving_eval(scenario, held_out, log_row)
+            if retention is not None:
+                serving_kept = self.serving_eval(scenario, retention, log_row, key="retention")
             verdict, reason = select(selection, scores, serving_scores)
         except Exception as e:
             self.fail(scenario, cid, e, log_row)
             raise
         status = STATUS[verdict]
         entry = self._store.update_candidate(scenario, cid, status="evaluated" if verdict == "accepted" else status,
-                                             eval=scores, serving_eval=serving_scores, reason=reason)
+                                             eval=scores, serving_eval=serving_scores, reason=reason,
+                                             **({"retention": kept, "serving_retention": serving_kept} if kept else {}))
         if log_row is not None:
             log_row({"event": "candidate", "candidate": cid, "status": status, "reason": reason,
                      "trainer_step": cand.get("trainer_step"),
                      "accuracy": scores["accuracy"] if scores else None,
                      "serving_accuracy": serving_scores["accuracy"] if serving_scores else None,
+                     **({"retention_accuracy": kept["accuracy"],
+                         "serving_retention_accuracy": serving_kept["accuracy"]} if kept else {}),
                      "examples": (scores or {}).get("examples")})
         if verdict == "accepted":
             rel = self.release_candidate(scenario, cid, log_row)
             entry = {**self._store.candidate(scenario, cid), "release": rel}
         return entry
 
-    def _evaluate_candidate(self, scenario: str, cid: str, cand: dict, held_out: HeldOut) -> dict:
+    def _evaluate_candidate(self, scenario: str, cid: str, cand: dict, held_out: HeldOut | None,
+                            retention: HeldOut | None = None) -> tuple[dict | None, dict | None]:
+        """The candidate's scores on `held_out` and on `retention` (None where not asked), loaded once."""
         if cand.get("kind") == "harness":
             raise Conflict("a harness candidate brings its own scores (the search that made it scored it)")
         key = f"{scenario}:{cid}"
         self.engine.load_release(key, self.candidate_folder(scenario, cid))
         try:
-            return self.evaluate(scenario, key, held_out, cid)
+            return tuple(self.evaluate(scenario, key, h, cid) if h is not None else None
+                         for h in (held_out, retention))
         finally:
             self.engine.unload(key)
 
@@ -235,22 +247,24 @@ class Releaser:
                 "examples": [{"id": it["id"], "answer": it.get("answer"), "text": t, "score": sc}
                              for it, t, sc in list(zip(items, texts, scores, strict=True))[:8]]}
 
-    def serving_eval(self, scenario: str, held_out: HeldOut, log_row: Log | None = None) -> dict:
-        """Held-out accuracy of what serves now (computed once per release, kept in the index)."""
+    def serving_eval(self, scenario: str, held_out: HeldOut, log_row: Log | None = None, key: str = "eval") -> dict:
+        """Held-out accuracy of what serves now (computed once per release, kept in the index under `key`: the
+        release's `eval` or `retention`, the base's `base_eval` or `base_retention`)."""
         serving = self._store.serving(scenario)
-        if serving is not None and serving.get("eval"):
-            return serving["eval"]
+        if serving is not None and serving.get(key):
+            return serving[key]
         if serving is None:
             idx = self._store.index(scenario)
-            if idx.get("base_eval"):
-                return idx["base_eval"]
+            if idx.get(f"base_{key}"):
+                return idx[f"base_{key}"]
             result = self.evaluate(scenario, BASE, held_out)
-            self._store.update_index(scenario, base_eval=result)
+            self._store.update_index(scenario, **{f"base_{key}": result})
             if log_row is not None:
-                log_row({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
+                name = "accuracy" if key == "eval" else f"{key}_accuracy"
+                log_row({"event": "eval", "release_id": BASE, name: result["accuracy"]})
             return result
         result = self.evaluate(scenario, self._weights_key(serving), held_out)  # the serving harness applies
-        self._store.update_release(scenario, serving["version"], eval=result)
+        self._store.update_release(scenario, serving["version"], **{key: result})
         return result
 
     # ---- releasing ------------------------------------------------------------------------------------------

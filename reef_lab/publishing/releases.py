@@ -115,7 +115,7 @@ class ReleaseStore:
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa", "request")},
+                                                   "retention", "trainer_step", "gepa", "request")},
                        **({"kind": cand["kind"]} if cand.get("kind") else {})}
             return self._serve_new(scenario, idx, cand, release)
 
@@ -150,6 +150,7 @@ class ReleaseStore:
                        "created_at": time.time(), "folder": str(dst),
                        "trainer_step": cand.get("trainer_step") if weights_new else (prev or {}).get("trainer_step"),
                        "eval": cand.get("eval") if weights_new else None, "component_eval": cand.get("eval"),
+                       "retention": cand.get("retention") if weights_new else None,
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "gepa")}}
             return self._serve_new(scenario, idx, cand, release)
 
