@@ -38,7 +38,8 @@ with app.setup:
     from apps.launch import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
-    PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out and retention accuracy (95% CI)"), ("loss", "policy loss"),
+    PANELS = [("reward_mean", "batch reward"),
+              ("accuracy", "held-out and retention accuracy (95% CI)"), ("loss", "policy loss"),
               ("masked_fraction", "masked-token fraction"), ("value_abs_error", "value error |V - target|"),
               ("staleness_mean", "staleness (policy steps)")]
     # Titles of the numbers reports carry in metadata, averaged per step by the learner (`report_<key>`); any other

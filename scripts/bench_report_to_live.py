@@ -9,8 +9,9 @@ selection always, a 16-item held-out arithmetic evaluation and the default reten
 engines (what vLLM's in-place reload takes); a client asks 8 arithmetic questions (GRPO: 2 prompts x 4) through the
 OpenAI SDK and reports each; the last report starts the clock, and the client asks again until an answer comes from
 release v1 (`x-reef-release-id`). The learner's own metrics rows (their wall times) split the wait into: queue (the
-report to the step's start: the learner waking, draining its queue and, on its first round, loading the trainer), train (the step), candidate (export, held-out and retention evaluation, selection),
-release (load, route) and first answer (the release serving to the client's first answer from it).
+report to the step's start: the learner waking, draining its queue and, on its first round, loading the trainer),
+train (the step), candidate (export, held-out and retention evaluation, selection), release (load, route) and first
+answer (the release serving to the client's first answer from it).
 Writes results/report-to-live.{json,md,png} (or --out). Runs alternate engines within a repeat.
 """
 

@@ -157,8 +157,8 @@ class ArithmeticTask(VerifiedTask):
 
 
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
-THINGS = ("the kite", "the bucket", "the scarf", "the door", "the mug", "the bicycle", "the tent", "the lamp", "the boat",
-          "the hat", "the fence", "the sofa", "the ball", "the truck", "the umbrella", "the shirt", "the chair",
+THINGS = ("the kite", "the bucket", "the scarf", "the door", "the mug", "the bicycle", "the tent", "the lamp",
+          "the boat", "the hat", "the fence", "the sofa", "the ball", "the truck", "the umbrella", "the shirt", "the chair",
           "the vase", "the book", "the balloon", "the car", "the towel", "the box", "the pencil", "the bag",
           "the roof", "the flag", "the shoe", "the cup", "the kettle", "the rug", "the bottle")
 
