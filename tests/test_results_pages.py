@@ -15,6 +15,27 @@ ROOT = Path(__file__).resolve().parents[1]
 MACHINE = ("/tmp/", "/root/", "/work/")
 
 
+def machine_paths(root: Path) -> list[str]:
+    """`page:line: text` of every results page line that names a machine path."""
+    return [f"{page.relative_to(root)}:{n}: {line.strip()[:160]}"
+            for page in sorted((root / "results").glob("*.md"))
+            for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+            if any(m in line for m in MACHINE)]
+
+
+def test_no_results_page_names_a_machine_path():
+    assert machine_paths(ROOT) == [], "write run folders as runs/<name> (see scripts/command_line.py)"
+
+
+def test_the_page_check_fails_on_a_temporary_folder(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.md").write_text(
+        "# A\n\nCommand: `python scripts/x.py --out runs/a`\n\n    python scripts/y.py --out /tmp/s35/y\n\n"
+        "- `python scripts/serve.py --data-dir /root/data`\n| x | in `<agent home>/reef-harness` |\n")
+    assert machine_paths(tmp_path) == ["results/a.md:5: python scripts/y.py --out /tmp/s35/y",
+                                       "results/a.md:7: - `python scripts/serve.py --data-dir /root/data`"]
+
+
 def tmp_defaults(root: Path) -> list[str]:
     """`script:line` of every argparse default in scripts/ that is a temporary folder."""
     found = []
