@@ -32,6 +32,7 @@ import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 
 SCENARIO = "r2l"
@@ -115,17 +116,19 @@ def one(recipe: str, engine: str, k: int, work: Path, model_path: str | None, ti
     phases = {"queue": step_start - t_report, "train": step["train_s"], "candidate": cand["time"] - step["time"],
               "release": release["time"] - cand["time"], "first_answer": t_live - release["time"]}
     total = t_live - t_report
-    return {"recipe": recipe, "engine": engine, "repeat": k, "command": " ".join(cmd[1:]), "report_to_live_s":
+    return {"recipe": recipe, "engine": engine, "repeat": k, "command": command_line(cmd[1:]), "report_to_live_s":
             round(total, 2), "phases_s": {p: round(v, 2) for p, v in phases.items()},
             "train_share": round(phases["train"] / total, 3), "swap_s": release.get("swap_s"), "polls": asked}
 
 
 def write(rows: list[dict], out: Path, argv: list[str]) -> None:
-    out.with_suffix(".json").write_text(json.dumps({"command": " ".join(["python", *argv]), "runs": rows}, indent=1))
+    command = command_line(argv)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": rows}, indent=1))
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         cells.setdefault((r["recipe"], r["engine"]), []).append(r)
-    lines = ["# Report to live", "", f"Command: `python {' '.join(argv)}` (written "
+    lines = ["# Report to live", "", f"Command: `{command}` (written "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 2 CPUs shared with other work).", "",
              "From the report that completes a batch of 8 to the first answer served by the release trained on it "
              "(medians over repeats, seconds); the phases come from the learner's own metrics rows.", "",

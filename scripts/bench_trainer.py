@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
+from scripts.command_line import command_line  # noqa: E402
+
 TOPICS = ["a lighthouse keeper", "a coral reef", "a lost robot", "a mountain village", "a deep-sea diver",
           "an old library", "a desert caravan", "a city at night", "a clockmaker", "a migrating whale",
           "a small bakery", "a space station", "a forest fire", "a chess champion", "a river delta", "a storm"]
@@ -176,7 +178,7 @@ def main() -> None:
     summ = {k: summary(k) for k in ("reef_lab_tok_s", "trl_tok_s", "ratio", "reef_lab_s_per_step", "trl_s_per_step")}
     ratio_of_medians = summ["reef_lab_tok_s"]["median"] / summ["trl_tok_s"]["median"]
     verdict = "holds" if summ["ratio"]["median"] >= 1.0 else "does NOT hold"
-    command = "HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_trainer.py " + " ".join(sys.argv[1:])
+    command = command_line(program="HF_HUB_OFFLINE=1 .venv/bin/python")
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
                 "python": platform.python_version(), "cpu_count": os.cpu_count(), "threads": args.threads}
     meta = {"command": command.strip(), "params": n_params, "vocab": len(tok), "batch": args.batch,

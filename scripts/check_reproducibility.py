@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from scripts.command_line import command_line  # noqa: E402
+
 RUNS = Path("runs/reproducibility")
 
 COMMANDS = {
@@ -79,7 +82,7 @@ def run_twice(name: str) -> dict:
         outs.append(out)
         measured.append((*losses_and_weights(name, ROOT / out), round(time.perf_counter() - started)))
     (la, wa, oa, ta), (lb, wb, ob, tb) = measured
-    return {"name": name, "command": " ".join(["python", *COMMANDS[name](RUNS / f"{name}-a")[1:]]),
+    return {"name": name, "command": command_line(COMMANDS[name](RUNS / f"{name}-a")[1:]),
             "losses": [la, lb], "weights": [wa, wb], "other": [oa, ob], "wall_s": [ta, tb],
             "identical": la == lb and wa == wb}
 
@@ -87,7 +90,7 @@ def run_twice(name: str) -> dict:
 def write(results: list[dict], path: Path) -> None:
     path.with_suffix(".json").write_text(json.dumps(results, indent=1))
     lines = ["# Same seed, same run", "",
-             "Command: `python scripts/check_reproducibility.py` (each run twice; the second beside a busy loop "
+             f"Command: `{command_line()}` (each run twice; the second beside a busy loop "
              "spinning on one of the two cores). Written " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + ".",
              ""]
     for r in results:

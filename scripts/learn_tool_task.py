@@ -42,6 +42,7 @@ from reef_lab.learning.tasks import make_task  # noqa: E402
 from reef_lab.learning.tool_demos import calculator_episode, turn_records  # noqa: E402
 from reef_lab.learning.tool_tasks import ToolTask  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
@@ -363,7 +364,7 @@ def main() -> None:
                          "round made (on-policy), new items each round")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
     ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
-    ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
+    ap.add_argument("--data-dir", default="runs/learn-tool-task", help="one server data dir per seed below it")
     ap.add_argument("--out", default="results/agents-learn")
     args = ap.parse_args()
 
@@ -383,7 +384,7 @@ def main() -> None:
     if steps * rc["batch_size"] != args.samples or steps != rc["steps_per_candidate"]:
         raise SystemExit(f"--samples {args.samples} must be steps_per_candidate x batch_size of {args.recipe_config} "
                          f"({rc['steps_per_candidate']} x {rc['batch_size']}): one release from one pass")
-    out = {"command": " ".join(["python", *sys.argv]), "args": vars(args), "recipe_config": rc, "steps": steps,
+    out = {"command": command_line(), "args": vars(args), "recipe_config": rc, "steps": steps,
            "runs": {}}
     if args.skip_base:
         out["runs"]["base"] = json.loads(Path(f"{args.out}.json").read_text())["runs"]["base"]
