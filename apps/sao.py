@@ -34,7 +34,7 @@ with app.setup:
     ROOT = Path(__file__).resolve().parents[1]
 
     from apps.shared import (STEP, answers_html, eval_answers, figure, fit_axes, hub_cell, link, mean_ci, progress_html,
-                             run_status, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
+                             run_status, shown, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
     from apps.launch import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
@@ -405,7 +405,8 @@ def _(example, example_ui, lr_ui, out_ui, rollouts_ui, seed_ui):
         overrides["rollouts"] = int(rollouts_ui.value)
     _out = Path(out_ui.value).expanduser()
     launch_dir = (_out if _out.is_absolute() else ROOT / _out) / f"{example['name']}-seed{int(seed_ui.value)}"
-    launch_cmd = (f"python scripts/run_experiment.py {example_ui.value} --seed {int(seed_ui.value)} --out {launch_dir}"
+    launch_cmd = (f"python scripts/run_experiment.py {example_ui.value} --seed {int(seed_ui.value)} "
+                  f"--out {shown(launch_dir)}"
                   + "".join(f" --set {k}={yaml_value(v)}" for k, v in overrides.items()))
     return launch_cmd, launch_dir, launch_error, overrides
 
