@@ -5,7 +5,7 @@ release tensors compared bit for bit (results/reproducibility.md).
     .venv/bin/python scripts/check_reproducibility.py --only sft   # one of them
 
 - `experiment`: scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml at seed 0 with a 64-rollout budget
-  (4 policy steps, one candidate; `deterministic`, the default: rounds of max_pool, one request at a time);
+  (2 critic warm-up steps, 2 policy steps, one candidate released on 32 held-out items; `deterministic`, the default: rounds of max_pool, one request at a time);
 - `sft`: scripts/learn_tool_task.py's SFT stage at seed 0 (64 calculator demonstration turns imported over HTTP,
   8 steps, one release) and its held-out calculator episodes.
 Each run goes to runs/reproducibility/<name>-<a|b>; the page lists every step's loss of both runs.
@@ -31,6 +31,7 @@ RUNS = Path("runs/reproducibility")
 COMMANDS = {
     "experiment": lambda out: [sys.executable, "scripts/run_experiment.py", "recipes/sao/examples/arithmetic.yaml",
                                "--seed", "0", "--set", "rollouts=64", "--set", "recipe_config.eval_size=32",
+                               "--set", "recipe_config.steps_per_candidate=2",
                                "--out", str(out)],
     "sft": lambda out: [sys.executable, "scripts/learn_tool_task.py", "--seeds", "0", "--no-base", "--policy", "none",
                         "--tasks", "calculator", "--n", "10", "--data-dir", str(out / "data"), "--out",
@@ -38,8 +39,12 @@ COMMANDS = {
 }
 
 
+TIMES = {"time", "train_s", "step_s", "wall_s"}  # how long a step took is the one thing allowed to differ
+
+
 def losses_and_weights(name: str, out: Path) -> tuple[list[float], dict[str, str], dict]:
-    """The run's step losses (in order), a digest of each release's tensors, and what else it measured."""
+    """The run's step losses (in order), a digest of each release's tensors, and what else it measured: every
+    number of every step row (value losses, gradient norms, ...) and every eval, hashed, times left out."""
     import torch
     from safetensors.torch import load_file
 
@@ -53,14 +58,16 @@ def losses_and_weights(name: str, out: Path) -> tuple[list[float], dict[str, str
                 h.update(key.encode())
                 h.update(tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         digests[folder.name] = h.hexdigest()[:16]
-    other = {}
+    numbers = [{k: v for k, v in r.items() if k not in TIMES} for r in rows if r["event"] in ("step", "eval")]
+    other = {"step and eval rows": f"{len(numbers)}, sha256 "
+                                   + hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()[:16]}
     if name == "sft":
         result = json.loads((out / "agents-learn.json").read_text())["runs"]["tools-sft-s0"]["eval"]["calculator"]
-        other = {"calculator": f"{result['success']}/{result['n']}",
+        other |= {"calculator": f"{result['success']}/{result['n']}",
                  "valid": f"{result['episodes_with_valid_calls']}/{result['n']}"}
     else:
         summary = json.loads((out / "summary.json").read_text())
-        other = {"final_accuracy": summary.get("final_accuracy")}
+        other |= {"final_accuracy": summary.get("final_accuracy"), "serving": summary.get("serving")}
     return [r["loss"] for r in rows if r["event"] == "step" and r.get("loss") is not None], digests, other
 
 
@@ -84,7 +91,7 @@ def run_twice(name: str) -> dict:
     (la, wa, oa, ta), (lb, wb, ob, tb) = measured
     return {"name": name, "command": command_line(COMMANDS[name](RUNS / f"{name}-a")[1:]),
             "losses": [la, lb], "weights": [wa, wb], "other": [oa, ob], "wall_s": [ta, tb],
-            "identical": la == lb and wa == wb}
+            "identical": la == lb and wa == wb and oa == ob}
 
 
 def write(results: list[dict], path: Path) -> None:
