@@ -1,4 +1,4 @@
-"""Imports flow one way (DESIGN.md): the core imports no server, recipe, app or script; recipes import the core only,
+"""Imports flow one way (docs/architecture.md): the core imports no server, recipe, app or script; recipes import the core only,
 and never one another; the server, apps and scripts sit on top. Checked on every module's import statements."""
 
 from __future__ import annotations
@@ -166,3 +166,42 @@ def test_the_repository_folders_import_from_anywhere_in_its_venv(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Room -> the rooms it imports: a room is a package under reef_lab/ or one of its top-level modules; every
+    absolute `reef_lab.X` import in any of its modules (function-level ones too) counts."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((root / "reef_lab").rglob("*.py")):
+        parts = path.relative_to(root / "reef_lab").parts
+        room = parts[0].removesuffix(".py")
+        for _, module in imports(path):
+            names = module.split(".")
+            if names[0] == "reef_lab" and len(names) > 1 and names[1] != room and room != "__init__":
+                graph.setdefault(room, set()).add(names[1])
+    return graph
+
+
+def documented_graph(text: str) -> dict[str, set[str]]:
+    block = text.split("```imports\n", 1)[1].split("```", 1)[0]
+    return {room.strip(): set(targets.split()) for room, targets in
+            (line.split("->") for line in block.splitlines() if line.strip())}
+
+
+def test_architecture_md_is_the_import_graph():
+    """docs/architecture.md's table is the code's import graph between rooms: an arrow added or removed in the code
+    is added or removed there in the same commit."""
+    documented = documented_graph((ROOT / "docs" / "architecture.md").read_text())
+    actual = import_graph(ROOT)
+    missing = {r: sorted(t - documented.get(r, set())) for r, t in actual.items() if t - documented.get(r, set())}
+    stale = {r: sorted(t - actual.get(r, set())) for r, t in documented.items() if t - actual.get(r, set())}
+    assert not missing and not stale, (f"docs/architecture.md's import table is out of date: imports not listed "
+                                       f"{missing}; listed but no longer imported {stale}")
+
+
+def test_the_architecture_check_sees_a_new_arrow(tmp_path):
+    (tmp_path / "reef_lab" / "records").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "records" / "store.py").write_text("def f():\n    from reef_lab.gateway import x\n")
+    (tmp_path / "reef_lab" / "errors.py").write_text("import os\n")
+    assert import_graph(tmp_path) == {"records": {"gateway"}}
+    assert documented_graph("x\n```imports\nrecords -> errors\n```\n") == {"records": {"errors"}}

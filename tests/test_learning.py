@@ -2,7 +2,7 @@
 
 Each smoke test drives the real gateway in-process: inferences through the embedded engine, reports with scores,
 the learner training in its thread, a candidate evaluated on a held-out arithmetic set, release v1 published and
-routed. They check what DESIGN.md asks of every recipe: a finite loss, every trainable parameter changed, and the
+routed. They check what every recipe must do (docs/extending.md): a finite loss, every trainable parameter changed, and the
 release serving the scenario's next request.
 """
 
