@@ -205,3 +205,17 @@ def test_the_architecture_check_sees_a_new_arrow(tmp_path):
     (tmp_path / "reef_lab" / "errors.py").write_text("import os\n")
     assert import_graph(tmp_path) == {"records": {"gateway"}}
     assert documented_graph("x\n```imports\nrecords -> errors\n```\n") == {"records": {"errors"}}
+
+
+def test_one_tool_call_parser():
+    """Generated text is read for tool calls in one place, reef_lab/engines/tools.py: no other module compiles a
+    pattern for, or scans text by, the `<tool_call>` tag (issue 40: learning/tool_tasks.py had a second parser)."""
+    import re
+
+    scans = re.compile(r"(re\.(compile|finditer|findall|search|match|split)\([^)]*tool_call)|"
+                       r"(\.(find|index|split|partition)\([^)]*<tool_call>)")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "reef_lab").rglob("*.py"))
+             if p != ROOT / "reef_lab" / "engines" / "tools.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if scans.search(line)]
+    assert found == []
+    assert scans.search('TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)")')  # what the old second parser did

@@ -13,7 +13,7 @@ import pytest
 from reef_lab.learning.bfcl import CATEGORIES, BfclTask, ast_check, data_folder, load_category, openai_tool
 from reef_lab.learning.tasks import TaskConfig, make_task
 from reef_lab.learning.tool_tasks import (CALCULATOR_TOOLS, CalculatorTask, OpenAIToolChat, TextToolChat, check_call,
-                                          hermes_messages, parse_tool_calls)
+                                          hermes_messages, parse_tool_calls, text_reply, tool_calls_of)
 
 
 def call(name, args, raw=False, i=0):
@@ -23,21 +23,26 @@ def call(name, args, raw=False, i=0):
 
 # ---- parsing and checking calls ----------------------------------------------------------------------------------------
 def test_parse_hermes_tool_calls():
+    """Read by the engines' parser (the one parser): a block naming one of the tools is a call; anything else stays
+    in the text and is listed."""
     text = ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
             '<tool_call>{"name": "mul", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>')
-    content, calls, errors = parse_tool_calls(text)
+    content, calls, errors = parse_tool_calls(text, CALCULATOR_TOOLS)
     assert content == "Let me add." and errors == []
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("add", {"a": 1, "b": 2}), ("mul", {"a": 3, "b": 4})]
     assert [c["id"] for c in calls] == ["call_0", "call_1"]
-    # an unterminated last block (the reply hit max_tokens after the JSON) is still a call
-    assert parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}')[1][0]["function"][
-        "name"] == "add"
-    # a block that is no {name, arguments} object stays in the text and is reported
-    content, calls, errors = parse_tool_calls("<tool_call>{add 1 2}</tool_call> so 3")
-    assert calls == [] and "<tool_call>{add 1 2}</tool_call> so 3" == content and "not JSON" in errors[0]
-    assert parse_tool_calls("<tool_call>[1, 2]</tool_call>")[2][0].startswith("a <tool_call> block that is not")
-    assert parse_tool_calls("The answer is 12.") == ("The answer is 12.", [], [])
+    # as an engine answers: an unterminated block (max_tokens hit), a block that is not JSON, an unknown function
+    # all stay in the text, each reported, and count as invalid calls of the episode
+    for bad, why in [('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}', "no closing"),
+                     ("<tool_call>{add 1 2}</tool_call>", "not JSON"),
+                     ('<tool_call>{"name": "sub", "arguments": {}}</tool_call>', "unknown function 'sub'")]:
+        content, calls, errors = parse_tool_calls(bad + " so 3", CALCULATOR_TOOLS)
+        assert calls == [] and content == bad + " so 3" and why in errors[0], (bad, errors)
+        assert tool_calls_of([text_reply(bad, CALCULATOR_TOOLS)], CALCULATOR_TOOLS) == (
+            0, ["a <tool_call> the parser could not read"])
+    assert parse_tool_calls("The answer is 12.", CALCULATOR_TOOLS) == ("The answer is 12.", [], [])
+    assert parse_tool_calls(text, []) == (text, [], [])  # no tools: nothing is read as a call
 
 
 def test_check_call_against_the_calculator_schemas():

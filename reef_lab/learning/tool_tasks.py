@@ -17,22 +17,21 @@ engine today) with a Hermes-style prompt (`<tool_call>{"name": ..., "arguments":
 only by calling `add`/`mul` and answering with the result. The held-out function-calling set is BFCL v4
 (reef_lab/learning/bfcl.py). Measured base-model scores: docs/tool-tasks.md.
 
-The parser here is deliberately small and local: when the engines parse tool calls themselves (one parser for all
-engines), `OpenAIToolChat` against them is the path and `TextToolChat` stays for engines without tools.
+There is one tool-call parser, the engines' (reef_lab/engines/tools.py): `TextToolChat` and `text_reply` read a
+generated text with it, so a task run here and a reply served by an engine count the same calls.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from reef_lab.engines.tools import ToolUse, parse_turn
 from reef_lab.learning.tasks import Task, last_number, numbers_equal
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", flags=re.S)
 
 
 class ToolChat(Protocol):
@@ -133,32 +132,16 @@ def check_call(call: dict, tools: list[dict]) -> str | None:
     return f"{name}: " + "; ".join(errors) if errors else None
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
-    """(content, tool calls in OpenAI shape, errors) of generated text in the Hermes form: each
-    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block is a call (an unterminated last block too);
-    a block that is not such an object is an error and stays in the content, as the engines answer it: as text."""
-    calls, errors, kept = [], [], []
-    last = 0
-    for m in TOOL_CALL_RE.finditer(text):
-        body = m.group(1).strip()
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            obj, why = None, f"a <tool_call> block that is not JSON ({e.msg}): {body[:80]!r}"
-        else:
-            why = None if isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(
-                obj.get("arguments", {}), (dict, str)) else f"a <tool_call> block that is not {{name, arguments}}: " \
-                                                           f"{body[:80]!r}"
-        if why:
-            errors.append(why)
-            continue
-        kept.append(text[last:m.start()])
-        last = m.end()
-        args = obj.get("arguments", {})
-        calls.append({"id": f"call_{len(calls)}", "type": "function", "function": {
-            "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    content = ("".join(kept) + text[last:]).strip()
-    return content, calls, errors
+def parse_tool_calls(text: str, tools: list[dict]) -> tuple[str, list[dict], list[str]]:
+    """(content, tool calls in OpenAI shape, errors) of generated text in the Hermes form, read by the engines' own
+    parser (reef_lab.engines.tools.parse_turn), so an episode run here is read as serving reads it: a
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block naming one of `tools` is a call; any other
+    block (not JSON, an unknown function, no closing tag) stays in the content, as text, and is listed in errors."""
+    turn = parse_turn(ToolUse(tools) if tools else None, text)
+    calls = [{"id": f"call_{c.index}", "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments_json()}} for c in turn.calls]
+    errors = [f"a <tool_call> block that is not a call ({e['error']}): {e['text'][:80]!r}" for e in turn.errors]
+    return "".join(turn.texts).strip(), calls, errors
 
 
 def hermes_tools_prompt(tools: list[dict]) -> str:
@@ -207,7 +190,7 @@ class TextToolChat:
 
     def __call__(self, messages: list[dict], tools: list[dict]) -> dict:
         text = self.generate(hermes_messages(messages, tools))
-        content, calls, _ = parse_tool_calls(text)
+        content, calls, _ = parse_tool_calls(text, tools)
         reply = {"role": "assistant", "content": content or None, "raw_text": text}
         if calls:
             reply["tool_calls"] = calls
@@ -266,10 +249,10 @@ class ToolTask(Task):
 
     def score(self, item: dict, text: str) -> float:
         """One reply as a one-message episode (its Hermes tool calls parsed)."""
-        return self.score_episode(item, [text_reply(text)]).score
+        return self.score_episode(item, [text_reply(text, item["tools"])]).score
 
     def feedback(self, item: dict, text: str) -> str:
-        return self.score_episode(item, [text_reply(text)]).feedback
+        return self.score_episode(item, [text_reply(text, item["tools"])]).feedback
 
 
 def transcript_text(transcript: list[dict]) -> str:
@@ -286,8 +269,8 @@ def transcript_text(transcript: list[dict]) -> str:
     return " | ".join(parts)
 
 
-def text_reply(text: str) -> dict:
-    content, calls, _ = parse_tool_calls(text)
+def text_reply(text: str, tools: list[dict]) -> dict:
+    content, calls, _ = parse_tool_calls(text, tools)
     return {"role": "assistant", "content": content or None, **({"tool_calls": calls} if calls else {})}
 
 
