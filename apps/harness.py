@@ -8,7 +8,7 @@ a change request's words, GEPA's search, or a hand publish; the selection's verd
 release's files with a coloured diff to its parent and its request (summary, mutations, session), the requests in
 flight (queued, proposing, evaluating, waiting for a person's promote) and every request with its state and why.
 Read-only: release indexes (`releases/<scenario>/index.json`), release folders and request files
-(`requests/req_*.json`, reef_lab/harness_requests.py). Auto-refresh re-reads only when one of them changed.
+(`requests/req_*.json`, reef_lab/harness/change_requests.py). Auto-refresh re-reads only when one of them changed.
 """
 
 import marimo
@@ -27,8 +27,8 @@ with app.setup:
     import polars as pl
 
     from apps.shared import hub_cell, signature, tidy, utc
-    from reef_lab.harness import read_tree
-    from reef_lab.harness_requests import OPEN, RequestStore
+    from reef_lab.harness.tree import read_tree
+    from reef_lab.harness.change_requests import OPEN, RequestStore
 
     DATA_FILES = ("index.json", "*.json")
     PRE = "white-space: pre-wrap; overflow-wrap: anywhere; margin: 0.3em 0 0.8em; font-size: 0.85em"

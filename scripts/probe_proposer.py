@@ -4,7 +4,7 @@
     .venv/bin/python scripts/probe_proposer.py --base-url URL --model M   # any OpenAI-compatible endpoint
 
 For each request: the answer (cut), the seconds it took, and whether it is a mutation list reef_lab would accept
-(reef_lab/harness_requests.py: json_object, apply_mutations). docs/harness.md quotes what SmolLM2 answered.
+(reef_lab/harness/change_requests.py: json_object, apply_mutations). docs/harness.md quotes what SmolLM2 answered.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from reef_lab.engines.lm import make_lm
-from reef_lab.harness_requests import RequestConfig, Rejected, apply_mutations, json_object, proposer_messages
+from reef_lab.harness.change_requests import RequestConfig, Rejected, apply_mutations, json_object, proposer_messages
 
 HARNESS = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- Run the tests before you stop.\n"}
 REQUESTS = ["Always add a CHANGELOG entry when you change behaviour", "Add a skill for writing commit messages",

@@ -89,7 +89,7 @@ def get_request(request_id: str):
 
 @bp.get("/scenarios/<name>/requests")
 def list_requests(name: str):
-    from reef_lab.harness_requests import RequestStore
+    from reef_lab.harness.change_requests import RequestStore
 
     since = g.gateway.scenarios.get(name).since
     return json_response({"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)})
@@ -127,10 +127,10 @@ INSTALL_ARGS = {"adapter", "release_id", "scenario", "base_url", "model"}
 
 @bp.get("/harness/install")
 def harness_install():
-    """A POSIX sh script installing the scenario's harness release into a coding agent (reef_lab/agents/script.py):
+    """A POSIX sh script installing the scenario's harness release into a coding agent (harness/install/script.py):
     ?adapter=claude|codex|opencode|pi|files[&release_id=vN][&base_url=...][&model=...]; scenario from
     x-reef-scenario or ?scenario=."""
-    from reef_lab.agents.script import install_script
+    from reef_lab.harness.install.script import install_script
 
     unknown = sorted(set(request.args) - INSTALL_ARGS)
     if unknown:

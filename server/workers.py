@@ -40,7 +40,7 @@ from typing import Iterator
 
 import orjson
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import episodes, unanswered
 from reef_lab.gateway.gateway import Gateway
@@ -347,7 +347,7 @@ class RelayGateway:
                 raise BadRequest("the request body must be a JSON object")
             info = self.serving(name) or {"release_id": None, "system": None}
             harness = info["system"] is not None  # the primary parsed it once, at release
-            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (harness/install)
             sent = harness_mod.apply(dialect, body, info["system"]) if harness and not installed else body
             release = (installed or info["release_id"]) if harness else info["release_id"]
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,

@@ -64,7 +64,8 @@ class CLI:
         env = {"PATH": os.environ["PATH"], "HOME": str(self.home)}
         if self.token:
             env["REEF_TOKEN"] = self.token
-        return subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "agent", adapter, *args], cwd=self.cwd,
+        return subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "agent", adapter, *args],
+                              cwd=self.cwd,
                               env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
 
     def runs(self) -> list[dict]:
@@ -77,19 +78,19 @@ def ok(done: subprocess.CompletedProcess) -> str:
 
 
 def test_help_reads_well():
-    out = subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "agent", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "agent", "--help"], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0
     for word in ("install", "update", "versions", "report", "evolve", "doctor", "run", "REEF_TOKEN",
                  "~/reef-harness/<scenario>"):
         assert word in out.stdout
-    sub = subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "agent", "claude", "evolve", "--help"],
+    sub = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "agent", "claude", "evolve", "--help"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "--wait" in sub.stdout and "plain words" in sub.stdout
 
 
 def test_the_wrapper_s_options_may_lead_a_command_or_the_agent_s_arguments():
-    from reef_lab.agents.cli import parser, split_run
+    from reef_lab.harness.install.cli import parser, split_run
     a = parser().parse_args(split_run(["agent", "claude", "--scenario", "u", "evolve", "be brief", "--wait"]))
     assert (a.command, a.scenario, a.text, a.wait) == ("evolve", "u", "be brief", True)
     a = parser().parse_args(split_run(["agent", "codex", "--root=/r", "--url", "http://h:1", "versions"]))
@@ -260,7 +261,7 @@ def test_install_refuses_plain_http_to_another_host(tmp_path, monkeypatch):
                     ("install", "--url", "http://example.invalid:8900", "--scenario", "s")):
         done = cli(*command, adapter="files")
         assert done.returncode == 1 and "refusing plain http to" in done.stderr and "REEF_ALLOW_HTTP=1" in done.stderr
-    from reef_lab.agents.cli import Failed, check_url
+    from reef_lab.harness.install.cli import Failed, check_url
     for fine in ("https://reef.example:8900", "http://127.0.0.1:8900", "http://127.9.9.9", "http://[::1]:1",
                  "http://localhost:8900"):
         check_url(fine)

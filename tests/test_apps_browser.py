@@ -727,7 +727,7 @@ def test_ttt_app_draws_a_finished_and_a_running_run(browser, tiny_model_dir, tmp
 def test_harness_app_shows_the_chain_a_diff_and_a_request_arriving(browser, tmp_path):
     """Releases made by change requests (the scripted provider proposes), one rejected, then a new request while
     the page is open: it appears under the requests in flight by itself."""
-    from reef_lab.harness_requests import RequestStore
+    from reef_lab.harness.change_requests import RequestStore
     from tests.test_apps_harness import harness_data
 
     data = tmp_path / "data"

@@ -10,7 +10,7 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 from reef_lab.gateway import dialects
-from reef_lab.harness import apply, system_text
+from reef_lab.harness.tree import apply, system_text
 
 FILES = {"system_prompt.md": "You are terse.", "rules.md": "- Answer with a number.",
          "skills/add.md": "Add digit by digit.", "notes/why.txt": "kept, served, not applied"}
@@ -78,7 +78,7 @@ def test_harness_release_served_through_a_provider(proxy):
 
 
 def test_a_client_carrying_its_installed_release_gets_no_second_copy(proxy):
-    """x-reef-harness: the client has that release in its own files (reef_lab/agents): not applied again, and the
+    """x-reef-harness: the client has that release in its own files (harness/install): not applied again, and the
     record names it; a value that names no release of this scenario is refused."""
     u = proxy.url
     requests.post(u + "/reef/scenarios/h/harness", json={"files": FILES}).raise_for_status()

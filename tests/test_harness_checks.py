@@ -13,7 +13,7 @@ from recipes.gepa.recipe import GEPARecipeConfig
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.errors import BadRequest
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.harness_requests import RequestConfig, Rejected, apply_mutations
+from reef_lab.harness.change_requests import RequestConfig, Rejected, apply_mutations
 from tests.conftest import Running
 from tests.test_harness_requests import H, ask, live, settle  # noqa: F401 - live is a fixture
 

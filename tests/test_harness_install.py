@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from reef_lab.agents.layout import Binding, Rendered, parse_release, release_text, render
-from reef_lab.agents.script import render_script
-from reef_lab.harness import load
+from reef_lab.harness.install.layout import Binding, Rendered, parse_release, release_text, render
+from reef_lab.harness.install.script import render_script
+from reef_lab.harness.tree import load
 
 SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
 FILES = {"system_prompt.md": "You are careful.", "rules.md": "- RULE-ALPHA run the tests",

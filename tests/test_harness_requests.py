@@ -14,7 +14,7 @@ import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.harness_requests import RequestConfig, Rejected, RequestStore, apply_mutations, json_object
+from reef_lab.harness.change_requests import RequestConfig, Rejected, RequestStore, apply_mutations, json_object
 from tests.conftest import Running
 from tests.doubles.scripted_provider import ScriptedProvider
 

@@ -12,7 +12,7 @@ import requests
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.errors import BadRequest
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.harness_requests import RequestStore
+from reef_lab.harness.change_requests import RequestStore
 from reef_lab.publishing.hub import HubConfig
 from reef_lab.scenarios import NEW_NAME_MAX, check_name
 from tests.conftest import Running

@@ -20,7 +20,7 @@ import yaml
 
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.harness_requests import RequestStore
+from reef_lab.harness.change_requests import RequestStore
 from reef_lab.records.store import read_log
 from reef_lab.tenants import ROLES, Grant, Tenants, add_token, digest, read_tokens_file
 from server.access import HOT_ROUTES, ROUTES
@@ -342,7 +342,7 @@ def test_a_bad_tokens_file_is_refused_at_start_naming_the_entry(tmp_path, entry,
 
 def test_the_cli_adds_a_token_and_prints_it_once(tmp_path):
     path = tmp_path / "tokens.yaml"
-    out = subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "token", "add", "--file", str(path),
+    out = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "add", "--file", str(path),
                           "--role", "reader", "--scenario", "team-a-*", "--scenario", "solo", "--name", "alice"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -352,10 +352,10 @@ def test_the_cli_adds_a_token_and_prints_it_once(tmp_path):
     assert grant == Grant(digest(token)[:16], "reader", ("team-a-*", "solo"))
     second, _ = add_token(path, "agent", ["b"])
     assert len(read_tokens_file(path)) == 2 and second != token
-    hashed = subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "token", "hash"], input=token + "\n",
+    hashed = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "hash"], input=token + "\n",
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert hashed.stdout.strip() == digest(token)
-    bad = subprocess.run([sys.executable, "-m", "reef_lab.agents.cli", "token", "add", "--file", str(path),
+    bad = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "add", "--file", str(path),
                           "--role", "agent", "--scenario", "a/b"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert bad.returncode == 1 and "'scenarios' must be" in bad.stderr and len(read_tokens_file(path)) == 2

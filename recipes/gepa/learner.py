@@ -25,7 +25,7 @@ import orjson
 
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.errors import Conflict
-from reef_lab.harness_requests import ChangeRequests, LazyLM
+from reef_lab.harness.change_requests import ChangeRequests, LazyLM
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.recipe import LearnContext, RecordHolder
 from reef_lab.learning.tasks import make_task
@@ -64,7 +64,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self.search = Search(self.config.search_config(), self.system, reflection_lm, self.examples, val, serving,
                              self.dir / "gepa", on_event=tracker.log if tracker is not None else None)
         self._replay()
-        req_cfg = self.config.request_config()  # change requests in plain words: reef_lab/harness_requests.py
+        req_cfg = self.config.request_config()  # change requests in plain words: reef_lab/harness/change_requests.py
         proposer = LazyLM(lambda: ctx.make_lm(req_cfg.proposer_lm))  # None: the deployment's model (its upstream)
         self.requests = ChangeRequests(scenario, ctx.releaser, ctx.records, ctx.data_dir, proposer, req_cfg,
                                        recipe.name, self._evaluate_request)
@@ -87,7 +87,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         return rel
 
     def request_change(self, body: dict) -> dict:
-        """A change request in plain words (reef_lab/harness_requests.py), in mode manual or hybrid."""
+        """A change request in plain words (reef_lab/harness/change_requests.py), in mode manual or hybrid."""
         if self.config.mode == "auto":
             raise Conflict(f"scenario {self.scenario!r} evolves its harness in mode 'auto'; set mode 'manual' or "
                            "'hybrid' to take change requests")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
-from reef_lab.harness import load as load_harness
-from reef_lab.harness_requests import RequestConfig
+from reef_lab.harness.tree import load as load_harness
+from reef_lab.harness.change_requests import RequestConfig
 from reef_lab.engines.lm import LMSpec
 from reef_lab.learning.recipe import MODES, LearnContext
 from reef_lab.schema import check_fields
@@ -50,7 +50,8 @@ class GEPARecipeConfig:
         "help": "the reflection model (reef_lab.engines.lm.make_lm spec); default: the task model", "schema": LMSpec,
         "operator": True})
     requests: dict = field(default_factory=dict, metadata={
-        "help": "change requests in plain words (POST /reef/train {text}): reef_lab.harness_requests.RequestConfig "
+        "help": "change requests in plain words (POST /reef/train {text}): "
+                "reef_lab.harness.change_requests.RequestConfig "
                 "fields (selection review|evaluate|promote|always, proposer_lm, ...); executable content needs the "
                 "server's --harness-allow-executable 1",
         "schema": RequestConfig})

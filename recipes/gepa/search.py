@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.files import write_atomic
 from reef_lab.learning.tasks import Task, verdict
 from reef_lab.schema import check_fields

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from reef_lab.errors import Conflict
-from reef_lab.harness_requests import refuse_change
+from reef_lab.harness.change_requests import refuse_change
 from reef_lab.learning.recipe import LearnContext
 
 from .config import TTTDConfig

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
-from reef_lab.harness_requests import SESSION_ID, RequestStore
+from reef_lab.harness.change_requests import SESSION_ID, RequestStore
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
@@ -29,7 +29,7 @@ class Admin:
     # ---- harness releases -----------------------------------------------------------------------------------
     def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
         """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
-        requests. Checked like every harness release (reef_lab.harness.check_release): 400 before anything is
+        requests. Checked like every harness release (reef_lab.harness.tree.check_release): 400 before anything is
         written."""
         self.scenarios.ensure(name)
         files = body.get("files") if isinstance(body, dict) else None
@@ -60,7 +60,7 @@ class Admin:
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def train(self, scenario: str | None, body: Any = None) -> dict:
-        """One round now; with {"text": ...} a change request in plain words (reef_lab/harness_requests.py)."""
+        """One round now; with {"text": ...} a change request in plain words (reef_lab/harness/change_requests.py)."""
         name = check_name(scenario)
         self.scenarios.get(name)
         if name in self.learners.errors:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import orjson
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.engines.base import Engine, Relay
 from reef_lab.errors import BadRequest, NotFound, ReefError
 from reef_lab.gateway import dialects, episodes, unanswered
@@ -72,7 +72,7 @@ class Inference:
             serving = self._serving(name)
             harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
-            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
+            installed = harness_mod.installed_release(name, client_headers)  # the client carries it (harness/install)
             sent = harness_mod.apply(dialect, body, harness[1].system) if harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
             if installed and harness and not components:  # the record names the release the client carries

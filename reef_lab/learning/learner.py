@@ -147,7 +147,7 @@ class Learner(LearnerLoop, RecordHolder):
         return self.publish(candidate)
 
     def request_change(self, body: dict) -> dict:
-        from reef_lab.harness_requests import refuse_change
+        from reef_lab.harness.change_requests import refuse_change
 
         raise refuse_change(self.recipe.name)
 

@@ -62,7 +62,7 @@ class ScenarioLearner(Protocol):
 
     def request_change(self, body: dict) -> dict:
         """POST /reef/train {text, session?, release_id?}: a change request in plain words (harness learners,
-        reef_lab/harness_requests.py); Conflict where the recipe evolves no harness."""
+        reef_lab/harness/change_requests.py); Conflict where the recipe evolves no harness."""
 
     def promote(self, candidate: str) -> dict:
         """POST /reef/scenarios/{s}/promote: publish a candidate waiting for review (Conflict if not offered)."""

@@ -15,7 +15,7 @@ routes back) the scenario on the release it had, and raises. No other module wri
 - A harness release (and a composite's harness component) serves through the ServingTable that inference reads.
   Every harness is checked here before it serves, whoever made it (a person's publish, GEPA, a change request):
   its front matter parsed once within YAML's limits and nothing executable unless the operator allows it
-  (reef_lab.harness.check_release); serving uses that parsed tree and never reads YAML on a request.
+  (reef_lab.harness.tree.check_release); serving uses that parsed tree and never reads YAML on a request.
 - Every release is queued for the Hub (when a repo is configured); the publisher's push states come back here.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import BadRequest, Conflict, ReefError
 from reef_lab.publishing.releases import BASE, ReleaseStore, release_key

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from reef_lab.harness import Harness
+from reef_lab.harness.tree import Harness
 
 
 @dataclass(frozen=True)

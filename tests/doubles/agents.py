@@ -132,11 +132,11 @@ QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER":
 
 def run_wrapper(agent: str, args: list[str], home: Path, cwd: Path, timeout: float = 300,
                 **extra: str) -> AgentRun:
-    """`reef-lab agent <agent> <args>` (reef_lab/agents/cli.py) with its own HOME, in a process group of its own:
+    """`reef-lab agent <agent> <args>` (harness/install/cli.py) with its own HOME, in a process group of its own:
     the agent it starts replaces the wrapper's process, so the group holds the agent and everything it spawns."""
     cwd.mkdir(parents=True, exist_ok=True)
     env = _env(home, PYTHONPATH=str(ROOT), **QUIET, **extra)
-    cmd = [sys.executable, "-m", "reef_lab.agents.cli", "agent", agent, *args]
+    cmd = [sys.executable, "-m", "reef_lab.harness.install.cli", "agent", agent, *args]
     rc, out, err, secs = run_group(cmd, env, cwd, timeout)
     return AgentRun(agent, rc, secs, out, err, cmd)
 

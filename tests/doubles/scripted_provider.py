@@ -8,7 +8,7 @@ against a real provider:
   with a path and a content argument, `apply_patch`, or a shell tool), with the arguments that write that file;
 - turn 2 (a tool result is there): a short text answer, `Wrote the file.`;
 - any other request (an agent's side calls: titles, summaries): a short text answer;
-- reef_lab's change-request proposer (reef_lab/harness_requests.py, on chat completions): mutation JSON made from
+- reef_lab's change-request proposer (reef_lab/harness/change_requests.py, on chat completions): mutation JSON made from
   the request text: a rules entry and a skill `req-<hash>` that quote it; `REEF-PROPOSE <json>` in the request
   answers that JSON as it is, `REEF-PROPOSE-GARBAGE` answers prose; the reviewer accepts unless the request says
   `REEF-REJECT`.

@@ -6,7 +6,7 @@ harness of the release the person ran (`release_id`, else the serving one), and 
 conversation and feedback, and answers mutations as JSON: add, edit or remove a skill, a command, a rules entry or
 a file. The mutations are checked (names stay inside the tree, sizes, front matter written from name and
 description), applied to the serving harness, and the result passes the check every harness release passes
-(reef_lab.harness.check_release: front matter within YAML's limits, nothing executable unless the operator starts
+(reef_lab.harness.tree.check_release: front matter within YAML's limits, nothing executable unless the operator starts
 the server with --harness-allow-executable 1); it is a candidate. The recipe's selection decides: `review` (the proposer model reviews the diff), `evaluate` (the recipe's
 own evaluation, GEPA's validation set), `promote` (a person: POST /reef/scenarios/{s}/promote) or `always`. An
 accepted candidate is released as vN (and pushed to the Hub with the request in its card).
@@ -37,14 +37,14 @@ from typing import Any, Callable
 
 import orjson
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
 from reef_lab.files import write_json
 from reef_lab.gateway.dialects import request_messages, response_text
 from reef_lab.engines.lm import LMSpec
 from reef_lab.schema import check_fields
 
-log = logging.getLogger("reef_lab.harness_requests")
+log = logging.getLogger("reef_lab.harness.change_requests")
 
 STATES = ("queued", "proposing", "evaluating", "pending_review", "released", "rejected")
 OPEN = ("queued", "proposing", "evaluating")
@@ -243,7 +243,7 @@ def _one_line(value: Any, what: str, limit: int) -> str:
 def apply_mutations(files: dict[str, str], mutations: Any, cfg: RequestConfig,
                     allow_executable: bool = False) -> dict[str, str]:
     """The harness after `mutations` (a model's answer, so every field is checked); Rejected says what is wrong.
-    The result passes the check every harness release passes (reef_lab.harness.check_release; `allow_executable`:
+    The result passes the check every harness release passes (reef_lab.harness.tree.check_release; `allow_executable`:
     the operator's --harness-allow-executable, as the releaser holds it)."""
     if not isinstance(mutations, list) or not mutations:
         raise Rejected("'mutations' must be a non-empty list")

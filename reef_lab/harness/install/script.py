@@ -22,8 +22,8 @@ import hashlib
 import re
 import textwrap
 
-from reef_lab.agents.layout import FOLDER_ENV, KEY_ENV, RELEASE_FILE, Rendered
-from reef_lab.harness import Harness
+from reef_lab.harness.install.layout import FOLDER_ENV, KEY_ENV, RELEASE_FILE, Rendered
+from reef_lab.harness.tree import Harness
 
 _HEAD = r"""#!/bin/sh
 # shellcheck disable=SC2016 # file names are single-quoted on purpose: a '$(...)' in one is text, never run
@@ -188,7 +188,7 @@ def render_script(adapter: str, scenario: str, release_id: str, rendered: Render
     return seal("\n".join(lines))
 
 
-# ---- what `reef-lab agent install` checks before it runs a script (reef_lab/agents/cli.py) -----------------------
+# ---- what `reef-lab agent install` checks before it runs a script (cli.py) -----------------------------------
 END_MARK = "# reef_lab install script end; sha256 of all above: "
 _WHO = re.compile(r"# reef_lab harness install: scenario (.*), release (.*), for ([a-z]+)\.")
 
@@ -243,7 +243,7 @@ def _hint(adapter: str) -> str:
 def install_script(harness: dict, tree: Harness, adapter: str | None, base_url: str, model: str) -> str:
     """The install script of `harness` ({scenario, release_id, ...}, as Gateway.harness_release gives it with its
     parsed `tree`: no front matter is parsed here)."""
-    from reef_lab.agents.layout import ADAPTERS, Binding, render
+    from reef_lab.harness.install.layout import ADAPTERS, Binding, render
     from reef_lab.errors import BadRequest
 
     if adapter not in ADAPTERS:

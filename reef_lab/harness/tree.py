@@ -18,7 +18,7 @@ A tree is checked and parsed once, when it is released (`check_release`, by the 
 and sizes, skills' and commands' front matter within YAML's limits (reef_lab.bounded_yaml: no alias, bounded depth
 and size), and nothing an agent would run unless the operator allows it. Serving and the install script use the
 parsed `Harness` (its system text made once); no YAML is read on a request.
-A client that carries an installed release in its own files (reef_lab/agents/: CLAUDE.md, skills, ...) says so
+A client that carries an installed release in its own files (reef_lab/harness/install/: CLAUDE.md, skills, ...) says so
 with the `x-reef-harness: <scenario>:vN` header: the serving harness is then not applied a second time, and the
 record names the installed release.
 """

@@ -8,7 +8,7 @@
     reef-lab agent claude versions | doctor | install v2
 
 The harness files live in `<root>/<agent>` (root: --root, $REEF_HARNESS_ROOT, else ~/reef-harness/<scenario>),
-written by the install script the server renders (reef_lab/agents/script.py); this command fetches and runs it.
+written by the install script the server renders (reef_lab/harness/install/script.py); this command fetches and runs it.
 Before each run it checks every harness file against the release file and refuses a tree that differs. Each run
 gets a fresh session id, sent as `x-reef-session` and the `x-reef-tag-session` tag (Claude Code also gets it as its
 own `--session-id`), so `report` and `evolve` can name that session's calls. The server's token comes from
@@ -17,7 +17,7 @@ $REEF_TOKEN; it is passed to the agent in its environment, never written to a fi
 The token and the install script travel only over https, or plain http to this machine (loopback); REEF_ALLOW_HTTP=1
 allows plain http to another host (a LAN you trust: the token then crosses it readable). No redirect is followed
 (the token would go with it). A script runs only if it is reef_lab's, whole, for the asked scenario and adapter
-(reef_lab.agents.script.check_script).
+(reef_lab.harness.install.script.check_script).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import uuid
 from pathlib import Path
 
 from reef_lab import procs
-from reef_lab.agents.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, SESSION_ENV, parse_release
-from reef_lab.agents.script import check_script
+from reef_lab.harness.install.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, SESSION_ENV, parse_release
+from reef_lab.harness.install.script import check_script
 
 COMMANDS = ("run", "install", "update", "versions", "report", "evolve", "doctor")
 HARNESS_DIRS = {"claude": ("skills", "commands"), "codex": ("skills", "prompts"), "opencode": ("skill", "command"),

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from reef_lab import harness as harness_mod
+from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict
 
 ADAPTERS = ("claude", "codex", "opencode", "pi", "files")
@@ -183,7 +183,7 @@ def release_text(adapter: str, b: Binding, files: dict[str, str], config: dict[s
 
 
 def render(adapter: str, tree: harness_mod.Harness, binding: Binding) -> Rendered:
-    """The agent's files, its binding and the release file, from a parsed harness (reef_lab.harness.load)."""
+    """The agent's files, its binding and the release file, from a parsed harness (reef_lab.harness.tree.load)."""
     if adapter not in ADAPTERS:
         raise BadRequest(f"adapter {adapter!r} is not one of {list(ADAPTERS)}")
     out = agent_files(adapter, tree, binding.release_id)

@@ -1,0 +1,7 @@
+"""The harness: a scenario's versioned text files that serving puts in front of the client's own instructions.
+
+- `tree`: the harness tree (system prompt, rules, skills), its checks at release, how serving applies it;
+- `change_requests`: a person asks for a change in plain words, a proposer model writes it (GEPA runs the worker);
+- `install`: a release rendered into a coding agent's own files (Claude Code, Codex CLI, opencode, pi) and the
+  `reef-lab agent` command that installs, runs, evolves and updates it.
+"""
