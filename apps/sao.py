@@ -210,7 +210,7 @@ def report_title(col: str) -> str:
 @app.function
 def plot_reports(run: dict):
     """What the reports say, per policy step: each `report_<key>` a step's row averages over its batch (a tool
-    task's tool-call validity and task success, reef_lab.learning.tool_tasks), one panel each; None when the reports
+    task's tool-call validity and task success, reef_lab.tasks.tools), one panel each; None when the reports
     carry no numbers."""
     cols = run["reported"]
     if not cols:

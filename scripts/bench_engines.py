@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir  # noqa: E402
-from reef_lab.learning.tasks import make_task  # noqa: E402
+from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 
 

@@ -31,7 +31,7 @@ import openai  # noqa: E402
 import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
-from reef_lab.learning.tasks import make_task  # noqa: E402
+from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 

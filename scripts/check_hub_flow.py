@@ -75,7 +75,7 @@ def main() -> None:
         AutoModelForCausalLM.from_pretrained(dl)
         from reef_lab.engines.base import ChatRequest, SamplingParams
         from reef_lab.engines.embedded import EmbeddedEngine
-        from reef_lab.learning.tasks import make_task
+        from reef_lab.tasks.base import make_task
 
         items = make_task({"operators": ["+", "-"]}).items(16, seed=999_983)
         v2 = next(r for r in index["releases"] if r["version"] == "v2")

@@ -1,4 +1,4 @@
-"""Differential check of reef_lab's BFCL AST checker (reef_lab/learning/bfcl.py) against BFCL's own.
+"""Differential check of reef_lab's BFCL AST checker (reef_lab/tasks/bfcl.py) against BFCL's own.
 
 BFCL's `ast_checker.py` is loaded from the installed `bfcl-eval` wheel with its package imports stubbed (the
 language enum, and a model config whose function names use underscores for dots; no model SDK is imported). Both
@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 
 
-from reef_lab.learning.bfcl import CATEGORIES, ast_check, data_folder, load_category, tool_name  # noqa: E402
+from reef_lab.tasks.bfcl import CATEGORIES, ast_check, data_folder, load_category, tool_name  # noqa: E402
 
 
 def bfcl_checker():

@@ -81,7 +81,7 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
     from reef_lab.engines.embedded import EmbeddedEngine
     from reef_lab.learning.evaluation import evaluate
     from reef_lab.publishing.releases import ReleaseStore
-    from reef_lab.learning.tasks import make_task
+    from reef_lab.tasks.base import make_task
 
     out, engine = {}, None
     try:

@@ -9,7 +9,7 @@ seed starts from the base weights):
    receipts (POST /reef/report);
 2. per seed, demonstrations of calculator items drawn with seed 100+s (disjoint from the held-out items, seed 1000;
    checked) are imported as one `train` record per assistant turn, with the token ids the engine templates
-   (reef_lab/learning/tool_demos.py), the first `--samples` turns; steps_per_candidate POST /reef/train rounds
+   (reef_lab/tasks/demos.py), the first `--samples` turns; steps_per_candidate POST /reef/train rounds
    (manual mode) make release v1, which then serves the scenario;
 3. the release runs the same held-out episodes (calculator and BFCL v4), scored and reported the same way;
 4. (`--policy grpo`, the default) a fresh server on the SFT release's weights with the GRPO recipe: sampled
@@ -38,9 +38,9 @@ import requests  # noqa: E402
 
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # noqa: E402
 from reef_lab.engines.remote import ChatTokenizer  # noqa: E402
-from reef_lab.learning.tasks import make_task  # noqa: E402
-from reef_lab.learning.tool_demos import calculator_episode, turn_records  # noqa: E402
-from reef_lab.learning.tool_tasks import ToolTask  # noqa: E402
+from reef_lab.tasks.base import make_task  # noqa: E402
+from reef_lab.tasks.demos import calculator_episode, turn_records  # noqa: E402
+from reef_lab.tasks.tools import ToolTask  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port, wait_http  # noqa: E402

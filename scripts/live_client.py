@@ -11,7 +11,7 @@ For a harness recipe (GEPA), send the verifier's feedback text and the reference
     python scripts/live_client.py --feedback --temperature 0 --max-tokens 48 --rollouts 48
 
 Any task: `--task jsonl --task-config '{path: questions.jsonl}'`, or a plug-in `--task mymodule:MyTask` (with
-`--task-config '{options: {...}}'`), the same names and fields as a recipe's eval_task (reef_lab.learning.tasks).
+`--task-config '{options: {...}}'`), the same names and fields as a recipe's eval_task (reef_lab.tasks.base).
 
 The server trains in the background as reports arrive; the client keeps `--concurrency` questions in flight and,
 like the experiment runner, waits while the learner's pool is full (GET /reef/scenarios/{s}/releases says).
@@ -29,7 +29,7 @@ import requests
 import yaml
 from openai import OpenAI
 
-from reef_lab.learning.tasks import TaskConfig, make_task
+from reef_lab.tasks.base import TaskConfig, make_task
 from reef_lab.schema import build
 
 ARITHMETIC = {"operators": ["+", "-"], "min_digits": 1, "max_digits": 2}
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--wait", type=float, default=900, help="seconds to wait for training to finish at the end")
     p.add_argument("--task", default="arithmetic",
-                   help="the task: arithmetic, jsonl, choice or a module:Class of a reef_lab.learning.tasks.Task")
+                   help="the task: arithmetic, jsonl, choice or a module:Class of a reef_lab.tasks.base.Task")
     p.add_argument("--task-config", default=None,
                    help="the task's other TaskConfig fields as a YAML/JSON mapping, e.g. '{path: q.jsonl}' (default "
                         f"for arithmetic: {ARITHMETIC})")

@@ -1,7 +1,7 @@
 """What the base model does on the tool tasks: calculator episodes and BFCL v4 items through the embedded engine.
 
 The embedded engine takes no `tools` yet, so the tools go in the prompt in the Hermes form and the replies are parsed
-for `<tool_call>` blocks (reef_lab.learning.tool_tasks.TextToolChat); answers are greedy. Writes
+for `<tool_call>` blocks (reef_lab.tasks.tools.TextToolChat); answers are greedy. Writes
 <out>.json (every episode's transcript and verdict) and <out>.md.
 
     .venv/bin/python scripts/measure_tool_tasks.py --n 20 --out results/tool-tasks-base
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import EmbeddedEngine  # noqa: E402
-from reef_lab.learning.tasks import make_task  # noqa: E402
-from reef_lab.learning.tool_tasks import TextToolChat, evaluate_episodes  # noqa: E402
+from reef_lab.tasks.base import make_task  # noqa: E402
+from reef_lab.tasks.tools import TextToolChat, evaluate_episodes  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 
 

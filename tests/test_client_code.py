@@ -23,7 +23,7 @@ from reef_lab import plugins
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.recipe import load_recipe, shipped_recipes
-from reef_lab.learning.tasks import Task, make_task
+from reef_lab.tasks.base import Task, make_task
 from reef_lab.schema import config_class
 from tests.conftest import Running
 
@@ -155,13 +155,13 @@ def test_a_server_process_imports_only_what_its_operator_named(restricted, bait)
     operator's paths) a path from anywhere else is refused before anything is imported, whatever field carried it;
     the code's built-in names and the operator's paths still load."""
     path, _ = bait
-    restricted(["reef_lab.learning.tasks:ArithmeticTask"])
+    restricted(["reef_lab.tasks.base:ArithmeticTask"])
     with pytest.raises(ValueError, match="did not name"):
         make_task({"name": path})
     with pytest.raises(ValueError, match="did not name"):
         plugins.load_class(path, object, "anything")
     assert make_task({"name": "arithmetic"}) is not None  # a built-in short name
-    assert issubclass(plugins.load_class("reef_lab.learning.tasks:ArithmeticTask", Task, "task"), Task)
+    assert issubclass(plugins.load_class("reef_lab.tasks.base:ArithmeticTask", Task, "task"), Task)
     # malformed paths never reach the importer, restricted or not
     plugins.unrestricted()
     for bad in (f" {path}", f"{path}\n", f"{path}.Y", "os.path:join:x", "../x:Y"):

@@ -15,7 +15,7 @@ from reef_lab.errors import BadRequest
 from reef_lab.experiments.weights import ExperimentConfig
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.recipe import load_recipe
-from reef_lab.learning.tasks import Task, TaskConfig
+from reef_lab.tasks.base import Task, TaskConfig
 from reef_lab.trainers.base import TrainerConfig
 from tests.conftest import Running
 

@@ -24,7 +24,7 @@ RECIPE_INIT = "from .recipe import CloseRecipe as Recipe\n"
 RECIPE_TASK = '''
 import re
 
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 
 
 class NearTarget(Task):
@@ -117,7 +117,7 @@ def test_a_recipe_in_one_folder_trains_releases_and_serves(recipe_folder, tiny_m
         assert r.status_code == 400 and "eval_task.name" in r.json()["error"]["message"]
 
         from recipes.closeness.task import NearTarget
-        from reef_lab.learning.tasks import TaskConfig
+        from reef_lab.tasks.base import TaskConfig
         task = NearTarget(TaskConfig(name="recipes.closeness.task:NearTarget", options={"target": 7}))
         client = OpenAI(base_url=u + "/v1", api_key="unused", default_headers={"x-reef-scenario": "near"})
         scores = []
@@ -238,7 +238,7 @@ def test_a_bad_engine_name_is_refused_at_start(tmp_path, capsys):
 
 
 TASK = '''
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 
 
 class Parity(Task):
@@ -310,7 +310,7 @@ def test_a_data_dir_of_the_version_before_the_seams_opens_cleanly(tmp_path, stub
 
 
 GEPA_TASK = '''
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 
 
 class Brief(Task):

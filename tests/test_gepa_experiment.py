@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_experiment
-from reef_lab.learning.tasks import make_task, score_item
+from reef_lab.tasks.base import make_task, score_item
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_oe_eval_multiple_choice_requests_and_splits_disjoint_by_question(tmp_pa
     keys = [{it["key"] for it in split} for split in (train, val, test)]
     assert not keys[0] & keys[1] and not keys[0] & keys[2] and not keys[1] & keys[2]
     with pytest.raises(ValueError, match="no lettered options"):
-        from reef_lab.learning.tasks import oe_eval_choice_row
+        from reef_lab.tasks.base import oe_eval_choice_row
         oe_eval_choice_row({"query": "What?", "choices": ["A"], "gold": 0})
 
 

@@ -22,7 +22,7 @@ from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.publishing.hub import HubConfig
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from tests.doubles.hub_server import serve_in_thread
 from tests.doubles.processes import start_server
 from tests.conftest import Running

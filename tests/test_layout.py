@@ -117,10 +117,12 @@ def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
 
 def layer_violations(root: Path) -> list[str]:
     """The rooms inside the core: learners and recipes reach the deployment through their LearnContext, never the
-    gateway (its codecs in reef_lab.gateway.dialects are a library); a recipe's experiment runs on the shared driver
+    gateway (its codecs in reef_lab.gateway.dialects are a library); tasks import no learner (learning uses them); a recipe's experiment runs on the shared driver
     (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
     nor learning); publishing is below the gateway."""
     rules = [("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("reef_lab/tasks", ("reef_lab.learning", "reef_lab.gateway", "reef_lab.experiments", "reef_lab.publishing"),
+              ("reef_lab.gateway.dialects",)),
              ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
              ("reef_lab/records", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments"), ()),
              ("reef_lab/publishing", ("reef_lab.gateway", "reef_lab.experiments"), ())]
@@ -144,9 +146,12 @@ def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
     (tmp_path / "reef_lab" / "records").mkdir(parents=True)
     (tmp_path / "recipes" / "x" / "learner.py").write_text(
         "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.gateway.dialects import response_text\n")
-    (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.tasks\n")
-    assert layer_violations(tmp_path) == ["recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
-                                          "reef_lab/records/export.py:1 imports reef_lab.learning.tasks"]
+    (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.learner\n")
+    (tmp_path / "reef_lab" / "tasks").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "tasks" / "x.py").write_text("from reef_lab.learning.samples import Sample\n")
+    assert layer_violations(tmp_path) == ["reef_lab/tasks/x.py:1 imports reef_lab.learning.samples",
+                                          "recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
+                                          "reef_lab/records/export.py:1 imports reef_lab.learning.learner"]
 
 
 def test_scripts_and_apps_do_not_touch_sys_path():
@@ -212,7 +217,7 @@ def test_the_architecture_check_sees_a_new_arrow(tmp_path):
 
 def test_one_tool_call_parser():
     """Generated text is read for tool calls in one place, reef_lab/engines/tools.py: no other module compiles a
-    pattern for, or scans text by, the `<tool_call>` tag (issue 40: learning/tool_tasks.py had a second parser)."""
+    pattern for, or scans text by, the `<tool_call>` tag (issue 40: the tool tasks had a second parser)."""
     import re
 
     scans = re.compile(r"(re\.(compile|finditer|findall|search|match|split)\([^)]*tool_call)|"

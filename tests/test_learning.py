@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from tests.conftest import Running
 
 EVAL = {"eval_task": {"name": "arithmetic"}, "eval_size": 4, "eval_max_tokens": 4}

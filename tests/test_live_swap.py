@@ -12,7 +12,7 @@ import requests
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 
 SFT = {"batch_size": 2, "mode": "manual", "trainer": {"lr": 3e-3, "micro_batch_size": 2}}
 PROMPTS = [it["messages"] for it in make_task().items(4, seed=11)]

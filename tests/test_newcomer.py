@@ -12,7 +12,7 @@ import torch
 from reef_lab.config import ServeConfig, parse_serve_config
 from reef_lab.engines.tiny import tiny_model_dir
 from reef_lab.learning.recipe import shipped_recipes
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 from reef_lab.service import build_engine
 
 

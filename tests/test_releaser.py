@@ -12,7 +12,7 @@ import pytest
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
-from reef_lab.learning.tasks import Task, make_task
+from reef_lab.tasks.base import Task, make_task
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.releaser import select
 

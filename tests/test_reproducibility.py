@@ -24,7 +24,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.experiments.weights import ExperimentConfig, run_experiment
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 from tests.conftest import Running
 
 

@@ -13,7 +13,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.remote import EngineError
 from reef_lab.engines.sglang import SGLangEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from tests.doubles.sglang_server import SGLangDouble, SGLangDoubleServer
 from tests.conftest import Running
 

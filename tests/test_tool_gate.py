@@ -16,7 +16,7 @@ import requests
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.remote import ChatTokenizer
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.learning.tool_tasks import EpisodeScore, ToolTask, tool_calls_of
+from reef_lab.tasks.tools import EpisodeScore, ToolTask, tool_calls_of
 from tests.conftest import Running
 from tests.tool_model import TOOLS
 

@@ -19,8 +19,8 @@ from reef_lab.engines.tools import ToolUse, parse_turn
 from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
-from reef_lab.learning.tasks import make_task
-from reef_lab.learning.tool_demos import calculator_episode, turn_records
+from reef_lab.tasks.base import make_task
+from reef_lab.tasks.demos import calculator_episode, turn_records
 
 FORMS = ["a + b", "a * b", "(a + b) * c", "a * b + c"]
 

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from reef_lab.learning.bfcl import CATEGORIES, BfclTask, ast_check, data_folder, load_category, openai_tool
-from reef_lab.learning.tasks import TaskConfig, make_task
-from reef_lab.learning.tool_tasks import (CALCULATOR_TOOLS, CalculatorTask, OpenAIToolChat, TextToolChat, check_call,
+from reef_lab.tasks.bfcl import CATEGORIES, BfclTask, ast_check, data_folder, load_category, openai_tool
+from reef_lab.tasks.base import TaskConfig, make_task
+from reef_lab.tasks.tools import (CALCULATOR_TOOLS, CalculatorTask, OpenAIToolChat, TextToolChat, check_call,
                                           hermes_messages, parse_tool_calls, text_reply, tool_calls_of)
 
 
@@ -83,7 +83,7 @@ def test_calculator_items_and_tools():
 
 def test_the_unseen_calculator_schema_asks_the_same_sums_with_other_tools():
     """Issue 39: the same items under tool names and arguments a release trained on add/mul never saw."""
-    from reef_lab.learning.tool_tasks import UNSEEN_CALCULATOR_TOOLS
+    from reef_lab.tasks.tools import UNSEEN_CALCULATOR_TOOLS
 
     seen, unseen = calculator().items(5, seed=3), calculator(schema="unseen").items(5, seed=3)
     assert [i["expression"] for i in seen] == [i["expression"] for i in unseen]

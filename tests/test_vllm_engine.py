@@ -18,7 +18,7 @@ import torch
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from tests.doubles import free_port
 from tests.conftest import Running
 

@@ -15,7 +15,7 @@ from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from tests.conftest import Running
 from tests.test_vllm_engine import reference_logprobs
 

@@ -22,7 +22,7 @@ import orjson
 from reef_lab.engines.lm import LMSpec, make_lm
 from reef_lab.experiments.driver import ExperimentDriver, RunConfig
 from reef_lab.learning.heartbeat import Heartbeat
-from reef_lab.learning.tasks import Task, TaskConfig, make_task
+from reef_lab.tasks.base import Task, TaskConfig, make_task
 from reef_lab.schema import build
 
 from .search import GEPAConfig, Search, TaskSystem
@@ -37,7 +37,7 @@ class GEPAExperimentConfig(RunConfig):
     name: str = field(default="gepa", metadata={"help": "run name (also the scenario's name)"})
     recipe: str = field(default="gepa", metadata={"help": "always 'gepa' here"})
     task: dict = field(default_factory=dict, metadata={
-        "help": "reef_lab.learning.tasks.TaskConfig fields; its system_prompt defaults to '' (the harness supplies one)"})
+        "help": "reef_lab.tasks.base.TaskConfig fields; its system_prompt defaults to '' (the harness supplies one)"})
     train_size: int = field(default=32, metadata={"help": "training examples (reflection minibatches)"})
     val_size: int = field(default=16, metadata={"help": "validation examples (the Pareto pool's scores)"})
     test_size: int = field(default=64, metadata={"help": "held-out test examples, scored only at the end"})

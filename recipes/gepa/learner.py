@@ -28,7 +28,7 @@ from reef_lab.errors import Conflict
 from reef_lab.harness.change_requests import ChangeRequests, LazyLM
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.recipe import LearnContext, RecordHolder
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from reef_lab.files import write_json
 
 from .search import Rollout, Search, TaskSystem, harness_hash

@@ -18,7 +18,7 @@ from reef_lab.harness.change_requests import RequestConfig
 from reef_lab.engines.lm import LMSpec
 from reef_lab.learning.recipe import MODES, LearnContext
 from reef_lab.schema import check_fields
-from reef_lab.learning.tasks import TaskConfig
+from reef_lab.tasks.base import TaskConfig
 
 from .experiment import DEFAULT_SEED_HARNESS
 from .search import GEPAConfig
@@ -33,7 +33,7 @@ class GEPARecipeConfig:
     seed_harness: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
     val_task: TaskConfig = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
-        "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on"})
+        "help": "validation task (reef_lab.tasks.base.TaskConfig fields) candidates are scored on"})
     val_size: int = field(default=16, metadata={"client_max": 1024, "help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={

@@ -34,7 +34,7 @@ from typing import Protocol
 
 from reef_lab.harness import tree as harness_mod
 from reef_lab.files import write_atomic
-from reef_lab.learning.tasks import Task, verdict
+from reef_lab.tasks.base import Task, verdict
 from reef_lab.schema import check_fields
 
 from .pareto import Candidate, accept, merge_pair, pareto_counts, select_parent
@@ -85,7 +85,7 @@ class System(Protocol):
 
 
 def verifier_feedback(item: dict, text: str) -> tuple[float, str]:
-    """The built-in verifier's score and its textual feedback (reef_lab.learning.tasks.verdict)."""
+    """The built-in verifier's score and its textual feedback (reef_lab.tasks.base.verdict)."""
     return verdict(item, text)
 
 

@@ -32,7 +32,7 @@ from reef_lab.experiments.driver import ExperimentDriver, RunConfig, choose_engi
 from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.learning.heartbeat import Heartbeat
-from reef_lab.learning.tasks import TaskConfig, make_task
+from reef_lab.tasks.base import TaskConfig, make_task
 
 log = logging.getLogger("reef_lab.experiments.weights")
 
@@ -41,7 +41,7 @@ log = logging.getLogger("reef_lab.experiments.weights")
 class ExperimentConfig(RunConfig):
     recipe_config: dict = field(default_factory=dict, metadata={"help": "the recipe's config fields"})
     task: TaskConfig = field(default_factory=TaskConfig, metadata={
-        "help": "reef_lab.learning.tasks.TaskConfig fields"})
+        "help": "reef_lab.tasks.base.TaskConfig fields"})
     rollouts: int = field(default=256, metadata={"help": "rollout budget: generations made and reported"})
     group_size: int = field(default=0, metadata={
         "help": "rollouts per prompt; 0: as many as the recipe compares (its rollouts_per_prompt: 1 for SAO, "

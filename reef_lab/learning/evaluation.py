@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
-from reef_lab.learning.tasks import Task
+from reef_lab.tasks.base import Task
 
 
 def evaluate(engine, release: str, task: Task, items: list[dict], max_tokens: int) -> dict:

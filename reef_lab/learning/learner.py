@@ -44,7 +44,7 @@ from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning import episodes
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.learning.samples import Sample
-from reef_lab.learning.tasks import make_task
+from reef_lab.tasks.base import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE
 from reef_lab.trainers.base import InvalidSamples
@@ -238,7 +238,7 @@ class Learner(LearnerLoop, RecordHolder):
             request, response = rec.get("request") or {}, rec.get("response")
             if isinstance(request, dict) and request.get("tools"):
                 raise ValueError("a demonstration with tools needs its prompt_token_ids and token_ids (the engine "
-                                 "templates tools; see reef_lab/learning/tool_demos.py)")
+                                 "templates tools; see reef_lab/tasks/demos.py)")
             text = response.get("content") if isinstance(response, dict) else response
             if not isinstance(request, dict) or not isinstance(request.get("messages"), list) or not isinstance(
                     text, str):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
-from reef_lab.learning.tasks import TaskConfig
+from reef_lab.tasks.base import TaskConfig
 from reef_lab.publishing.releaser import SELECTIONS
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
@@ -124,7 +124,7 @@ class LearnConfig:
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
     steps_per_candidate: int = field(default=1, metadata={"client_max": 64, "help": "policy steps between candidates"})
     eval_task: TaskConfig | None = field(default=None, metadata={
-        "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
+        "help": "held-out task (reef_lab.tasks.base.TaskConfig fields) a candidate is scored on; none: no evaluation"})
     eval_size: int = field(default=64, metadata={"client_max": 1024, "help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     retention_task: TaskConfig | None = field(default_factory=lambda: TaskConfig(name="colors"), metadata={

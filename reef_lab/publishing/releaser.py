@@ -68,7 +68,7 @@ def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[s
 class HeldOut:
     """A held-out task a candidate is scored on: its items, the task's verifier, the answers' max_tokens."""
 
-    task: Any  # reef_lab.learning.tasks.Task
+    task: Any  # reef_lab.tasks.base.Task
     items: list[dict]
     max_tokens: int
 

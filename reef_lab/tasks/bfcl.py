@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reef_lab.learning.tool_tasks import EpisodeScore, ToolTask, call_arguments
+from reef_lab.tasks.tools import EpisodeScore, ToolTask, call_arguments
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_simple", "live_multiple",
               "live_parallel", "live_parallel_multiple")

@@ -15,7 +15,7 @@ engine today) with a Hermes-style prompt (`<tool_call>{"name": ..., "arguments":
 
 `calculator` (CalculatorTask): large-number arithmetic (6-9 digit operands by default) that a small model gets right
 only by calling `add`/`mul` and answering with the result. The held-out function-calling set is BFCL v4
-(reef_lab/learning/bfcl.py). Measured base-model scores: docs/tool-tasks.md.
+(reef_lab/tasks/bfcl.py). Measured base-model scores: docs/tool-tasks.md.
 
 There is one tool-call parser, the engines' (reef_lab/engines/tools.py): `TextToolChat` and `text_reply` read a
 generated text with it, so a task run here and a reply served by an engine count the same calls.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from reef_lab.engines.tools import ToolUse, parse_turn
-from reef_lab.learning.tasks import Task, last_number, numbers_equal
+from reef_lab.tasks.base import Task, last_number, numbers_equal
 
 
 

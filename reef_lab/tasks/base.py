@@ -38,11 +38,11 @@ class TaskConfig:
     name: str = field(default="arithmetic", metadata={
         "help": "arithmetic (reasoning-gym basic_arithmetic), colors (the answer is in the question; the default "
                 "retention task), jsonl (question/answer rows), choice (multiple "
-                "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
-                "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
+                "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.tasks.tools, options in "
+                "`options`) or a module:Class path of a reef_lab.tasks.base.Task (operator only)",
         "code": True})
     options: dict = field(default_factory=dict, metadata={
-        "help": "the task's own settings (calculator: reef_lab.learning.tool_tasks.CalculatorOptions fields; bfcl: "
+        "help": "the task's own settings (calculator: reef_lab.tasks.tools.CalculatorOptions fields; bfcl: "
                 "categories; a plug-in task's own); a client may set them only where the task types them "
                 "(Task.options_class)",
         "schema_by": lambda task: task_class(task.get("name", "arithmetic")).options_class})
@@ -112,7 +112,7 @@ class Task(ABC):
 
     def rollout(self, chat: Callable[[list[dict], list[dict] | None], dict], item: dict) -> tuple[float, str]:
         """(score, text) of one item answered through `chat(messages, tools) -> the assistant message` (OpenAI chat
-        shape): one reply here; a tool task runs the whole episode (reef_lab.learning.tool_tasks.ToolTask). What a
+        shape): one reply here; a tool task runs the whole episode (reef_lab.tasks.tools.ToolTask). What a
         release's held-out evaluation and an experiment's rollout call, whatever the task."""
         text = chat(item["messages"], None).get("content") or ""
         return self.score(item, text), text
@@ -249,8 +249,8 @@ class ChoiceTask(JsonlTask):
 
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask, "colors": ColorsTask}
-# Tool tasks (episodes with tool calls; reef_lab/learning/tool_tasks.py), imported when named
-TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl": "reef_lab.learning.bfcl:BfclTask"}
+# Tool tasks (episodes with tool calls; reef_lab/tasks/tools.py), imported when named
+TOOL_TASKS = {"calculator": "reef_lab.tasks.tools:CalculatorTask", "bfcl": "reef_lab.tasks.bfcl:BfclTask"}
 
 
 def make_task(config: TaskConfig | dict | None = None) -> Task:
