@@ -35,8 +35,8 @@ with app.setup:
 
     ROOT = Path(__file__).resolve().parents[1]
 
-    from apps.shared import (answers_html, figure, fit_axes, hub_cell, progress_html, run_status, signature, svg,
-                             tidy, utc, wandb_md, wandb_runs)
+    from apps.shared import (answers_html, figure, fit_axes, hub_cell, progress_html, run_status, shown, signature,
+                             svg, tidy, utc, wandb_md, wandb_runs)
     from recipes.gepa.pareto import item_fronts, pareto_counts
     from recipes.gepa.search import harness_hash, read_events
     from apps.launch import launch_detached, run_choices, yaml_value
@@ -331,7 +331,7 @@ def _(budget_ui, example, example_ui, launch_ui, out_ui, seed_ui):
     _out = Path(out_ui.value).expanduser()
     launch_dir = (_out if _out.is_absolute() else ROOT / _out) / f"{example['name']}-seed{int(seed_ui.value)}"
     launch_cmd = (f"python scripts/run_experiment.py recipes/gepa/examples/{example_ui.value} "
-                  f"--seed {int(seed_ui.value)} --out {launch_dir}"
+                  f"--seed {int(seed_ui.value)} --out {shown(launch_dir)}"
                   + "".join(f" --set {k}={yaml_value(v)}" for k, v in overrides.items()))
     mo.vstack([mo.md("## Launch a run (recipes/gepa/examples)"),
                mo.hstack([example_ui, seed_ui, budget_ui, out_ui, launch_ui], justify="start", gap=1.5),

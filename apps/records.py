@@ -32,7 +32,7 @@ with app.setup:
     ROOT = Path(__file__).resolve().parents[1]
 
     from apps.conversation import content_text, episode_html
-    from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, signature, svg,
+    from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, shown, signature, svg,
                              wandb_md, wandb_runs, wilson)
     from reef_lab.publishing.releases import BASE, ReleaseStore
     from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
@@ -381,19 +381,19 @@ def _(data_dir, hidden_count, load_error, loaded_at, records, registry):
         _msg = mo.callout(mo.md(f"**Could not read `{data_dir}`.** {html.escape(load_error)}"), kind="danger")
     elif not data_dir.exists():
         _msg = mo.callout(mo.md(
-            f"**No data dir at `{data_dir.resolve()}`.** Enter the `--data-dir` of a reef_lab server above "
+            f"**No data dir at `{shown(data_dir)}`.** Enter the `--data-dir` of a reef_lab server above "
             "(or set `REEF_LAB_DATA_DIR`), then press Refresh."), kind="warn")
     elif not data_dir.is_dir():
-        _msg = mo.callout(mo.md(f"**`{data_dir.resolve()}` is not a directory.** Enter a reef_lab data dir above."),
+        _msg = mo.callout(mo.md(f"**`{shown(data_dir)}` is not a directory.** Enter a reef_lab data dir above."),
                           kind="warn")
     elif records.height == 0 and not registry:
         _msg = mo.callout(mo.md(
-            f"**`{data_dir.resolve()}` has no scenarios or records yet.** Send some traffic through the gateway "
+            f"**`{shown(data_dir)}` has no scenarios or records yet.** Send some traffic through the gateway "
             "(`x-reef-scenario` header) and press Refresh."), kind="info")
     else:
         _hidden = (f" {hidden_count} hidden (deleted scenarios or from before a scenario was re-created)."
                    if hidden_count else "")
-        _msg = mo.md(f"`{data_dir.resolve()}`: {len(registry or [])} scenarios, {records.height} records."
+        _msg = mo.md(f"`{shown(data_dir)}`: {len(registry or [])} scenarios, {records.height} records."
                      f"{_hidden} Read at {utc(loaded_at)}.")
     _msg
     return

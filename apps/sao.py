@@ -34,11 +34,12 @@ with app.setup:
     ROOT = Path(__file__).resolve().parents[1]
 
     from apps.shared import (STEP, answers_html, eval_answers, figure, fit_axes, hub_cell, link, mean_ci, progress_html,
-                             run_status, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
+                             run_status, shown, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
     from apps.launch import launch_detached, run_choices, yaml_value
     from reef_lab.learning.learner import read_metrics
 
-    PANELS = [("reward_mean", "batch reward"), ("accuracy", "held-out accuracy (95% CI)"), ("loss", "policy loss"),
+    PANELS = [("reward_mean", "batch reward"),
+              ("accuracy", "held-out and retention accuracy (95% CI)"), ("loss", "policy loss"),
               ("masked_fraction", "masked-token fraction"), ("value_abs_error", "value error |V - target|"),
               ("staleness_mean", "staleness (policy steps)")]
     # Titles of the numbers reports carry in metadata, averaged per step by the learner (`report_<key>`); any other
@@ -111,17 +112,23 @@ def load_run(run_dir: str | Path) -> dict | None:
     # of its examples), else the config's eval_size (LearnConfig's default 64).
     eval_n = (config.get("recipe_config") or {}).get("eval_size", 64)
     counted = {c["id"]: (c.get("eval") or {}).get("n") for c in index["candidates"]}
+    kept_n = {c["id"]: (c.get("retention") or {}).get("n") for c in index["candidates"]}
+    retention_n = (config.get("recipe_config") or {}).get("retention_size", 32)
     for r in rows:
         if r["event"] == "candidate":
             r["n"] = counted.get(r.get("candidate")) or eval_n
+            r["retention_n"] = kept_n.get(r.get("candidate")) or retention_n
     candidates = frame("candidate", ["trainer_step", "candidate", "status", "accuracy", "n", "serving_accuracy",
-                                     "time"])
+                                     "retention_accuracy", "retention_n", "time"])
     releases = frame("release", ["trainer_step", "release_id", "accuracy", "swap_s", "time"])
-    base = next((r["accuracy"] for r in rows if r["event"] == "eval" and r.get("release_id") == "base"), None)
+    base_rows = [r for r in rows if r["event"] == "eval" and r.get("release_id") == "base"]
+    base = next((r["accuracy"] for r in base_rows if r.get("accuracy") is not None), None)
+    base_kept = next((r["retention_accuracy"] for r in base_rows if r.get("retention_accuracy") is not None), None)
     done = count_lines(run_dir / "rollouts.jsonl")
     run = {"dir": str(run_dir), "config": config, "summary": summary, "steps": steps, "reported": reported,
            "candidates": candidates,
            "releases": releases, "base_accuracy": base, "eval_n": eval_n, "index": index,
+           "base_retention": base_kept, "retention_n": retention_n,
            "errors": [r for r in rows if r["event"] == "error"], "rollouts_done": done,
            "rollouts_total": config.get("rollouts", 0), "wandb": wandb_runs(run_dir / "data"),
            "status": status_of(run_dir, config, summary is not None)}
@@ -147,12 +154,15 @@ def watch_key(run_dir: str) -> tuple:
 
 
 @app.function
-def accuracy_points(run: dict) -> tuple[list, list, list, list]:
-    """Held-out accuracy by policy step (the base model at step 0), with each point's 95% Wilson interval."""
+def accuracy_points(run: dict, kind: str = "held-out") -> tuple[list, list, list, list]:
+    """Held-out (or, `kind` "retention", retention-task) accuracy by policy step (the base model at step 0), with
+    each point's 95% Wilson interval."""
+    base, base_n, col, n_col = (("base_accuracy", "eval_n", "accuracy", "n") if kind == "held-out" else
+                                ("base_retention", "retention_n", "retention_accuracy", "retention_n"))
     xs, ys, lo, hi = [], [], [], []
-    points = ([(0.0, run["base_accuracy"], run["eval_n"])] if run["base_accuracy"] is not None else []) + [
-        (r["trainer_step"], r["accuracy"], r["n"]) for r in run["candidates"].iter_rows(named=True)
-        if r["accuracy"] is not None]
+    points = ([(0.0, run[base], run[base_n])] if run.get(base) is not None else []) + [
+        (r["trainer_step"], r[col], r[n_col]) for r in run["candidates"].iter_rows(named=True)
+        if r.get(col) is not None]
     for x, y, n in points:
         a, b = wilson(y * n, n)
         xs.append(x), ys.append(y), lo.append(y - a), hi.append(b - y)
@@ -167,13 +177,19 @@ def plot_run(run: dict):
     steps = run["steps"]
     released = [s for s in run["releases"]["trainer_step"].to_list() if s is not None]
     for ax, (col, title) in zip(axes.flat, PANELS, strict=True):
-        if col == "accuracy":
-            xs, ys, lo, hi = accuracy_points(run)
-            if xs:
-                bars = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4)
-                bars.lines[2][0].set_gid("accuracy-ci")  # the interval bars
-            fit_axes(ax, xs + released, None)
-            ax.set_ylim(-0.02, max([0.2] + [y + h for y, h in zip(ys, hi, strict=True)]) * 1.05)
+        if col == "accuracy":  # the trained task's held-out accuracy, and beside it what the release kept of another
+            top, seen = [0.2], []
+            for kind, marker in (("held-out", "o"), ("retention", "s")):
+                xs, ys, lo, hi = accuracy_points(run, kind)
+                if xs:
+                    bars = ax.errorbar(xs, ys, yerr=[lo, hi], marker=marker, capsize=4, label=kind)
+                    bars.lines[2][0].set_gid("accuracy-ci" if kind == "held-out" else "retention-ci")
+                    top += [y + h for y, h in zip(ys, hi, strict=True)]
+                    seen += xs
+            if len(ax.get_legend_handles_labels()[0]) > 1:
+                ax.legend(loc="lower right", fontsize=8)
+            fit_axes(ax, seen + released, None)
+            ax.set_ylim(-0.02, max(top) * 1.05)
         else:
             data = steps.filter(pl.col(col).is_not_null())
             xs, ys = data["trainer_step"].to_list(), data[col].to_list()
@@ -389,7 +405,8 @@ def _(example, example_ui, lr_ui, out_ui, rollouts_ui, seed_ui):
         overrides["rollouts"] = int(rollouts_ui.value)
     _out = Path(out_ui.value).expanduser()
     launch_dir = (_out if _out.is_absolute() else ROOT / _out) / f"{example['name']}-seed{int(seed_ui.value)}"
-    launch_cmd = (f"python scripts/run_experiment.py {example_ui.value} --seed {int(seed_ui.value)} --out {launch_dir}"
+    launch_cmd = (f"python scripts/run_experiment.py {example_ui.value} --seed {int(seed_ui.value)} "
+                  f"--out {shown(launch_dir)}"
                   + "".join(f" --set {k}={yaml_value(v)}" for k, v in overrides.items()))
     return launch_cmd, launch_dir, launch_error, overrides
 

@@ -30,6 +30,13 @@ from reef_lab.learning import heartbeat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def shown(path: str | Path) -> str:
+    """A folder as a page shows it: relative to the repository root when inside it (a command copied from the app
+    runs on any clone; a screenshot names no machine's folders), else as it is."""
+    p = Path(path).expanduser().resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
 # Figures are inline SVG drawn at 1 user unit = 1 CSS px, so these sizes are the on-screen text sizes in px.
 STYLE = {"font.size": 12, "axes.titlesize": 13, "axes.labelsize": 12, "xtick.labelsize": 11, "ytick.labelsize": 11,
          "legend.fontsize": 11, "svg.fonttype": "none", "axes.grid": True, "grid.alpha": 0.3}

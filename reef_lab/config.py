@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import yaml
 
+from reef_lab.bounded_yaml import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, load_text  # noqa: F401 - re-exported
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.engines.upstream import UPSTREAM_DIALECTS
@@ -113,6 +114,14 @@ class ServeConfig:
     allowed_recipes: str | None = field(default=None, metadata={
         "help": "comma-separated recipes that clients may name in POST /reef/scenarios besides the folders of "
                 "recipes/ and --recipe (names or module:Class paths; a client can never name code itself)"})
+    harness_allow_executable: int = field(default=0, metadata={
+        "help": "1: harness releases may hold what an agent runs (scripts such as .sh/.py files or #! lines, "
+                "Claude Code's and opencode's !`command`, front matter granting allowed-tools or hooks), by every "
+                "path (published by hand, GEPA, change requests); 0: refused with 400 (docs/harness.md)"})
+    tokens_file: str | None = field(default=None, metadata={
+        "help": "a YAML file of the API's tokens, each by its sha256 with a role (agent, reader or admin) and the "
+                "scenarios it may use (names or patterns such as team-a-*); `reef-lab token add` writes one. "
+                "REEF_TOKEN adds admin tokens of every scenario; no token at all: no auth (docs/api.md#tokens)"})
     max_body_mb: float = field(default=10.0, metadata={
         "help": "largest JSON body of an inference or any other request, in MB (413 beyond)"})
     max_report_kb: float = field(default=1024.0, metadata={"help": "largest report body, in KB (413 beyond)"})
@@ -158,6 +167,8 @@ class ServeConfig:
                              "provider reef_lab relays to")
         if self.upstream_url and not self.upstream_url.startswith(("http://", "https://")):
             raise ValueError(f"upstream_url must start with http:// or https://, got {self.upstream_url!r}")
+        if self.harness_allow_executable not in (0, 1):
+            raise ValueError(f"harness_allow_executable must be 0 or 1, got {self.harness_allow_executable}")
         if self.max_batch < 1 or self.threads < 1:
             raise ValueError("max_batch and threads must be at least 1")
         if self.tool_template not in ("auto", "model") and not Path(self.tool_template).is_file():
@@ -201,6 +212,10 @@ class ServeConfig:
             raise ValueError(f"roll_records must be at least 1 and roll_mb in (0, 4096], got {self.roll_records} "
                              f"and {self.roll_mb}")
         self.retention_config()  # a bad size, duration or override is refused at start
+        if self.tokens_file is not None:  # a missing file or a bad entry is refused at start, naming the entry
+            from reef_lab.tenants import read_tokens_file
+
+            read_tokens_file(self.tokens_file)
 
     def engine_name(self) -> str:
         return self.engine or ("upstream" if self.upstream_url else "embedded")
@@ -237,51 +252,22 @@ class ServeConfig:
         named = [self.to_dict(), self.recipe_settings(), self.engine_settings(), self.allowed_recipe_list()]
         return [path for _, path in code_paths(named)]
 
+    def tenants(self):
+        """The deployment's tokens (reef_lab.tenants): the tokens file's and REEF_TOKEN's (admins of every
+        scenario)."""
+        from reef_lab.tenants import Tenants
+
+        return Tenants.load(tokens_from_env(), self.tokens_file)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a config file or inline mapping (-c, --recipe-config, --engine-options)
-MAX_CONFIG_DEPTH = 64  # nested mappings and lists in one
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that refuses, at parse time and with the line, nesting deeper than MAX_CONFIG_DEPTH (its
-    composer recurses once per level: 10,000 levels were a RecursionError) and aliases (an alias repeats a subtree,
-    so ten levels of ten would be 10^10 nodes once the config is passed on as JSON)."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self.depth = 0
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise ValueError(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not supported "
-                             "in a config; write the value out")
-        nests = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
-        self.depth += nests
-        try:
-            if self.depth > MAX_CONFIG_DEPTH:
-                raise ValueError(f"line {event.start_mark.line + 1}: nested deeper than {MAX_CONFIG_DEPTH} levels "
-                                 "of mappings and lists")
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= nests
-
-
 def load_config_text(text: str, name: str) -> object:
     """A YAML/JSON config's value, refused with a message naming `name` and the limit when it is over
-    MAX_CONFIG_BYTES, nested deeper than MAX_CONFIG_DEPTH or not YAML."""
-    size = len(text.encode("utf-8", errors="surrogatepass"))
-    if size > MAX_CONFIG_BYTES:
-        raise ValueError(f"{name} is {size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes (1 MB)")
-    try:
-        return yaml.load(text, Loader=_BoundedLoader)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{name} is not YAML/JSON: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
+    MAX_CONFIG_BYTES (1 MB), nested deeper than MAX_CONFIG_DEPTH, holds an alias or is not YAML
+    (reef_lab.bounded_yaml)."""
+    return load_text(text, name, MAX_CONFIG_BYTES, "a config")
 
 
 def read_config_file(path: str, name: str) -> object:
@@ -316,11 +302,20 @@ def _mapping(value, name: str, what: str) -> dict:
 DESCRIPTION = (
     "Run the reef_lab gateway: the providers' APIs (OpenAI chat/responses, Anthropic messages) in front of the "
     "embedded model or an upstream provider; every interaction recorded, reports taken at /reef/report. Auth: set "
-    "REEF_TOKEN (comma-separated for several tokens); unset means no auth (loopback use).")
+    "REEF_TOKEN (comma-separated admin tokens) and/or --tokens-file (tokens scoped to scenarios and roles); neither "
+    "means no auth (loopback use).")
 
 
 class _HelpFormat(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose error is one line naming the problem: its default put a usage of some 35 lines (one per
+    option) before it, so the line that says what to fix scrolled away."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists every option)\n")
 
 
 def parse_serve_config(argv: list[str] | None = None) -> ServeConfig:
@@ -381,7 +376,7 @@ def dataclass_parser(cls: type, helps: dict[str, str] | None = None, **kwargs) -
     import types
     import typing
 
-    p = argparse.ArgumentParser(**kwargs)
+    p = _Parser(**kwargs)
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         tp = hints[f.name]
@@ -424,11 +419,19 @@ def _config_fields(cls: type, prefix: str = "") -> list[tuple[str, object, str]]
         schema = f.metadata.get("schema") or config_class(hints.get(f.name))
         if schema is not None:
             schema = schema if is_dataclass(schema) else schema()
-            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+            out.append((prefix + f.name, default, _who(f.metadata)))
             out += _config_fields(schema, f"{prefix}{f.name}.")
         else:
-            out.append((prefix + f.name, default, f.metadata.get("help", "")))
+            out.append((prefix + f.name, default, _who(f.metadata)))
     return out
+
+
+def _who(meta) -> str:
+    """A field's help and who may set it (reef_lab.schema.check_client_fields)."""
+    text = meta.get("help", "")
+    if meta.get("operator"):
+        return text + " [operator only]"
+    return text + (f" [clients: at most {meta['client_max']}]" if "client_max" in meta else "")
 
 
 def _recipe_help(spec: str) -> str:

@@ -13,6 +13,11 @@ Serving joins them into one system text and puts it in front of the client's own
 place for it: OpenAI chat, a first system message; OpenAI responses, `instructions`; Anthropic, `system`. The
 client's own system text is kept after it. The record keeps the client's request as sent and names the harness
 release; `GET /reef/harness` returns `{release_id, files}` so a client can install the harness itself.
+
+A tree is checked and parsed once, when it is released (`check_release`, by the releaser, whoever made it): paths
+and sizes, skills' and commands' front matter within YAML's limits (reef_lab.bounded_yaml: no alias, bounded depth
+and size), and nothing an agent would run unless the operator allows it. Serving and the install script use the
+parsed `Harness` (its system text made once); no YAML is read on a request.
 A client that carries an installed release in its own files (reef_lab/agents/: CLAUDE.md, skills, ...) says so
 with the `x-reef-harness: <scenario>:vN` header: the serving harness is then not applied a second time, and the
 record names the installed release.
@@ -22,18 +27,20 @@ from __future__ import annotations
 
 import copy
 import re
+import unicodedata
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import yaml
-
-from reef_lab.gateway import dialects
+from reef_lab import bounded_yaml
 from reef_lab.errors import BadRequest
+from reef_lab.gateway import dialects
 
 SYSTEM_PROMPT, RULES, SKILLS, COMMANDS = "system_prompt.md", "rules.md", "skills/", "commands/"
 INSTALLED_HEADER = "x-reef-harness"
 MAX_FILES, MAX_BYTES = 200, 1_000_000
 RESERVED = {"README.md", "reef_checkpoint.json"}  # a release folder's own files, written beside the harness
 MAX_NAME_BYTES, MAX_DEPTH = 200, 8  # per path part (filesystems stop at 255), parts per path
+MAX_FRONT_BYTES = 64 << 10  # a skill's or command's front matter
 
 
 def check_files(files: object) -> dict[str, str]:
@@ -87,37 +94,77 @@ def write_tree(folder: Path, files: dict[str, str]) -> None:
 
 
 def read_tree(folder: Path) -> dict[str, str]:
-    skip = {"README.md", "reef_checkpoint.json"}
+    """The harness files of a release folder: every file but the folder's own (RESERVED, at its top only: a
+    nested README.md is a harness file like any other)."""
+    folder = Path(folder)
+    paths = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
     # bytes decoded, not read_text: its newline translation would turn a file's \r\n into \n
-    return {str(p.relative_to(folder).as_posix()): p.read_bytes().decode("utf-8")
-            for p in sorted(Path(folder).rglob("*")) if p.is_file() and p.name not in skip}
+    return {rel: p.read_bytes().decode("utf-8") for rel, p in paths.items() if rel not in RESERVED}
 
 
-def split_front_matter(text: str) -> tuple[dict, str]:
-    """(front matter, body) of a Markdown file that may open with a `---` YAML block (as SKILL.md files do);
-    ({}, text) when it has none or the block is not a YAML mapping."""
+# ---- the tree as serving uses it: parsed once -------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Harness:
+    """A checked harness tree and what serving and the install script need of it, made once when it is released
+    or loaded (never on a request): each skill's and command's front matter and body, and the system text serving
+    puts in front of each request."""
+
+    files: dict[str, str]
+    fronts: dict[str, tuple[dict, str]]  # the files under skills/ and commands/: (front matter, body)
+    system: str
+
+
+def load(files: object) -> Harness:
+    """The Harness of a file tree: its paths and sizes checked (check_files) and each skill's and command's front
+    matter parsed within YAML's limits (reef_lab.bounded_yaml); BadRequest names the file and what is wrong."""
+    files = check_files(files)
+    fronts = {p: front_matter(p, t) for p, t in files.items() if has_front_matter(p)}
+    return Harness(files, fronts, _system_text(files, fronts))
+
+
+def has_front_matter(path: str) -> bool:
+    """Whether a file's front matter has a meaning (name, description): a skill's or a command's."""
+    return path.startswith((SKILLS, COMMANDS))
+
+
+def front_matter(path: str, text: str) -> tuple[dict, str]:
+    """(front matter, body) of a skill or command that may open with a `---` YAML block (as SKILL.md files do);
+    ({}, text) without one. A block that is not a YAML mapping, holds an alias, nests deeper than
+    MAX_CONFIG_DEPTH or is over MAX_FRONT_BYTES is refused (BadRequest naming the file)."""
     m = _FRONT.match(text)
     if not m:
         return {}, text
+    where = f"harness file {path!r}: its front matter (the block between the '---' lines)"
     try:
-        meta = yaml.safe_load(m.group(1))
-    except yaml.YAMLError:
-        return {}, text
-    return (meta, text[m.end():]) if isinstance(meta, dict) else ({}, text)
+        meta = bounded_yaml.load_text(m.group(1), where, MAX_FRONT_BYTES, "front matter")
+    except ValueError as e:
+        raise BadRequest(f"{e}; front matter is a YAML mapping such as 'name: x' and 'description: when to use "
+                         "it'") from None
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise BadRequest(f"{where} must be a YAML mapping (name: ..., description: ...), got a "
+                         f"{type(meta).__name__}")
+    return meta, text[m.end():]
 
 
 _FRONT = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
 
 
-def skill_text(path: str, text: str) -> str:
+def skill_text(path: str, meta: dict, body: str) -> str:
     """A skill as serving shows it: its name, its description (front matter) and its body."""
-    meta, body = split_front_matter(text)
     name = str(meta.get("name") or PurePosixPath(path).stem)
     desc = str(meta.get("description") or "").strip()
     return f"## {name}\n" + (f"{desc}\n\n" if desc else "") + body.strip()
 
 
 def system_text(files: dict[str, str]) -> str:
+    """The system text of a file tree (its skills' front matter parsed now, within limits; serving uses the one a
+    Harness keeps)."""
+    return _system_text(files, {p: front_matter(p, t) for p, t in files.items() if has_front_matter(p)})
+
+
+def _system_text(files: dict[str, str], fronts: dict[str, tuple[dict, str]]) -> str:
     parts = []
     if files.get(SYSTEM_PROMPT, "").strip():
         parts.append(files[SYSTEM_PROMPT].strip())
@@ -125,8 +172,54 @@ def system_text(files: dict[str, str]) -> str:
         parts.append("Rules:\n" + files[RULES].strip())
     skills = sorted((p, t) for p, t in files.items() if p.startswith(SKILLS) and t.strip())
     if skills:
-        parts.append("Skills:\n" + "\n\n".join(skill_text(p, t) for p, t in skills))
+        parts.append("Skills:\n" + "\n\n".join(skill_text(p, *fronts[p]) for p, _ in skills))
     return "\n\n".join(parts)
+
+
+# ---- what a release may hold: one check for every way a harness is released ------------------------------------
+TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".csv", ".tsv",
+                 ".xml", ".html", ".htm", ".css", ".ini", ".cfg")
+_INLINE_SHELL = re.compile(r"!`")  # Claude Code's and opencode's !`command`, anywhere in a line
+_FENCED_SHELL = re.compile(r"(?m)^[ \t]*(?:`{3,}|~{3,})[ \t]*!")  # Claude Code's ```! block
+_GRANTS = re.compile(r"(?im)(?:^|[{,])[ \t]*[\"']?(allowed[ \t_-]*tools|hooks|permissions?)[\"']?[ \t]*:")  # a key
+ALLOW_FLAG = "--harness-allow-executable"
+
+
+def check_release(files: object, allow_executable: bool = False) -> Harness:
+    """The Harness of a tree that is about to be released (load), refused (BadRequest naming the file) when it holds
+    anything an agent would run or that widens what it may run, unless the operator allows it: a file that is not
+    plain text by its name (TEXT_SUFFIXES; compared in lower case, Unicode-normalised, with trailing spaces and dots
+    dropped), a `#!` first line, a Claude Code / opencode shell injection (`!` and a backtick anywhere in a line, or
+    a fence opened with `!`), or front matter that grants tools or runs hooks (`allowed-tools`, `hooks`,
+    `permission`, in any case or spelling with `_` or spaces). Publishing by hand, GEPA and change requests all
+    come through here (reef_lab.publishing.releaser)."""
+    tree = load(files)
+    if not allow_executable:
+        for path, text in tree.files.items():
+            why = executable_why(path, text)
+            if why:
+                raise BadRequest(f"harness file {path!r} {why}; a harness release holds nothing an agent runs "
+                                 f"unless the server's operator starts it with {ALLOW_FLAG} 1")
+    return tree
+
+
+def executable_why(path: str, text: str) -> str | None:
+    """What makes a harness file executable (or lets an agent run more), or None."""
+    name = re.sub(r"[\s.]+$", "", unicodedata.normalize("NFKC", PurePosixPath(path).name).lower())
+    if not name.endswith(TEXT_SUFFIXES):
+        return (f"would be an executable file: only plain text files ({', '.join(TEXT_SUFFIXES)}) are released, "
+                "named in any case")
+    body = unicodedata.normalize("NFKC", text)
+    if body.lstrip("\ufeff \t\r\n").startswith("#!"):
+        return "would be an executable file: it starts with #!"
+    if _INLINE_SHELL.search(body) or _FENCED_SHELL.search(body):
+        return "holds a !`command` (or a ```! block), which an agent runs as a shell command"
+    front = _FRONT.match(body.lstrip("\ufeff"))
+    grant = _GRANTS.search(front.group(1)) if front else None
+    if grant:
+        return (f"has {grant.group(1)!r} in its front matter (allowed-tools, hooks and permission let an agent run "
+                "commands without asking)")
+    return None
 
 
 _INSTALLED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}:v[1-9][0-9]{0,8}$")
@@ -144,9 +237,9 @@ def installed_release(scenario: str, headers: dict[str, str] | None) -> str | No
     return value
 
 
-def apply(dialect: str, body: dict, files: dict[str, str]) -> dict:
-    """The request body with the harness in front of the client's own instructions (a copy; body is untouched)."""
-    text = system_text(files)
+def apply(dialect: str, body: dict, text: str) -> dict:
+    """The request body with the harness's system `text` (Harness.system) in front of the client's own instructions
+    (a copy; body is untouched)."""
     if not text:
         return body
     out = copy.copy(body)

@@ -5,8 +5,9 @@ scenario's upstream model, or any OpenAI-compatible endpoint named in the recipe
 harness of the release the person ran (`release_id`, else the serving one), and that session's recorded
 conversation and feedback, and answers mutations as JSON: add, edit or remove a skill, a command, a rules entry or
 a file. The mutations are checked (names stay inside the tree, sizes, front matter written from name and
-description, nothing executable unless the operator allows it), applied to the serving harness, and the result is a
-candidate. The recipe's selection decides: `review` (the proposer model reviews the diff), `evaluate` (the recipe's
+description), applied to the serving harness, and the result passes the check every harness release passes
+(reef_lab.harness.check_release: front matter within YAML's limits, nothing executable unless the operator starts
+the server with --harness-allow-executable 1); it is a candidate. The recipe's selection decides: `review` (the proposer model reviews the diff), `evaluate` (the recipe's
 own evaluation, GEPA's validation set), `promote` (a person: POST /reef/scenarios/{s}/promote) or `always`. An
 accepted candidate is released as vN (and pushed to the Hub with the request in its card).
 
@@ -53,8 +54,6 @@ MAX_TEXT = 8000
 _ID = re.compile(r"^req_[0-9a-f]{20}$")
 SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # a session id (the wrapper's are uuid4)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-EXECUTABLE_SUFFIXES = (".sh", ".bash", ".zsh", ".fish", ".py", ".js", ".mjs", ".ts", ".rb", ".pl", ".php", ".exe",
-                       ".bat", ".cmd", ".ps1")
 PROPOSER_MARK, REVIEWER_MARK = "You are reef_lab's harness proposer.", "You are reef_lab's harness reviewer."
 
 
@@ -68,14 +67,13 @@ class RequestConfig:
     proposer_lm: dict | None = field(default=None, metadata={
         "help": "the proposer (reef_lab.engines.lm.make_lm spec); default: the deployment's own model (the upstream "
                 "with --upstream-model)", "schema": LMSpec, "operator": True})
-    allow_executable: bool = field(default=False, metadata={
-        "help": "allow scripts (#!, .sh, .py, ...) and Claude Code's !`command` lines in skills and commands",
-        "operator": True})
-    max_file_bytes: int = field(default=20_000, metadata={"help": "largest file a mutation may write"})
-    max_mutations: int = field(default=8, metadata={"help": "most mutations one request may make"})
-    max_tokens: int = field(default=2000, metadata={"help": "max_tokens of the proposer's answer"})
+    max_file_bytes: int = field(default=20_000, metadata={"client_max": 200_000,
+        "help": "largest file a mutation may write"})
+    max_mutations: int = field(default=8, metadata={"client_max": 64, "help": "most mutations one request may make"})
+    max_tokens: int = field(default=2000, metadata={"client_max": 8192, "help": "max_tokens of the proposer's answer"})
     temperature: float = field(default=0.0, metadata={"help": "sampling temperature of the proposer"})
-    context_chars: int = field(default=12_000, metadata={"help": "most characters of the session shown"})
+    context_chars: int = field(default=12_000, metadata={"client_max": 100_000,
+        "help": "most characters of the session shown"})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -242,19 +240,11 @@ def _one_line(value: Any, what: str, limit: int) -> str:
     return out
 
 
-def _check_runnable(path: str, text: str, cfg: RequestConfig) -> None:
-    if cfg.allow_executable:
-        return
-    if path.endswith(EXECUTABLE_SUFFIXES) or text.startswith("#!"):
-        raise Rejected(f"{path!r} would be an executable file; the operator has not allowed them "
-                       "(requests.allow_executable)")
-    if re.search(r"(?m)^\s*!`", text):
-        raise Rejected(f"{path!r} holds a !`command` line (an agent runs it as a shell command); the operator has not "
-                       "allowed them (requests.allow_executable)")
-
-
-def apply_mutations(files: dict[str, str], mutations: Any, cfg: RequestConfig) -> dict[str, str]:
-    """The harness after `mutations` (a model's answer, so every field is checked); Rejected says what is wrong."""
+def apply_mutations(files: dict[str, str], mutations: Any, cfg: RequestConfig,
+                    allow_executable: bool = False) -> dict[str, str]:
+    """The harness after `mutations` (a model's answer, so every field is checked); Rejected says what is wrong.
+    The result passes the check every harness release passes (reef_lab.harness.check_release; `allow_executable`:
+    the operator's --harness-allow-executable, as the releaser holds it)."""
     if not isinstance(mutations, list) or not mutations:
         raise Rejected("'mutations' must be a non-empty list")
     if len(mutations) > cfg.max_mutations:
@@ -262,14 +252,14 @@ def apply_mutations(files: dict[str, str], mutations: Any, cfg: RequestConfig) -
     out = dict(files)
     for i, m in enumerate(mutations):
         try:
-            _apply_one(out, m, cfg)
+            _apply_one(out, m)
         except Rejected as e:
             raise Rejected(f"mutation {i + 1}: {e}") from None
     for path, text in out.items():
         if len(text.encode()) > cfg.max_file_bytes:
             raise Rejected(f"{path!r} would hold {len(text.encode())} bytes; at most {cfg.max_file_bytes}")
     try:
-        harness_mod.check_files(out)
+        harness_mod.check_release(out, allow_executable)
     except BadRequest as e:
         raise Rejected(f"the harness would not be valid: {e.message}") from None
     if out == files:
@@ -277,7 +267,7 @@ def apply_mutations(files: dict[str, str], mutations: Any, cfg: RequestConfig) -
     return out
 
 
-def _apply_one(out: dict[str, str], m: Any, cfg: RequestConfig) -> None:
+def _apply_one(out: dict[str, str], m: Any) -> None:
     if not isinstance(m, dict):
         raise Rejected("a mutation must be an object")
     op, kind = m.get("op"), m.get("kind")
@@ -296,7 +286,6 @@ def _apply_one(out: dict[str, str], m: Any, cfg: RequestConfig) -> None:
                 entries[at] = _one_line(m.get("text"), "the new rule", 1000)
             else:
                 del entries[at]
-        _check_runnable(harness_mod.RULES, "\n".join(entries), cfg)
         out[harness_mod.RULES] = "".join(f"- {e}\n" for e in entries)
         return
     if kind == "file":
@@ -321,12 +310,11 @@ def _apply_one(out: dict[str, str], m: Any, cfg: RequestConfig) -> None:
     if not isinstance(text, str) or not text.strip():
         raise Rejected(f"{path!r}: 'text' must be the file's content (a non-empty string)")
     if kind != "file":
-        if harness_mod.split_front_matter(text)[0] or text.lstrip().startswith("---"):
+        if text.lstrip().startswith("---"):
             raise Rejected(f"{path!r}: 'text' is the body only; the front matter is written from name and description")
         desc = _one_line(m.get("description"), f"{path!r}: 'description'", 1024)
         head = (f"name: {name}\n" if kind == "skill" else "") + f"description: {json.dumps(desc, ensure_ascii=False)}\n"
         text = f"---\n{head}---\n\n{text.strip()}\n"
-    _check_runnable(path, text, cfg)
     out[path] = text
 
 
@@ -471,7 +459,7 @@ class ChangeRequests:
             return
         try:
             obj = json_object(answer, "proposer")
-            files = apply_mutations(base, obj.get("mutations"), self.config)
+            files = apply_mutations(base, obj.get("mutations"), self.config, self.releaser.allow_executable)
         except Rejected as e:
             self.store.move(req, "rejected", str(e), answer=answer[:4000])
             return

@@ -2,8 +2,12 @@
 
 A scenario is created on first use (the `x-reef-scenario` header names it) with the deployment's recipe, or
 explicitly with `POST /reef/scenarios`. The registry is one JSON file, replaced atomically on every change.
-Deleting a scenario hides its records (they stay on disk: records are append-only); a scenario created again
-under the same name starts empty.
+Deleting a scenario hides its records (they stay on disk: records are append-only) and retires its releases and
+learner state (reef_lab/gateway/admin.py); a scenario created again under the same name starts empty.
+
+A name is a folder name (releases, learner state) and part of a Hub repo id (`--hub-repo me/reef-{scenario}`), so a
+new scenario's name keeps to the rules of both (`check_name(name, new=True)`); a name that only needs looking up is
+held to the older, wider rule, so scenarios of data dirs made before keep working.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ import orjson
 from reef_lab.errors import BadRequest, Conflict, NotFound
 from reef_lab.files import write_json
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # any name that can be looked up
+NEW_NAME_MAX = 64  # a Hub repo name holds at most 96 characters: 32 are left to the --hub-repo template's own text
+NEW_NAME_RULE = (f"a new scenario's name is 1-{NEW_NAME_MAX} letters, digits, '.', '_' or '-', starts and ends with a "
+                 "letter or digit, holds no '..' or '--' and does not end in '.git' (it names folders and the Hub "
+                 "repo of its releases)")
 
 
 @dataclass
@@ -45,14 +53,24 @@ class Scenario:
         return entry is not None and entry.scenario == self.name and entry.stored_at >= self.since
 
 
-def check_name(name: object) -> str:
+def check_name(name: object, new: bool = False) -> str:
+    """The name, or BadRequest naming the rule it breaks. `new`: the name of a scenario about to be created, held
+    to the rules of the folders and the Hub repo id it will name (huggingface_hub's validate_repo_id: `..`, `--`, a
+    leading or trailing `.` or `-` and names over 96 characters are refused there, after a release was made)."""
     if name is not None and not isinstance(name, str):
         raise BadRequest(f"the scenario name must be a string, got {type(name).__name__}")
     if not name:
         raise BadRequest("the x-reef-scenario header is required: name the scenario this traffic belongs to")
     if not NAME_RE.match(name):
-        raise BadRequest(f"scenario name {name!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
+        raise BadRequest(f"scenario name {name[:140]!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
+    if new:
+        broken = "is longer than 64 characters" if len(name) > NEW_NAME_MAX else \
+            "holds '..'" if ".." in name else "holds '--'" if "--" in name else \
+            "ends with '.', '_' or '-'" if not name[-1].isalnum() else \
+            "ends in '.git'" if name.lower().endswith(".git") else None
+        if broken:
+            raise BadRequest(f"scenario name {name!r} {broken}: {NEW_NAME_RULE}")
     return name
 
 
@@ -88,7 +106,7 @@ class ScenarioRegistry:
             return s
         with self._lock:
             if name not in self._items:
-                check_name(name)
+                check_name(name, new=True)
                 self._items[name] = Scenario(name, self.default_recipe, config=dict(self.default_config),
                                              origin="operator")
                 self._save()
@@ -97,7 +115,7 @@ class ScenarioRegistry:
     def create(self, name: str, recipe: str | None = None, config: dict | None = None,
                origin: str = "client") -> Scenario:
         """A new scenario; `origin` says who chose `config` (the deployment's own config when none is given)."""
-        check_name(name)
+        check_name(name, new=True)
         with self._lock:
             if name in self._items:
                 raise Conflict(f"scenario {name!r} already exists")

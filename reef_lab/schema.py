@@ -66,36 +66,130 @@ def build(cls: type, data: Any, where: str):
 
 
 def check_client_fields(cls: type | None, data: Any, where: str = "config") -> None:
-    """Refuse a config a client sent (POST /reef/scenarios, or a client's scenario read back at start) that names code
-    or sets a field only the operator may set; the operator sets those in --recipe-config.
+    """Refuse a config a client sent (POST /reef/scenarios, or a client's scenario read back at start) unless every
+    key it sets, at any depth and inside any container, is on the client allow-list `client_fields` derives from the
+    typed config `cls`; the operator sets everything else in --recipe-config.
 
-    Code, by default deny: any string at any depth (keys included, whatever the field) that the plug-in loader would
-    import (reef_lab.plugins.names_code), so a field added later cannot let a client choose code. Operator-only: a
-    field marked `field(metadata={"operator": True})` at any depth of `cls`'s schema (a file to read or write, an
-    endpoint and the environment variable whose value is sent to it as a key, the sandbox's limits)."""
+    Two rules. Code, by default deny: any string at any depth (keys included, whatever the field) that the plug-in
+    loader would import (reef_lab.plugins.names_code). Fields, by construction: a client may set a field only when
+    its declared type says all it can hold (plain values, lists and mappings of them, or a config dataclass walked
+    in turn) and it is not marked `field(metadata={"operator": True})` (a file to read or write, an endpoint and the
+    environment variable whose value is sent to it as a key, the sandbox's limits, the device); a free-form mapping
+    (`dict`, `Any`) is the operator's, so a field added later, or a container a check did not know, cannot carry a
+    client past the rule. A number field may carry `client_max`: the most a client may ask for (work and memory the
+    server spends on the scenario). A mapping whose keys belong to a dataclass named by a sibling field (a
+    composite's component config, by its recipe; a task's options, by its task) says so with `schema_by`: a function
+    of the mapping that holds the field, returning the dataclass (None: untyped, the operator's)."""
     named = code_paths(data, where)
     if named:
         at, path = named[0]
         raise ValueError(f"{at} = {path[:80]!r} names code to import (module:Class), which only the server's "
                          "operator may do (--recipe-config); a client may use the short names")
-    if cls is not None and is_dataclass(cls):
-        _check_operator_fields(cls, data, where)
-
-
-def _check_operator_fields(cls: type, data: Any, where: str) -> None:
-    if not isinstance(data, dict):
+    if cls is None or not is_dataclass(cls):
+        if data:
+            raise ValueError(f"{where}: this recipe's config is not typed (no config dataclass), so only the server's "
+                             "operator may set it (--recipe-config)")
         return
+    _client_mapping(cls, data, where)
+
+
+def _client_mapping(cls: type, data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        return  # not a mapping: building the config refuses it, naming the type
     by_name = {f.name: f for f in fields(cls)}
+    hints = typing.get_type_hints(cls)
     for key, value in data.items():
         f = by_name.get(key)
         if f is None:
             continue  # unknown keys are refused when the config is built, with the allowed ones listed
+        _client_field(hints.get(key, Any), f.metadata, data, value, f"{where}.{key}")
+
+
+def _client_field(tp: Any, meta: Any, parent: dict, value: Any, where: str) -> None:
+    if meta.get("operator"):
+        raise ValueError(f"{where} can be set only by the server's operator (--recipe-config), not by a client")
+    most = meta.get("client_max")
+    if most is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > most:
+        raise ValueError(f"{where} = {value} is more than a client may ask for (at most {most}); the server's "
+                         "operator may set more (--recipe-config)")
+    if "schema_by" in meta:
+        schema = meta["schema_by"](parent)
+        if schema is None:
+            if value:
+                raise ValueError(f"{where} is a free-form mapping here (no typed fields), so only the server's "
+                                 "operator may set it (--recipe-config)")
+            return
+        return _client_mapping(schema, value, where)
+    schema = meta.get("schema")
+    if schema is not None:
+        return _client_mapping(schema if is_dataclass(schema) else schema(), value, where)
+    _client_value(tp, value, where)
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _client_value(tp: Any, value: Any, where: str) -> None:
+    """A value a client may give to a field declared `tp`: plain values, lists and mappings of what their type
+    parameters allow, config dataclasses walked field by field; anything untyped is the operator's."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in _PLAIN:
+        return  # its type is checked when the config is built
+    if is_dataclass(tp):
+        return _client_mapping(tp, value, where)
+    if origin in (Union, types.UnionType):
+        nested = config_class(tp)
+        if nested is not None and isinstance(value, dict):
+            return _client_mapping(nested, value, where)
+        arms = [a for a in args if not is_dataclass(a)]
+        errors = []
+        for arm in arms:
+            try:
+                return _client_value(arm, value, where)
+            except ValueError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is list and args:
+        for i, item in enumerate(value if isinstance(value, (list, tuple)) else []):
+            _client_value(args[0], item, f"{where}[{i}]")
+        return
+    if origin is dict and len(args) == 2 and args[0] is str:
+        for key, item in (value.items() if isinstance(value, dict) else []):
+            _client_value(args[1], item, f"{where}.{key}")
+        return
+    if value in (None, {}, []):
+        return  # nothing set
+    raise ValueError(f"{where} is free-form ({_name(tp)}, no typed fields), so only the server's operator may set it "
+                     "(--recipe-config)")
+
+
+def client_fields(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, field metadata) of every field a client may set in config dataclass `cls`, walking nested
+    config dataclasses and `schema` mappings (a `schema_by` mapping depends on its sibling, so it is listed as
+    itself): the allow-list that check_client_fields enforces, for docs and tests."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
         if f.metadata.get("operator"):
-            raise ValueError(f"{where}.{key} can be set only by the server's operator (--recipe-config), not by "
-                             "a client")
-        schema = f.metadata.get("schema") or config_class(typing.get_type_hints(cls).get(key, Any))
-        if schema is not None and isinstance(value, dict):
-            _check_operator_fields(schema() if not is_dataclass(schema) else schema, value, f"{where}.{key}")
+            continue
+        tp = hints.get(f.name, Any)
+        schema = f.metadata.get("schema") or config_class(tp)
+        if schema is not None and "schema_by" not in f.metadata:
+            out += client_fields(schema if is_dataclass(schema) else schema(), f"{prefix}{f.name}.")
+        elif "schema_by" in f.metadata or _typed(tp):
+            out.append((prefix + f.name, f.metadata))
+    return out
+
+
+def _typed(tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in _PLAIN or is_dataclass(tp):
+        return True
+    if origin in (Union, types.UnionType):
+        return all(_typed(a) for a in args)
+    if origin is list and args:
+        return _typed(args[0])
+    return origin is dict and len(args) == 2 and args[0] is str and _typed(args[1])
 
 
 def check_type(value: Any, tp: Any, where: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
@@ -147,7 +148,7 @@ def main() -> None:
         translation = translation_ms(largest)
     shutil.rmtree(tmp, ignore_errors=True)  # agents' homes, data dirs: hundreds of MB over a run
     rows = [row for agent in agents for row in summarize(runs, agent)]
-    meta = {"command": "python scripts/bench_agents.py " + " ".join(sys.argv[1:]), "rounds": a.rounds,
+    meta = {"command": command_line(), "rounds": a.rounds,
             "when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
             "clients": {x: f"{AGENTS[x]}@{version(x)}" for x in agents},

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 
 def matmul_rate(n: int = 1024, seconds: float = 3.0) -> float:
@@ -93,6 +94,7 @@ def main(argv=None) -> None:
             vals = [x["tokens_per_s"] for x in rows if x["engine"] == name and x["concurrency"] == c]
             summary[f"{name}@{c}"] = {"mean": round(sum(vals) / len(vals), 2), "rounds": vals}
     out = Path(args.out)
+    command = command_line([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     data = {"written": written, "machine": platform.processor() or platform.machine(), "cpus": torch.get_num_threads(),
             "params": params, "matmul_flops": rate, "limit_tokens_per_s": limit, "rows": rows, "summary": summary,
@@ -101,7 +103,7 @@ def main(argv=None) -> None:
     _plot(out.with_suffix(".png"), summary, args.concurrency, limit)
     lines = [
         "# Engines: generated tokens/s on this machine, embedded vs vLLM CPU", "",
-        f"Command: `python scripts/bench_engines.py`, written {written} on {torch.get_num_threads()} CPU threads; model "
+        f"Command: `{command}`, written {written} on {torch.get_num_threads()} CPU threads; model "
         f"SmolLM2-135M-Instruct (fp32, {params / 1e6:.1f} M parameters) in both; vLLM CPU 0.32 as reef_lab's `vllm` "
         f"engine starts it (OpenMP bound to every CPU, `--enforce-eager`). Prompts: arithmetic questions, "
         f"temperature 1.0, max_tokens {args.max_tokens}; {args.rounds} alternating rounds per cell, each round "

@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab import procs  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles.processes import start_server, start_stub  # noqa: E402
 from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
@@ -426,8 +427,9 @@ def main() -> None:
         "started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
         "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
         "instant_stub": zero, "provider_stub": slow,
-        "command": "python scripts/bench_gateway.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result))
     plot(result, zero_lat, slow_lat, args.out + ".png")

@@ -24,7 +24,6 @@ import os
 import shutil
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model  # noqa: E402
 from reef_lab.gateway.gateway import Gateway  # noqa: E402
+from scripts.command_line import command_line, repo_path  # noqa: E402
 from server.app import create_app  # noqa: E402
 from server.httpd import Server, listen  # noqa: E402
 
@@ -269,11 +269,10 @@ def report(args, arms, phases, model_name: str, prompt_tokens: int, wall_s: floa
                              if p["p95_s"] and b["p95_s"]]
                 ratios[a] = {"per_round": per_round,
                              "pooled": round(pooled[a] / pooled["base"], 2) if pooled[a] and pooled["base"] else None}
-    command = "python scripts/bench_long_prompts.py " + " ".join(sys.argv[1:])
-    result = {"command": command.strip(), "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    result = {"command": command_line(), "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "cpus": cpus, "load_avg_at_end": os.getloadavg(), "wall_s": round(wall_s, 1),
               "model": f"{model_name} (fp32, CPU)", "long_prompt_tokens": prompt_tokens,
-              "settings": vars(args) | {"out": str(args.out)}, "p95_s": pooled, "p50_s": p50,
+              "settings": vars(args) | {"out": repo_path(args.out)}, "p95_s": pooled, "p50_s": p50,
               "ratio_to_base": ratios, "phases": phases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))

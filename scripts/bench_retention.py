@@ -1,7 +1,7 @@
 """What retention costs under load: scripts/soak.py with retention off and on, alternated, on one machine.
 
     .venv/bin/python scripts/bench_retention.py                              # results/retention.{md,json,png}
-    .venv/bin/python scripts/bench_retention.py --pairs 1 --minutes 1 --out /tmp/ret   # a quick look
+    .venv/bin/python scripts/bench_retention.py --pairs 1 --minutes 1 --out runs/ret   # a quick look
 
 Each run is a fresh soak (stub provider, scripts/serve.py with a primary and a relay worker, `--clients` keep-alive
 clients asking for `--rate` requests/s in all: more than this machine carries, so the rate reached is the
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from scripts.command_line import command_line, repo_path  # noqa: E402
 
 
 def run(args, on: bool, out: Path) -> dict:
@@ -96,7 +98,7 @@ def main() -> None:
     ratios = {k: [ratio(on, off, get) for on, off in pairs] for k, get in METRICS.items()}
     summary = {k: {"mean": round(statistics.mean(v), 3), "min": min(v), "max": max(v)} for k, v in ratios.items()}
     report = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": "scripts/bench_retention.py " + " ".join(sys.argv[1:]), "args": vars(args),
+              "command": command_line(program=""), "args": vars(args) | {"out": repo_path(args.out)},
               "ratios_on_over_off": ratios, "summary": summary, "runs": runs}
     (out / "retention.json").write_text(json.dumps(report, indent=1))
     (out / "retention.md").write_text(render(report))

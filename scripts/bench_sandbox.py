@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from recipes.tttd.problems import CirclePacking  # noqa: E402
 from recipes.tttd.sandbox import Limits, check_isolation, run_python  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 PROGRAMS = {"circle program (n=6)": CirclePacking(6).initial_solution(), "pass": "pass",
             "import numpy": "import numpy\nprint(numpy.zeros(3).sum())"}
@@ -52,9 +53,10 @@ def main() -> None:
         rows.append({"program": name, "none_ms": round(none * 1000, 1), "bwrap_ms": round(bwrap * 1000, 1),
                      "overhead_ms": round((bwrap - none) * 1000, 1), "ratio": round(bwrap / none, 3),
                      "runs": len(by["none"])})
-    meta = {"command": "python scripts/bench_sandbox.py " + " ".join(sys.argv[1:]), "machine": platform.platform(),
+    meta = {"command": command_line(), "machine": platform.platform(),
             "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["# TTT sandbox: bubblewrap vs a plain child process", "",
              f"`{meta['command'].strip()}` ({meta['date']}, {meta['machine']}, Python {meta['python']}; a shared "

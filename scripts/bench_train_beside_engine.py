@@ -35,6 +35,7 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
+from scripts.command_line import command_line, shell_words  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 
 SCENARIO = "arithmetic-live"  # live_client.py's default
@@ -238,7 +239,7 @@ def run_live(arm: str, k: int, work: Path, cfg: Path, clients: int, rollouts: in
     steps = [r for r in rows if r["event"] == "step" and (release is None or r["time"] <= release["time"])]
     policy = [r for r in steps if r.get("phase") == "policy"]
     return {
-        "arm": arm, "round": k, "command": " ".join(cmd[1:]), "ready_s": round(ready_s, 1),
+        "arm": arm, "round": k, "command": command_line(cmd[1:]), "ready_s": round(ready_s, 1),
         "first_release_s": round(release["time"] - t0, 1) if release else None,
         "release": release and {x: release.get(x) for x in ("release_id", "accuracy", "swap_s")},
         "train_s": [r["train_s"] for r in steps], "policy_step_s": [r["step_s"] for r in policy],
@@ -370,7 +371,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--rollouts", type=int, default=128, help="part release: questions per run")
     p.add_argument("--timeout", type=float, default=2400, help="part release: most seconds to the first release")
-    p.add_argument("--work", default="/tmp/bench-train-beside", help="part release: run folders")
+    p.add_argument("--work", default=str(ROOT / "runs" / "bench-train-beside"), help="part release: run folders")
     p.add_argument("--out", default=str(ROOT / "results" / "train-beside-vllm"), help="results path, no suffix")
     p.add_argument("--from-json", nargs="+", help="only render the page and the plot from these result files (one "
                    "per part: their parts are merged)")
@@ -378,6 +379,7 @@ def main() -> None:
                    "the numbers': what the tables do not say by themselves")
     args = p.parse_args()
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.from_json:
         parts = [json.loads(Path(f).read_text()) for f in args.from_json]
         result = {k: v for part in parts for k, v in part.items()}
@@ -394,7 +396,8 @@ def main() -> None:
         if "embedded" not in arms or "embedded" not in release_arms:
             raise SystemExit("the arms need `embedded`: the results are ratios to it")
         began = time.time()
-        result = {"commands": [" ".join([Path(sys.argv[0]).name, *sys.argv[1:]])], "cpus": os.cpu_count(),
+        command = " ".join([Path(sys.argv[0]).name, shell_words(sys.argv[1:])]).strip()  # the page adds the folder
+        result = {"commands": [command], "cpus": os.cpu_count(),
                   "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
                   "recipe_config": recipe_config(), "clients": args.clients, "rollouts": args.rollouts,
                   "timeout": args.timeout,

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
+from scripts.command_line import command_line  # noqa: E402
 from scripts.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a coral reef", "a lost robot", "a mountain village", "a deep-sea diver",
@@ -189,7 +190,7 @@ def main() -> None:
                                     "reef_lab_peak_rss_mb", "trl_peak_rss_mb", "reef_lab_rise_mb", "trl_rise_mb")}
     ratio_of_medians = summ["reef_lab_tok_s"]["median"] / summ["trl_tok_s"]["median"]
     verdict = "holds" if summ["ratio"]["median"] >= 1.0 else "does NOT hold"
-    command = "HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_trainer.py " + " ".join(sys.argv[1:])
+    command = command_line(program="HF_HUB_OFFLINE=1 .venv/bin/python")
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
                 "python": platform.python_version(), "cpu_count": os.cpu_count(), "threads": args.threads}
     meta = {"command": command.strip(), "params": n_params, "vocab": len(tok), "batch": args.batch,

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from scripts.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
+from scripts.command_line import command_line
 from server.tuning import machine_busy
 from tests.doubles.processes import start_server, start_stub
 
@@ -155,7 +156,8 @@ def main() -> None:
     steal1, total1 = steal_ticks()
     result.update({"started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
                    "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
-                   "command": "python scripts/bench_tuning.py " + " ".join(sys.argv[1:])})
+                   "command": command_line()})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result, args))
     plot(result, args.out + ".png")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 import requests
 import yaml
 
+from scripts.command_line import command_line
 from tests.doubles import free_port
 from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
 from tests.doubles.scripted_provider import ScriptedProvider
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SEED = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- RULE-ALPHA-7 run the tests before you stop",
         "skills/tidy.md": "---\nname: tidy\ndescription: SKILL-BETA-7 sort the imports\n---\nSort them."}
+HOME = "<agent home>"  # stands for the agent's temporary HOME in what its wrapper said: a page names no tmp folder
 MARKS = {"installed rule": "RULE-ALPHA-7", "installed skill": "SKILL-BETA-7", "evolved text": "REEF-EVOLVED-7",
          "serving's own rendering (must be absent)": "Rules:"}
 
@@ -55,8 +58,10 @@ def one_agent(agent: str, work: Path) -> dict:
             def step(name: str, *args: str) -> dict:
                 run = run_wrapper(agent, list(args), home, cwd, timeout=600)
                 said = [x for x in run.stdout.strip().splitlines() if not x.startswith(("run it:", "{"))]
-                row = {"phase": name, "rc": run.returncode, "seconds": round(run.seconds, 2),
-                       "out": " / ".join(said)[:200] + (run.stderr.strip()[-200:] if run.returncode else "")}
+                out = " / ".join(said).replace(str(home), HOME)[:200]
+                if run.returncode:
+                    out += run.stderr.strip().replace(str(home), HOME)[-200:]
+                row = {"phase": name, "rc": run.returncode, "seconds": round(run.seconds, 2), "out": out}
                 phases.append(row)
                 return row
 
@@ -152,8 +157,10 @@ def markdown(rows: list[dict], command: str) -> str:
     for r in rows:
         for p in r["phases"]:
             if "carries" not in p:
-                lines.append(f"| {r['agent']} | {p['phase']} | {p['rc']} | {p['seconds']} | "
-                             f"{p.get('out', '').replace('|', '/')} |")
+                said = re.sub(rf"({re.escape(HOME)}\S*)", r"`\1`", p.get("out", "").replace("|", "/"))
+                lines.append(f"| {r['agent']} | {p['phase']} | {p['rc']} | {p['seconds']} | {said} |")
+    lines += ["", f"`{HOME}`: the HOME each agent's wrapper ran with, a temporary folder made for the agent and "
+              "removed after it."]
     return "\n".join(lines) + "\n"
 
 
@@ -173,9 +180,10 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    command = "python scripts/check_agents_install.py " + " ".join(sys.argv[1:])
+    command = command_line()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out + ".json").write_text(json.dumps({"command": command, "agents": rows}, indent=2) + "\n")
-    Path(a.out + ".md").write_text(markdown(rows, command.strip()))
+    Path(a.out + ".md").write_text(markdown(rows, command))
     print(Path(a.out + ".md").read_text())
 
 

@@ -1,7 +1,7 @@
 """Live GEPA as a user runs it: `serve.py --recipe gepa` on the embedded model, traffic and reports with feedback
 from `live_client.py --feedback`, until a new harness release serves; writes results/gepa-live.md.
 
-    python scripts/check_gepa_live.py [--rollouts 96] [--out /tmp/gepa-live]
+    python scripts/check_gepa_live.py [--rollouts 96] [--out runs/gepa-live]
 
 Steps: start the server (fresh data dir, recipes/gepa/examples/live.yaml); GET /reef/harness (the seed, v1); run
 the client (openai SDK; each answer scored by the task's verifier, reported with its feedback text and
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child  # noqa: E402
 
@@ -32,7 +33,7 @@ SCENARIO = "arithmetic-live"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", type=int, default=96)
-    p.add_argument("--out", default="/tmp/gepa-live")
+    p.add_argument("--out", default=str(ROOT / "runs" / "gepa-live"), help="run folder (emptied first)")
     p.add_argument("--page", default=str(ROOT / "results" / "gepa-live.md"))
     args = p.parse_args()
     out = Path(args.out)
@@ -49,9 +50,8 @@ def main() -> None:
     started = time.time()
     server = start_child(serve_cmd, port, out / "serve.log", timeout=300)
     try:
-        lines = ["# Live GEPA through the server", "", f"Command: `python scripts/check_gepa_live.py --rollouts "
-                 f"{args.rollouts}`, which runs", "", "```", " ".join(serve_cmd[1:]), " ".join(client_cmd[1:]), "```",
-                 ""]
+        lines = ["# Live GEPA through the server", "", f"Command: `{command_line()}`, which runs", "", "```",
+                 command_line(serve_cmd[1:]), command_line(client_cmd[1:]), "```", ""]
         first = requests.post(base + "/v1/chat/completions", headers=h, json={
             "model": "default", "messages": [{"role": "user", "content": "Calculate 2 + 2."}], "max_tokens": 8,
             "temperature": 0}, timeout=120)

@@ -1,6 +1,6 @@
 """The Hub and W&B flow as a new user would run it, end to end, with a Hub-compatible server on loopback.
 
-    python scripts/check_hub_flow.py [--rollouts 96] [--out /tmp/hub-flow]
+    python scripts/check_hub_flow.py [--rollouts 96] [--out runs/hub-flow]
 
 1. starts `python -m tests.doubles.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
    `hub.repo=me/reef-{scenario}` (HF_ENDPOINT, HF_TOKEN pointed at it), two releases;
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
+from scripts.command_line import command_line, repo_path  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child, start_server  # noqa: E402
 
@@ -37,7 +38,7 @@ REPO = "me/reef-sao-arithmetic"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", type=int, default=96)
-    p.add_argument("--out", default="/tmp/hub-flow")
+    p.add_argument("--out", default=str(ROOT / "runs" / "hub-flow"), help="run folder (emptied first)")
     args = p.parse_args()
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -58,7 +59,7 @@ def main() -> None:
                "--set", "recipe_config.critic_warmup_steps=1", "--set", "hub.repo=me/reef-{scenario}"]
         started = time.time()
         procs.run(cmd, cwd=ROOT, env=env, check=True)
-        log.append(f"experiment: `{' '.join(cmd[1:])}` ({time.time() - started:.0f} s)")
+        log.append(f"experiment: `{command_line(cmd[1:])}` ({time.time() - started:.0f} s)")
         index = json.loads((out / "run/data/releases/sao-arithmetic/index.json").read_text())
         for r in index["releases"]:
             log.append(f"release {r['release_id']}: hub {r['hub']['state']}, commit {r['hub'].get('commit')}, "
@@ -67,7 +68,8 @@ def main() -> None:
         dl = out / "v2"
         procs.run([str(bin_dir / "hf"), "download", REPO, "--revision", "v2", "--local-dir", str(dl)],
                   env=env, check=True, capture_output=True)
-        log.append(f"`hf download {REPO} --revision v2 --local-dir {dl}`: {sorted(p.name for p in dl.iterdir())}")
+        log.append(f"`hf download {REPO} --revision v2 --local-dir {repo_path(dl)}`: "
+                   f"{sorted(p.name for p in dl.iterdir())}")
         from transformers import AutoModelForCausalLM
 
         AutoModelForCausalLM.from_pretrained(dl)
@@ -134,8 +136,7 @@ def main() -> None:
                 child.stop(30)
     page = ROOT / "results" / "hub-flow.md"
     page.write_text("# Releases on a Hub, runs in W&B: the flow end to end\n\n"
-                    "Command: `python scripts/check_hub_flow.py "
-                    f"--rollouts {args.rollouts}` (loopback Hub: `tests/doubles/hub_server.py`; "
+                    f"Command: `{command_line()}` (loopback Hub: `tests/doubles/hub_server.py`; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n" + "\n".join(f"- {x}" for x in log)
                     + "\n")
     print(page.read_text())

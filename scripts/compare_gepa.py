@@ -29,6 +29,7 @@ from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_
 from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.engines.lm import make_lm  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 
 class ReferenceAdapter:
@@ -141,9 +142,8 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
     stem.with_suffix(".json").write_text(json.dumps({"config": cfg.__dict__, "rows": rows}, indent=2, default=str))
     task = cfg.name.removeprefix("gepa-") if cfg.name else cfg.task.get("name")
     lines = [f"# GEPA on `{task}`: reef_lab vs reference `gepa.optimize` {md.version('gepa')}", "",
-             "Command: `python scripts/compare_gepa.py " + " ".join(
-                 [str(Path(args.config))] + ["--seeds"] + [str(s) for s in args.seeds]
-                 + [f"--set {x}" for x in args.set]) + "`", "",
+             "Command: `" + command_line(["scripts/compare_gepa.py", args.config, "--seeds", *map(str, args.seeds),
+                                          *(w for x in args.set for w in ("--set", x))]) + "`", "",
              f"Task model and reflection model: the embedded engine ({cfg.model_path or 'SmolLM2-135M-Instruct'}), "
              f"task answers greedy with max_tokens {cfg.task_max_tokens}, reflection sampled at temperature "
              f"{cfg.search_config().reflection_temperature} with max_tokens "

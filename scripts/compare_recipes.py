@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab import procs  # noqa: E402
 from reef_lab.learning.learner import read_metrics  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -177,8 +178,8 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      f"{sum(dropped) / len(dropped):.0f} rollouts per run dropped as too stale; mean "
                      f"reward of the sampled rollouts {sum(rewards) / len(rewards):.3f} (first quarter of batches "
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
-    cmd = ("python scripts/compare_recipes.py " + " ".join(args.configs) + " --seeds "
-           + " ".join(map(str, args.seeds)) + f" --out {args.out} --results {args.results}")
+    cmd = command_line(["scripts/compare_recipes.py", *args.configs, "--seeds", *map(str, args.seeds),
+                        "--out", args.out, "--results", args.results])
     page = f"""# SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU
 
 Command (2 CPU cores; each run in turn): `{cmd}`

@@ -27,6 +27,7 @@ import yaml  # noqa: E402
 
 from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
 from recipes.tttd.problems import BEST_KNOWN, make_problem, scipy_baseline  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 ARMS = {"ttt": {}, "search": {"policy_updates": False}, "best_of_n": {"policy_updates": False, "reuse": False}}
 LABELS = {"ttt": "TTT-Discover", "search": "PUCT search, base policy (no training)",
@@ -205,6 +206,7 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         a.legend(fontsize=9)
     fig.tight_layout()
     png = Path(args.results + ".png")
+    png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
 
     def fmt(arm):
@@ -225,8 +227,9 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         f"{late(arm)} | {statistics.fmean(stats[arm]['wall']) / 60:.1f} |"
         for arm, label in [*((a, LABELS[a]) for a in arms),
                            ("scipy", f"scipy SLSQP multistart, each TTT run's wall time (cap {args.scipy_cap:g} s)")])
-    cmd = (f"python scripts/compare_tttd.py {args.config} --seeds {' '.join(map(str, seeds))} --arms {' '.join(arms)}"
-           f" --scipy-cap {args.scipy_cap:g} --out {args.out} --results {args.results}" + "".join(f" --set {s}" for s in args.set))
+    cmd = command_line(["scripts/compare_tttd.py", args.config, "--seeds", *map(str, seeds), "--arms", *arms,
+                        "--scipy-cap", f"{args.scipy_cap:g}", "--out", args.out, "--results", args.results,
+                        *(w for s in args.set for w in ("--set", s))])
     md = f"""# TTT-Discover on {problem_title(cfg)}, CPU
 
 Command: `{cmd}` (written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {seconds / 60:.0f} min in all).

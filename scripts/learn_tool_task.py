@@ -40,7 +40,9 @@ from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # n
 from reef_lab.engines.remote import ChatTokenizer  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
 from reef_lab.learning.tool_demos import calculator_episode, turn_records  # noqa: E402
+from reef_lab.learning.tool_tasks import ToolTask  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
@@ -93,8 +95,8 @@ class ReceiptChat:
 
     def __call__(self, messages, tools):
         raw = self.client.chat.completions.with_raw_response.create(
-            model="smollm2", messages=messages, tools=tools, max_tokens=self.max_tokens, temperature=self.temperature,
-            extra_headers={"x-reef-scenario": self.scenario, **self.headers})
+            model="smollm2", messages=messages, **({"tools": tools} if tools else {}), max_tokens=self.max_tokens,
+            temperature=self.temperature, extra_headers={"x-reef-scenario": self.scenario, **self.headers})
         self._keep(raw.headers)
         return raw.parse().choices[0].message.model_dump(exclude_none=True)
 
@@ -113,7 +115,8 @@ class AnthropicReceiptChat(ReceiptChat):
         from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
         from reef_lab.gateway.translate import Translation
 
-        tr = Translation(OPENAI_CHAT, ANTHROPIC, {"model": "smollm2", "messages": messages, "tools": tools,
+        tr = Translation(OPENAI_CHAT, ANTHROPIC, {"model": "smollm2", "messages": messages,
+                                                   **({"tools": tools} if tools else {}),
                                                    "max_tokens": self.max_tokens, "temperature": self.temperature})
         body = {k: v for k, v in tr.body.items() if k != "stream"}
         # anthropic 2.16's create() has no sampling arguments (temperature, top_p): they go as extra_body, as a user
@@ -147,6 +150,15 @@ def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
         task, _, max_tokens, max_turns = jobs[name]
         client, chat_cls, APIStatusError = sdk
         chat = chat_cls(client, scenario, max_tokens)
+        if not isinstance(task, ToolTask):  # a plain task (the retention task): one reply, its verifier's score
+            score, text = task.rollout(chat, item)
+            _retrying("POST", f"{url}/reef/report", json={"score": score, "references": chat.receipts,
+                                                          "metadata": {"item": item["id"]}},
+                      headers={"x-reef-scenario": scenario}).raise_for_status()
+            return name, {"id": item["id"], "score": score, "correct": score == 1.0, "valid_calls": 0,
+                          "invalid_calls": 0, "feedback": task.feedback(item, text), "turns": 1,
+                          "releases": sorted(chat.releases), "receipts": chat.receipts,
+                          "transcript": [{"role": "assistant", "content": text}]}
         try:
             ep = task.run_episode(chat, item, max_turns)
         except APIStatusError as e:  # one failed episode is data: score 0, the server's error kept
@@ -315,7 +327,11 @@ def main() -> None:
     ap.add_argument("--demos", type=int, default=32, help="demonstration episodes drawn per seed")
     ap.add_argument("--samples", type=int, default=64, help="demonstration turns imported per seed (the first ones)")
     ap.add_argument("--n", type=int, default=20, help="held-out items per task")
-    ap.add_argument("--tasks", nargs="+", default=["calculator", "bfcl"], choices=["calculator", "bfcl"])
+    ap.add_argument("--tasks", nargs="+", default=["calculator", "calculator-unseen", "bfcl", "colors"],
+                    choices=["calculator", "calculator-unseen", "bfcl", "colors"],
+                    help="held-out tasks: calculator (the trained tools), calculator-unseen (the same sums with tools "
+                         "the release never saw: sum_of/product_of), bfcl (BFCL v4, other domains), colors (no tools: "
+                         "a retention task the base model does, what the release keeps of it)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each calculator reply")
     ap.add_argument("--bfcl-max-tokens", type=int, default=96, help="max_tokens of each BFCL reply")
     ap.add_argument("--max-turns", type=int, default=4, help="model replies per calculator episode")
@@ -348,7 +364,7 @@ def main() -> None:
                          "round made (on-policy), new items each round")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy stage: sampling temperature")
     ap.add_argument("--concurrency", type=int, default=16, help="policy stage: episodes in flight")
-    ap.add_argument("--data-dir", default="/tmp/learn-tool-task", help="one server data dir per seed below it")
+    ap.add_argument("--data-dir", default="runs/learn-tool-task", help="one server data dir per seed below it")
     ap.add_argument("--out", default="results/agents-learn")
     args = ap.parse_args()
 
@@ -368,16 +384,18 @@ def main() -> None:
     if steps * rc["batch_size"] != args.samples or steps != rc["steps_per_candidate"]:
         raise SystemExit(f"--samples {args.samples} must be steps_per_candidate x batch_size of {args.recipe_config} "
                          f"({rc['steps_per_candidate']} x {rc['batch_size']}): one release from one pass")
-    out = {"command": " ".join(["python", *sys.argv]), "args": vars(args), "recipe_config": rc, "steps": steps,
+    out = {"command": command_line(), "args": vars(args), "recipe_config": rc, "steps": steps,
            "runs": {}}
     if args.skip_base:
         out["runs"]["base"] = json.loads(Path(f"{args.out}.json").read_text())["runs"]["base"]
     calc = make_task({"name": "calculator", "options": {"max_turns": args.max_turns}})
-    bfcl = make_task({"name": "bfcl"})
-    held = {"calculator": calc.items(args.n, EVAL_SEED), "bfcl": bfcl.items(args.n, BFCL_SEED)}
-    jobs = {name: (calc if name == "calculator" else bfcl, held[name],
-                   args.max_tokens if name == "calculator" else args.bfcl_max_tokens,
-                   args.max_turns if name == "calculator" else 1) for name in args.tasks}
+    tasks = {"calculator": (calc, EVAL_SEED, args.max_tokens, args.max_turns),
+             "calculator-unseen": (make_task({"name": "calculator", "options": {
+                 "max_turns": args.max_turns, "schema": "unseen"}}), EVAL_SEED, args.max_tokens, args.max_turns),
+             "bfcl": (make_task({"name": "bfcl"}), BFCL_SEED, args.bfcl_max_tokens, 1),
+             "colors": (make_task({"name": "colors"}), EVAL_SEED, 12, 1)}
+    held = {name: task.items(args.n, seed) for name, (task, seed, _, _) in tasks.items()}
+    jobs = {name: (tasks[name][0], held[name], tasks[name][2], tasks[name][3]) for name in args.tasks}
     held_exprs = {it["expression"] for it in held["calculator"]}
     t0 = time.perf_counter()
     if args.sft_from:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import EmbeddedEngine  # noqa: E402
 from reef_lab.learning.tasks import make_task  # noqa: E402
 from reef_lab.learning.tool_tasks import TextToolChat, evaluate_episodes  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
         return text
 
     chat = TextToolChat(generate)
-    out = {"command": " ".join(["python"] + sys.argv), "model": engine.model_name, "n": args.n, "seed": args.seed,
+    out = {"command": command_line(), "model": engine.model_name, "n": args.n, "seed": args.seed,
            "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tasks": {}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if args.append and Path(f"{args.out}.json").is_file():

@@ -2,7 +2,7 @@
 reads by id before and after a restart.
 
     .venv/bin/python scripts/soak.py                      # 8 min warm-up + 10 measured; results/soak.{md,json,png}
-    .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out /tmp/soak     # a quick look
+    .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out runs/soak     # a quick look
 
 Starts the stub provider (`tests.doubles.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
 processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
@@ -22,7 +22,7 @@ checks that none the policy keeps is missing: the newest `--retain-max-records` 
 `--retain-max-age` (less a margin), in `retention` of soak.json and a section of soak.md.
 
     .venv/bin/python scripts/soak.py --warmup-minutes 0 --minutes 2 --roll-records 1000 --retain-max-records 6000 \
-        --retain-max-age 60s --out /tmp/soak-retention
+        --retain-max-age 60s --out runs/soak-retention
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402
 from reef_lab import procs  # noqa: E402
+from scripts.command_line import command_line  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child  # noqa: E402
 
@@ -258,7 +259,7 @@ def main() -> None:
         stub.stop(60)
     if not args.keep_work:  # kept (with server.log) when the run failed
         shutil.rmtree(work, ignore_errors=True)
-    report = summarize(args, samples, events, t_load, before, after, pids, " ".join(sys.argv[1:]))
+    report = summarize(args, samples, events, t_load, before, after, pids, command_line(program=""))
     report["retention"] = retention
     report["server_cpu_s"] = server_cpu
     (out / "soak.json").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
@@ -322,7 +323,7 @@ def memory_table(samples, pids, warm: float) -> dict:
     return rss
 
 
-def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
+def summarize(args, samples, events, t_load, before, after, pids, command) -> dict:
     minutes = []
     for m in range(int(args.warmup_minutes + args.minutes + 0.999)):
         lat = [e[1] for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and e[3]]
@@ -338,7 +339,7 @@ def summarize(args, samples, events, t_load, before, after, pids, argv) -> dict:
                          "p99_ms": round(pct(lat, 0.99) * 1e3, 2)}
     errors = [e for e in events if not e[3]]
     measured = [m for m in minutes if not m["warmup"]]
-    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": f"scripts/soak.py {argv}",
+    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command,
             "minutes": args.minutes, "rate": args.rate, "clients": args.clients,
             "warmup_minutes": args.warmup_minutes, "requests": len(events), "errors": len(errors),
             "error_kinds": sorted({e[2] for e in errors}), "by_kind": by_kind, "by_minute": minutes, "rss": rss,

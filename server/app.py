@@ -3,7 +3,8 @@
 `create_app(gateway, tokens)` builds the app around a ready `reef_lab.gateway.gateway.Gateway`; `scripts/serve.py` runs
 it under granian. Routes: the hot ones (inference, reports) in server/hot.py, installed as the app's WSGI
 middleware; the rest of the providers' APIs in server/inference.py and reef_lab's resources in server/reef.py.
-Every route but /healthz needs a token when tokens are configured.
+Every route but /healthz needs a token when tokens are configured, with the role and scenario server/access.py
+names for it (reef_lab/tenants.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from flask import Flask, Response, g, request
 
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway
-from server.common import DEFAULT_LIMITS, Limits, admit, error_body
+from reef_lab.tenants import Tenants
+from server.access import check_route
+from server.common import DEFAULT_LIMITS, Limits, admit, error_body, tenants_of
 from server.hot import HotRoutes, whole_bodies
 from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
@@ -22,16 +25,19 @@ from server.reef import bp as reef_bp
 log = logging.getLogger("reef_lab.server")
 
 
-def create_app(gateway: Gateway, tokens: list[str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Flask:
+def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Flask:
+    """`tokens`: the deployment's Tenants, or a list of admin tokens of every scenario (REEF_TOKEN's meaning); none:
+    auth off."""
     app = Flask("reef_lab")
     app.config["GATEWAY"] = gateway
-    tokens_b = [t.encode() for t in (tokens or []) if t]
+    tenants = tenants_of(tokens)
 
     @app.before_request
     def authenticate():
-        g.gateway, g.limits, g.tokens = gateway, limits, tokens_b
+        g.gateway, g.limits, g.tenants = gateway, limits, tenants
         if request.path != "/healthz":
-            admit(request.environ, tokens_b, limits)
+            g.grant = admit(request.environ, tenants, limits)
+            check_route(g.grant)
 
     @app.errorhandler(ReefError)
     def reef_error(err: ReefError):
@@ -62,5 +68,5 @@ def create_app(gateway: Gateway, tokens: list[str] | None = None, limits: Limits
 
     app.register_blueprint(inference_bp)
     app.register_blueprint(reef_bp)
-    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tokens_b, limits=limits)
+    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tenants, limits=limits)
     return app

@@ -1,22 +1,22 @@
 """Request helpers shared by the Flask blueprints, the hot-route middleware and relay workers.
 
-Every request passes `admit` before its body is read (auth, browser origin, media type, declared size) and
+Every request passes `admit` before its body is read (auth: which token, so which grant; browser origin, media
+type, declared size) and
 reads its body through `read_body` (size bound, chunked bodies too) and `parse_json` (nesting bound), so a
 request is judged the same in every worker and on every route.
 """
 
 from __future__ import annotations
 
-import hmac
 import urllib.parse
 from dataclasses import dataclass
 
 import orjson
 from flask import Response, g, request
 
-from reef_lab.errors import (BadRequest, Forbidden, PayloadTooLarge, ReefError, Unauthorized,
-                             UnsupportedMediaType)
+from reef_lab.errors import BadRequest, Forbidden, PayloadTooLarge, ReefError, UnsupportedMediaType
 from reef_lab.gateway.gateway import Reply, StreamReply
+from reef_lab.tenants import Grant, Tenants
 
 TAG_PREFIX = "x-reef-tag-"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -51,13 +51,13 @@ def _mb(n: int) -> str:
     return f"{n / (1 << 20):g} MB" if n >= 1 << 20 else f"{n / 1024:g} KB"
 
 
-def admit(environ, tokens: list[bytes], limits: Limits) -> None:
-    """Refuse a request before its body is read: a missing token (401); with auth off, a browser page of another
-    site (403, so no web page can drive a loopback server); a body that is not JSON (415); a declared length over
-    the route's limit (413)."""
+def admit(environ, tenants: Tenants, limits: Limits) -> Grant:
+    """The caller's grant (reef_lab/tenants.py), once the request passed what is judged before its body is read: a
+    missing or unknown token (401); with auth off, a browser page of another site (403, so no web page can drive a
+    loopback server); a body that is not JSON (415); a declared length over the route's limit (413)."""
     path = environ.get("PATH_INFO", "")
-    check_token(tokens, environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
-    if not tokens:
+    grant = tenants.identify(environ.get("HTTP_AUTHORIZATION", ""), environ.get("HTTP_X_API_KEY", ""))
+    if not tenants.enabled:
         check_same_origin(environ)
     length = environ.get("CONTENT_LENGTH") or ""
     if has_body(environ):
@@ -71,6 +71,7 @@ def admit(environ, tokens: list[bytes], limits: Limits) -> None:
         if length and int(length) > limit:
             raise PayloadTooLarge(f"the request body is {int(length)} bytes; {path} takes at most {_mb(limit)} "
                                   "(the server's --max-*-mb / --max-report-kb settings)")
+    return grant
 
 
 def has_body(environ) -> bool:
@@ -135,34 +136,13 @@ def json_depth(obj, stop: int) -> int:
     return deepest
 
 
-def is_token(value: str, tokens: list[bytes]) -> bool:
-    """Whether a header value (`Bearer <token>` or the token alone) is one of reef_lab's tokens; constant time."""
-    given = (value[7:] if value[:7].lower() == "bearer " else value).encode()
-    ok = False
-    for t in tokens:
-        ok |= hmac.compare_digest(given, t)
-    return ok
-
-
-def check_token(tokens: list[bytes], authorization: str, api_key: str) -> None:
-    """Accept `Authorization: Bearer <token>` or `x-api-key: <token>` (either one: a client bringing its own
-    provider key sends that in the other); every token compared in constant time."""
-    if not tokens:
-        return
-    ok = is_token(authorization, tokens) if authorization[:7].lower() == "bearer " else False
-    ok |= is_token(api_key, tokens) if api_key else False
-    if not ok:
-        raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <REEF_TOKEN>' "
-                           "(or 'x-api-key' for Anthropic clients)")
-
-
-def client_headers(environ, tokens: list[bytes]) -> dict[str, str]:
+def client_headers(environ, tenants: Tenants) -> dict[str, str]:
     """The request's headers with lower-case names, for the relay to pass on by its rules
     (reef_lab/engines/headers.py), less a credential header that holds one of reef_lab's own tokens."""
     out = {k[5:].lower().replace("_", "-"): v for k, v in environ.items()
            if k.startswith("HTTP_") and isinstance(v, str)}
     for name in ("authorization", "x-api-key"):
-        if name in out and tokens and is_token(out[name], tokens):
+        if name in out and tenants.enabled and tenants.find(out[name]) is not None:
             del out[name]
     return out
 
@@ -189,6 +169,12 @@ def tags() -> dict[str, str]:
 
 def scenario() -> str | None:
     return request.headers.get("x-reef-scenario")
+
+
+def tenants_of(tokens) -> Tenants:
+    """The app's tenants from what create_app was given: a Tenants, or a list of admin tokens (REEF_TOKEN's
+    meaning), or None (auth off)."""
+    return tokens if isinstance(tokens, Tenants) else Tenants.load([t for t in tokens or [] if t])
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> Response:

@@ -17,6 +17,8 @@ import orjson
 from reef_lab.gateway import dialects, unanswered
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway, StreamReply
+from reef_lab.tenants import Tenants
+from server.access import HOT_ROUTES
 from server.common import (DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, client_headers, error_body, parse_json,
                            read_body)
 
@@ -67,9 +69,9 @@ class HotRoutes:
     """`local(environ, dialect)`, when given, decides which hot requests are served here; the rest go on to
     `flask_wsgi` (a relay worker passes them to its primary, see server/workers.py)."""
 
-    def __init__(self, flask_wsgi, gateway: Gateway, tokens: list[bytes], local=None,
+    def __init__(self, flask_wsgi, gateway: Gateway, tenants: Tenants, local=None,
                  limits: Limits = DEFAULT_LIMITS):
-        self.flask_wsgi, self.gateway, self.tokens, self.local = flask_wsgi, gateway, tokens, local
+        self.flask_wsgi, self.gateway, self.tenants, self.local = flask_wsgi, gateway, tenants, local
         self.limits = limits
 
     def __call__(self, environ, start_response):
@@ -84,16 +86,19 @@ class HotRoutes:
                                 status=405)
                 err.type = "invalid_request_error"
                 raise err
-            admit(environ, self.tokens, self.limits)
-            body = parse_json(read_body(environ, self.limits.for_path(path)), self.limits.json_depth)
+            grant = admit(environ, self.tenants, self.limits)
             scenario, tags = environ.get("HTTP_X_REEF_SCENARIO"), _tags(environ)
+            grant.check(HOT_ROUTES[path], scenario)  # before the body is read: nothing of it reaches the scenario
+            body = parse_json(read_body(environ, self.limits.for_path(path)), self.limits.json_depth)
             reached = True
-            if dialect is None:
-                created, rid = self.gateway.report(scenario, body, tags)
+            if dialect is None:  # an agent or reader token reports on its own receipts only
+                created, rid = self.gateway.report(scenario, body, tags, caller=grant.id,
+                                                   only_own=not grant.has("admin"))
                 out = orjson.dumps({"agent_record_id": rid, "scenario": scenario, "request_type": "report",
                                     "id": rid, "created": created})
                 return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})
-            reply = self.gateway.infer(dialect, body, scenario, tags, client_headers(environ, self.tokens))
+            reply = self.gateway.infer(dialect, body, scenario, tags, client_headers(environ, self.tenants),
+                                       caller=grant.id)
         except ReefError as e:
             if not reached and dialect is not None:  # [episodes hook] refused before the gateway: a line, no record
                 unanswered.log_unrecorded(dialect, "refused before the gateway", e)

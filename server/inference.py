@@ -11,7 +11,7 @@ bp = Blueprint("inference", __name__)
 
 @bp.post("/v1/messages/count_tokens")
 def count_tokens():
-    return to_response(g.gateway.count_tokens(json_body(), client_headers(request.environ, g.tokens)))
+    return to_response(g.gateway.count_tokens(json_body(), client_headers(request.environ, g.tenants)))
 
 
 @bp.get("/v1/models")

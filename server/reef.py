@@ -1,4 +1,8 @@
-"""reef_lab's own resources: scenarios, records, status (reports are a hot route: server/hot.py)."""
+"""reef_lab's own resources: scenarios, records, status (reports are a hot route: server/hot.py).
+
+Each route's role is in server/access.py, checked before the view runs (`g.grant`, reef_lab/tenants.py); the views
+here check only what the table leaves to them (`view`): a scenario named in a body, each imported record's, a stored
+change request's, and lists cut to the token's scenarios."""
 
 from __future__ import annotations
 
@@ -12,12 +16,16 @@ bp = Blueprint("reef", __name__, url_prefix="/reef")
 
 @bp.get("/scenarios")
 def list_scenarios():
-    return json_response({"scenarios": [g.gateway.scenario_info(s.name) for s in g.gateway.scenarios.list()]})
+    return json_response({"scenarios": [g.gateway.scenario_info(s.name) for s in g.gateway.scenarios.list()
+                                        if g.grant.covers(s.name)]})
 
 
 @bp.post("/scenarios")
 def create_scenario():
-    return json_response(g.gateway.create_scenario(json_body()), 201)
+    body = json_body()
+    name = body.get("name") if isinstance(body, dict) else None
+    g.grant.check("admin", name if isinstance(name, str) else None)  # a name of another type: the gateway's 400
+    return json_response(g.gateway.create_scenario(body), 201)
 
 
 @bp.get("/scenarios/<name>")
@@ -53,13 +61,13 @@ def get_record(name: str, record_id: str):
 
 @bp.post("/records/batch")
 def import_records():
-    status, body = g.gateway.import_records(json_body(), scenario())
+    status, body = g.gateway.import_records(json_body(), scenario(), g.grant)
     return json_response(body, status)
 
 
 @bp.get("/status")
 def status():
-    return json_response(g.gateway.status())
+    return json_response(g.gateway.status(g.grant))
 
 
 @bp.post("/train")
@@ -68,15 +76,15 @@ def train():
     with {"text": ..., "session"?, "release_id"?} a change request on a harness scenario (GET /reef/requests/{id})."""
     body = json_body() if has_body(request.environ) else {}
     name = scenario() or (body.get("scenario") if isinstance(body, dict) else None)
+    g.grant.check("admin", name if isinstance(name, str) else None)
     return json_response(g.gateway.train(name, body), 202)
 
 
 @bp.get("/requests/<request_id>")
 def get_request(request_id: str):
-    """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why)."""
-    from reef_lab.harness_requests import RequestStore
-
-    return json_response(RequestStore(g.gateway.data_dir).get(request_id))
+    """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why);
+    404 when its scenario is gone (deleted, or created again since) or not the token's."""
+    return json_response(g.gateway.get_request(request_id, g.grant))
 
 
 @bp.get("/scenarios/<name>/requests")
@@ -127,8 +135,9 @@ def harness_install():
     unknown = sorted(set(request.args) - INSTALL_ARGS)
     if unknown:
         raise BadRequest(f"unknown query parameter(s) {unknown}; known: {sorted(INSTALL_ARGS)}")
-    harness = g.gateway.get_harness(scenario() or request.args.get("scenario"), request.args.get("release_id"))
-    text = install_script(harness, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
+    name = scenario() or request.args.get("scenario")
+    harness, tree = g.gateway.harness_release(name, request.args.get("release_id"))
+    text = install_script(harness, tree, request.args.get("adapter"), request.args.get("base_url") or request.host_url,
                           request.args.get("model") or g.gateway.engine.model_name)
     return Response(text, mimetype="text/x-shellscript", headers={"x-reef-release-id": harness["release_id"]})
 
@@ -136,10 +145,12 @@ def harness_install():
 # [episodes hooks] an agent session's calls in turn order (reef_lab/gateway/episodes.py, docs/episodes.md)
 @bp.get("/episodes/<episode>")
 def get_episode(episode: str):
-    """The episode's calls in the scenario named by x-reef-scenario (or ?scenario=)."""
-    return json_response(g.gateway.get_episode(scenario() or request.args.get("scenario"), episode))
+    """The episode's calls in the scenario named by x-reef-scenario (or ?scenario=): those this token made, or with
+    ?caller=<token id> another token's (an episode is its token's own)."""
+    return json_response(g.gateway.get_episode(scenario() or request.args.get("scenario"), episode,
+                                               request.args.get("caller", g.grant.id)))
 
 
 @bp.get("/scenarios/<name>/episodes/<episode>")
 def get_scenario_episode(name: str, episode: str):
-    return json_response(g.gateway.get_episode(name, episode))
+    return json_response(g.gateway.get_episode(name, episode, request.args.get("caller", g.grant.id)))

@@ -12,8 +12,9 @@ in one place.
   records to a log of its own (`reef_lab.records.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
-  record to the primary instead was no faster than one process (results/gateway-notes.md). A report is checked for auth and parsed
-  here, then validated and stored by the primary (one small message; it knows every receipt). Every other request
+  record to the primary instead was no faster than one process (results/gateway-notes.md). A report is checked for
+  auth and scope and parsed here, then validated and stored by the primary (one small message, with the token's id
+  and whether it may report only on its own receipts; the primary knows every receipt). Every other request
   (scenario and record routes, a scenario's first request) is passed to the primary whole and its answer
   streamed back, so there is one index, one scenario registry and one set of learners.
 
@@ -46,11 +47,13 @@ from reef_lab.gateway.gateway import Gateway
 from reef_lab.gateway.inference import Relaying
 from reef_lab.scenarios import check_name
 from reef_lab.records.store import RelayLog
+from reef_lab.tenants import Tenants
 from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
 
 log = logging.getLogger("reef_lab.server")
 
 _LEN = struct.Struct("<I")
+_PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid (SO_PEERCRED)
 GEN_FILE = ".serving-gen"
 
 
@@ -134,8 +137,15 @@ class PrimaryBridge:
             _GEN.pack_into(self._gen, 0, _GEN.unpack_from(self._gen)[0] + 1)
 
     def _accept(self) -> None:
+        """Connections of processes of this server's own user only: an abstract socket has no file permissions, and
+        a relay's report message names its token's id and rights (such a process can read the data dir anyway)."""
         while True:
             conn, _ = self._sock.accept()
+            pid, uid, _ = _PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER.size))
+            if uid != os.getuid():
+                log.warning("refused a connection to the primary's socket from pid %d of uid %d", pid, uid)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), name="reef-relay-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -163,7 +173,8 @@ class PrimaryBridge:
 
     def _report(self, conn: socket.socket, header: dict, body: bytes) -> None:
         try:
-            created, rid = self.gateway.report(header["scenario"], orjson.loads(body), header["tags"])
+            created, rid = self.gateway.report(header["scenario"], orjson.loads(body), header["tags"],
+                                               caller=header.get("caller"), only_own=header.get("only_own", False))
             _send_message(conn, {"created": created, "id": rid})
         except ReefError as e:
             _send_message(conn, {"error": e.message, "status": e.status, "type": e.type})
@@ -203,10 +214,10 @@ class PrimaryBridge:
 class PrimaryClient:
     """A relay's keep-alive connections to its primary, reused last-in first-out by any thread."""
 
-    def __init__(self, data_dir: str | Path, tokens: list[bytes] | None = None, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, data_dir: str | Path, tenants: Tenants | None = None, limits: Limits = DEFAULT_LIMITS):
         self.address = socket_address(data_dir)
         self._idle: list[socket.socket] = []
-        self.tokens, self.limits = tokens or [], limits
+        self.tenants, self.limits = tenants or Tenants(), limits
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -248,7 +259,7 @@ class PrimaryClient:
         path = environ.get("PATH_INFO", "")
         try:
             if path != "/healthz":
-                admit(environ, self.tokens, self.limits)
+                admit(environ, self.tenants, self.limits)
             body = read_body(environ, self.limits.for_path(path))
         except ReefError as e:
             msg = error_body(path, e)
@@ -327,28 +338,33 @@ class RelayGateway:
         return info
 
     def infer(self, dialect: str, body, scenario: str | None, tags: dict[str, str] | None = None,
-              client_headers: dict[str, str] | None = None):
+              client_headers: dict[str, str] | None = None, caller: str | None = None):
         name = check_name(scenario)
         t0, episode = time.perf_counter(), None
         try:  # [episodes hook] a 4xx is recorded as refused, as the primary does (reef_lab/gateway/unanswered.py)
             episode = episodes.detect(client_headers, body)
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            info = self.serving(name) or {"release_id": None, "files": None}
+            info = self.serving(name) or {"release_id": None, "system": None}
+            harness = info["system"] is not None  # the primary parsed it once, at release
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-            sent = harness_mod.apply(dialect, body, info["files"]) if info["files"] and not installed else body
-            release = (installed or info["release_id"]) if info["files"] else info["release_id"]
+            sent = harness_mod.apply(dialect, body, info["system"]) if harness and not installed else body
+            release = (installed or info["release_id"]) if harness else info["release_id"]
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                        release or "upstream")
+                                        release or "upstream", caller=caller)
         except ReefError as e:
             if unanswered.is_refusal(e):
-                unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+                unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode, caller=caller)
             raise
 
-    def report(self, scenario: str | None, body, tags: dict[str, str] | None = None) -> tuple[bool, str]:
-        """Validated and stored by the primary (it holds the index of receipts); auth was checked here."""
+    def report(self, scenario: str | None, body, tags: dict[str, str] | None = None, caller: str | None = None,
+               only_own: bool = False) -> tuple[bool, str]:
+        """Validated and stored by the primary (it holds the index of receipts); auth and scope were checked here,
+        and the primary takes `caller` and `only_own` from this worker (it takes connections only from processes of
+        its own user: PrimaryBridge)."""
         try:
-            out = self.client.call({"op": "report", "scenario": scenario, "tags": tags or {}}, orjson.dumps(body))
+            out = self.client.call({"op": "report", "scenario": scenario, "tags": tags or {}, "caller": caller,
+                                    "only_own": only_own}, orjson.dumps(body))
         except OSError as e:
             raise ReefError(f"the primary worker is unavailable: {e}", status=503) from None
         if "error" in out:

@@ -17,7 +17,7 @@ import time
 import orjson
 
 from reef_lab import plugins
-from reef_lab.config import ServeConfig, tokens_from_env
+from reef_lab.config import ServeConfig
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from server import tuning, workers
@@ -52,11 +52,11 @@ def _closer(gateway):
     return close
 
 
-def build_relay(cfg: ServeConfig, tokens: list[str]):
+def build_relay(cfg: ServeConfig, tenants):
     """A relay worker (see server/workers.py): inference of known scenarios here, everything else to the
-    primary."""
-    tokens_b, limits = [t.encode() for t in tokens], limits_from(cfg)
-    client = workers.PrimaryClient(cfg.data_dir, tokens_b, limits)
+    primary. It checks every token itself, with the same tokens as the primary (read at its start)."""
+    limits = limits_from(cfg)
+    client = workers.PrimaryClient(cfg.data_dir, tenants, limits)
     client.wait_ready()
     gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes())
 
@@ -65,7 +65,7 @@ def build_relay(cfg: ServeConfig, tokens: list[str]):
             gw.serving(environ.get("HTTP_X_REEF_SCENARIO")) is not None
     logging.getLogger("reef_lab.server").info("relay worker %d ready (primary: the worker holding %s)",
                                               os.getpid(), os.path.join(cfg.data_dir, ".primary.lock"))
-    return HotRoutes(client.forward, gw, tokens_b, local=local, limits=limits)
+    return HotRoutes(client.forward, gw, tenants, local=local, limits=limits)
 
 
 def build():
@@ -75,7 +75,7 @@ def build():
     die_with_parent()  # granian's workers; server/httpd.py's come through reef_lab.procs, which does this too
     # This process takes clients' requests: from here on only code its operator named can be imported.
     plugins.restrict_to(cfg.code_paths())
-    tokens = tokens_from_env()
+    tenants = cfg.tenants()  # REEF_TOKEN's and the tokens file's, read once: no request reads a file for them
     global _governor, role
     primary = False
     _governor = tuning.apply(cfg, _held)  # before this worker starts any thread: they inherit it
@@ -83,22 +83,23 @@ def build():
         lock = workers.claim_primary(cfg.data_dir)
         if lock is None:
             role = "relay"
-            return build_relay(cfg, tokens)
+            return build_relay(cfg, tenants)
         _held.append(lock)
         primary, role = True, "primary"
     gateway = build_gateway(cfg)
     if cfg.engine_name() == "embedded":
         _embedded.append(gateway.engine)
     multiprocessing.util.Finalize(None, _closer(gateway), exitpriority=10)
-    if not tokens:
+    if not tenants.enabled:
         logging.getLogger("reef_lab.server").warning(
-            "REEF_TOKEN is not set: the API takes requests without a token, from local programs only (browser pages "
-            "of other sites are refused). To require a token, start with REEF_TOKEN=<secret> and have clients send "
+            "REEF_TOKEN is not set and no --tokens-file names tokens: the API takes requests without a token, from "
+            "local programs only (browser pages of other sites are refused). To require a token, start with "
+            "REEF_TOKEN=<secret> (or a tokens file: docs/api.md#tokens) and have clients send "
             "'Authorization: Bearer <secret>'")
     logging.getLogger("reef_lab.server").info(
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)
-    app = create_app(gateway, tokens, limits_from(cfg))
+    app = create_app(gateway, tenants, limits_from(cfg))
     if primary:
         workers.PrimaryBridge(app, gateway, cfg.data_dir)
     return app

@@ -218,3 +218,98 @@ def test_the_gateway_groups_a_session_s_calls(live):
     assert requests.get(base + "&session=nobody").json()["records"] == []
     bad = requests.get(base + "&session=a%20b")
     assert bad.status_code == 400 and "session" in bad.json()["error"]["message"]
+
+
+# ---- what `install` runs, and where the token goes ------------------------------------------------------------------
+class Canned:
+    """A loopback HTTP server answering every GET with one canned (status, headers, body), logging each request's
+    path and headers: a server that is not reef_lab, or a redirect."""
+
+    def __init__(self, status: int = 200, body: bytes = b"", headers: dict | None = None, host: str = "127.0.0.1"):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+
+        self.seen: list[tuple[str, dict]] = []
+        canned = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server name
+                canned.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+                self.send_response(canned.status)
+                for k, v in (canned.headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(canned.body)))
+                self.end_headers()
+                self.wfile.write(canned.body)
+
+            def log_message(self, *a):
+                pass
+        self.status, self.body, self.headers = status, body, headers
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_install_refuses_plain_http_to_another_host(tmp_path, monkeypatch):
+    cli = CLI(tmp_path, "", token="secret")
+    for command in (("install", "--url", "http://192.0.2.7:8900", "--scenario", "s"),
+                    ("install", "--url", "http://example.invalid:8900", "--scenario", "s")):
+        done = cli(*command, adapter="files")
+        assert done.returncode == 1 and "refusing plain http to" in done.stderr and "REEF_ALLOW_HTTP=1" in done.stderr
+    from reef_lab.agents.cli import Failed, check_url
+    for fine in ("https://reef.example:8900", "http://127.0.0.1:8900", "http://127.9.9.9", "http://[::1]:1",
+                 "http://localhost:8900"):
+        check_url(fine)
+    with pytest.raises(Failed, match="not the http"):
+        check_url("file:///etc/passwd")
+    monkeypatch.setenv("REEF_ALLOW_HTTP", "1")  # the documented opt-in for a LAN the user trusts
+    check_url("http://192.168.1.5:8900")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])
+def test_install_follows_no_redirect_and_sends_the_token_nowhere_else(tmp_path, host):
+    target = Canned(200, b"#!/bin/sh\necho ran\n", host=host)  # another port (or loopback host) than asked
+    hop = Canned(302, headers={"location": target.url + "/reef/harness/install?adapter=files&scenario=s"})
+    try:
+        done = CLI(tmp_path, hop.url, token="secret")("install", "--url", hop.url, "--scenario", "s", adapter="files")
+        assert done.returncode == 1 and "answered a redirect (302)" in done.stderr, done.stderr
+        assert hop.seen and hop.seen[0][1]["authorization"] == "Bearer secret"  # the URL the user named
+        assert target.seen == []  # the redirect target got nothing, the token least of all
+    finally:
+        hop.close()
+        target.close()
+
+
+def test_install_runs_only_a_whole_reef_lab_script_for_what_it_asked(live, tmp_path):
+    start, _ = live
+    s = start()
+    requests.post(s.url + "/reef/scenarios", json={"name": "s"}).raise_for_status()
+    real = requests.get(s.url + "/reef/harness/install?adapter=files&scenario=s").content
+    mark = tmp_path / "ran"
+    other = requests.get(s.url + "/reef/harness/install?adapter=claude&scenario=s").content
+    cases = [(f"#!/bin/sh\ntouch {mark}\n".encode(), "header"),
+             (real[:len(real) // 2] + f"\ntouch {mark}\n".encode(), "end line"),
+             (real.replace(b"installed %s", f"touch {mark}; installed %s".encode()), "sha256"),
+             (other, "for files"),
+             (real.replace(b"scenario s, release", b"scenario t, release"), "not scenario 's'")]
+    for body, why in cases:
+        fake = Canned(200, body, {"content-type": "text/x-shellscript"})
+        try:
+            done = CLI(tmp_path, fake.url)("install", "--url", fake.url, "--scenario", "s", adapter="files")
+        finally:
+            fake.close()
+        assert done.returncode == 1 and "refusing to run" in done.stderr and why in done.stderr, (why, done.stderr)
+        assert not mark.exists()
+    done = CLI(tmp_path, s.url)("install", "v7", "--url", s.url, "--scenario", "s", adapter="files")
+    assert done.returncode == 1 and "v7" in done.stderr  # no such release: the server's 404, nothing run
+    cli = CLI(tmp_path, s.url)
+    assert "installed s:v1" in ok(cli("install", "v1", "--url", s.url, "--scenario", "s", adapter="files"))
+    ok(cli("install", "--url", s.url, "--scenario", "s"))
+    release = cli.home / "reef-harness" / "s" / "claude" / ".reef-release"  # its url line moved to another host
+    release.write_text(release.read_text().replace(f"url {s.url}", "url http://192.0.2.7:8900"))
+    done = cli("--bin", str(cli.fake))
+    assert done.returncode == 1 and "refusing plain http to 192.0.2.7" in done.stderr and cli.runs() == []

@@ -336,3 +336,24 @@ def test_records_app_shows_an_episode_as_a_conversation(episode_data):
     assert tokens["per"][second["id"]] == {"given": len(second["prompt_token_ids"]),
                                            "generated": len(second["token_ids"])}
     assert tokens["samples"] == 2 and tokens["trained"] == trained
+
+
+def test_sao_app_plots_retention_beside_the_held_out_accuracy(tmp_path):
+    """Issue 39: a release's score on the retention task (a second task it was not trained on) is drawn on the same
+    panel as its held-out accuracy, base at step 0, each with its interval."""
+    sao = load_module("sao")
+    folder = sao_run(tmp_path / "run", [{"trainer_step": 2, "reward_mean": 0.3}])
+    metrics = folder / "data" / "learn" / "x" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows.insert(1, {"event": "eval", "release_id": "base", "retention_accuracy": 0.75, "time": rows[0]["time"]})
+    for r in rows:
+        if r["event"] == "candidate":
+            r["retention_accuracy"] = 0.5
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = sao.load_run(folder)
+    assert sao.accuracy_points(run, "retention")[:2] == ([0.0, 2], [0.75, 0.5])
+    assert sao.accuracy_points(run)[:2] == ([0.0, 2], [0.25, 0.5])
+    fig = sao.plot_run(run)
+    ax = next(a for a in fig.axes if a.get_title().startswith("held-out and retention"))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["held-out", "retention"]
+    assert axis_problems(fig) == []

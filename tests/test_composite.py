@@ -189,3 +189,41 @@ def test_a_harness_components_default_model_is_the_scenarios_serving_weights(tin
         assert serving != EngineLM(engine).complete(msgs, max_tokens=8, temperature=0)  # the base answers otherwise
     finally:
         engine.close()
+
+
+def test_a_change_request_on_a_composite_goes_to_its_harness_component(tmp_path, tiny_model_dir, stub_url):
+    """POST /reef/train {text} on a composite scenario answered 500 (AttributeError: no request_change): now the
+    harness component takes it; a composite without one refuses it with 409."""
+    config = composite(stub_url)
+    s = Running(Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=8),
+                        default_recipe="composite", default_config=config))
+    try:
+        assert requests.post(f"{s.url}/reef/scenarios", json={"name": "mix"}).status_code == 201
+        r = requests.post(f"{s.url}/reef/train", json={"scenario": "mix", "text": "Always show your working."})
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert body["component"] == "harness" and body["scenario"] == "mix", body
+        assert requests.get(s.url + body["url"]).json()["text"] == "Always show your working."
+        r = requests.post(f"{s.url}/reef/scenarios", json={"name": "w", "recipe": "composite", "config": {
+            "components": {"weights": {"recipe": "sft", "config": {"mode": "manual"}}}}})
+        assert r.status_code == 201, r.text
+        r = requests.post(f"{s.url}/reef/train", json={"scenario": "w", "text": "Be brief."})
+        assert r.status_code == 409 and "no harness component" in r.json()["error"]["message"], r.text
+    finally:
+        s.stop()
+
+
+def test_every_shipped_learner_has_every_method_of_the_protocol():
+    """What the gateway calls on a scenario's learner (ScenarioLearner) exists on each shipped learner class, so a
+    route never meets an AttributeError (the composite lacked request_change)."""
+    from recipes.composite.recipe import CompositeLearner
+    from recipes.gepa.learner import HarnessLearner
+    from recipes.tttd.learner import TTTDLearner
+    from reef_lab.learning.learner import Learner
+    from reef_lab.learning.recipe import ScenarioLearner
+
+    members = [n for n in vars(ScenarioLearner) if not n.startswith("_")]
+    assert "request_change" in members and "promote" in members, members
+    for klass in (CompositeLearner, HarnessLearner, TTTDLearner, Learner):
+        missing = [n for n in members if not callable(getattr(klass, n, None))]
+        assert missing == [], (klass.__name__, missing)

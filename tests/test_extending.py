@@ -341,3 +341,75 @@ def test_a_task_named_by_module_class_drives_a_gepa_search(tmp_path, monkeypatch
     s = run_gepa_experiment(cfg, progress=False)
     assert 0.0 < s["seed_val"] < 1.0 and 0.0 < s["seed_test"] < 1.0  # the plug-in's continuous reward
     assert "BRIEF-FEEDBACK" in (tmp_path / "reflection.jsonl").read_text()  # its feedback reached reflection
+
+
+OLD_STYLE_RECIPE = '''
+from reef_lab.learning.recipe import LearnConfig
+
+
+class OldStyle:
+    """Written when the trainer config was a dict: reads it with .get and []."""
+
+    name, evolves = "oldstyle", "nothing"
+
+    def __init__(self, **config):
+        self.config = LearnConfig(**config)
+        self.lr = self.config.trainer.get("lr", 1e-5)
+        self.rank = self.config.trainer["lora_rank"]
+
+    def validate_report(self, report):
+        pass
+
+    def learner(self, ctx):
+        return None
+'''
+
+BROKEN_RECIPE = '''
+class Broken:
+    name, evolves, config = "broken", "nothing", None
+
+    def __init__(self, **config):
+        self.window = config["windw"] if config else {}.missing  # a plug-in's own bug
+
+    def validate_report(self, report):
+        pass
+
+    def learner(self, ctx):
+        return None
+'''
+
+
+def test_plug_in_authors_get_clear_errors(tmp_path, monkeypatch, capsys, stub_url):
+    """Issue 38 item 16: a recipe written against the dict trainer config still builds (with a DeprecationWarning);
+    a recipe whose own code raises gives one line naming it, the error and where (at start) and a 500 saying so (to a
+    client), not a traceback or 'internal error: AttributeError'; --recipe refuses a module or a class that is no
+    recipe; a config typo is one line, not a 35-line usage."""
+    (tmp_path / "old_style.py").write_text(OLD_STYLE_RECIPE)
+    (tmp_path / "broken_recipe.py").write_text(BROKEN_RECIPE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from reef_lab.learning.recipe import load_recipe
+
+    with pytest.warns(DeprecationWarning, match="TrainerConfig dataclass now"):
+        recipe = load_recipe("old_style:OldStyle", {"trainer": {"lr": 0.5}})
+    assert recipe.lr == 0.5 and recipe.rank == 0
+    for argv, says in ((["--recipe", "broken_recipe:Broken"], "recipe 'broken_recipe:Broken' failed while it was "
+                        "built: AttributeError: 'dict' object has no attribute 'missing' (raised at "),
+                       (["--recipe", "os:path"], "names a module, not a class"),
+                       (["--recipe", "json:JSONDecoder"], "is not a recipe: it needs the members"),
+                       (["--recipe", "sft", "--recipe-config", "{batch_sise: 2}"], "unknown field(s) ['batch_sise']")):
+        with pytest.raises(SystemExit) as exit_:
+            parse_serve_config([*argv, "--data-dir", str(tmp_path / "data")])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and says in err, (argv, err)
+        assert len(err.strip().splitlines()) == 2 and "Traceback" not in err, err  # the error and where --help is
+    from reef_lab.engines.upstream import UpstreamEngine
+
+    server = Running(Gateway(tmp_path / "data", UpstreamEngine(stub_url), allowed_recipes=["broken_recipe:Broken"]))
+    try:
+        r = requests.post(server.url + "/reef/scenarios", json={"name": "b", "recipe": "broken_recipe:Broken"})
+        assert r.status_code == 500, r.text
+        msg = r.json()["error"]["message"]
+        assert "recipe 'broken_recipe:Broken' failed while it was built: AttributeError" in msg, msg
+        assert "internal error" not in msg
+    finally:
+        server.stop()

@@ -20,13 +20,13 @@ def test_system_text_and_apply_per_dialect():
     text = system_text(FILES)
     assert text == ("You are terse.\n\nRules:\n- Answer with a number.\n\nSkills:\n## add\nAdd digit by digit.")
     chat = {"messages": [{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}]}
-    out = apply(dialects.OPENAI_CHAT, chat, FILES)
+    out = apply(dialects.OPENAI_CHAT, chat, text)
     assert out["messages"][0] == {"role": "system", "content": text} and out["messages"][1:] == chat["messages"]
     assert len(chat["messages"]) == 2  # the client's body is not touched
-    assert apply(dialects.OPENAI_RESPONSES, {"input": "hi", "instructions": "mine"}, FILES)["instructions"] == (
+    assert apply(dialects.OPENAI_RESPONSES, {"input": "hi", "instructions": "mine"}, text)["instructions"] == (
         text + "\n\nmine")
-    assert apply(dialects.ANTHROPIC, {"messages": []}, FILES)["system"] == text
-    blocks = apply(dialects.ANTHROPIC, {"system": [{"type": "text", "text": "mine"}]}, FILES)["system"]
+    assert apply(dialects.ANTHROPIC, {"messages": []}, text)["system"] == text
+    blocks = apply(dialects.ANTHROPIC, {"system": [{"type": "text", "text": "mine"}]}, text)["system"]
     assert blocks == [{"type": "text", "text": text}, {"type": "text", "text": "mine"}]
 
 

@@ -16,6 +16,7 @@ import requests
 
 from reef_lab.agents.layout import Binding, Rendered, parse_release, release_text, render
 from reef_lab.agents.script import render_script
+from reef_lab.harness import load
 
 SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
 FILES = {"system_prompt.md": "You are careful.", "rules.md": "- RULE-ALPHA run the tests",
@@ -53,7 +54,7 @@ def tree(folder: Path) -> dict[str, str]:
 
 def test_each_agent_gets_its_own_layout_and_binding():
     b = Binding("http://127.0.0.1:8900", "s", "s:v3", "m-1")
-    claude = render("claude", FILES, b)
+    claude = render("claude", load(FILES), b)
     assert set(claude.files) == {"CLAUDE.md", "skills/tidy/SKILL.md", "skills/check-style/SKILL.md",
                                  "commands/ship.md", "files/notes/why.txt"}
     assert "You are careful." in claude.files["CLAUDE.md"] and "## Rules\n\n- RULE-ALPHA" in claude.files["CLAUDE.md"]
@@ -64,20 +65,20 @@ def test_each_agent_gets_its_own_layout_and_binding():
     env = json.loads(claude.config["settings.json"])["env"]
     assert env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8900",
                    "ANTHROPIC_CUSTOM_HEADERS": "x-reef-scenario: s\nx-reef-harness: s:v3"}
-    codex = render("codex", FILES, b)
+    codex = render("codex", load(FILES), b)
     assert {"AGENTS.md", "skills/tidy/SKILL.md", "prompts/ship.md"} <= set(codex.files)
     toml = codex.config["config.toml"]
     assert 'base_url = "http://127.0.0.1:8900/v1"' in toml and 'wire_api = "responses"' in toml
     assert 'http_headers = { "x-reef-scenario" = "s", "x-reef-harness" = "s:v3" }' in toml
     assert 'env_http_headers = { "x-reef-session" = "REEF_SESSION"' in toml and 'env_key = "REEF_AGENT_KEY"' in toml
-    opencode = render("opencode", FILES, b)
+    opencode = render("opencode", load(FILES), b)
     assert {"AGENTS.md", "skill/tidy/SKILL.md", "command/ship.md"} <= set(opencode.files)
     options = json.loads(opencode.config["opencode.json"])["provider"]["reef"]["options"]
     assert options["headers"]["x-reef-session"] == "{env:REEF_SESSION}" and options["apiKey"] == "{env:REEF_AGENT_KEY}"
-    pi = render("pi", FILES, b)
+    pi = render("pi", load(FILES), b)
     assert {"AGENTS.md", "skills/tidy/SKILL.md", "prompts/ship.md"} <= set(pi.files)
     assert json.loads(pi.config["settings.json"]) == {"defaultProvider": "reef", "defaultModel": "m-1"}
-    assert render("files", FILES, b).files == FILES and render("files", FILES, b).config == {}
+    assert render("files", load(FILES), b).files == FILES and render("files", load(FILES), b).config == {}
     rel = parse_release(claude.release_text)
     assert rel["release"] == "s:v3" and rel["files"]["CLAUDE.md"] == hashlib.sha256(
         claude.files["CLAUDE.md"].encode()).hexdigest() and set(rel["config"]) == {"settings.json"}
@@ -91,7 +92,7 @@ def test_bad_bindings_and_name_clashes_are_refused(proxy):
     with pytest.raises(BadRequest, match="model"):
         Binding("http://x", "s", "s:v1", "m\nx")
     with pytest.raises(Conflict, match="both become"):
-        render("claude", {"skills/a b.md": "x", "skills/a-b.md": "y"}, Binding("http://x", "s", "s:v1", "m"))
+        render("claude", load({"skills/a b.md": "x", "skills/a-b.md": "y"}), Binding("http://x", "s", "s:v1", "m"))
     u = proxy.url
     publish(u, FILES)
     for q, status, text in (("", 400, "adapter"), ("?adapter=vim", 400, "adapter"),

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from reef_lab import procs
 from tests.doubles.processes import start_server
@@ -340,3 +341,30 @@ def _wait_healthy(port: int, timeout: float = 60) -> None:
             if time.time() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.mark.heavy
+def test_a_clean_stop_of_a_training_server_prints_no_traceback(tmp_path):
+    """Issue 38 item 16: a scenario with a W&B run (offline), stopped by SIGTERM, printed wandb's ConnectionResetError
+    traceback at every clean shutdown (W&B's own exit handler ended its service before the tracker finished)."""
+    server = start_server("--model-path", "tiny", "--recipe", "sft", "--recipe-config", "{mode: manual}",
+                          data_dir=tmp_path / "data", log=tmp_path / "serve.log", env={"WANDB_MODE": "offline"})
+    try:
+        h = {"x-reef-scenario": "s"}
+        r = requests.post(server.url + "/v1/chat/completions", headers=h, timeout=120,
+                          json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        receipt = r.headers["x-reef-agent-record-id"]
+        r = requests.post(server.url + "/reef/report", headers=h, timeout=60, json={"score": 1, "references": [receipt]})
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 120  # the learner starts its W&B run (a wandb-core service process)
+
+        def started() -> bool:
+            return any("run started" in p.read_text(errors="replace")
+                       for p in (tmp_path / "data" / "wandb").glob("offline-run-*/logs/debug.log"))
+        while not started() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert started(), server.log_tail()
+    finally:
+        server.stop()
+    log = (tmp_path / "serve.log").read_text()
+    assert "closed the gateway" in log and "Traceback" not in log and "did not finish cleanly" not in log, log[-3000:]

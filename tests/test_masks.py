@@ -245,3 +245,31 @@ def test_sao_advantages_run_over_the_generated_tokens_only():
     delta = [0.2 - 0.1, 0.3 - 0.2, 0.4 - 0.3, 1.0 - 0.4]
     expected = sum((cfg.gamma * lam) ** k * d for k, d in enumerate(delta))
     assert adv_e[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_custom_sequence_loss_sees_zeros_not_inf_where_the_mask_is_0(trainer):
+    """What a plug-in SequenceLoss is handed (issue 38 item 16): logp and ref_logp are exactly 0 with no gradient on
+    given tokens (a tool result) and padding, even when the recorded rollout logprobs there are -inf or missing, so a
+    loss that forgets to mask (ratios, exp, log of a probability) stays finite; the step's loss is finite."""
+    from reef_lab.trainers.base import SequenceLoss
+
+    seen = {}
+
+    class Unguarded(SequenceLoss):
+        name, reference = "unguarded", True
+
+        def __call__(self, logp, mask, samples, ref_logp):
+            seen.update(logp=logp.detach().clone(), ref=ref_logp.clone(), mask=mask.clone())
+            ratio = torch.exp(logp - ref_logp)  # never multiplied by the mask
+            return -(ratio * torch.log(torch.exp(logp) + 1e-30)).sum(), {}
+
+    episode = _episode()
+    episode.logprobs = [-1.0] * len(C1) + [float("-inf")] * len(TOOL) + [-1.0] * len(C2)
+    single = _single()
+    single.logprobs = [-2.0, -2.0, -2.0]
+    m = trainer.step([episode, single], Unguarded())
+    assert math.isfinite(m["loss"]), m
+    for name in ("logp", "ref"):
+        t = seen[name]
+        assert torch.isfinite(t).all(), (name, t)
+        assert (t[seen["mask"] == 0] == 0).all(), (name, t)

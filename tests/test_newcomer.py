@@ -28,9 +28,11 @@ class EchoTask(Task):
 
 def test_the_tests_tiny_model_serves_by_name(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("REEF_LAB_CACHE", str(tmp_path / "cache"))
-    engine = build_engine(ServeConfig(model_path="tiny"))  # before: "model_path 'tiny' is neither a .gguf file ..."
-    try:
-        assert engine.model_name == "tiny" and engine.model_dir == tmp_path / "cache" / "tiny-llama"
+    data = tmp_path / "data"
+    engine = build_engine(ServeConfig(model_path="tiny", data_dir=str(data)))  # before: "model_path 'tiny' is
+    try:  # neither a .gguf file ..."; it is built into the data dir, the user's model cache is not written (issue 38)
+        assert engine.model_name == "tiny" and engine.model_dir == data / "models" / "tiny-llama"
+        assert not (tmp_path / "cache").exists()
         from transformers import AutoModelForCausalLM
 
         built = AutoModelForCausalLM.from_pretrained(engine.model_dir).state_dict()

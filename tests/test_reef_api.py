@@ -57,7 +57,7 @@ def test_report_reference_rules(proxy):
     r = report(proxy.url, {"score": 1, "references": [a, a]})
     assert r.status_code == 400 and "more than once" in r.json()["error"]["message"]
     r = report(proxy.url, {"score": 1, "references": [other]})
-    assert r.status_code == 400 and "belongs to scenario 'other'" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "belongs to another scenario, not 'demo'" in r.json()["error"]["message"]
     rep = report(proxy.url, {"score": 1, "references": [a]}).json()["agent_record_id"]
     r = report(proxy.url, {"score": 1, "references": [rep]})
     assert r.status_code == 400 and "is a report record" in r.json()["error"]["message"]

@@ -79,7 +79,7 @@ def test_a_candidate_whose_evaluation_raises_is_failed_with_the_error(gateway, o
 
 
 def test_held_out_answers_are_eval_records_of_the_release_they_judged(gateway, only_the_releaser_writes):
-    sft(gateway, "judged", eval_task={"name": "arithmetic"}, eval_size=3, eval_max_tokens=2)
+    sft(gateway, "judged", eval_task={"name": "arithmetic"}, eval_size=3, eval_max_tokens=2, retention_task=None)
     rels = gateway.list_releases("judged")
     assert rels["serving"] == "judged:v1", rels
     evals = gateway.list_records("judged", kind="eval", limit=100)["records"]

@@ -377,6 +377,73 @@ def test_status_counts_and_logs_each_evicted_segment(tmp_path, stub_url, caplog)
         s.close()
 
 
+def test_episode_reports_race_retention_rounds_and_every_one_is_answered(tmp_path, stub_url, monkeypatch):
+    """Issue 38 item 9: an episode report raced a retention rewrite once (500 'parquet: File out of specification'):
+    the episode's receipts came from a scan whose plan names segment files by path (and has read their metadata),
+    collected while a round replaced one of them. Here a reporter thread posts episode reports over HTTP while
+    retention rounds in another thread rewrite the segment that holds each episode's calls. The window (a scan
+    planned, not yet collected) lasts milliseconds; a hook widens it to its worst, and without timing: each episode
+    read, once its scan is planned, waits until its round has swapped the segment (what main then reads: the 500)
+    or is waiting to swap it (the read holds the segments' shared lock: the fix). So the result does not depend on
+    how busy the CPUs are."""
+    gw = Gateway(tmp_path / "data", UpstreamEngine(stub_url, timeout=10), roll_records=1000)
+    s = Served(gw)
+    st, rw = gw.store, gw.store._segments_rw
+    retainer = Retainer(st, RetentionConfig(RetentionPolicy(), {"b": RetentionPolicy(max_records=2)}), lambda: set())
+    planned, swapped = threading.Event(), threading.Event()
+    plain_scan, plain_evict = st.scan, st.evict
+
+    def scan():
+        frame = plain_scan()
+        if planned.is_set():
+            return frame  # (only the round's episode read is held)
+        planned.set()
+        deadline = time.monotonic() + 120
+        while not swapped.is_set() and not (rw._waiting and rw._readers) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return frame
+
+    def evict(no, drop):
+        assert planned.wait(120), "no episode read planned its scan"
+        try:
+            return plain_evict(no, drop)
+        finally:
+            swapped.set()
+    monkeypatch.setattr(st, "scan", scan)
+    monkeypatch.setattr(st, "evict", evict)
+    answers, rounds = [], []
+    try:
+        for k in range(6):
+            calls = [gw.infer("openai.chat", {"model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": f"turn {t} of e{k}"}]}, "a", None, {"x-reef-session": f"e{k}"}
+            ).headers["x-reef-agent-record-id"] for t in range(3)]
+            for i in range(6):
+                chat(gw, "b", i)
+            st.roll_open_log()  # a segment holds the episode's calls and b's, of which the round takes b's
+            for i in range(3):
+                chat(gw, "b", i)
+            planned.clear()
+            swapped.clear()
+
+            def report(k=k):
+                r = requests.post(s.url + "/reef/report", headers={"x-reef-scenario": "a"},
+                                  json={"score": 1.0, "episode": f"e{k}"}, timeout=120)
+                answers.append((r.status_code, r.text))
+            threads = [threading.Thread(target=report, name="reporter"),
+                       threading.Thread(target=lambda: rounds.append(retainer.run_round()), name="round")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            assert answers[-1][0] == 200, answers[-1]  # main: 500 'parquet: File out of specification'
+            report_id = json.loads(answers[-1][1])["agent_record_id"]
+            assert st.get(report_id)["references"] == calls
+            assert rounds[-1]["rewritten"] == 1 and rounds[-1]["records"] == (6 if k == 0 else 9), rounds[-1]
+        assert len(answers) == len(rounds) == 6
+    finally:
+        s.close()
+
+
 def test_the_releases_answer_comes_from_one_read_of_the_index(tmp_path, stub_url, monkeypatch):
     """(Found by the default suite: test_live_swap saw serving 'm:v1' with no releases listed: list_releases read
     the index twice and a publish landed in between.)"""

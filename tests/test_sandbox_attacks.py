@@ -260,6 +260,197 @@ def test_the_candidate_may_write_its_own_directory():
     assert r.kind == "ok" and r.stdout == "42\n", r
 
 
+# --- the kernel's settings and the candidate's privileges ---------------------------------------------------------
+
+# Opens every file of /proc/sys and of /proc's other global folders for writing and closes it at once, without
+# writing a byte: on a sandbox that let it, the host's settings stay as they were.
+KERNEL_KNOBS = """\
+import errno, os, socket
+opened, refused = [], set()
+for top in ('/proc/sys', '/proc/sysrq-trigger', '/proc/irq', '/proc/bus', '/proc/fs', '/proc/driver', '/proc/tty'):
+    paths = [top] if not os.path.isdir(top) else [os.path.join(r, f) for r, _, fs in os.walk(top) for f in fs]
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            refused.add(errno.errorcode[e.errno])
+            continue
+        os.close(fd)
+        opened.append(p)
+try:
+    socket.sethostname('pwned')
+    opened.append('sethostname')
+except OSError as e:
+    refused.add(errno.errorcode[e.errno])
+print(len(opened), sorted(refused), *opened[:20])
+"""
+
+
+def test_a_candidate_cannot_open_a_kernel_setting_for_writing():
+    """Issue 38: run as root, bubblewrap mapped the candidate's uid to root outside and left /proc/sys writable, so a
+    candidate could set kernel.core_pattern (a program the kernel runs as root at the next crash), vm.drop_caches,
+    user.max_user_namespaces, ... (765 files of /proc/sys opened for writing here)."""
+    r = attack(KERNEL_KNOBS, Limits(cpu_seconds=20, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024))
+    assert r.kind == "ok", r
+    count, *rest = r.stdout.split(maxsplit=1)
+    assert count == "0", f"the candidate opened {count} kernel settings for writing: {r.stdout[:2000]}"
+    assert "/proc/sys/kernel/core_pattern" not in r.stdout
+
+
+PRIVILEGES = """\
+import ctypes, json, os, time
+ctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0)  # PR_SET_NAME: the test finds this process from the host by it
+status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+print(json.dumps({"ids": [*os.getresuid(), *os.getresgid()], "groups": os.getgroups(),
+                  "uid_map": open('/proc/self/uid_map').read(),
+                  "caps": {k: int(status[k], 16) for k in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')},
+                  "no_new_privs": int(status['NoNewPrivs'])}))
+time.sleep(5)
+"""
+
+
+def host_ids(name: str) -> list[str] | None:
+    """The real, effective, saved and filesystem uids and gids of the host process called `name`, as the host sees
+    them (the candidate's own /proc/self/uid_map names only the namespace one level up)."""
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "comm").read_text().strip() == name:
+                lines = (p / "status").read_text().splitlines()
+                return [v for line in lines if line.startswith(("Uid:", "Gid:")) for v in line.split()[1:]]
+        except OSError:  # the process ended while we looked
+            continue
+    return None
+
+
+def test_the_candidate_is_an_unprivileged_user_inside_and_outside():
+    """Issue 38: run as root, the candidate was uid 65534 inside and root outside (uid_map `65534 0 1`). Now it is
+    nobody with no capability inside, and outside it is nobody (a root server) or the server's own user."""
+    name = f"reef{uuid.uuid4().hex[:10]}"
+    verdict = []
+    t = threading.Thread(target=lambda: verdict.append(attack(PRIVILEGES.replace("{name}", name))))
+    t.start()
+    outside = None
+    while outside is None and t.is_alive():
+        outside = host_ids(name)
+        time.sleep(0.05)
+    t.join()
+    r = verdict[0]
+    assert r.kind == "ok", r
+    got = json.loads(r.stdout)
+    assert got["ids"] == [65534] * 6 and set(got["groups"]) <= {65534}, got
+    assert got["caps"] == dict.fromkeys(got["caps"], 0) and got["no_new_privs"] == 1, got
+    server = os.geteuid()
+    assert outside == [str(65534 if server == 0 else server)] * 4 + [str(65534 if server == 0 else os.getegid())] * 4, \
+        (outside, got["uid_map"])
+
+
+def test_no_new_user_namespace_even_where_processes_are_allowed():
+    """A user namespace of its own would give the candidate capabilities there (mounting an unbounded tmpfs, for
+    one): refused by clone's flags, clone3 (whose flags seccomp cannot read) and unshare. Started as root the sandbox
+    has no user namespace whose settings could refuse it (bubblewrap's --disable-userns): without the filter's
+    check of clone's flags the clone here made one."""
+    code = ("import ctypes, errno, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "for name, nr, flags in (('clone', 56, 0x10000000 | 17), ('unshare', 272, 0x10000000)):\n"
+            "    ret = libc.syscall(nr, flags, 0, 0, 0, 0)\n"
+            "    if ret == 0 and name == 'clone':\n"
+            "        os._exit(0)\n"
+            "    if ret > 0:\n"
+            "        os.waitpid(ret, 0)\n"
+            "    print(name, 'made one' if ret >= 0 else errno.errorcode[ctypes.get_errno()])\n"
+            "libc.syscall(435, 0, 0)\n"  # clone3 without arguments: EINVAL from the kernel, ENOSYS from the filter
+            "print('clone3', errno.errorcode[ctypes.get_errno()])\n"
+            "import threading\n"  # threads and forks still work (glibc falls back to clone)
+            "t = threading.Thread(target=print, args=('thread ran',))\n"
+            "t.start()\n"
+            "t.join()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(7)\n"
+            "print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    if os.uname().machine != "x86_64":
+        pytest.skip("the syscall numbers in this test are x86_64's")
+    r = attack(code, Limits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, allow_processes=True))
+    assert r.kind == "ok", r
+    assert "made one" not in r.stdout and "clone3 ENOSYS" in r.stdout, r.stdout
+    assert r.stdout.endswith("thread ran\nfork 7\n"), r.stdout
+
+
+# --- disk ----------------------------------------------------------------------------------------------------------
+
+FILL = """\
+import errno, os
+for top in ('/tmp', '/dev/shm', '/', '/dev'):
+    written, why = 0, 'none'
+    try:
+        for i in range(100):  # 100 files of 60 KB (each under the output cap, which bounds any one file)
+            with open(os.path.join(top, f'fill-{i}'), 'wb') as f:
+                f.write(b'x' * 60 * 1024)
+            written += 60 * 1024
+    except OSError as e:
+        why = errno.errorcode[e.errno]
+    print(top, written, why)
+"""
+
+
+def test_every_writable_mount_is_bounded():
+    """Issue 38: /, /dev and /dev/shm were tmpfs of half the RAM (64 MB written in 0.07 s): now /tmp and /dev/shm
+    hold `disk_mb` each and the rest is read-only."""
+    r = attack(FILL, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024, disk_mb=2))
+    assert r.kind == "ok", r
+    got = {top: (int(n), why) for top, n, why in (line.split() for line in r.stdout.splitlines())}
+    assert set(got) == {"/tmp", "/dev/shm", "/", "/dev"}, r.stdout
+    for top, (written, why) in got.items():
+        assert why in ("ENOSPC", "EROFS", "EACCES") and written <= 2 << 20, (top, written, why)
+    assert got["/tmp"][1] == got["/dev/shm"][1] == "ENOSPC" and got["/tmp"][0] > 0, got
+
+
+MEMORY_ELSEWHERE = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def refused(nr, *args):
+    r = libc.syscall(nr, *args)
+    return errno.errorcode.get(ctypes.get_errno(), '?') if r == -1 else f'allowed {r}'
+nrs = {'x86_64': (319, 29, 68), 'aarch64': (279, 194, 186)}[os.uname().machine]
+print('memfd_create', refused(nrs[0], b'm', 0))
+print('shmget', refused(nrs[1], 0, 1 << 20, 0o1600))
+print('msgget', refused(nrs[2], 0, 0o1600))
+opened = []
+try:
+    for i in range(1000):
+        opened.append(open('/tmp/f%d' % i, 'wb'))
+    print('files', len(opened), 'none')
+except OSError as e:
+    print('files', len(opened), errno.errorcode[e.errno])
+"""
+
+
+def test_no_memory_outside_the_limits_memfd_sysv_or_many_files():
+    """Memory outside RLIMIT_AS and the bounded mounts: a memfd (bounded only by the output cap times the open-file
+    limit), SysV shared memory and message queues are refused; at most 64 files are open at once."""
+    r = attack(MEMORY_ELSEWHERE, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, disk_mb=2))
+    assert r.kind == "ok", r
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert got["memfd_create"] == got["shmget"] == got["msgget"] == "EPERM", got
+    count, why = got["files"].split()
+    assert why == "EMFILE" and int(count) < 64, got
+
+
+def test_a_candidate_that_fills_its_disk_scores_zero_with_the_error_kept():
+    from recipes.tttd.problems import make_problem
+
+    with pytest.raises(ValueError, match="disk_mb must be >= 1"):
+        make_problem({"disk_mb": 0})
+    problem = make_problem({"n": 2, "disk_mb": 1, "output_kb": 64, "wall_seconds": 60.0})
+    assert problem.limits.disk_mb == 1
+    code = ("for i in range(100):\n"
+            "    open(f'/tmp/fill-{i}', 'wb').write(b'x' * 60 * 1024)\n"
+            + problem.initial_solution())
+    v = problem.verify(f"```python\n{code}\n```")
+    assert (v.reward, v.valid, v.kind) == (0.0, False, "crash"), v
+    assert "No space left on device" in v.reason, v.reason
+
+
 # --- network -------------------------------------------------------------------------------------------------------
 
 def test_a_candidate_cannot_reach_the_hosts_loopback():

@@ -76,6 +76,23 @@ def test_calculator_items_and_tools():
         calculator(forms=["a - b"])
 
 
+def test_the_unseen_calculator_schema_asks_the_same_sums_with_other_tools():
+    """Issue 39: the same items under tool names and arguments a release trained on add/mul never saw."""
+    from reef_lab.learning.tool_tasks import UNSEEN_CALCULATOR_TOOLS
+
+    seen, unseen = calculator().items(5, seed=3), calculator(schema="unseen").items(5, seed=3)
+    assert [i["expression"] for i in seen] == [i["expression"] for i in unseen]
+    assert all(i["tools"] == UNSEEN_CALCULATOR_TOOLS for i in unseen) and "sum_of" in unseen[0]["messages"][0]["content"]
+    task = calculator(schema="unseen")
+    assert task.execute("sum_of", {"x": 2, "y": 3}) == "5" and task.execute("product_of", {"x": 2, "y": 3}) == "6"
+    item = unseen[0]
+    call_ = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    v = task.score_episode(item, [{"role": "assistant", "content": None, "tool_calls": [call_]}])
+    assert v.invalid_calls == 1 and v.score == 0.0  # the trained tool's name is no tool here
+    with pytest.raises(ValueError, match="schema"):
+        calculator(schema="other")
+
+
 def scripted_calculator_model(wrong_answer=False, bad_call=False, no_tools=False):
     """A ToolChat that does what a good calculator agent does: one tool call per operation, then the number."""
     def chat(messages, tools):

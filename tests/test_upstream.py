@@ -58,3 +58,29 @@ def test_stale_pooled_connections_are_retried_on_a_new_one():
         assert r.status == 200 and r.body == b'{"ok":true}'
     assert len(accepted) == 7  # every call ended on a fresh connection, none failed
     srv.close()
+
+
+def test_bring_your_own_key_says_the_servers_own_provider_calls_have_none(tmp_path, stub_url):
+    """--upstream-key-from-client with no operator key: clients' requests carry their keys, but GEPA's own calls (the
+    deployment's model as task and reflection LM) would carry none and fail against a real provider. The scenario
+    says so (409 on train, its error in /reef/scenarios/{s}); with an operator key it learns as before."""
+    import requests
+
+    from reef_lab.gateway.gateway import Gateway
+    from tests.conftest import Running
+
+    for key, learns in (("", False), ("operator-key", True)):
+        engine = UpstreamEngine(stub_url, model="stub-model", api_key=key, key_from_client=True)
+        s = Running(Gateway(tmp_path / f"data-{learns}", engine, default_recipe="gepa",
+                            default_config={"mode": "manual"}))
+        try:
+            assert requests.post(s.url + "/reef/scenarios", json={"name": "h"}, timeout=30).status_code == 201
+            r = requests.post(s.url + "/reef/train", json={"scenario": "h"}, timeout=60)
+            if learns:
+                assert r.status_code != 500 and "holds no provider key" not in r.text, r.text
+            else:
+                assert r.status_code == 409 and "holds no provider key" in r.json()["error"]["message"], r.text
+                error = requests.get(s.url + "/reef/scenarios/h", timeout=30).json()["error"]
+                assert "set REEF_UPSTREAM_API_KEY" in error, error
+        finally:
+            s.stop()

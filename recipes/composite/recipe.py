@@ -20,17 +20,35 @@ from dataclasses import dataclass, field, replace
 
 from reef_lab.errors import BadRequest, Conflict
 from reef_lab.engines.lm import EngineLM
-from reef_lab.learning.recipe import LearnContext, load_recipe
-from reef_lab.schema import check_fields
+from reef_lab.learning.recipe import LearnContext, load_recipe, recipe_config_class, shipped_recipes
+from reef_lab.schema import build, check_fields
 
 COMPONENTS = ("weights", "harness")
 
 
+def component_config_class(spec: dict) -> type | None:
+    """The config dataclass of the recipe a component names: what a client may set in its `config`, field by field
+    (reef_lab.schema.check_client_fields), exactly as if it had named that recipe itself."""
+    recipe = spec.get("recipe")
+    if not isinstance(recipe, str) or recipe not in shipped_recipes() or recipe == "composite":
+        raise ValueError(f"recipe must be a recipe folder of recipes/ other than composite ({shipped_recipes()}), got "
+                         f"{recipe!r}")
+    return recipe_config_class(recipe)
+
+
+@dataclass
+class ComponentSpec:
+    recipe: str = field(metadata={"help": "a recipe folder of recipes/ that evolves what the component's name says"})
+    config: dict = field(default_factory=dict, metadata={
+        "help": "that recipe's config (its own fields)", "schema_by": component_config_class})
+
+
 @dataclass
 class CompositeConfig:
-    components: dict = field(default_factory=lambda: {"weights": "sft", "harness": "gepa"}, metadata={
-        "help": "component name (weights, harness) -> a recipe folder name, or {recipe, config}; the recipe must "
-                "evolve what the name says"})
+    components: dict[str, str | ComponentSpec] = field(
+        default_factory=lambda: {"weights": "sft", "harness": "gepa"}, metadata={
+            "help": "component name (weights, harness) -> a recipe folder name, or {recipe, config}; the recipe must "
+                    "evolve what the name says"})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -45,7 +63,8 @@ class CompositeConfig:
             return value, {}
         if not isinstance(value, dict) or set(value) - {"recipe", "config"} or not isinstance(value.get("recipe"), str):
             raise ValueError(f"components.{name} must be a recipe name or {{recipe, config}}, got {value!r}")
-        return value["recipe"], dict(value.get("config") or {})
+        spec = build(ComponentSpec, value, f"components.{name}")
+        return spec.recipe, dict(spec.config or {})
 
     def recipe_of(self, name: str):
         spec, config = self.spec(name)
@@ -114,6 +133,14 @@ class CompositeLearner:
         if not any(v.get("queued", True) for v in out.values()):
             raise Conflict("no component can train now: " + "; ".join(refusals))
         return {"scenario": self.ctx.scenario, "queued": True, "components": out}
+
+    def request_change(self, body: dict) -> dict:
+        """A change request in plain words is the harness component's (its release joins the composite's next
+        manifest); a composite without one refuses it like any scenario that evolves no harness."""
+        if "harness" not in self.parts:
+            raise Conflict(f"composite scenario {self.ctx.scenario!r} has no harness component; change requests "
+                           "({\"text\": ...} on POST /reef/train) go to a harness component (recipe gepa)")
+        return {**self.parts["harness"].request_change(body), "component": "harness"}
 
     def promote(self, candidate: str) -> dict:
         component = self.ctx.releaser.candidate(self.ctx.scenario, candidate).get("component")

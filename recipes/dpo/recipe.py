@@ -28,12 +28,12 @@ from recipes.dpo.loss import PAIR, ROLE, DPOLoss
 class DPOConfig(LearnConfig):
     beta: float = field(default=0.1, metadata={
         "help": "DPO's beta: the strength of the implicit KL tie to the reference (larger: stay closer)"})
-    batch_pairs: int = field(default=8, metadata={"help": "preference pairs per optimizer step"})
+    batch_pairs: int = field(default=8, metadata={"client_max": 512, "help": "preference pairs per optimizer step"})
     min_score_gap: float = field(default=0.0, metadata={
         "help": "a pair needs chosen score - rejected score above this (0: any difference)"})
-    group_size: int = field(default=4, metadata={
+    group_size: int = field(default=4, metadata={"client_max": 64,
         "help": "rollouts per prompt an experiment sends (the recipe pairs answers to the same prompt)"})
-    max_waiting: int = field(default=256, metadata={
+    max_waiting: int = field(default=256, metadata={"client_max": 4096,
         "help": "answers kept while they wait for a partner with another score; older ones are dropped"})
 
     def __post_init__(self) -> None:

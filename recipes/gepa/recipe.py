@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.errors import BadRequest
-from reef_lab.harness import check_files
+from reef_lab.harness import load as load_harness
 from reef_lab.harness_requests import RequestConfig
 from reef_lab.engines.lm import LMSpec
 from reef_lab.learning.recipe import MODES, LearnContext
@@ -30,15 +30,16 @@ class GEPARecipeConfig:
         "help": "auto: an iteration every minibatch_size new examples; manual: on POST /reef/train; hybrid: both"})
     selection: str = field(default="strict_gain", metadata={
         "help": "release a kept candidate: always, no_regression (validation mean >= serving's) or strict_gain (>)"})
-    seed_harness: dict = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
+    seed_harness: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
         "help": "the harness served first when the scenario has none {path: text}"})
     val_task: TaskConfig = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
         "help": "validation task (reef_lab.learning.tasks.TaskConfig fields) candidates are scored on"})
-    val_size: int = field(default=16, metadata={"help": "validation examples"})
+    val_size: int = field(default=16, metadata={"client_max": 1024, "help": "validation examples"})
     val_seed: int = field(default=999_983, metadata={"help": "seed of the validation items"})
     answer_key: str = field(default="answer", metadata={
         "help": "report metadata key holding the reference answer of the referenced inference"})
-    task_max_tokens: int = field(default=48, metadata={"help": "max_tokens of a candidate's answers (greedy)"})
+    task_max_tokens: int = field(default=48, metadata={"client_max": 4096,
+        "help": "max_tokens of a candidate's answers (greedy)"})
     search: dict = field(default_factory=dict, metadata={
         "help": "recipes.gepa.search.GEPAConfig fields; max_metric_calls is the scenario's whole live budget",
         "schema": GEPAConfig})
@@ -50,7 +51,8 @@ class GEPARecipeConfig:
         "operator": True})
     requests: dict = field(default_factory=dict, metadata={
         "help": "change requests in plain words (POST /reef/train {text}): reef_lab.harness_requests.RequestConfig "
-                "fields (selection review|evaluate|promote|always, proposer_lm, allow_executable, ...)",
+                "fields (selection review|evaluate|promote|always, proposer_lm, ...); executable content needs the "
+                "server's --harness-allow-executable 1",
         "schema": RequestConfig})
 
     def __post_init__(self) -> None:
@@ -60,7 +62,7 @@ class GEPARecipeConfig:
         if self.selection not in ("always", "no_regression", "strict_gain"):
             raise ValueError(f"selection must be always, no_regression or strict_gain, got {self.selection!r}")
         try:
-            check_files(self.seed_harness)
+            load_harness(self.seed_harness)  # paths, sizes, front matter within YAML's limits
         except BadRequest as e:
             raise ValueError(f"seed_harness: {e.message}") from None
         self.search_config()

@@ -46,15 +46,17 @@ log = logging.getLogger("reef_lab.gepa")
 class GEPAConfig:
     """The search's knobs; names follow `gepa.optimize` where they mean the same thing."""
 
-    max_metric_calls: int = field(default=200, metadata={
+    max_metric_calls: int = field(default=200, metadata={"client_max": 1_000_000,
         "help": "budget: rollouts scored (training minibatches and validation) before the search stops"})
-    minibatch_size: int = field(default=3, metadata={"help": "training examples per reflective mutation"})
+    minibatch_size: int = field(default=3, metadata={"client_max": 64,
+        "help": "training examples per reflective mutation"})
     use_merge: bool = field(default=True, metadata={"help": "try merging front candidates after a kept mutation"})
-    max_merges: int = field(default=5, metadata={"help": "most merge attempts in a run"})
+    max_merges: int = field(default=5, metadata={"client_max": 64, "help": "most merge attempts in a run"})
     perfect_score: float = field(default=1.0, metadata={"help": "an example's best possible score"})
     skip_perfect: bool = field(default=True, metadata={
         "help": "skip the reflection when the parent is perfect on the whole minibatch (nothing to learn)"})
-    reflection_max_tokens: int = field(default=256, metadata={"help": "max_tokens of the reflection model"})
+    reflection_max_tokens: int = field(default=256, metadata={"client_max": 8192,
+        "help": "max_tokens of the reflection model"})
     reflection_temperature: float = field(default=0.8, metadata={"help": "sampling temperature of the reflection"})
     seed: int = field(default=0, metadata={"help": "seed of parent draws, minibatches and reflection sampling"})
     components: list[str] | None = field(default=None, metadata={
@@ -104,8 +106,10 @@ class TaskSystem:
         return float(self.task.score(item, text)), self.task.feedback(item, text)
 
     def run(self, components: dict[str, str], examples: list[dict]) -> list[Rollout]:
+        system = harness_mod.system_text(components)  # once per candidate, not per item
+
         def one(item: dict) -> Rollout:
-            sent = harness_mod.apply("openai.chat", {"messages": item["messages"]}, components)["messages"]
+            sent = harness_mod.apply("openai.chat", {"messages": item["messages"]}, system)["messages"]
             text = self.lm.complete(sent, max_tokens=self.max_tokens, temperature=0.0)
             score, feedback = self.grade(item, text)
             return Rollout(item["id"], score, text, feedback, user_text(item["messages"]))

@@ -19,8 +19,9 @@ from reef_lab.trainers.base import Loss, Trainer
 
 @dataclass
 class GRPOConfig(LearnConfig):
-    group_size: int = field(default=4, metadata={"help": "rollouts per prompt (G)"})
-    batch_size: int = field(default=16, metadata={"help": "rollouts per policy step (a multiple of group_size)"})
+    group_size: int = field(default=4, metadata={"client_max": 64, "help": "rollouts per prompt (G)"})
+    batch_size: int = field(default=16, metadata={"client_max": 1024,
+        "help": "rollouts per policy step (a multiple of group_size)"})
     scale_by_std: bool = field(default=True, metadata={"help": "divide the centred score by the group's std"})
     dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this"})
     dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this"})

@@ -30,13 +30,14 @@ from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer
 
 @dataclass
 class SAOConfig(LearnConfig):
-    batch_size: int = field(default=16, metadata={"help": "rollouts per policy step"})
+    batch_size: int = field(default=16, metadata={"client_max": 1024, "help": "rollouts per policy step"})
     max_staleness: int = field(default=4, metadata={
         "help": "most policy steps a rollout may lag the trainer (bounded staleness; not fixed by the paper)"})
     critic_warmup_steps: int = field(default=4, metadata={
         "help": "batches that train only the value model before the first policy step (count not fixed by "
                 "the paper)"})
-    critic_updates: int = field(default=2, metadata={"help": "value-model steps per policy step (paper: 2)"})
+    critic_updates: int = field(default=2, metadata={"client_max": 64,
+        "help": "value-model steps per policy step (paper: 2)"})
     critic_lr: float = field(default=1e-5, metadata={"help": "value model learning rate"})
     gamma: float = field(default=1.0, metadata={"help": "discount (paper: 1)"})
     value_lambda: float = field(default=1.0, metadata={"help": "GAE lambda of the value targets (paper: 1)"})

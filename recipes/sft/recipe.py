@@ -19,7 +19,7 @@ from reef_lab.trainers.base import Loss, Trainer
 @dataclass
 class SFTConfig(LearnConfig):
     score_threshold: float = field(default=1.0, metadata={"help": "train on inferences scored at least this"})
-    batch_size: int = field(default=8, metadata={"help": "samples per optimizer step"})
+    batch_size: int = field(default=8, metadata={"client_max": 1024, "help": "samples per optimizer step"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -31,7 +31,7 @@ class ProblemConfig:
         "help": f"the discovery problem: one of {tuple(PROBLEMS)} (circle_packing: the reply is a program printing "
                 "x y r per circle; circle_centres: the reply lists the centres and the radii follow by linear "
                 "programming, recipes/tttd/problems.py), or a module:Class deriving recipes.tttd.problems.Problem"})
-    n: int = field(default=6, metadata={
+    n: int = field(default=6, metadata={"client_max": 1000,
         "help": "circles to pack (the paper: 26 and 32, after AlphaEvolve; 6 here so a 135M model on CPU can make "
                 "progress, with a documented reference value)"})
     tolerance: float = field(default=1e-9, metadata={
@@ -47,6 +47,10 @@ class ProblemConfig:
     memory_mb: int = field(default=256, metadata={
         "help": "address-space limit of a candidate, in MB", "operator": True})
     output_kb: int = field(default=16, metadata={"help": "most stdout a candidate may print, in KB", "operator": True})
+    disk_mb: int = field(default=16, metadata={
+        "help": "size in MB of each of a candidate's two writable folders, /tmp (its home and working directory) and "
+                "/dev/shm; the rest of its filesystem is read-only, and a write past the size fails (ENOSPC: the "
+                "candidate scores as invalid). With sandbox none only output_kb bounds a file", "operator": True})
     sandbox: str = field(default="bwrap", metadata={
         "help": "how candidate programs are isolated: bwrap (bubblewrap: own user, pid, network and mount namespaces, "
                 "read-only system, empty environment, no new processes; recipes/tttd/sandbox.py) or none (a plain "
@@ -65,6 +69,8 @@ class ProblemConfig:
             raise ValueError(f"n must be >= 2, got {self.n}")
         if not 0 < self.start_fill <= 1:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
+        if self.disk_mb < 1:
+            raise ValueError(f"disk_mb must be >= 1 (MB), got {self.disk_mb}")
         if self.sandbox not in ISOLATIONS:
             raise ValueError(f"sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
         from recipes.tttd.problems import problem_class  # resolved now: a wrong module:Class fails at creation
@@ -74,21 +80,22 @@ class ProblemConfig:
 
 @dataclass
 class TTTDConfig(LearnConfig):
-    groups: int = field(default=8, metadata={
+    groups: int = field(default=8, metadata={"client_max": 16,
         "help": "G: parent states chosen by PUCT per step, one rollout group each (paper: 8 groups of 64 "
                 "rollouts, 512 per step; the authors' public code runs the transposed 64 groups of 8)"})
-    rollouts_per_group: int = field(default=64, metadata={
+    rollouts_per_group: int = field(default=64, metadata={"client_max": 64,
         "help": "R: continuations sampled from each parent (paper: 64); at least 3, since with 2 the KL target "
                 "ln 2 is never reached"})
-    steps: int = field(default=50, metadata={"help": "policy steps, one optimizer step per G x R grid (paper: 50)"})
-    archive_size: int = field(default=1000, metadata={
+    steps: int = field(default=50, metadata={"client_max": 200,
+        "help": "policy steps, one optimizer step per G x R grid (paper: 50)"})
+    archive_size: int = field(default=1000, metadata={"client_max": 10_000,
         "help": "most states the archive keeps; the lowest rewards go first, never an initial state (not given in "
                 "the paper; the authors' code: 1000)"})
     puct_c: float = field(default=1.0, metadata={"help": "PUCT exploration constant c (the authors' code: 1.0)"})
     puct_scale_by_range: bool = field(default=True, metadata={
         "help": "multiply the exploration bonus by max R - min R over the non-initial states, so c is unit-free "
                 "(the authors' code does; the formula as the paper prints it has no such factor)"})
-    children_per_expansion: int = field(default=2, metadata={
+    children_per_expansion: int = field(default=2, metadata={"client_max": 16,
         "help": "best new valid children of one expansion that join the archive (paper: top 2)"})
     kl_target: float = field(default=math.log(2), metadata={
         "help": "per group, beta solves KL(q_beta || uniform) = this, in nats (paper: ln 2)"})
@@ -98,11 +105,11 @@ class TTTDConfig(LearnConfig):
         "help": "lambda: token KL penalty towards the frozen base model (the authors' current code: 0.1; their "
                 "earlier train.py: 0); needs LoRA (trainer.lora_rank > 0), whose base is the adapters switched off"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the rollouts (paper: 1.0)"})
-    max_tokens: int = field(default=26000, metadata={
+    max_tokens: int = field(default=26000, metadata={"client_max": 32_768,
         "help": "max_tokens of a rollout (the authors' code: 26000 tokens of prompt and reasoning for gpt-oss-120b; "
                 "a circle program for SmolLM2 needs about 200)"})
     seed: int = field(default=0, metadata={"help": "seed of the sampling and of the initial states' order"})
-    concurrency: int = field(default=32, metadata={
+    concurrency: int = field(default=32, metadata={"client_max": 32,
         "help": "rollouts in flight at once (not in the paper: an engine-throughput setting)"})
     policy_updates: bool = field(default=True, metadata={
         "help": "train the policy after each step (false: the base policy samples throughout, an ablation)"})

@@ -6,26 +6,33 @@ reach: a candidate that loops, eats memory, crashes, floods stdout or prints non
 hostile one must reach nothing of the machine. With `isolation="bwrap"` (the default) each candidate runs under
 bubblewrap (`apt-get install bubblewrap`):
 
-- new user, pid, network, IPC, UTS and cgroup namespaces: an unprivileged uid (65534) without capabilities, its own
-  /proc that shows only its own processes (not the server's, nor their environment), no network but its own
-  loopback; `--die-with-parent` and `--new-session`; nested user namespaces disabled (bubblewrap >= 0.8);
-- a filesystem of read-only binds of what Python needs (/usr, /lib*, the interpreter's install and the venv) and a
-  fresh tmpfs at /tmp (its home and working directory, `disk_mb` large), nothing else of the host;
+- the candidate is nobody (uid and gid 65534) with no capability, also outside the sandbox: as root, bubblewrap
+  would map a user namespace's uid to root outside (a candidate could then write /proc/sys: kernel.core_pattern
+  names a program the kernel runs as root), so a root server's bubblewrap makes no user namespace and ends in
+  `setpriv`, which drops to nobody and empties every capability set (bounding set included) before Python starts;
+  a server that is not root gets a user namespace mapping 65534 to its own uid, with nested ones disabled
+  (bubblewrap >= 0.8). `--cap-drop ALL` either way (as root bwrap keeps only setpriv's three);
+- new pid, network, IPC, UTS and cgroup namespaces: its own /proc (read-only) that shows only its own processes
+  (not the server's, nor their environment), no network but its own loopback; `--die-with-parent`, `--new-session`;
+- a read-only filesystem: / and /dev are remounted read-only, with binds of what Python needs (/usr, /lib*, the
+  interpreter's install and the venv); the only writable places are /tmp (its home and working directory) and
+  /dev/shm, tmpfs of `disk_mb` each (a write past it fails with ENOSPC); nothing else of the host;
 - an empty environment (`--clearenv`, then only locale, thread counts and PATH);
-- a seccomp filter refusing new processes and threads (clone, clone3, fork, vfork) unless `allow_processes`, and
-  always unshare, setns, ptrace, the kernel keyring and io_uring. As root the kernel ignores RLIMIT_NPROC (the uid
-  inside maps to the caller's), so the filter is what stops forks; the pid namespace takes every process of the
-  candidate down with its verdict (its init exits when the candidate does, or is killed at the wall clock);
+- a seccomp filter refusing new processes and threads (clone, fork, vfork) unless `allow_processes`, a clone that
+  makes a namespace even then, clone3 (ENOSYS: its flags are out of a filter's reach, and glibc falls back to
+  clone), and always unshare, setns, ptrace, the kernel keyring and io_uring; the pid namespace takes every process
+  of the candidate down with its verdict (its init exits when the candidate does, or is killed at the wall clock);
 - these limits, set by a small bootstrap before the candidate's first line runs (soft = hard, so it cannot raise
   them): RLIMIT_CPU (SIGXCPU, then SIGKILL one second later), RLIMIT_AS (MemoryError), RLIMIT_FSIZE (stdout goes
   to a file the caller opened outside the sandbox and reads back through its own descriptor, never by name),
-  RLIMIT_NPROC 0 unless `allow_processes` (effective when the server is not root), RLIMIT_CORE 0; and a wall-clock
-  timeout after which the sandbox is killed.
+  RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0, RLIMIT_NOFILE 64; and a wall-clock timeout after which
+  the sandbox is killed.
 
 `isolation="none"` runs the same bootstrap as a plain child process (`python -I`, empty environment, the limits
-above, its own temporary directory) with the server's user and view of the machine: the operator's explicit choice
-(`problem.sandbox: none`) where bubblewrap cannot run, logged once. `check_isolation(limits)` probes bubblewrap and
-raises `SandboxUnavailable` naming the fix when it cannot run; problems that run code call it when they are built.
+above, its own temporary directory, no disk bound but RLIMIT_FSIZE per file) with the server's user and view of the
+machine: the operator's explicit choice (`problem.sandbox: none`) where bubblewrap cannot run, logged once.
+`check_isolation(limits)` probes bubblewrap (and, as root, setpriv) and raises `SandboxUnavailable` naming the fix
+when it cannot run; problems that run code call it when they are built.
 
 `run_python(code, limits)` returns a `SandboxResult`: kind "ok", "timeout", "memory", "crash", "output" (over the
 output cap) or "garbage" (output that is not UTF-8); a problem's parser marks unparseable output as garbage too.
@@ -55,6 +62,8 @@ log = logging.getLogger("recipes.tttd.sandbox")
 KINDS = ("ok", "timeout", "memory", "crash", "output", "garbage")
 ISOLATIONS = ("bwrap", "none")
 INSTALL_HINT = "install bubblewrap (as root: apt-get install bubblewrap; scripts/setup.sh does)"
+SETPRIV_HINT = "install util-linux (as root: apt-get install util-linux)"
+NOBODY = 65534  # the candidate's uid and gid, inside the sandbox and outside it
 
 # Reads the candidate from stdin into its own directory, tells the caller (through the `ready` pipe) that the
 # sandbox stands, sets the limits and runs the candidate.
@@ -72,6 +81,7 @@ resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_FSIZE, (out, out))
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 if nproc >= 0:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 sys.argv = ["candidate.py"]
@@ -92,7 +102,7 @@ class Limits:
     output_bytes: int = 64 * 1024
     allow_processes: bool = False
     isolation: str = "bwrap"  # one of ISOLATIONS
-    disk_mb: int = 16  # size of the sandbox's own /tmp (bwrap)
+    disk_mb: int = 16  # size of the sandbox's /tmp and of its /dev/shm, each (bwrap)
 
     def __post_init__(self) -> None:
         if self.cpu_seconds < 1 or self.wall_seconds <= 0 or self.memory_mb < 64 or self.output_bytes < 1:
@@ -127,29 +137,49 @@ def _env(home: str) -> dict[str, str]:
 
 # --- seccomp -------------------------------------------------------------------------------------------------------
 
-_ARCHES = {  # machine: (AUDIT_ARCH_*, process-creating syscalls, always refused, has the x32 ABI to refuse)
-    "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+_ARCHES = {  # machine: (AUDIT_ARCH_*, process-creating syscalls but clone3, always refused, has the x32 ABI to refuse)
+    "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58},
                {"ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308,
-                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}, True),
-    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435},
+                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68}, True),
+    "aarch64": (0xC00000B7, {"clone": 220},
                 {"ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268,
-                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}, False),
+                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+                 "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186}, False),
 }
-_LD_W_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+# memfd_create, memfd_secret, shmget and msgget: memory outside RLIMIT_AS and the bounded mounts (a memfd is only
+# bounded by RLIMIT_FSIZE times the open-file limit); a circle program needs none of them.
+_CLONE3 = 435  # the same number on both
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME: a new user namespace would give the
+# candidate capabilities in it (an unbounded tmpfs of its own, for one)
+_CLONE_NEW_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
 
 
 def seccomp_filter(allow_processes: bool, machine: str | None = None) -> bytes:
     """A classic-BPF seccomp program (what `bwrap --seccomp` loads): another architecture's syscalls kill the
-    process; the refused calls fail with EPERM; everything else is allowed."""
+    process; the refused calls fail with EPERM; clone3 fails with ENOSYS (its flags lie in memory a filter cannot
+    read; glibc then falls back to clone); where processes are allowed, a clone that makes a namespace fails with
+    EPERM; everything else is allowed."""
     arch, spawn, always, x32 = _ARCHES[machine or platform.machine()]
     refused = sorted({*always.values(), *([] if allow_processes else spawn.values())})
-    head = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 1, 0, arch), (_RET, 0, 0, _KILL_PROCESS), (_LD_W_ABS, 0, 0, 0)]
-    checks = ([(_JGE, 0x40000000)] if x32 else []) + [(_JEQ, nr) for nr in refused]
-    errno_at = len(head) + len(checks) + 1
-    prog = head + [(op, errno_at - (len(head) + i) - 1, 0, k) for i, (op, k) in enumerate(checks)]
-    prog += [(_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | 1)]  # 1: EPERM
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+    # (op, k, where to go if true, if false): a label, or None for the next instruction
+    prog = [(_LD_W_ABS, 4, None, None), (_JEQ, arch, None, "kill"), (_LD_W_ABS, 0, None, None)]
+    prog += [(_JGE, 0x40000000, "eperm", None)] if x32 else []
+    prog += [(_JEQ, nr, "eperm", None) for nr in refused] + [(_JEQ, _CLONE3, "enosys", None)]
+    prog += [(_JEQ, spawn["clone"], "clone", None)] if allow_processes else []
+    tail = {"allow": (_RET, _ALLOW, None, None), "clone": (_LD_W_ABS, 16, None, None),  # clone's flags (low word)
+            "new_namespace?": (_JSET, _CLONE_NEW_NAMESPACES, "eperm", None), "allow_clone": (_RET, _ALLOW, None, None),
+            "kill": (_RET, _KILL_PROCESS, None, None), "eperm": (_RET, _ERRNO | _EPERM, None, None),
+            "enosys": (_RET, _ERRNO | _ENOSYS, None, None)}
+    labels = {name: len(prog) + i for i, name in enumerate(tail)}
+    prog += tail.values()
+
+    def jump(at: int, to: str | None) -> int:
+        return 0 if to is None else labels[to] - at - 1
+    return b"".join(struct.pack("=HBBI", op, jump(i, t), jump(i, f), k) for i, (op, k, t, f) in enumerate(prog))
 
 
 # --- bubblewrap ----------------------------------------------------------------------------------------------------
@@ -164,6 +194,15 @@ def _bwrap() -> tuple[str | None, tuple[int, ...]]:
     return path, tuple(int(g or 0) for g in m.groups()) if m else ()
 
 
+@functools.cache
+def _setpriv() -> str:
+    path = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if path is None:
+        raise SandboxUnavailable("setpriv is not installed, which a sandbox started as root needs to run candidates "
+                                 f"as nobody: {SETPRIV_HINT}")
+    return path
+
+
 def _python_dirs(python: str) -> list[str]:
     """The folders the interpreter needs: its install and, for a venv's python, the venv (its site-packages)."""
     dirs = {sys.base_prefix, sys.prefix} if python == sys.executable else set()
@@ -172,24 +211,36 @@ def _python_dirs(python: str) -> list[str]:
 
 
 def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
+    """bubblewrap's command line; as root it ends in setpriv's, which makes the candidate nobody (see the docstring)."""
     bwrap, version = _bwrap()
-    args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534",
-            "--hostname", "sandbox", "--clearenv"]
+    nobody = str(NOBODY)
+    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox", "--clearenv"]
+    as_root = os.geteuid() == 0
+    if as_root:  # the three capabilities setpriv needs to drop to nobody, and nothing else
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    else:
+        args += ["--unshare-user", "--uid", nobody, "--gid", nobody]
+        args += ["--disable-userns"] if version >= (0, 8) else []
     for key, value in _env("/tmp").items():
         args += ["--setenv", key, value]
-    args += ["--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--proc", "/proc",
-             "--dev", "/dev", "--ro-bind", "/usr", "/usr"]
+    disk = str(limits.disk_mb << 20)
+    args += ["--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--chdir", "/tmp",
+             "--proc", "/proc", "--remount-ro", "/proc",
+             "--dev", "/dev", "--perms", "1777", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for d in _python_dirs(python):
-        args += ["--ro-bind", d, d]
-    if version >= (0, 8):
-        args += ["--disable-userns"]
-    return args + ["--seccomp", str(seccomp_fd), "--"]
+    for d in _python_dirs(python):  # --dir first: bubblewrap 0.8 makes a bind's missing parents 0700, root's
+        args += ["--perms", "0755", "--dir", d, "--ro-bind", d, d]
+    args += ["--remount-ro", "/", "--seccomp", str(seccomp_fd), "--"]
+    if as_root:
+        args += [_setpriv(), "--reuid", nobody, "--regid", nobody, "--clear-groups", "--inh-caps", "-all",
+                 "--bounding-set", "-all", "--"]
+    return args
 
 
 @functools.cache
@@ -247,6 +298,11 @@ def run_python(code: str, limits: Limits | None = None, python: str | None = Non
     the sandbox itself cannot start)."""
     limits = limits or Limits()
     python = python or sys.executable
+    if limits.isolation == "bwrap":
+        if _bwrap()[0] is None:
+            raise SandboxUnavailable(f"bwrap is not installed: {INSTALL_HINT}")
+        if os.geteuid() == 0:
+            _setpriv()
     started = time.perf_counter()
     ready_r, ready_w = os.pipe()
     fds = [ready_w]
@@ -257,8 +313,6 @@ def run_python(code: str, limits: Limits | None = None, python: str | None = Non
         boot = [python, "-I", "-c", _BOOT, str(ready_w), str(limits.cpu_seconds), str(limits.memory_mb << 20),
                 str(limits.output_bytes), "-1" if limits.allow_processes else "0"]
         if limits.isolation == "bwrap":
-            if _bwrap()[0] is None:
-                raise SandboxUnavailable(f"bwrap is not installed: {INSTALL_HINT}")
             filter_r, filter_w = os.pipe()
             os.write(filter_w, seccomp_filter(limits.allow_processes))
             os.close(filter_w)

@@ -13,12 +13,18 @@ Before each run it checks every harness file against the release file and refuse
 gets a fresh session id, sent as `x-reef-session` and the `x-reef-tag-session` tag (Claude Code also gets it as its
 own `--session-id`), so `report` and `evolve` can name that session's calls. The server's token comes from
 $REEF_TOKEN; it is passed to the agent in its environment, never written to a file.
+
+The token and the install script travel only over https, or plain http to this machine (loopback); REEF_ALLOW_HTTP=1
+allows plain http to another host (a LAN you trust: the token then crosses it readable). No redirect is followed
+(the token would go with it). A script runs only if it is reef_lab's, whole, for the asked scenario and adapter
+(reef_lab.agents.script.check_script).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from reef_lab import procs
 from reef_lab.agents.layout import ADAPTERS, FOLDER_ENV, KEY_ENV, RELEASE_FILE, SESSION_ENV, parse_release
+from reef_lab.agents.script import check_script
 
 COMMANDS = ("run", "install", "update", "versions", "report", "evolve", "doctor")
 HARNESS_DIRS = {"claude": ("skills", "commands"), "codex": ("skills", "prompts"), "opencode": ("skill", "command"),
@@ -48,8 +55,45 @@ class Failed(Exception):
 
 
 # ---- the server -------------------------------------------------------------------------------------------------
+ALLOW_HTTP = "REEF_ALLOW_HTTP"
+
+
+def check_url(url: str) -> None:
+    """Failed unless `url` is https, or plain http to this machine, or plain http allowed by REEF_ALLOW_HTTP=1: the
+    token goes with every call, and `install` runs what the server answers."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Failed(f"{url!r} is not the http(s) address of a reef_lab server")
+    if parts.scheme == "http" and not is_loopback(parts.hostname) and os.environ.get(ALLOW_HTTP) != "1":
+        raise Failed(f"refusing plain http to {parts.hostname}, which is not this machine: REEF_TOKEN and the "
+                     f"install script would cross the network readable and changeable. Use https, or on a LAN "
+                     f"you trust set {ALLOW_HTTP}=1")
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib follows a redirect to any host with every header, Authorization included: follow none."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        fp.close()
+        raise Failed(f"{req.full_url} answered a redirect ({code}) to {newurl}; reef-lab follows none (the token "
+                     "would go with it): give --url the address that answers itself")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def http(method: str, url: str, body: dict | None = None, scenario: str | None = None,
          timeout: float = 60.0) -> tuple[int, bytes]:
+    check_url(url)
     headers = {"accept": "application/json"}
     if body is not None:
         headers["content-type"] = "application/json"
@@ -60,7 +104,7 @@ def http(method: str, url: str, body: dict | None = None, scenario: str | None =
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _OPENER.open(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -188,6 +232,10 @@ def cmd_install(a, inst: Install, release_id: str | None = None) -> int:
     where = f"{url}/reef/harness/install?{urllib.parse.urlencode(query)}"
     status, script = http("GET", where)
     check(status, script, "GET", where)
+    try:
+        check_script(script, inst.adapter, scenario, release_id)
+    except ValueError as e:
+        raise Failed(f"refusing to run what {where} answered: {e}") from None
     done = procs.run(["sh", "-s", "--", str(inst.root)], input=script)  # dies with the wrapper, kill -9 included
     return done.returncode
 
@@ -196,6 +244,7 @@ def cmd_run(a, inst: Install, agent_args: list[str]) -> int:
     if inst.adapter == "files":
         raise Failed("the files adapter installs a tree; it starts no agent")
     rel = inst.check()
+    check_url(rel["url"])  # the agent sends the token there
     try:
         serving = call("GET", f"{rel['url']}/reef/harness", scenario=rel["scenario"])["release_id"]
         if serving != rel["release"]:
@@ -337,7 +386,7 @@ def cmd_doctor(a, inst: Install) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reef-lab", description="reef_lab's command line.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="group", required=True, metavar="agent")
+    sub = p.add_subparsers(dest="group", required=True, metavar="agent|token")
     agent = sub.add_parser("agent", help="run a coding agent on an installed harness release", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     agent.add_argument("adapter", choices=ADAPTERS, help="the agent: claude, codex, opencode, pi (files: a plain tree)")
@@ -369,7 +418,45 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--wait", action="store_true", help="wait until it is released or rejected")
     evo.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
     add("doctor", "check the install, its files, the server, the token, the versions, the agent and the paths")
+    token_parser(sub)
     return p
+
+
+def token_parser(sub) -> None:
+    """`reef-lab token add|hash`: the operator's tokens file (reef_lab/tenants.py, docs/api.md#tokens)."""
+    from reef_lab.tenants import ROLES
+
+    tok = sub.add_parser("token", help="make a token scoped to scenarios and a role (the server's tokens file)",
+                         description="The server's tokens file (--tokens-file) lists each token by its sha256; "
+                                     "`add` makes a token, writes its entry and prints the token once.")
+    cmds = tok.add_subparsers(dest="command", required=True, metavar="add|hash")
+    add = cmds.add_parser("add", help="make a token, add it to the file, print it once")
+    add.add_argument("--file", required=True, help="the tokens file (created when missing)")
+    add.add_argument("--role", required=True, choices=ROLES, help="agent < reader < admin (each holds the rights "
+                                                                   "of those before it)")
+    add.add_argument("--scenario", action="append", required=True, dest="scenarios",
+                     help="a scenario name or fnmatch pattern ('team-a-*'; '*': every one); repeat for more")
+    add.add_argument("--name", help="a label for the operator (who holds the token)")
+    cmds.add_parser("hash", help="print the sha256 of a token read from stdin (to write an entry by hand)")
+
+
+def cmd_token(a) -> int:
+    from reef_lab import tenants
+
+    if a.command == "hash":
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise Failed("give the token on stdin, e.g. `printf %s \"$TOKEN\" | reef-lab token hash`")
+        print(tenants.digest(token))
+        return 0
+    try:
+        token, token_id = tenants.add_token(a.file, a.role, a.scenarios, a.name)
+    except ValueError as e:
+        raise Failed(str(e)) from None
+    print(f"added token {token_id} ({a.role} of {', '.join(a.scenarios)}) to {a.file}; restart the server to use "
+          "it. The token (shown only now, the file keeps its sha256):", file=sys.stderr)
+    print(token)
+    return 0
 
 
 def split_run(argv: list[str]) -> list[str]:
@@ -394,6 +481,12 @@ def split_run(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(split_run(list(sys.argv[1:] if argv is None else argv)))
+    if args.group == "token":
+        try:
+            return cmd_token(args)
+        except Failed as e:
+            print(f"reef-lab: {e}", file=sys.stderr)
+            return 1
     command = args.command or "run"
     try:
         inst = Install.locate(args.adapter, getattr(args, "root", None), getattr(args, "scenario", None))

@@ -85,9 +85,8 @@ def _one_line(text: str, limit: int = MAX_DESCRIPTION) -> str:
     return " ".join(str(text).split())[:limit]
 
 
-def _described(kind: str, path: str, text: str, with_name: bool) -> tuple[str, str]:
-    """(name, file text with front matter) of a skill or command of the harness."""
-    meta, body = harness_mod.split_front_matter(text)
+def _described(kind: str, path: str, meta: dict, body: str, with_name: bool) -> tuple[str, str]:
+    """(name, file text with front matter) of a skill or command of the harness (its front matter parsed)."""
     name = slug(str(meta.get("name") or PurePosixPath(path).stem))
     first = next((line.strip("# ").strip() for line in body.splitlines() if line.strip()), "")
     desc = _one_line(meta.get("description") or first or f"the {name} {kind}")
@@ -104,8 +103,9 @@ def instructions(files: dict[str, str], release_id: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def agent_files(adapter: str, files: dict[str, str], release_id: str) -> dict[str, str]:
+def agent_files(adapter: str, tree: harness_mod.Harness, release_id: str) -> dict[str, str]:
     """The harness tree in the agent's own form (paths relative to the agent's folder)."""
+    files = tree.files
     if adapter == "files":
         return dict(files)
     doc, skills_dir, commands_dir = _PLACES[adapter]
@@ -116,10 +116,10 @@ def agent_files(adapter: str, files: dict[str, str], release_id: str) -> dict[st
         if path in (harness_mod.SYSTEM_PROMPT, harness_mod.RULES):
             continue
         if path.startswith(harness_mod.SKILLS) and path.endswith(".md"):
-            name, rendered = _described("skill", path, text, with_name=True)
+            name, rendered = _described("skill", path, *tree.fronts[path], with_name=True)
             target = f"{skills_dir}/{name}/SKILL.md"
         elif path.startswith(harness_mod.COMMANDS) and path.endswith(".md"):
-            name, rendered = _described("command", path, text, with_name=False)
+            name, rendered = _described("command", path, *tree.fronts[path], with_name=False)
             target = f"{commands_dir}/{name}.md"
         else:
             target, rendered = f"files/{path}", text
@@ -182,11 +182,11 @@ def release_text(adapter: str, b: Binding, files: dict[str, str], config: dict[s
     return "\n".join(lines) + "\n"
 
 
-def render(adapter: str, files: dict[str, str], binding: Binding) -> Rendered:
+def render(adapter: str, tree: harness_mod.Harness, binding: Binding) -> Rendered:
+    """The agent's files, its binding and the release file, from a parsed harness (reef_lab.harness.load)."""
     if adapter not in ADAPTERS:
         raise BadRequest(f"adapter {adapter!r} is not one of {list(ADAPTERS)}")
-    harness_mod.check_files(files)
-    out = agent_files(adapter, files, binding.release_id)
+    out = agent_files(adapter, tree, binding.release_id)
     config = agent_config(adapter, binding)
     for path in [*out, *config]:
         harness_mod.check_path(path)

@@ -18,9 +18,12 @@ are checked here (harness.check_path) and again by the script. The script:
 from __future__ import annotations
 
 import base64
+import hashlib
+import re
 import textwrap
 
 from reef_lab.agents.layout import FOLDER_ENV, KEY_ENV, RELEASE_FILE, Rendered
+from reef_lab.harness import Harness
 
 _HEAD = r"""#!/bin/sh
 # shellcheck disable=SC2016 # file names are single-quoted on purpose: a '$(...)' in one is text, never run
@@ -182,7 +185,47 @@ def render_script(adapter: str, scenario: str, release_id: str, rendered: Render
         lines.append(f"put {quote(path)} {quote(b64(text))}")
     hint = _hint(adapter)
     lines.append(_END.replace("@HINT@", hint))
-    return "\n".join(lines)
+    return seal("\n".join(lines))
+
+
+# ---- what `reef-lab agent install` checks before it runs a script (reef_lab/agents/cli.py) -----------------------
+END_MARK = "# reef_lab install script end; sha256 of all above: "
+_WHO = re.compile(r"# reef_lab harness install: scenario (.*), release (.*), for ([a-z]+)\.")
+
+
+def seal(text: str) -> str:
+    """The script with its last line: END_MARK and the sha256 of everything before it (a script cut short, or one
+    another program answered, is refused by the wrapper before `sh` sees a byte of it)."""
+    body = text if text.endswith("\n") else text + "\n"
+    return f"{body}{END_MARK}{hashlib.sha256(body.encode()).hexdigest()}\n"
+
+
+def check_script(data: bytes, adapter: str, scenario: str, release: str | None) -> str:
+    """The text of an install script the server answered, if it is one reef_lab rendered whole for this adapter,
+    scenario (and release, when one was asked for); ValueError says what is wrong. The wrapper calls it before it
+    runs the script (docs/harness.md says why this check and not a signature)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("it is not UTF-8 text") from None
+    fixed = _HEAD.split("\n", 2)[:2]
+    lines = text.split("\n", 3)
+    if lines[:2] != fixed:
+        raise ValueError(f"it does not open with reef_lab's install script header (it opens with {text[:60]!r})")
+    who = _WHO.fullmatch(lines[2]) if len(lines) > 2 else None
+    named = release if not release or ":" in release else f"{scenario}:{release}"  # vN or <scenario>:vN
+    if (who is None or who.group(1) != _comment(scenario) or who.group(3) != adapter
+            or (named and who.group(2) != _comment(named))):
+        got = lines[2][:160] if len(lines) > 2 else "nothing"
+        raise ValueError(f"it installs something else: {got!r}, not scenario {scenario!r}"
+                         f"{f', release {release}' if release else ''} for {adapter}")
+    body, _, last = text[:-1].rpartition("\n") if text.endswith("\n") else ("", "", "")
+    if not last.startswith(END_MARK):
+        raise ValueError("it does not end with reef_lab's end line: it was cut short (or the server is older than "
+                         "this reef-lab)")
+    if hashlib.sha256((body + "\n").encode()).hexdigest() != last[len(END_MARK):]:
+        raise ValueError("its sha256 does not match its end line: it was changed or cut on the way")
+    return text
 
 
 def _comment(text: str) -> str:
@@ -197,13 +240,13 @@ def _hint(adapter: str) -> str:
             '"$dir"')
 
 
-def install_script(harness: dict, adapter: str | None, base_url: str, model: str) -> str:
-    """The install script of `harness` ({scenario, release_id, files}, as Gateway.get_harness gives it)."""
+def install_script(harness: dict, tree: Harness, adapter: str | None, base_url: str, model: str) -> str:
+    """The install script of `harness` ({scenario, release_id, ...}, as Gateway.harness_release gives it with its
+    parsed `tree`: no front matter is parsed here)."""
     from reef_lab.agents.layout import ADAPTERS, Binding, render
     from reef_lab.errors import BadRequest
 
     if adapter not in ADAPTERS:
         raise BadRequest(f"query parameter 'adapter' must be one of {list(ADAPTERS)}, got {adapter!r}")
     binding = Binding(base_url.rstrip("/"), harness["scenario"], harness["release_id"], model)
-    return render_script(adapter, harness["scenario"], harness["release_id"],
-                         render(adapter, harness["files"], binding))
+    return render_script(adapter, harness["scenario"], harness["release_id"], render(adapter, tree, binding))

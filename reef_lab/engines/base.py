@@ -32,7 +32,8 @@ class ChatRequest:
     """One chat conversation to continue. Messages are {"role": system|user|assistant|tool, "content": str}; an
     assistant message may carry `tool_calls` [{"id", "type": "function", "function": {"name", "arguments": dict}}]
     and a tool message answers one by `tool_call_id` (and `name`), as transformers' chat templates take them.
-    `tool_use` holds the tools the request offers and its tool choice (reef_lab/engines/tools.py)."""
+    `tool_use` holds the tools the request offers and its tool choice (reef_lab/engines/tools.py). `dropped` lists
+    what of the client's request the model does not see (a hosted tool no engine here runs), for the record."""
 
     messages: list[dict]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -40,6 +41,7 @@ class ChatRequest:
     release: str | None = None  # or exactly this loaded release (e.g. a candidate under evaluation)
     prompt_ids: list[int] | None = None  # the prompt as token ids, already templated (then `messages` is unused)
     tool_use: ToolUse | None = None
+    dropped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -154,6 +156,11 @@ class ReleaseHost(ABC):
     @abstractmethod
     def completion_ids(self, text: str) -> list[int]:
         """A completion's token ids, ending as the model ends a turn."""
+
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """How many token ids the model's tokenizer has: an imported record's ids must lie in [0, this) before the
+        trainer may embed them (an id beyond the table fails the round on CPU and poisons the process on CUDA)."""
 
 
 class YieldsToTraining(ABC):

@@ -61,6 +61,7 @@ from reef_lab.checkpoints import load_checkpoint
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, SamplingParams
 from reef_lab.engines.batching import Batch, Prefill, PrefillPacer, Row
 from reef_lab.engines.remote import ChatTokenizer
+from reef_lab.engines.tiny import TINY
 from reef_lab.errors import EngineUnavailable
 
 log = logging.getLogger("reef_lab.engines.embedded")
@@ -102,7 +103,7 @@ def load_model(model_path: str | None, cache_dir: Path, dtype: torch.dtype = tor
     built once into the cache); a `.gguf` file is dequantised once into `cache_dir/<name>` as safetensors and loaded
     from there afterwards; a folder is loaded as a Hugging Face model.
     """
-    if model_path == "tiny":
+    if model_path == TINY:
         from reef_lab.engines.tiny import tiny_model_dir
 
         folder = tiny_model_dir(Path(cache_dir))
@@ -476,8 +477,10 @@ class EmbeddedEngine(Generator, ReleaseHost):
     @classmethod
     def from_config(cls, cfg) -> EmbeddedEngine:
         """`--model-path` (default: the embedded SmolLM2), `--max-batch`, `--tool-template`, `--prefill-chunk`,
-        `--prefill-share`."""
-        return cls.from_path(cfg.model_path, cache_dir=default_cache_dir(), max_batch=cfg.max_batch,
+        `--prefill-share`. The tiny test model is built into the data dir (`<data_dir>/models`), not the user's
+        model cache: it is a throwaway of this deployment."""
+        cache = Path(cfg.data_dir) / "models" if cfg.model_path == TINY else default_cache_dir()
+        return cls.from_path(cfg.model_path, cache_dir=cache, max_batch=cfg.max_batch,
                              tool_template=cfg.tool_template, prefill_chunk=cfg.prefill_chunk,
                              prefill_share=cfg.prefill_share)
 
@@ -559,6 +562,9 @@ class EmbeddedEngine(Generator, ReleaseHost):
 
     def completion_ids(self, text: str) -> list[int]:
         return self._chat.completion_ids(text)
+
+    def vocab_size(self) -> int:
+        return self._chat.vocab_size()
 
     def submit(self, request: ChatRequest) -> EmbeddedStream:
         """Queue a request. Bad parameters or messages raise here, in the caller's thread, and so does a prompt that

@@ -116,11 +116,12 @@ class LMSpec:
 
     kind: str = field(default="engine", metadata={"help": "engine (the embedded model) or openai (an endpoint)"})
     release: str | None = field(default=None, metadata={"help": "engine: a loaded release to call"})
-    base_url: str | None = field(default=None, metadata={"help": "openai: the endpoint"})
+    base_url: str | None = field(default=None, metadata={"operator": True, "help": "openai: the endpoint"})
     model: str | None = field(default=None, metadata={"help": "openai: the model name"})
-    key_env: str = field(default="REEF_UPSTREAM_API_KEY", metadata={"help": "openai: env var holding the key"})
-    record: str | None = field(default=None, metadata={"help": "append every call to this cassette"})
-    replay: str | None = field(default=None, metadata={"help": "answer from this cassette"})
+    key_env: str = field(default="REEF_UPSTREAM_API_KEY", metadata={"operator": True,
+        "help": "openai: env var holding the key"})
+    record: str | None = field(default=None, metadata={"operator": True, "help": "append every call to this cassette"})
+    replay: str | None = field(default=None, metadata={"operator": True, "help": "answer from this cassette"})
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -56,6 +56,10 @@ class ChatTokenizer:
         tu = request.tool_use
         return self.prompt_ids(request.messages, tu.prompt_tools() if tu else None, tu.prefill() if tu else "")
 
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary, added tokens included."""
+        return len(self.tokenizer)
+
     def completion_ids(self, text: str) -> list[int]:
         """A target answer's token ids as the model would generate them, ending with EOS (for demonstrations)."""
         with self._lock:

@@ -150,6 +150,9 @@ class SGLangEngine(Generator, ReleaseHost):
     def completion_ids(self, text: str) -> list[int]:
         return self.chat.completion_ids(text)
 
+    def vocab_size(self) -> int:
+        return self.chat.vocab_size()
+
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.prompt_ids(messages))
 

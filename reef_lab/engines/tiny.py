@@ -3,8 +3,9 @@ and releases in seconds on a CPU (it answers nonsense: it is for trying the plum
 
     .venv/bin/python scripts/serve.py --model-path tiny --recipe sft
 
-`--model-path tiny` (the embedded engine) builds it once into the model cache (`<cache>/tiny-llama`, seed 0, so
-every build is the same model) and loads it from there; tests/conftest.py builds the same one.
+`--model-path tiny` (the embedded engine) builds it once into the deployment's data dir
+(`<data_dir>/models/tiny-llama`, seed 0, so every build is the same model; never the user's model cache, which holds
+real conversions) and loads it from there; tests/conftest.py builds the same one.
 """
 
 from __future__ import annotations

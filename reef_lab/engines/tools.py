@@ -32,12 +32,17 @@ class ToolUse:
     `tools` are OpenAI function schemas `{"type": "function", "function": {"name", "description"?, "parameters"}}`
     (what transformers' `apply_chat_template(tools=...)` takes). `choice`: `auto` (the model decides), `none` (tools
     left out of the prompt, nothing parsed), `required` (the assistant turn is prefilled with `<tool_call>`), or
-    `function` (prefilled up to the arguments of `function`). `parallel` False keeps only the first call."""
+    `function` (prefilled up to the arguments of `function`). `parallel` False keeps only the first call.
+
+    `wire`: the client's own form of the tools offered as functions that are not plain functions in its dialect
+    (a Responses `custom` or `local_shell` tool, a namespaced function), by function name, so the answer names their
+    calls as the client expects (reef_lab/gateway/responses_tools.py). Engines do not read it."""
 
     tools: list[dict]
     choice: str = "auto"
     function: str | None = None
     parallel: bool = True
+    wire: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.choice not in CHOICES:

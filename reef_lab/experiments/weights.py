@@ -6,9 +6,12 @@ scenario's learner trains, evaluates and releases exactly as it would behind the
 
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
-Clients keep `concurrency` requests in flight; while the learner's pool already holds `max_pool` unconsumed samples
-they wait (backpressure), so rollouts are not made faster than training can use them and the staleness bound does
-not throw the budget away. A run lives in `out_dir`: its data dir (records, releases, learner metrics),
+By default (`deterministic`) rollouts go in rounds of `max_pool`: a round's requests are made together, reported in
+index order, and learned from before the next round starts, on an engine that decodes one request at a time, so the
+same seed gives the same run bit for bit (results/reproducibility.md). With `deterministic: false` clients keep
+`concurrency` requests in flight; while the learner's pool already holds `max_pool` unconsumed samples they wait
+(backpressure), so rollouts are not made faster than training can use them and the staleness bound does not throw
+the budget away. A run lives in `out_dir`: its data dir (records, releases, learner metrics),
 `rollouts.jsonl` and `summary.json`. Running the same command again resumes: prompts already answered and reported
 are skipped, and the learner replays reports it had not consumed.
 """
@@ -48,9 +51,19 @@ class ExperimentConfig(RunConfig):
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
     max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+    deterministic: bool = field(default=True, metadata={
+        "help": "same seed, same run, bit for bit, whatever the machine's load: rollouts go in rounds of max_pool, "
+                "each round's reports in index order, learned from (steps, candidate, release) before the next round "
+                "starts, on an embedded engine that decodes one request at a time (a batch's make-up changes a row's "
+                "last bits: results/reproducibility.md). false: rollouts stream while the learner trains (faster; "
+                "runs differ in the last bits and in which release served a rollout near a release)"})
 
     def __post_init__(self) -> None:
         self.check_run()  # the task (a plug-in task resolved too), W&B, Hub and engine settings, before any model loads
+        if self.deterministic and self.engine not in ("auto", "embedded"):
+            raise ValueError(f"deterministic runs need the embedded engine (engine {self.engine!r} batches requests, "
+                             "so a rollout's logprobs depend on what ran beside it): set engine: embedded, or "
+                             "deterministic: false")
         if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
             raise ValueError("rollouts, concurrency and max_pool must be at least 1, group_size at least 0")
         try:  # the recipe and its config are checked before any model loads
@@ -89,7 +102,9 @@ class WeightsExperiment(ExperimentDriver):
         from tqdm import tqdm
 
         cfg = self.cfg
-        engine = self.build_engine(cfg.concurrency, cfg.lora)
+        if cfg.deterministic and cfg.engine == "auto":
+            self.engine_name = "embedded"
+        engine = self.build_engine(1 if cfg.deterministic else cfg.concurrency, cfg.lora)
         recipe_config = {**cfg.recipe_config}
         recipe_config["trainer"] = {"seed": cfg.seed, **(recipe_config.get("trainer") or {})}
         gw = self.gateway(engine, recipe_config)
@@ -108,29 +123,46 @@ class WeightsExperiment(ExperimentDriver):
         bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
                    disable=not progress, dynamic_ncols=True)
 
-        def one(k: int) -> None:
-            while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
-                time.sleep(0.05)
-            item = prompts[k // group_size]
-            body = {"model": engine.model_name, "messages": item["messages"], "max_tokens": cfg.max_tokens,
-                    "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k}
+        def rollout(k: int) -> tuple[int, dict, list[dict], float]:
+            """Rollout k: one reply, or a tool task's whole episode (its calls one session), and its score."""
+            item, records = prompts[k // group_size], []
             tags = {"exp_index": str(k)}
             if group_size > 1:
                 tags["group"] = f"p{k // group_size}"
-            rec = gw.infer_record(body, name, tags)
-            text = rec["response"]["choices"][0]["message"]["content"]
-            score = task.score(item, text)
-            gw.report(name, {"score": score, "references": [rec["id"]], "metadata": {"exp_index": k}})
+
+            def chat(messages: list[dict], tools: list[dict] | None) -> dict:
+                body = {"model": engine.model_name, "messages": messages, "max_tokens": cfg.max_tokens,
+                        "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k + 7_919 * len(records)}
+                records.append(gw.infer_record({**body, **({"tools": tools} if tools else {})}, name, tags,
+                                               session=f"exp-{cfg.seed}-{k}"))
+                return {key: v for key, v in records[-1]["response"]["choices"][0]["message"].items() if v is not None}
+            score, _ = task.rollout(chat, item)
+            return k, item, records, score
+
+        def one(k: int) -> None:
+            while learner.status()["pool"] + learner.status()["inbox"] >= cfg.max_pool and learner.phase != "idle":
+                time.sleep(0.05)
+            report(*rollout(k))
+
+        def report(k: int, item: dict, records: list[dict], score: float) -> None:
+            gw.report(name, {"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k}})
             with lock:
-                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": rec["release_id"],
-                                                 "score": score, "time": time.time()}) + b"\n")
+                rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": records[0]["release_id"],
+                                                 "calls": len(records), "score": score, "time": time.time()}) + b"\n")
                 rollouts_log.flush()
                 bar.update(1)
                 if bar.n % 16 == 0:
                     bar.set_postfix(_postfix(learner))
 
         with ThreadPoolExecutor(cfg.concurrency) as pool:
-            list(pool.map(one, todo))
+            if cfg.deterministic:
+                for start in range(0, cfg.rollouts, cfg.max_pool):
+                    round_ = [k for k in todo if start <= k < start + cfg.max_pool]
+                    for done in sorted(pool.map(rollout, round_), key=lambda r: r[0]):  # reported in index order
+                        report(*done)
+                    learner.wait_idle(timeout=3600)  # its steps, candidate and release, before the next round
+            else:
+                list(pool.map(one, todo))
         bar.close()
         rollouts_log.close()
         learner.wait_idle(timeout=3600)

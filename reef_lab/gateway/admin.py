@@ -12,11 +12,12 @@ from typing import Any
 
 from reef_lab import harness as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
-from reef_lab.harness_requests import SESSION_ID
+from reef_lab.harness_requests import SESSION_ID, RequestStore
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
 from reef_lab.scenarios import check_name
+from reef_lab.tenants import OPEN, Grant
 
 
 class Admin:
@@ -28,26 +29,34 @@ class Admin:
     # ---- harness releases -----------------------------------------------------------------------------------
     def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
         """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
-        requests."""
+        requests. Checked like every harness release (reef_lab.harness.check_release): 400 before anything is
+        written."""
         self.scenarios.ensure(name)
-        files = harness_mod.check_files(body.get("files") if isinstance(body, dict) else None)
+        files = body.get("files") if isinstance(body, dict) else None
         return self.releaser.publish_harness(name, files, lineage)["release"]
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
+        return self.harness_release(scenario, release_id)[0]
+
+    def harness_release(self, scenario: str | None,
+                        release_id: str | None = None) -> tuple[dict, harness_mod.Harness]:
+        """({scenario, release_id, files, components?}, the parsed tree) of the serving harness (parsed when it was
+        released) or of release `release_id` (parsed now, within the same limits)."""
         name = check_name(scenario)
         self.scenarios.get(name)
         if release_id is None:
             serving = self.serving.get(name)
             if serving is None or serving.harness is None:
                 raise NotFound(f"scenario {name!r} serves no harness release")
-            out = {"scenario": name, "release_id": serving.release_id, "files": serving.harness[1]}
-            return {**out, "components": serving.components} if serving.components else out
+            tree = serving.harness[1]
+            out = {"scenario": name, "release_id": serving.release_id, "files": tree.files}
+            return ({**out, "components": serving.components} if serving.components else out), tree
         rel = self.releaser.release(name, release_id)
-        files = self.releaser.harness_files(name, release_id)
-        if rel is None or files is None:
+        tree = self.releaser.harness(name, release_id)
+        if rel is None or tree is None:
             raise NotFound(f"release {release_id!r} of scenario {name!r} holds no harness")
-        out = {"scenario": name, "release_id": rel["release_id"], "files": files}
-        return {**out, "components": rel["components"]} if rel.get("components") else out
+        out = {"scenario": name, "release_id": rel["release_id"], "files": tree.files}
+        return ({**out, "components": rel["components"]} if rel.get("components") else out), tree
 
     # ---- learning and releases ------------------------------------------------------------------------------
     def train(self, scenario: str | None, body: Any = None) -> dict:
@@ -69,6 +78,7 @@ class Admin:
         serving = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
         out = {"scenario": name, "serving": serving["release_id"] if serving else BASE,
                "releases": idx["releases"], "candidates": idx["candidates"], "base_eval": idx.get("base_eval"),
+               "base_retention": idx.get("base_retention"),
                "hub_main": idx.get("hub_main")}
         ln = self.learners.running(name)
         if ln is not None:
@@ -160,18 +170,46 @@ class Admin:
         return self.scenario_info(s.name)
 
     def delete_scenario(self, name: str) -> dict:
+        """The scenario goes, and everything of it that could serve or answer again: its learner, its releases and
+        learner state (moved to `<data dir>/deleted/<name>.<ms>/`, kept for inspection), what the engine holds for
+        it; its records are hidden (append-only, they stay on disk) and its change requests are of an earlier
+        scenario from now on. A scenario created again under the name starts empty, from the base."""
         s = self.scenarios.delete(name)
         self.learners.forget(name)
+        attic = self.data_dir / "deleted" / f"{name}.{int(time.time() * 1000)}"
+        self.releaser.forget(name, attic)
+        state = self.data_dir / "learn" / name
+        if state.exists():
+            attic.mkdir(parents=True, exist_ok=True)
+            state.replace(attic / "learn")
         hidden = self.store.forget(name)
         return {"deleted": s.name, "records_hidden": hidden}
 
-    def status(self) -> dict:
+    def get_request(self, request_id: str, grant: Grant = OPEN) -> dict:
+        """A change request, if it is of a scenario that exists now (not of a deleted one of the same name) and
+        `grant` may read; any other answers 404 alike, so nothing is told of another tenant's requests."""
+        req = RequestStore(self.data_dir).get(request_id)
+        name = req.get("scenario")
+        if not (self.scenarios.exists(name) and req["created_at"] >= self.scenarios.get(name).since
+                and grant.may("reader", name)):
+            raise NotFound(f"change request {request_id!r} not found")
+        return req
+
+    def status(self, grant: Grant = OPEN) -> dict:
+        """The deployment's state. A token that is not an admin of every scenario sees its own scenarios' part only:
+        nothing of the deployment (data dir, engine and its upstream URL, store) nor of other tenants."""
+        if not grant.everywhere:
+            mine = {s.name for s in self.scenarios.list() if grant.covers(s.name)}
+            return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "scenarios": len(mine),
+                    "learners": {n: v for n, v in self.learners.status().items() if n in mine},
+                    "scenario_errors": {n: v for n, v in self.learners.errors.items() if n in mine},
+                    "token": _token(grant)}
         return {"ok": True, "uptime_s": round(time.time() - self.started_at, 3), "data_dir": str(self.data_dir),
                 "engine": self.engine.info(), "store": self.store.info(),
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": self.learners.status(),
                 "scenario_errors": dict(self.learners.errors),
-                "hub": None if self.hub is None else self._hub_status()}
+                "hub": None if self.hub is None else self._hub_status(), "token": _token(grant)}
 
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""
@@ -183,6 +221,11 @@ class Admin:
             if states or idx.get("hub_main"):
                 scenarios[name] = {"releases": states, "main": idx.get("hub_main")}
         return {"repo": self.hub.config.repo, "queued": self.hub.queued, "scenarios": scenarios}
+
+
+def _token(grant: Grant) -> dict | None:
+    """Who the caller is, as it may know: its id on records, its role and scenarios (None: auth is off)."""
+    return None if grant.id is None else {"id": grant.id, "role": grant.role, "scenarios": list(grant.scenarios)}
 
 
 def wire_record(r: dict) -> dict:

@@ -15,6 +15,7 @@ import orjson
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.tools import ToolCall, ToolCallParser, ToolUse, parse_turn
+from reef_lab.gateway import responses_tools
 from reef_lab.gateway.tools import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
 
@@ -68,7 +69,7 @@ def render(dialect: str, gen: Generation, model: str, rid: str, created: int,
                 output.append(_responses_message(_message_id(rid, m), part, "completed"))
                 m += 1
             else:
-                output.append(_function_call_item(rid, part, "completed"))
+                output.append(_call_item(rid, part, tool_use))
         return _responses_object(rid, model, created, "completed",
                                  output or [_responses_message(_message_id(rid, 0), "", "completed")], (p, c),
                                  incomplete=gen.finish_reason == "length" and not calls, tool_use=tool_use)
@@ -117,9 +118,9 @@ def _responses_message(item_id: str, text: str, status: str) -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def _function_call_item(rid: str, tc: ToolCall, status: str) -> dict:
-    return {"type": "function_call", "id": f"fc_{rid[5:]}_{tc.index}", "call_id": call_id(OPENAI_RESPONSES, rid, tc.index),
-            "name": tc.name, "arguments": tc.arguments_json() if status == "completed" else "", "status": status}
+def _call_item(rid: str, tc: ToolCall, tool_use: ToolUse | None) -> dict:
+    """A call as the Responses item of the client's own tool kind (function, custom, local shell: responses_tools)."""
+    return responses_tools.call_item(tc, tool_use, rid[5:], call_id(OPENAI_RESPONSES, rid, tc.index), "completed")
 
 
 def _responses_object(rid, model, created, status, output, usage, incomplete=False, tool_use=None) -> dict:
@@ -127,7 +128,8 @@ def _responses_object(rid, model, created, status, output, usage, incomplete=Fal
            "status": "incomplete" if incomplete else status, "error": None,
            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
            "parallel_tool_calls": tool_use.parallel if tool_use else False,
-           "tool_choice": _responses_choice(tool_use), "tools": _responses_tools(tool_use), "instructions": None,
+           "tool_choice": _responses_choice(tool_use), "tools": responses_tools.listed_tools(tool_use),
+           "instructions": None,
            "metadata": {}, "temperature": None, "top_p": None}
     if usage is not None:
         p, c = usage
@@ -135,12 +137,6 @@ def _responses_object(rid, model, created, status, output, usage, incomplete=Fal
                         "input_tokens_details": {"cached_tokens": 0},
                         "output_tokens_details": {"reasoning_tokens": 0}}
     return obj
-
-
-def _responses_tools(tool_use: ToolUse | None) -> list[dict]:
-    """The request's tools as a Responses object lists them (`strict` false: schemas are not enforced)."""
-    return [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description"),
-             "parameters": t["function"]["parameters"], "strict": False} for t in (tool_use.tools if tool_use else [])]
 
 
 def _responses_choice(tool_use: ToolUse | None):
@@ -290,14 +286,11 @@ def _stream_responses(parts, finish, model, rid, created, tool_use):
         if open_msg is not None:
             yield from close_message()
         index += 1
-        item = _function_call_item(rid, part, "in_progress")
-        yield ev("response.output_item.added", output_index=index, item=item)
-        args = part.arguments_json()
-        for piece in _pieces(args):
-            yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=piece)
-        yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index, name=part.name,
-                 arguments=args)
-        yield ev("response.output_item.done", output_index=index, item=_function_call_item(rid, part, "completed"))
+        item = _call_item(rid, part, tool_use)
+        yield ev("response.output_item.added", output_index=index, item=responses_tools.started(item))
+        for kind, fields in responses_tools.input_events(item, _pieces):
+            yield ev(kind, item_id=item["id"], output_index=index, **fields)
+        yield ev("response.output_item.done", output_index=index, item=item)
     gen, receipt = finish()
     if index < 0:
         yield from open_message()

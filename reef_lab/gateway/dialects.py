@@ -3,7 +3,8 @@
 Each dialect parses its request body into a `ChatRequest` for engines that generate (the embedded model), renders
 a `Generation` back into the provider's response object and streams it as the provider's server-sent events (a
 relayed stream is accumulated for its record by reef_lab/gateway/accumulate.py). Tool calls: the requests' tool
-fields are read by tools.py, generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
+fields are read by tools.py (a Responses request's tools that are not plain functions, hosted ones dropped, by
+responses_tools.py), generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
 rendered and streamed in each dialect's shape by answers.py (docs/tools.md). The receipt rides in the final event
 of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on
 `message_stop`; responses: on `response.completed`).
@@ -19,7 +20,7 @@ import orjson
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.errors import BadRequest
-from reef_lab.gateway import tools
+from reef_lab.gateway import responses_tools, tools
 from reef_lab.gateway.answers import call_id, new_response_id, render, sse, stream, tool_record  # noqa: F401
 from reef_lab.gateway.tools import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
@@ -108,7 +109,8 @@ def parse_openai_chat(body: dict) -> ChatRequest:
 
 def parse_openai_responses(body: dict) -> ChatRequest:
     _check_object(body)
-    tool_use = tools.read_tool_use(body, OPENAI_RESPONSES)
+    offered = responses_tools.read_tools(body)
+    tool_use = tools.read_tool_use(body, OPENAI_RESPONSES, offered.functions, offered.wire)
     h = tools.History()
     if body.get("instructions") is not None:
         if not isinstance(body["instructions"], str):
@@ -121,14 +123,10 @@ def parse_openai_responses(body: dict) -> ChatRequest:
         for i, item in enumerate(inp):
             where = f"input[{i}]"
             kind = item.get("type", "message") if isinstance(item, dict) else None
-            if kind == "function_call":
-                args = tools.arguments_of(item.get("arguments"), f"{where}.arguments")
-                h.assistant("", [h.call(where, item.get("call_id"), item.get("name"), args, "call_id")], join=True)
-            elif kind == "function_call_output":
-                h.result(f"{where}.call_id", item.get("call_id"), _text_of(item.get("output"), f"{where}.output"))
-            elif kind != "message":
-                raise BadRequest(f"{where}: only message, function_call and function_call_output items are supported "
-                                 "by this engine")
+            if kind != "message":
+                if not responses_tools.read_item(h, kind, item, where, _text_of):
+                    raise BadRequest(f"{where}: an item of type {kind!r} is not supported by this engine (only "
+                                     "messages, and the calls and outputs of function, custom and local_shell tools)")
             elif item.get("role") not in ("system", "developer", "user", "assistant"):
                 raise BadRequest(f"{where}.role must be one of system, developer, user, assistant")
             else:
@@ -143,7 +141,7 @@ def parse_openai_responses(body: dict) -> ChatRequest:
         top_p=_number(body, "top_p", 0, 1, 1.0),
         seed=_number(body, "seed", -2**63, 2**63 - 1, None, integer=True),
     )
-    return ChatRequest(h.messages, params, tool_use=tool_use)
+    return ChatRequest(h.messages, params, tool_use=tool_use, dropped=offered.dropped)
 
 
 def parse_anthropic(body: dict) -> ChatRequest:

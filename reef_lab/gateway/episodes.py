@@ -14,6 +14,10 @@ unchanged. The first of these that a request carries names its episode:
 Measured against the real CLIs by tests/test_agents.py (marker `agents`). A client's own id that reef_lab's id
 rules do not allow is kept as a hash of it (`sha-` + 32 hex), so any client's session still groups.
 
+An episode belongs to its scenario and to the token that made its calls (the records' `caller`,
+reef_lab/tenants.py): another token that sends the same session id starts an episode of its own, and cannot add turns
+to this one, nor report on it.
+
 Turns are numbered when an episode is read, not when a call is recorded: the calls of one session may be served by
 several workers (each writes its own log), and no counter is shared among them. Turn n is the n-th of the episode's
 inference records ordered by (created_at, id): the time each call was recorded, the record id breaking a tie. For an
@@ -86,15 +90,15 @@ def detect(headers: dict[str, str] | None, body: Any) -> str | None:
     return None
 
 
-def episode_ids(store, scenario: str, episode: str, since: float = 0.0) -> list[str]:
-    """The ids of an episode's inference records in turn order ((created_at, id); see the module docstring).
-    A scan of the scenario's records (Parquet segments by predicate, the unrolled logs in full): fine for reports
-    and reads, not for the per-call path."""
-    frame = (store.scan()
-             .filter((pl.col("scenario") == scenario) & (pl.col("episode") == episode)
-                     & (pl.col("kind") == "inference")
-                     & (pl.coalesce("stored_at", "created_at") >= since))
-             .select("id", "created_at").collect())
+def episode_ids(store, scenario: str, episode: str, since: float = 0.0, caller: str | None = None) -> list[str]:
+    """The ids of an episode's inference records in turn order ((created_at, id); see the module docstring): the
+    calls `caller` (a token's id; None: auth off) made with that session id. A scan of the scenario's records
+    (Parquet segments by predicate, the unrolled logs in full): fine for reports and reads, not for the per-call
+    path."""
+    frame = store.collect(lambda records: records.filter(
+        (pl.col("scenario") == scenario) & (pl.col("episode") == episode) & pl.col("caller").eq_missing(caller)
+        & (pl.col("kind") == "inference") & (pl.coalesce("stored_at", "created_at") >= since)
+    ).select("id", "created_at"))
     return [rid for _, rid in sorted(zip(frame["created_at"].to_list(), frame["id"].to_list(), strict=True))]
 
 
@@ -103,24 +107,30 @@ def numbered(records: list[dict]) -> list[dict]:
     return [{**r, "turn": i} for i, r in enumerate(records, start=1)]
 
 
-def episode_references(store, scenarios, name: str, episode, refs) -> list[str]:
-    """A report's `episode`, resolved to the receipts of the episode's calls now (in turn order)."""
+def episode_references(store, scenarios, name: str, episode, refs, caller: str | None = None) -> list[str]:
+    """A report's `episode` (the reporting token's own), resolved to the receipts of its calls now (in turn
+    order)."""
     check_episode_id(episode, "'episode'")
     if refs is not None:
         raise BadRequest("give a report either 'references' (receipts) or 'episode' (all its calls), not both")
     s = scenarios.get(name)
-    ids = episode_ids(store, name, episode, s.since)
+    ids = episode_ids(store, name, episode, s.since, caller)
     if not ids:
-        raise BadRequest(f"episode {episode!r} has no calls in scenario {name!r}")
+        raise BadRequest(f"episode {episode!r} has no calls in scenario {name!r}" + _by_token(caller))
     return ids
 
 
-def read_episode(store, scenarios, scenario: str, episode: str) -> dict:
-    """GET /reef/episodes/<id>: the episode's calls in turn order, each with its `turn` (1-based)."""
+def read_episode(store, scenarios, scenario: str, episode: str, caller: str | None = None) -> dict:
+    """GET /reef/episodes/<id>: the calls `caller`'s token made in the episode, in turn order, each with its `turn`
+    (1-based)."""
     s = scenarios.get(scenario)
     check_episode_id(episode)
-    ids = episode_ids(store, s.name, episode, s.since)
+    ids = episode_ids(store, s.name, episode, s.since, caller)
     if not ids:
-        raise NotFound(f"episode {episode!r} has no calls in scenario {s.name!r}")
+        raise NotFound(f"episode {episode!r} has no calls in scenario {s.name!r}" + _by_token(caller))
     records = numbered(store.get_many(ids))
-    return {"scenario": s.name, "episode": episode, "turns": len(records), "records": records}
+    return {"scenario": s.name, "episode": episode, "caller": caller, "turns": len(records), "records": records}
+
+
+def _by_token(caller: str | None) -> str:
+    return "" if caller is None else f" made with token {caller} (an episode is its token's own)"

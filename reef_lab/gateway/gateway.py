@@ -34,6 +34,7 @@ from reef_lab.records.reader import RecordsReader
 from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioRegistry, check_name
+from reef_lab.tenants import OPEN, Grant
 
 __all__ = ["Gateway", "Reply", "StreamReply", "RECEIPT_HEADER", "RELEASE_HEADER", "PATHS", "shown", "wire_record"]
 
@@ -44,7 +45,8 @@ class Gateway:
     def __init__(self, data_dir: str | Path, engine: Engine, default_recipe: str = "basic",
                  default_config: dict | None = None, hub: HubConfig | None = None,
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
-                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20):
+                 retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20,
+                 harness_allow_executable: bool = False):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -66,7 +68,8 @@ class Gateway:
         self.serving_table = ServingTable(self._changed)
         self.scenarios.on_change = self._changed
         self.inference = Inference(engine, self.store, self.scenarios, self._serving_of)
-        self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer)
+        self.releaser = Releaser(self.releases, engine, self.serving_table, self.hub, self.inference.answer,
+                                 allow_executable=harness_allow_executable)
         self.reports = Reports(self.store, self.scenarios, self.learners, self._handing_over)
         self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
                            self.serving_table, self.hub)
@@ -148,25 +151,28 @@ class Gateway:
         return pinned
 
     def serving(self, scenario: str) -> dict | None:
-        """What a relay worker needs to serve a scenario's inference itself: the harness release it applies.
-        None while the scenario does not exist (the relay hands such a request over, and its creation follows
-        the one code path in `infer`)."""
+        """What a relay worker needs to serve a scenario's inference itself: the harness release it applies and its
+        system text (`system` None: no harness). None while the scenario does not exist (the relay hands such a
+        request over, and its creation follows the one code path in `infer`)."""
         name = check_name(scenario)
         if not self.scenarios.exists(name):
             return None
         serving = self._serving_of(name)
         harness = serving.harness if serving is not None else None
-        release, files = harness if harness else (None, None)
-        return {"release_id": release, "files": files}
+        return {"release_id": harness[0], "system": harness[1].system} if harness else \
+            {"release_id": None, "system": None}
 
     # ---- the data path ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
-              client_headers: dict[str, str] | None = None) -> Reply | StreamReply:
-        return self.inference.infer(dialect, body, scenario, tags, client_headers)
+              client_headers: dict[str, str] | None = None, caller: str | None = None) -> Reply | StreamReply:
+        """`caller`: the id of the client's token (reef_lab/tenants.py), kept on the record."""
+        return self.inference.infer(dialect, body, scenario, tags, client_headers, caller=caller)
 
-    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None) -> dict:
-        """One chat completion for an in-process caller; the stored record (reef_lab.gateway.inference)."""
-        return self.inference.infer_record(body, scenario, tags)
+    def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
+                     session: str | None = None) -> dict:
+        """One chat completion for an in-process caller; the stored record (reef_lab.gateway.inference).
+        `session`: the episode the call belongs to."""
+        return self.inference.infer_record(body, scenario, tags, session=session)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         return self.inference.count_tokens(body, client_headers)
@@ -174,11 +180,15 @@ class Gateway:
     def models(self) -> Reply:
         return self.inference.models()
 
-    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None) -> tuple[bool, str]:
-        return self.reports.report(scenario, body, tags)
+    def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
+               caller: str | None = None, only_own: bool = False) -> tuple[bool, str]:
+        """`only_own`: the references must be receipts `caller` made (agent and reader tokens)."""
+        return self.reports.report(scenario, body, tags, caller=caller, only_own=only_own)
 
-    def import_records(self, body: Any, default_scenario: str | None = None) -> tuple[int, dict]:
-        return self.reports.import_records(body, default_scenario)
+    def import_records(self, body: Any, default_scenario: str | None = None, grant: Grant = OPEN) -> tuple[int, dict]:
+        """Every record's scenario must be one `grant` administers (403 naming the record otherwise)."""
+        return self.reports.import_records(body, default_scenario, grant.id,
+                                           None if grant.everywhere else lambda s: grant.check("admin", s))
 
     # ---- administration -----------------------------------------------------------------------------------------
     def recipe(self, name: str):
@@ -205,6 +215,9 @@ class Gateway:
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         return self.admin.get_harness(scenario, release_id)
 
+    def harness_release(self, scenario: str | None, release_id: str | None = None):
+        return self.admin.harness_release(scenario, release_id)
+
     def list_records(self, scenario: str, kind: str | None = None, limit: int = 50, after: str | None = None,
                      session: str | None = None) -> dict:
         return self.admin.list_records(scenario, kind, limit, after, session)
@@ -212,9 +225,10 @@ class Gateway:
     def get_record(self, scenario: str, record_id: str) -> dict:
         return self.admin.get_record(scenario, record_id)
 
-    def get_episode(self, scenario: str | None, episode: str) -> dict:
-        """[episodes hook] an agent session's calls in turn order (reef_lab/gateway/episodes.py)."""
-        out = episodes.read_episode(self.store, self.scenarios, check_name(scenario), episode)
+    def get_episode(self, scenario: str | None, episode: str, caller: str | None = None) -> dict:
+        """[episodes hook] an agent session's calls in turn order (reef_lab/gateway/episodes.py): those the token
+        `caller` made (an episode is its token's own)."""
+        out = episodes.read_episode(self.store, self.scenarios, check_name(scenario), episode, caller)
         return {**out, "records": [wire_record(r) for r in out["records"]]}
 
     def scenario_info(self, name: str) -> dict:
@@ -226,8 +240,15 @@ class Gateway:
     def delete_scenario(self, name: str) -> dict:
         return self.admin.delete_scenario(name)
 
-    def status(self) -> dict:
-        return {**self.admin.status(), "retention": None if self.retainer is None else self.retainer.status()}
+    def get_request(self, request_id: str, grant: Grant = OPEN) -> dict:
+        """A change request of a scenario that exists (and `grant` may read); 404 otherwise."""
+        return self.admin.get_request(request_id, grant)
+
+    def status(self, grant: Grant = OPEN) -> dict:
+        """The whole state for an admin of every scenario (and with auth off); a token's own scenarios' otherwise."""
+        if not grant.everywhere:
+            return self.admin.status(grant)
+        return {**self.admin.status(grant), "retention": None if self.retainer is None else self.retainer.status()}
 
     def close(self, close_engine: bool = True) -> None:
         if self.retainer is not None:

@@ -38,9 +38,9 @@ class Relaying:
         self.engine, self.store = engine, store
 
     def relay(self, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
-              release: str, components: dict | None = None) -> Reply | StreamReply:
+              release: str, components: dict | None = None, caller: str | None = None) -> Reply | StreamReply:
         return RelayCall(self.engine, self.store, dialect, body, name, tags, headers, sent, release,
-                         time.perf_counter(), components).run()
+                         time.perf_counter(), components, caller).run()
 
 
 class Inference:
@@ -54,9 +54,10 @@ class Inference:
 
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None, release: str | None = None,
-              kind: str = "inference") -> Reply | StreamReply:
+              kind: str = "inference", caller: str | None = None) -> Reply | StreamReply:
         """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
-        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`)."""
+        the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`). `caller`: the id
+        of the client's token (reef_lab/tenants.py), kept on the record; an episode is its token's own."""
         try:
             name = check_name(scenario)
         except BadRequest as e:
@@ -72,38 +73,44 @@ class Inference:
             harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (reef_lab/agents)
-            sent = harness_mod.apply(dialect, body, harness[1]) if harness and not installed else body
+            sent = harness_mod.apply(dialect, body, harness[1].system) if harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
             if installed and harness and not components:  # the record names the release the client carries
                 label = installed
             if self._relaying is not None:
                 return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
-                                            label or "upstream", components)
+                                            label or "upstream", components, caller)
             return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind,
-                                  episode)
+                                  episode, caller)
         except ReefError as e:
             if not unanswered.is_refusal(e) or kind != "inference":
                 raise
-            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode)
+            unanswered.record_refused(self.store, name, dialect, body, tags or {}, t0, e, episode, caller=caller)
             raise
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
-                     release: str | None = None, kind: str = "inference") -> dict:
+                     release: str | None = None, kind: str = "inference", session: str | None = None) -> dict:
         """One chat completion, not streamed, for an in-process caller: the stored record (response, token ids,
-        logprobs, the release that served it). A failed generation raises, its error kept in a record too."""
-        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, release=release,
-                           kind=kind)
+        logprobs, the release that served it). A failed generation raises, its error kept in a record too.
+        `session`: the episode the call belongs to (as the x-reef-session header would say)."""
+        headers = {episodes.SESSION_HEADER: session} if session else None
+        reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, client_headers=headers,
+                           release=release, kind=kind)
         return reply.record
 
-    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict) -> str:
-        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation)."""
-        rec = self.infer_record({"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens,
-                                 "temperature": 0.0}, scenario, tags, release=release, kind="eval")
-        return dialects.response_text(rec["dialect"], rec["response"])
+    def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict,
+               tools: list[dict] | None = None) -> dict:
+        """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation): the
+        assistant message in OpenAI chat shape (content, and tool_calls when `tools` were offered and it calls them)."""
+        body = {"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+        rec = self.infer_record({**body, **({"tools": tools} if tools else {})}, scenario, tags, release=release,
+                                kind="eval")
+        message = rec["response"]["choices"][0]["message"]
+        return {k: v for k, v in message.items() if v is not None}
 
     def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
                   components: dict | None, release: str | None, kind: str,
-                  episode: str | None = None) -> Reply | StreamReply:
+                  episode: str | None = None, caller: str | None = None) -> Reply | StreamReply:
         """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
         it. A harness or composite release, when one serves the scenario, is the release named on the record and
         header."""
@@ -118,14 +125,15 @@ class Inference:
         except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
             raise BadRequest(str(e)) from None
 
+        dropped = {"dropped": req.dropped} if req.dropped else {}  # hosted tools the model did not see
         sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
         recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
 
         def cancelled(reason: str) -> str:
             rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
-                                   release_id=label or handle.release_id, episode=episode,
+                                   release_id=label or handle.release_id, episode=episode, caller=caller,
                                    prompt_token_ids=list(handle.prompt_ids),
-                                   metadata={"generated_text": "".join(sent_text)})
+                                   metadata={"generated_text": "".join(sent_text), **dropped})
             self.store.append([rec])
             recorded.append(rec.id)
             unanswered.log_cancelled(name, dialect, rec.id, reason)
@@ -140,7 +148,7 @@ class Inference:
             except Exception as e:
                 rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
                                        error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id,
-                                       episode=episode)
+                                       episode=episode, caller=caller)
                 self.store.append([rec])
                 recorded.append(rec.id)
                 err = ReefError(f"generation failed: {e} (record {rec.id})")
@@ -150,8 +158,9 @@ class Inference:
             resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
             rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
                                    prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                   logprobs=gen.logprobs, episode=episode,
-                                   metadata=dialects.tool_record(dialect, gen, rid, req.tool_use))
+                                   logprobs=gen.logprobs, episode=episode, caller=caller,
+                                   metadata={**(dialects.tool_record(dialect, gen, rid, req.tool_use) or {}),
+                                             **dropped} or None)
             self.store.append([rec])
             recorded.append(rec.id)
             return gen, rec, resp

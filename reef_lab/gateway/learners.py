@@ -14,9 +14,10 @@ from typing import Callable
 
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.engines.lm import make_lm
+from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.errors import BadRequest, Conflict, ReefError
 from reef_lab.learning.recipe import LearnContext, Recipe, RecordOnly, ScenarioLearner, check_offered, evolved, \
-    load_recipe
+    load_recipe, recipe_config_class
 from reef_lab.publishing.tracking import Tracker, TrackingConfig
 from reef_lab.schema import check_client_fields
 
@@ -31,7 +32,6 @@ class Learners:
         self._context = context
         self.errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self._recipes: dict[str, Recipe] = {}
-        self._config_classes: dict[str, type | None] = {}  # recipe spec -> its config dataclass
         self._learners: dict[str, ScenarioLearner] = {}
         self._lock = threading.Lock()
 
@@ -61,11 +61,8 @@ class Learners:
 
     def check_client_config(self, spec: str, config: dict | None) -> None:
         """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""
-        if spec not in self._config_classes:
-            recipe = load_recipe(spec)  # the recipe's defaults: nothing of the client's is read
-            self._config_classes[spec] = type(recipe.config) if recipe.config is not None else None
         try:
-            check_client_fields(self._config_classes[spec], config or {})
+            check_client_fields(recipe_config_class(spec), config or {})
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
@@ -127,6 +124,11 @@ class Learners:
         if not self.engine.model:
             raise Conflict("the gepa recipe calls the upstream model itself: start with --upstream-model, or give "
                            "the recipe a task_lm {kind: openai, base_url, model}")
+        if isinstance(self.engine, UpstreamEngine) and self.engine.key_from_client and not self.engine.api_key:
+            raise Conflict("this recipe calls the upstream provider itself (task model, reflection, change-request "
+                           "proposer), and the deployment holds no provider key (--upstream-key-from-client without "
+                           "REEF_UPSTREAM_API_KEY: only clients' own requests carry a key): set REEF_UPSTREAM_API_KEY "
+                           "for the server's own calls, or give the recipe's LMs a key_env in --recipe-config")
         return make_lm({"kind": "openai", "base_url": self.engine.base_url, "model": self.engine.model})
 
     def forget(self, name: str) -> None:

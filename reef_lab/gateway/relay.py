@@ -51,11 +51,12 @@ def encode(name: str | None, obj) -> bytes:
 
 class RelayCall:
     """One call of `engine` (a Relay), recorded in `store` (the primary's RecordStore or a relay worker's log).
-    `components`: a composite release's, named in the answer's headers."""
+    `components`: a composite release's, named in the answer's headers; `caller`: the id of the client's token, kept
+    on the record (reef_lab/tenants.py)."""
 
     def __init__(self, engine, store, dialect: str, body: dict, name: str, tags: dict, headers: dict, sent: dict,
-                 release: str, t0: float, components: dict | None = None):
-        self.engine, self.store = engine, store
+                 release: str, t0: float, components: dict | None = None, caller: str | None = None):
+        self.engine, self.store, self.caller = engine, store, caller
         self.dialect, self.body, self.name, self.tags = dialect, body, name, tags
         self.headers, self.release, self.t0 = headers, release, t0
         self.release_headers = release_header_values(release, components)
@@ -78,7 +79,7 @@ class RelayCall:
                 else "error"
         rec = inference_record(self.name, self.dialect, self.body, self.tags, response, self.t0,
                                release_id=self.release, status=status, error=error, metadata=meta,
-                               episode=self.episode)
+                               episode=self.episode, caller=self.caller)
         self.store.append([rec])
         if status == "refused":
             unanswered.log.info("refused %s call in scenario %s: the provider answered HTTP %s (record %s)",

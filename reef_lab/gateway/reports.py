@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Callable
 
-from reef_lab.errors import BadRequest
+from reef_lab.engines.base import ReleaseHost
+from reef_lab.errors import BadRequest, Forbidden
 from reef_lab.gateway import episodes
 from reef_lab.records.record import Record, client_id, content_hash, shown
 from reef_lab.scenarios import check_name
@@ -28,10 +29,12 @@ class Reports:
         self.handing_over = handing_over or (lambda ids: contextlib.nullcontext())
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
-               notify: bool = True) -> tuple[bool, str]:
+               notify: bool = True, caller: str | None = None, only_own: bool = False) -> tuple[bool, str]:
         """Validate and store a report; returns (created, record id). A repeated id with the same content is
         not created again. `notify`: hand it to the scenario's learner (False for the reports a learner makes on
-        its own rollouts: it already knows them)."""
+        its own rollouts: it already knows them). `caller`: the reporting token's id, kept on the report; its
+        `episode` is that token's own; `only_own` (agent and reader tokens): every reference must be a receipt
+        that token made (reef_lab/tenants.py)."""
         name = check_name(scenario)
         if not isinstance(body, dict):
             raise BadRequest("the report must be a JSON object {score?, feedback?, references?, metadata?}")
@@ -58,13 +61,15 @@ class Reports:
         episode = body.get("episode")
         if episode is not None:  # [episodes hook] a report on a whole episode references all its calls
             body = {**body, "references": episodes.episode_references(self.store, self.scenarios, name, episode,
-                                                                      body.get("references"))}
+                                                                      body.get("references"), caller)}
         refs = self.check_references(name, body.get("references"))
+        if only_own and episode is None:
+            self.check_own(refs, caller)
         self.scenarios.ensure(name)
         self.learners.recipe(name).validate_report(body)
         rec = Record(id=client_id(chosen), scenario=name, kind="report", references=refs,
                      score=None if score is None else float(score), feedback=feedback, metadata=metadata,
-                     tags=tags or {}, episode=episode)
+                     tags=tags or {}, episode=episode, caller=caller)
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         with self.handing_over([rec.id, *refs]):
@@ -89,15 +94,25 @@ class Reports:
             e = e or (extra or {}).get(r)
             if e is None:
                 raise BadRequest(f"reference {r!r} is not a known receipt")
-            if e.scenario != name:
-                raise BadRequest(f"reference {r!r} belongs to scenario {e.scenario!r}, not {name!r}")
+            if e.scenario != name:  # which one is not said: it may be another tenant's
+                raise BadRequest(f"reference {r!r} belongs to another scenario, not {name!r}")
             if e.kind != "inference":
                 raise BadRequest(f"reference {r!r} is a {e.kind} record; references name inference receipts")
         return refs
 
+    def check_own(self, refs: list[str], caller: str | None) -> None:
+        """Every reference is a receipt `caller` made (a read of each: only agent and reader tokens pay it)."""
+        mine = {r["id"] for r in self.store.get_many(refs) if r.get("caller") == caller}
+        for r in refs:
+            if r not in mine:
+                raise Forbidden(f"reference {r!r} was not made with this token: an agent or reader token reports "
+                                "only on its own receipts (an admin token of the scenario reports on any)")
+
     # ---- records --------------------------------------------------------------------------------------------
-    def import_records(self, body: Any, default_scenario: str | None = None) -> tuple[int, dict]:
-        """Import records all or nothing: every record is checked before any is written."""
+    def import_records(self, body: Any, default_scenario: str | None = None, caller: str | None = None,
+                       scope: Callable[[str], None] | None = None) -> tuple[int, dict]:
+        """Import records all or nothing: every record is checked before any is written. `caller`: the importing
+        token's id, kept on each record; `scope(scenario)` raises for a scenario that token may not import into."""
         items = body.get("records") if isinstance(body, dict) else None
         if not isinstance(items, list) or not items:
             raise BadRequest("the body must be {\"records\": [record, ...]} with at least one record")
@@ -107,9 +122,12 @@ class Reports:
         epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
-                rec = self._import_one(item, default_scenario, pending)
+                rec = self._import_one(item, default_scenario, pending, scope)
             except BadRequest as e:
                 raise BadRequest(f"records[{i}]: {e.message}") from None
+            except Forbidden as e:
+                raise Forbidden(f"records[{i}]: {e.message}") from None
+            rec.caller = caller
             records.append(rec)
             pending[rec.id] = rec
         for rec in records:
@@ -124,7 +142,27 @@ class Reports:
             "records": [{"id": r.id, "created": c} for r, c in zip(records, created, strict=True)],
             "created": sum(created), "existing": len(created) - sum(created)}
 
-    def _import_one(self, item: Any, default_scenario: str | None, pending: dict) -> Record:
+    def _check_vocabulary(self, rec: Record) -> None:
+        """An imported record's token ids lie in the served model's vocabulary, where it has one (an engine that
+        trains): a trainer would look them up in its embedding table (issue 38: 2^31-1 dropped a batch on CPU; on
+        CUDA such a lookup is a device-side assert that fails every later CUDA call of the process). Both id fields
+        a record has reach a trainer (a demonstration's, or a referenced inference's): both are checked."""
+        engine = self.learners.engine
+        if not isinstance(engine, ReleaseHost):  # a relay serves no model of ours: nothing of it is trained
+            return
+        size = engine.vocab_size()
+        for name, ids in (("prompt_token_ids", rec.prompt_token_ids), ("token_ids", rec.token_ids)):
+            if ids and max(ids) >= size:  # (negative ids fail the record's own parse)
+                k = next(k for k, t in enumerate(ids) if not 0 <= t < size)
+                raise BadRequest(f"'{name}'[{k}] = {ids[k]} is not a token id of the served model: ids must lie in "
+                                 f"0..{size - 1} (its tokenizer's vocabulary): tokenize with the served model's "
+                                 "tokenizer")
+
+    def _import_one(self, item: Any, default_scenario: str | None, pending: dict,
+                    scope: Callable[[str], None] | None = None) -> Record:
         rec = Record.from_client(item, default_scenario)
+        if scope is not None:  # before its references are looked up: nothing of another tenant's is told
+            scope(rec.scenario)
+        self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
         return rec

@@ -1,12 +1,12 @@
 """The tool parts of the three dialects' requests, read into one form for the engines that generate.
 
 OpenAI chat (`tools` of `{"type": "function", "function": {...}}`, `tool_choice`, assistant `tool_calls`,
-`role: tool` messages), OpenAI Responses (function tools, `function_call` and `function_call_output` input items)
-and Anthropic messages (`tools` with `input_schema`, `tool_choice`, `tool_use` and `tool_result` blocks) all become a
-ToolUse (reef_lab/engines/tools.py) and messages as transformers' chat templates take them: an assistant message with
-`tool_calls` [{"id", "type": "function", "function": {"name", "arguments": dict}}] and `tool` messages with
-`tool_call_id`, `name` and text `content`. Every refusal is a 400 naming the field. The answers (calls rendered in
-each dialect) are in dialects.py.
+`role: tool` messages), OpenAI Responses (`tool_choice` here; its tools and tool items in responses_tools.py, which
+maps the kinds that are not plain functions) and Anthropic messages (`tools` with `input_schema`, `tool_choice`,
+`tool_use` and `tool_result` blocks) all become a ToolUse (reef_lab/engines/tools.py) and messages as transformers'
+chat templates take them: an assistant message with `tool_calls` [{"id", "type": "function", "function": {"name",
+"arguments": dict}}] and `tool` messages with `tool_call_id`, `name` and text `content`. Every refusal is a 400
+naming the field. The answers (calls rendered in each dialect) are in answers.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _shown(value) -> str:
 
 
 # ---- tools and tool_choice ------------------------------------------------------------------------------------
-def _function(name, description, schema, where: str, schema_key: str) -> dict:
+def function_schema(name, description, schema, where: str, schema_key: str) -> dict:
+    """One function tool as transformers' templates take it; a 400 naming the field when it is malformed."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise BadRequest(f"{where}.name must be 1-128 letters, digits, '_', '-', '.' or ':', got {_shown(name)}")
     fn: dict = {"name": name}
@@ -45,7 +46,8 @@ def _function(name, description, schema, where: str, schema_key: str) -> dict:
 
 
 def read_tools(body: dict, dialect: str) -> list[dict]:
-    """The request's `tools` as OpenAI function schemas; 400 naming the field when one is malformed."""
+    """An OpenAI chat or Anthropic request's `tools` as OpenAI function schemas; 400 naming the field when one is
+    malformed (a Responses request's: responses_tools.read_tools)."""
     tools = body.get("tools")
     if tools is None:
         return []
@@ -60,27 +62,19 @@ def read_tools(body: dict, dialect: str) -> list[dict]:
             if t.get("type") not in (None, "custom"):
                 raise BadRequest(f"{where}.type {_shown(t.get('type'))} is a server tool, which this engine does not "
                                  "run: send client tools {name, description, input_schema}")
-            out.append(_function(t.get("name"), t.get("description"), t.get("input_schema"), where, "input_schema"))
+            out.append(function_schema(t.get("name"), t.get("description"), t.get("input_schema"), where,
+                                       "input_schema"))
             continue
         if t.get("type") != "function":
             raise BadRequest(f"{where}.type must be 'function' (the only tools this engine's model calls), got "
                              f"{_shown(t.get('type'))}")
         if t.get("strict") is not None and not isinstance(t.get("strict"), bool):
             raise BadRequest(f"{where}.strict must be a boolean")
-        if dialect == OPENAI_CHAT:
-            fn = t.get("function")
-            if not isinstance(fn, dict):
-                raise BadRequest(f"{where}.function must be an object {{name, description?, parameters?}}")
-            out.append(_function(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function",
-                                 "parameters"))
-        else:
-            out.append(_function(t.get("name"), t.get("description"), t.get("parameters"), where, "parameters"))
-    seen: set[str] = set()
-    for t in out:
-        name = t["function"]["name"]
-        if name in seen:
-            raise BadRequest(f"'tools' names function {name!r} more than once")
-        seen.add(name)
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise BadRequest(f"{where}.function must be an object {{name, description?, parameters?}}")
+        out.append(function_schema(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function",
+                                   "parameters"))
     return out
 
 
@@ -114,14 +108,29 @@ def _choice(body: dict, dialect: str) -> tuple[str, str | None, bool]:
         name = fn.get("name") if isinstance(fn, dict) else None
         if isinstance(name, str):
             return "function", name, parallel
+    if dialect == OPENAI_RESPONSES and isinstance(tc, dict) and tc.get("type") == "custom" and isinstance(
+            tc.get("name"), str):
+        return "function", tc["name"], parallel  # a custom tool is offered to the model as a function
+    if dialect == OPENAI_RESPONSES and isinstance(tc, dict) and isinstance(tc.get("type"), str) and tc["type"] not in (
+            "function", "custom", "allowed_tools"):
+        raise BadRequest(f"'tool_choice' forces a {tc['type']!r} tool, which this engine cannot run (hosted tools are "
+                         "left out: docs/tools.md); use 'auto', 'none', 'required' or a function or custom tool by "
+                         "name")
     shape = ('{"type": "function", "function": {"name": ...}}' if dialect == OPENAI_CHAT
              else '{"type": "function", "name": ...}')
     raise BadRequest(f"'tool_choice' must be 'none', 'auto', 'required' or {shape}")
 
 
-def read_tool_use(body: dict, dialect: str) -> ToolUse | None:
-    """The tools a request offers and its tool choice; None when it offers none."""
-    tools = read_tools(body, dialect)
+def read_tool_use(body: dict, dialect: str, functions: list[dict] | None = None,
+                  wire: dict[str, dict] | None = None) -> ToolUse | None:
+    """The tools a request offers and its tool choice; None when it offers none. `functions` and `wire`: a Responses
+    request's tools as responses_tools.read_tools gives them (the others' are read here)."""
+    tools = read_tools(body, dialect) if functions is None else functions
+    seen: set[str] = set()
+    for t in tools:
+        if t["function"]["name"] in seen:
+            raise BadRequest(f"'tools' names function {t['function']['name']!r} more than once")
+        seen.add(t["function"]["name"])
     choice, name, parallel = _choice(body, dialect)
     if not tools:
         if choice in ("required", "function"):
@@ -130,7 +139,7 @@ def read_tool_use(body: dict, dialect: str) -> ToolUse | None:
     if name is not None and name not in {t["function"]["name"] for t in tools}:
         known = ", ".join(t["function"]["name"] for t in tools)
         raise BadRequest(f"'tool_choice' names function {name!r}, which is not among 'tools' ({known})")
-    return ToolUse(tools, choice, name, parallel)
+    return ToolUse(tools, choice, name, parallel, dict(wire or {}))
 
 
 # ---- tool calls and results in the history --------------------------------------------------------------------

@@ -29,12 +29,13 @@ def is_refusal(err: ReefError) -> bool:
 
 
 def record_refused(store, name: str, dialect: str, body: Any, tags: dict, t0: float, err: ReefError,
-                   episode: str | None, release: str | None = None) -> str:
+                   episode: str | None, release: str | None = None, caller: str | None = None) -> str:
     """Store the refused call in `store` (the primary's RecordStore or a relay worker's log)."""
     from reef_lab.gateway.relay import inference_record
 
     rec = inference_record(name, dialect, body, tags, None, t0, status="refused", error=err.message,
-                           release_id=release, episode=episode, metadata={"refused_status": err.status})
+                           release_id=release, episode=episode, metadata={"refused_status": err.status},
+                           caller=caller)
     store.append([rec])
     log.info("refused %s call in scenario %s with HTTP %d (record %s): %s", dialect, name, err.status, rec.id,
              err.message[:300])

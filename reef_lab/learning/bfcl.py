@@ -22,6 +22,7 @@ import importlib.util
 import json
 import random
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.learning.tool_tasks import EpisodeScore, ToolTask, call_arguments
@@ -202,21 +203,30 @@ def ast_check(functions: list[dict], calls: list[dict], possible_answer: list[di
     return check_one(by_name[tool_name(next(iter(answer)))], calls[0], answer)
 
 
+@dataclass
+class BfclOptions:
+    categories: list[str] | None = field(default=None, metadata={
+        "help": f"BFCL v4 categories to draw items from, of {CATEGORIES}; default {DEFAULT_CATEGORIES}"})
+
+    def __post_init__(self) -> None:
+        for c in self.categories or []:
+            if c not in CATEGORIES:
+                raise ValueError(f"BFCL category {c!r} is not one of {CATEGORIES}")
+
+
 class BfclTask(ToolTask):
     """BFCL v4 single-turn items: one reply, scored 1 when its tool calls pass the AST check. Options:
     `categories` (default simple_python, multiple, parallel, parallel_multiple)."""
 
     max_turns = 1
+    options_class = BfclOptions
 
     def __init__(self, config):
         super().__init__(config)
         unknown = set(config.options) - {"categories"}
         if unknown:
             raise ValueError(f"bfcl task options are 'categories' only, got {sorted(unknown)}")
-        self.categories = list(config.options.get("categories") or DEFAULT_CATEGORIES)
-        for c in self.categories:
-            if c not in CATEGORIES:
-                raise ValueError(f"BFCL category {c!r} is not one of {CATEGORIES}")
+        self.categories = list(BfclOptions(**config.options).categories or DEFAULT_CATEGORIES)
         self._items: list[dict] | None = None
 
     def all_items(self) -> list[dict]:

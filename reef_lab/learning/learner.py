@@ -9,17 +9,26 @@ routes the scenario's new requests to it (requests already running finish on the
 in a round is logged, recorded in the metrics file and leaves the serving release as it was.
 
 State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids: those a candidate was made from, and
-those dropped, so a restart replays only the reports whose learning did not reach a candidate) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
+those dropped, so a restart replays only the reports whose learning did not reach a candidate; and the failed ones,
+each with its error) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
 the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
 as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
 release's weights (optimizer state starts fresh): steps taken since the last candidate died with the process, so
 their samples count as consumed only once a candidate is made from them, and are trained again after a crash.
+Nothing acknowledged is skipped without a trace (issue 38): a round that fails before its step trained the batch gives
+the batch back to the front of the pool, and the next round (after a wait that grows with each failure in a row)
+trains it; a candidate whose export fails leaves its samples to the next candidate. A sample the trainer refuses
+(InvalidSamples: token ids outside the model's vocabulary) is failed alone at once, the others train; a sample in
+MAX_TRIES failed rounds is failed too, so one that always fails cannot stall the scenario. A failed sample is
+consumed and listed with its error in `status()["failed"]`, in state.json and as a `failed` metrics row; a report
+that cannot become a sample at all is listed there too (not consumed: a restart tries it again).
 """
 
 from __future__ import annotations
 
 import math
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -38,8 +47,13 @@ from reef_lab.learning.samples import Sample
 from reef_lab.learning.tasks import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE
+from reef_lab.trainers.base import InvalidSamples
 
 log = logging.getLogger("reef_lab.learning.learner")
+MAX_TRIES = 3  # failed rounds a sample may be in before it is failed (its error kept)
+RETRY_WAIT_S = 2.0  # the wait after a failed round, doubled with each failure in a row (at most MAX_WAIT_S)
+MAX_WAIT_S = 60.0
+FAILED_SHOWN = 20  # status() lists the newest this many failed samples (state.json keeps them all)
 
 
 class WeightRecipe(ABC):
@@ -101,18 +115,23 @@ class Learner(LearnerLoop, RecordHolder):
         self._state_path = self.dir / "state.json"
         state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
         self._consumed: set[str] = set(state.get("consumed", []))
+        self._failed: dict[str, dict] = state.get("failed", {})  # record id -> its error, rounds, records, report
+        self._state_lock = threading.Lock()  # state.json is written by the learner thread and by request threads
         self._init_loop()
         self._pool: list[Sample] = []
         self._in_round: list[Sample] = []  # taken from the pool by the round now training
         self._seen: set[str] = set()  # record ids that joined the pool in this process
         self._drained: set[str] = set()  # report ids turned into samples in this process
         self._reset = False
+        self._failures = 0  # rounds failed in a row (the wait before the next grows with it)
         self.tracker = tracker  # a reef_lab.publishing.tracking.Tracker mirroring every metrics row to W&B
         self._trainer = None
         self._since_candidate: list[Sample] = []
         self._policy_steps_since_candidate = 0
         self._held_out: HeldOut | None = None
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
+        self._retention_task = make_task(self.config.retention_task) if self.config.retention_task else None
+        self._retention: HeldOut | None = None
         self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
@@ -173,6 +192,8 @@ class Learner(LearnerLoop, RecordHolder):
                     "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
                     "trainer_step": self._trainer.steps if self._trainer else None,
                     "consumed": len(self._consumed), "last_error": self.last_error,
+                    "failed_samples": len(self._failed),
+                    "failed": [{"record": rid, **f} for rid, f in list(self._failed.items())[-FAILED_SHOWN:]],
                     "episodes": dict(self.episode_counts)}
 
     # ---- the learner thread ---------------------------------------------------------------------------------
@@ -194,7 +215,12 @@ class Learner(LearnerLoop, RecordHolder):
                 samples = self._samples_of(kind, rec)
             except Exception as e:  # noqa: BLE001 - one bad record is data, not a reason to stop learning
                 log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
+                self._fail({rec["id"]: {"error": f"cannot become a sample: {type(e).__name__}: {e}",
+                                        "rounds": 0, "records": list(rec.get("references") or [])}}, consume=[])
                 continue
+            if rec["id"] in self._failed and rec["id"] not in self._consumed:  # it failed to become one before
+                del self._failed[rec["id"]]
+                self._save_state()
             for s in samples:
                 ids = s.record_ids
                 if not self._consumed.intersection(ids) and not self._seen.intersection(ids) and \
@@ -253,6 +279,7 @@ class Learner(LearnerLoop, RecordHolder):
                     return
                 manual = self._manual > 0
                 self._manual = max(0, self._manual - 1)
+                self._pool.sort(key=lambda s: s.content_key)  # by content, not arrival: same samples, same batches
                 batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
                 taken = {s.record_id for s in batch + dropped}
                 self._pool = [s for s in self._pool if s.record_id not in taken]
@@ -261,15 +288,63 @@ class Learner(LearnerLoop, RecordHolder):
             try:
                 self._round(batch, dropped, manual)
                 self.last_error = None
+                self._failures = 0
             except Exception as e:  # noqa: BLE001 - a failed round leaves serving as it was, and says why
+                with self._cv:
+                    if self._give_back(self._in_round, e):  # the samples' fault: the others train next round
+                        log.warning("scenario %s: %s", self.scenario, e)
+                        continue
                 log.exception("scenario %s: training round failed", self.scenario)
                 self.last_error = f"{type(e).__name__}: {e}"
                 self._metric({"event": "error", "error": self.last_error})
-                time.sleep(1.0)
+                self._failures += 1
+                with self._cv:
+                    self.phase = "retrying"  # a round that keeps failing does not spin; close() ends the wait
+                    self._cv.wait_for(lambda: self._stop, min(MAX_WAIT_S, RETRY_WAIT_S * 2 ** (self._failures - 1)))
             finally:
                 with self._cv:
                     self.phase = "idle"
                     self._in_round = []
+
+    def _give_back(self, untrained: list[Sample], error: BaseException) -> bool:
+        """A failed round's samples that no step trained go back to the front of the pool (caller holds the lock):
+        nothing acknowledged is skipped. Samples the trainer refused (InvalidSamples) fail at once, each with its own
+        error, and cost the others no try (True: the round failed for them alone); samples in MAX_TRIES failed
+        rounds fail with the round's error, so a sample that always fails cannot stall the scenario (see `_fail`)."""
+        refused = {s.record_id: error.errors[s.record_id] for s in untrained
+                   if isinstance(error, InvalidSamples) and s.record_id in error.errors}
+        back, failed = [], {}
+        for s in untrained:
+            if s.record_id in refused:
+                failed[s.record_id] = (s, refused[s.record_id])
+                continue
+            if not refused:
+                s.extra["failed_rounds"] = s.extra.get("failed_rounds", 0) + 1
+            if s.extra.get("failed_rounds", 0) >= MAX_TRIES:
+                failed[s.record_id] = (s, f"in {MAX_TRIES} failed rounds, the last: {type(error).__name__}: {error}")
+            else:
+                back.append(s)
+        self._pool[:0] = back
+        self._fail({rid: {"error": why, "rounds": s.extra.get("failed_rounds", 0), "records": s.record_ids,
+                          "report": s.report_id} for rid, (s, why) in failed.items()},
+                   consume=[s for s, _ in failed.values()])
+        return bool(refused)
+
+    def _fail(self, entries: dict[str, dict], consume: list[Sample]) -> None:
+        """Mark records failed, each with its error (caller holds the lock): listed in status()["failed"], kept in
+        state.json, one `failed` metrics row each. `consume`: the samples that leave for good (a restart does not
+        replay them)."""
+        if not entries:
+            return
+        at = time.time()
+        for rid, entry in entries.items():
+            self._failed.pop(rid, None)  # (re-inserted: the newest last)
+            self._failed[rid] = {**entry, "at": at}
+            self._metric({"event": "failed", "record": rid, **entry})
+        if consume:
+            self._consume(consume)  # saves the state too
+        else:
+            self._save_state()
 
     def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
         if dropped:
@@ -292,6 +367,8 @@ class Learner(LearnerLoop, RecordHolder):
             metrics = self.recipe.train(self._trainer, batch)
         train_s = time.perf_counter() - started  # the whole round's training (a policy step's own: step_s)
         self.rounds += 1
+        with self._cv:
+            self._in_round = []  # trained: a later failure (export, evaluation) must not train them again
         self._since_candidate += batch  # consumed when a candidate is made from them (module docstring)
         self._metric({"event": "step", "trainer_step": self._trainer.steps, "manual": manual,
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
@@ -307,7 +384,11 @@ class Learner(LearnerLoop, RecordHolder):
 
     def _consume(self, samples: list[Sample]) -> None:
         self._consumed.update(rid for s in samples for rid in s.record_ids)
-        write_json(self._state_path, {"consumed": sorted(self._consumed)})
+        self._save_state()
+
+    def _save_state(self) -> None:
+        with self._state_lock:
+            write_json(self._state_path, {"consumed": sorted(self._consumed), "failed": self._failed})
 
     # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
     def _candidate(self, metrics: dict) -> None:
@@ -319,14 +400,15 @@ class Learner(LearnerLoop, RecordHolder):
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
         cid, folder = self.releaser.start_candidate(self.scenario, lineage)
-        self._consume(used)
-        self._since_candidate = self._since_candidate[len(used):]
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})
-        except Exception as e:
+        except Exception as e:  # the samples stay for the next candidate (and a restart trains them again)
             self.releaser.fail(self.scenario, cid, e, self._metric)
             raise
-        self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric)
+        self._consume(used)
+        self._since_candidate = self._since_candidate[len(used):]
+        self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric,
+                             retention=self._retention_set())
 
     def publish(self, cid: str) -> dict:
         """Candidate -> release vN+1 through the releaser; on any failure the scenario stays on its release."""
@@ -339,6 +421,14 @@ class Learner(LearnerLoop, RecordHolder):
             self._held_out = HeldOut(self._task, self._task.items(self.config.eval_size, self.config.eval_seed),
                                      self.config.eval_max_tokens)
         return self._held_out
+
+    def _retention_set(self) -> HeldOut | None:
+        if self._retention_task is None:
+            return None
+        if self._retention is None:
+            self._retention = HeldOut(self._retention_task, self._retention_task.items(
+                self.config.retention_size, self.config.eval_seed), self.config.retention_max_tokens)
+        return self._retention
 
     @property
     def evaluates(self) -> bool:

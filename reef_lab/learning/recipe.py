@@ -13,14 +13,16 @@ A deployment names its recipe by a `module:Class` path, or by a bare name `x` me
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
+import traceback
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
-from reef_lab.errors import BadRequest
+from reef_lab.errors import BadRequest, ReefError
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.learning.tasks import TaskConfig
@@ -84,6 +86,7 @@ class RecordHolder(ABC):
         """Ids of the records this learner still needs (called from retention's thread)."""
 
 
+@runtime_checkable
 class Recipe(Protocol):
     name: str
     evolves: str  # one of EVOLVES; a composite recipe also has `components: dict[str, Recipe]`
@@ -95,10 +98,9 @@ class Recipe(Protocol):
     def learner(self, ctx: LearnContext) -> ScenarioLearner | None:
         """The scenario's learner (None for a recipe that evolves nothing)."""
 
-    @staticmethod
-    def run_experiment(data: dict, progress: bool = True) -> dict:
-        """Run (or resume) an experiment of this recipe from its YAML mapping (reef_lab.experiments.run); its
-        summary. Weight recipes (WeightRecipe) need none: they share reef_lab.experiments.weights."""
+    # Experiments (reef_lab.experiments.run): a weight recipe (WeightRecipe) shares reef_lab.experiments.weights;
+    # any other recipe that runs experiments has a static `run_experiment(data, progress=True) -> summary` that runs
+    # (or resumes) one from its YAML mapping. Not a member here: a recipe without experiments still serves.
 
 
 def recipe_class(spec: str) -> type:
@@ -120,12 +122,20 @@ class LearnConfig:
     selection: str = field(default="always", metadata={
         "help": "accept a candidate: always, no_regression (held-out accuracy >= serving), strict_gain (>), "
                 "or review (wait for POST /reef/scenarios/{s}/promote)"})
-    steps_per_candidate: int = field(default=1, metadata={"help": "policy steps between candidates"})
+    steps_per_candidate: int = field(default=1, metadata={"client_max": 64, "help": "policy steps between candidates"})
     eval_task: TaskConfig | None = field(default=None, metadata={
         "help": "held-out task (reef_lab.learning.tasks.TaskConfig fields) a candidate is scored on; none: no evaluation"})
-    eval_size: int = field(default=64, metadata={"help": "held-out items per evaluation"})
+    eval_size: int = field(default=64, metadata={"client_max": 1024, "help": "held-out items per evaluation"})
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
-    eval_max_tokens: int = field(default=32, metadata={"help": "max_tokens of the greedy held-out answers"})
+    retention_task: TaskConfig | None = field(default_factory=lambda: TaskConfig(name="colors"), metadata={
+        "help": "a second held-out task every candidate is also scored on, beside the serving release: what a "
+                "release keeps (or loses) of what it was not trained on; informational, never gating. Default colors, "
+                "which the base model mostly gets right; null: off"})
+    retention_size: int = field(default=32, metadata={"client_max": 1024, "help": "retention items per evaluation"})
+    retention_max_tokens: int = field(default=12, metadata={"client_max": 4096,
+        "help": "max_tokens of the greedy retention answers"})
+    eval_max_tokens: int = field(default=32, metadata={"client_max": 4096,
+        "help": "max_tokens of the greedy held-out answers"})
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={
         "help": "reef_lab.trainers.base.TrainerConfig: the optimiser and the backend that trains the policy"})
     episodes: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={
@@ -141,8 +151,8 @@ class LearnConfig:
         if self.selection in ("no_regression", "strict_gain") and not self.eval_task:
             raise ValueError(f"selection {self.selection!r} compares held-out scores: give an eval_task "
                              "(e.g. {name: arithmetic}) or use selection 'always' or 'review'")
-        if self.steps_per_candidate < 1 or self.eval_size < 1:
-            raise ValueError("steps_per_candidate and eval_size must be at least 1")
+        if self.steps_per_candidate < 1 or self.eval_size < 1 or self.retention_size < 1:
+            raise ValueError("steps_per_candidate, eval_size and retention_size must be at least 1")
 
 
 def evolved(recipe) -> set[str]:
@@ -221,8 +231,24 @@ def recipe_path(spec: str) -> str:
     return spec if ":" in spec else f"recipes.{spec}:Recipe"
 
 
+@functools.lru_cache(maxsize=None)
+def recipe_config_class(spec: str) -> type | None:
+    """The config dataclass of the recipe `spec` names (None: it has none), read from the recipe built with its
+    defaults, so nothing a client sent is used; what reef_lab.schema.check_client_fields walks."""
+    config = load_recipe(spec).config
+    return type(config) if is_dataclass(config) else None
+
+
+class RecipeBroken(ReefError):
+    """A recipe's own code failed while it was built (not its config): the operator's to fix, so a 500 that names
+    the recipe, the error and where it was raised, not an anonymous internal error or a server's traceback."""
+
+
 def load_recipe(spec: str, config: dict | None = None) -> Recipe:
     klass = recipe_class(spec)
+    if not isinstance(klass, type):
+        raise BadRequest(f"recipe {spec!r} names a {type(klass).__name__}, not a class; name a recipe class (the "
+                         "members of reef_lab.learning.recipe.Recipe, docs/extending.md)")
     try:
         recipe = klass(**(config or {}))
     except TypeError as e:  # most likely a key the config has no field for: name it, with the fields it has
@@ -230,6 +256,17 @@ def load_recipe(spec: str, config: dict | None = None) -> Recipe:
             from e
     except ValueError as e:
         raise BadRequest(f"recipe {spec!r}: the recipe's config does not fit: {e}") from e
+    except ReefError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, reported with where it is
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise RecipeBroken(f"recipe {spec!r} failed while it was built: {type(e).__name__}: {e} (raised at "
+                           f"{frame.filename}:{frame.lineno}); the recipe's code must be fixed, its config is not "
+                           "at fault (a recipe written for an earlier reef_lab: see docs/extending.md)") from e
+    if not isinstance(recipe, Recipe):
+        raise BadRequest(f"recipe {spec!r} ({klass.__module__}.{klass.__name__}) is not a recipe: it needs the members "
+                         "of reef_lab.learning.recipe.Recipe (name, evolves, config, validate_report, learner; "
+                         "docs/extending.md)")
     if recipe.evolves not in EVOLVES:
         raise BadRequest(f"recipe {spec!r} declares evolves={recipe.evolves!r}; it must be one of {EVOLVES}")
     return recipe

@@ -15,6 +15,9 @@ generated, which is what a single call is.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+
 from dataclasses import dataclass, field
 
 
@@ -63,6 +66,19 @@ class Sample:
     def trained_tokens(self) -> int:
         """How many completion tokens a loss trains on (the mask's 1s)."""
         return sum(self.loss_mask) if self.loss_mask is not None else len(self.completion_ids)
+
+    @functools.cached_property
+    def content_key(self) -> str:
+        """A digest of what the sample trains on (tokens, mask, score, group, the serving release), not of when it
+        arrived: the learner orders its pool by it, so the same samples make the same batches in the same order
+        whichever order concurrent clients' reports reached it (issue 39). Not the rollout logprobs: their last bits
+        depend on what the engine batched beside the request, and the order must not."""
+        h = hashlib.blake2b(digest_size=16)
+        for part in (self.prompt_ids, self.completion_ids, self.mask, self.score, self.group, self.release_id,
+                     self.temperature):
+            h.update(repr(part).encode())
+            h.update(b"\0")
+        return h.hexdigest()
 
 
 def sample_from_records(inference: dict, report: dict) -> Sample | None:

@@ -17,11 +17,13 @@ own `score_answer` gives partial credit for near misses, which would blur an acc
 
 from __future__ import annotations
 
+import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 from reef_lab.extras import need
 from reef_lab.plugins import load_class
@@ -34,18 +36,23 @@ DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
 @dataclass
 class TaskConfig:
     name: str = field(default="arithmetic", metadata={
-        "help": "arithmetic (reasoning-gym basic_arithmetic), jsonl (question/answer rows), choice (multiple "
+        "help": "arithmetic (reasoning-gym basic_arithmetic), colors (the answer is in the question; the default "
+                "retention task), jsonl (question/answer rows), choice (multiple "
                 "choice rows, e.g. ARC), calculator or bfcl (tool tasks: reef_lab.learning.tool_tasks, options in "
                 "`options`) or a module:Class path of a reef_lab.learning.tasks.Task (operator only)",
         "code": True})
-    options: dict = field(default_factory=dict, metadata={"help": "a plug-in task's own settings"})
+    options: dict = field(default_factory=dict, metadata={
+        "help": "the task's own settings (calculator: reef_lab.learning.tool_tasks.CalculatorOptions fields; bfcl: "
+                "categories; a plug-in task's own); a client may set them only where the task types them "
+                "(Task.options_class)",
+        "schema_by": lambda task: task_class(task.get("name", "arithmetic")).options_class})
     system_prompt: str | None = field(default=None, metadata={
         "help": "system message put in front of every question ('' for none); default: the built-in tasks' "
                 f"{DEFAULT_SYSTEM_PROMPT!r}, none for a plug-in task (module:Class), which writes its own prompts"})
     min_terms: int = field(default=2, metadata={"help": "arithmetic: fewest operands"})
-    max_terms: int = field(default=2, metadata={"help": "arithmetic: most operands"})
+    max_terms: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most operands"})
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
-    max_digits: int = field(default=2, metadata={"help": "arithmetic: most digits per operand"})
+    max_digits: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most digits per operand"})
     operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={"help": "arithmetic: operators"})
     path: str | None = field(default=None, metadata={
         "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
@@ -70,7 +77,8 @@ class TaskConfig:
             raise ValueError(f"task name must be one of {sorted(TASKS) + sorted(TOOL_TASKS)} or a module:Class "
                              f"path, got {self.name!r}")
         if self.system_prompt is None:
-            self.system_prompt = DEFAULT_SYSTEM_PROMPT if self.name in TASKS else ""
+            self.system_prompt = "" if self.name not in TASKS else (
+                "Answer in one short sentence." if self.name == "colors" else DEFAULT_SYSTEM_PROMPT)
         # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
         # and checks its own options
         task_class(self.name).check_config(self)
@@ -83,6 +91,10 @@ class TaskConfig:
 class Task(ABC):
     """Items and a scorer. `items(n, seed)` is deterministic in (n, seed); items carry `id`, `messages` and what
     the scorer needs (`answer` for the built-in ones)."""
+
+    # The dataclass of this task's `options` (its fields' help and types): what lets a client set them
+    # (reef_lab.schema.check_client_fields); None: options are free-form, the operator's alone.
+    options_class: type | None = None
 
     def __init__(self, config: TaskConfig):
         self.config = config
@@ -97,6 +109,13 @@ class Task(ABC):
     def feedback(self, item: dict, text: str) -> str:
         """What a reflection model (GEPA) or a log reads about a reply; by default its score."""
         return f"score {self.score(item, text):g}"
+
+    def rollout(self, chat: Callable[[list[dict], list[dict] | None], dict], item: dict) -> tuple[float, str]:
+        """(score, text) of one item answered through `chat(messages, tools) -> the assistant message` (OpenAI chat
+        shape): one reply here; a tool task runs the whole episode (reef_lab.learning.tool_tasks.ToolTask). What a
+        release's held-out evaluation and an experiment's rollout call, whatever the task."""
+        text = chat(item["messages"], None).get("content") or ""
+        return self.score(item, text), text
 
     @classmethod
     def check_config(cls, config: TaskConfig) -> None:
@@ -135,6 +154,31 @@ class ArithmeticTask(VerifiedTask):
                                           max_terms=c.max_terms, min_digits=c.min_digits,
                                           max_digits=c.max_digits, operators=tuple(c.operators))
         return [self._item(f"arith-{seed}-{i}", x["question"], str(x["answer"])) for i, x in enumerate(ds)]
+
+
+COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
+THINGS = ("the kite", "the bucket", "the scarf", "the door", "the mug", "the bicycle", "the tent", "the lamp",
+          "the boat", "the hat", "the fence", "the sofa", "the ball", "the truck", "the umbrella", "the shirt", "the chair",
+          "the vase", "the book", "the balloon", "the car", "the towel", "the box", "the pencil", "the bag",
+          "the roof", "the flag", "the shoe", "the cup", "the kettle", "the rug", "the bottle")
+
+
+class ColorsTask(VerifiedTask):
+    """'The kite is green. What color is the kite?': the answer is in the question (as in OLMo's copycolors); the
+    verifier reads which of ten colours the reply names first. Generated, so it needs no data: a retention task the
+    base model can do (docs/learning.md), which a release should not lose while it learns something else."""
+
+    def items(self, n: int, seed: int) -> list[dict]:
+        rng = random.Random(seed)
+        labels = [chr(ord("A") + k) for k in range(len(COLORS))]
+        out = []
+        for i in range(n):
+            thing, k = rng.choice(THINGS), rng.randrange(len(COLORS))
+            item = self._item(f"colors-{seed}-{i}", f"{thing.capitalize()} is {COLORS[k]}. What color is {thing}?",
+                              labels[k])
+            item.update(choices=labels, options=dict(zip(labels, COLORS, strict=True)))
+            out.append(item)
+        return out
 
 
 class JsonlTask(VerifiedTask):
@@ -204,7 +248,7 @@ class ChoiceTask(JsonlTask):
         return item
 
 
-TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask}
+TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask, "colors": ColorsTask}
 # Tool tasks (episodes with tool calls; reef_lab/learning/tool_tasks.py), imported when named
 TOOL_TASKS = {"calculator": "reef_lab.learning.tool_tasks:CalculatorTask", "bfcl": "reef_lab.learning.bfcl:BfclTask"}
 

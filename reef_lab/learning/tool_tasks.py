@@ -258,12 +258,32 @@ class ToolTask(Task):
                 transcript.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
         return Episode(transcript, turns, False)
 
+    def rollout(self, chat: ToolChat, item: dict) -> tuple[float, str]:
+        """The item's whole episode (tool calls executed, their results read back), scored by score_episode; the
+        text is the transcript in short (each call and its result, then the final reply)."""
+        episode = self.run_episode(chat, item)
+        return self.score_episode(item, episode.transcript).score, transcript_text(episode.transcript)
+
     def score(self, item: dict, text: str) -> float:
         """One reply as a one-message episode (its Hermes tool calls parsed)."""
         return self.score_episode(item, [text_reply(text)]).score
 
     def feedback(self, item: dict, text: str) -> str:
         return self.score_episode(item, [text_reply(text)]).feedback
+
+
+def transcript_text(transcript: list[dict]) -> str:
+    """An episode in one line: `add({"a": 1, "b": 2}) -> 3 | ... | final reply`."""
+    parts = []
+    for m in transcript:
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            parts.append(f"{fn.get('name')}({fn.get('arguments')})")
+        if m.get("role") == "tool":
+            parts[-1:] = [f"{parts[-1]} -> {m.get('content')}" if parts else f"-> {m.get('content')}"]
+        elif m.get("role") == "assistant" and not m.get("tool_calls"):
+            parts.append(m.get("content") or "")
+    return " | ".join(parts)
 
 
 def text_reply(text: str) -> dict:
@@ -296,6 +316,20 @@ CALCULATOR_TOOLS = [
 ]
 CALCULATOR_SYSTEM = ("You are a calculator agent. Do every addition and multiplication with the add and mul tools, "
                      "one call per operation, then reply with the final number only.")
+# The same two operations under schemas a release trained on `add`/`mul` never saw (other names, argument names and
+# descriptions; the call format is the same): what tool-use learning carries over to tools it was not trained on.
+UNSEEN_CALCULATOR_TOOLS = [
+    function_tool("sum_of", "Return the sum x + y of two whole numbers.", {
+        "x": {"type": "integer", "description": "one number"},
+        "y": {"type": "integer", "description": "the other number"}}, ["x", "y"]),
+    function_tool("product_of", "Return the product x * y of two whole numbers.", {
+        "x": {"type": "integer", "description": "one number"},
+        "y": {"type": "integer", "description": "the other number"}}, ["x", "y"]),
+]
+UNSEEN_CALCULATOR_SYSTEM = ("You are a calculator agent. Do every sum and product with the sum_of and product_of "
+                            "tools, one call per operation, then reply with the final number only.")
+SCHEMAS = {"trained": (CALCULATOR_TOOLS, CALCULATOR_SYSTEM, ("add", "a", "b")),
+           "unseen": (UNSEEN_CALCULATOR_TOOLS, UNSEEN_CALCULATOR_SYSTEM, ("sum_of", "x", "y"))}
 
 
 @dataclass
@@ -306,9 +340,14 @@ class CalculatorOptions:
         "help": "question forms, drawn uniformly: 'a + b', 'a * b', '(a + b) * c' (two calls), 'a * b + c'"})
     require_tool_use: bool = field(default=True, metadata={
         "help": "an episode scores only if it called a tool (the answer came from the tools)"})
-    max_turns: int = field(default=6, metadata={"help": "model replies per episode"})
+    max_turns: int = field(default=6, metadata={"client_max": 32, "help": "model replies per episode"})
+    schema: str = field(default="trained", metadata={
+        "help": "trained: the add/mul tools; unseen: the same operations as sum_of/product_of with arguments x, y "
+                "(tools a release trained on add/mul never saw)"})
 
     def __post_init__(self) -> None:
+        if self.schema not in SCHEMAS:
+            raise ValueError(f"calculator schema must be one of {sorted(SCHEMAS)}, got {self.schema!r}")
         if not 1 <= self.min_digits <= self.max_digits <= 18:
             raise ValueError("calculator digits need 1 <= min_digits <= max_digits <= 18")
         unknown = set(self.forms) - set(FORMS)
@@ -324,6 +363,8 @@ class CalculatorTask(ToolTask):
     """Large-number arithmetic through `add` and `mul` tools; an episode scores 1 when every tool call was valid,
     at least one was made (`require_tool_use`) and the final reply's last number is the exact result."""
 
+    options_class = CalculatorOptions
+
     def __init__(self, config):
         super().__init__(config)
         self.options = CalculatorOptions(**config.options)
@@ -337,15 +378,17 @@ class CalculatorTask(ToolTask):
             a, b, c = (rng.randrange(10 ** (d - 1), 10 ** d) for d in
                        (rng.randint(o.min_digits, o.max_digits) for _ in range(3)))
             question = form.replace("a", str(a)).replace("b", str(b)).replace("c", str(c))
-            out.append({"id": f"calc-{seed}-{i}", "tools": CALCULATOR_TOOLS, "answer": str(FORMS[form](a, b, c)),
+            tools, system, _ = SCHEMAS[o.schema]
+            out.append({"id": f"calc-{seed}-{i}", "tools": tools, "answer": str(FORMS[form](a, b, c)),
                         "expression": question, "messages": [
-                            {"role": "system", "content": CALCULATOR_SYSTEM},
+                            {"role": "system", "content": system},
                             {"role": "user", "content": f"What is {question}?"}]})
         return out
 
     def execute(self, name: str, arguments: dict) -> str:
-        a, b = arguments["a"], arguments["b"]
-        return str(a + b if name == "add" else a * b)
+        add, first, second = SCHEMAS[self.options.schema][2]
+        a, b = arguments[first], arguments[second]
+        return str(a + b if name == add else a * b)
 
     def score_episode(self, item: dict, transcript: list[dict]) -> EpisodeScore:
         valid, invalid = tool_calls_of(transcript, item["tools"])

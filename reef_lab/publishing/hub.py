@@ -58,11 +58,36 @@ class HubConfig:
     def __post_init__(self) -> None:
         if self.repo is not None and self.repo.count("/") != 1:
             raise ValueError(f"hub repo must look like 'owner/name' (with {{scenario}} anywhere), got {self.repo!r}")
+        if self.repo is not None:  # every scenario name (reef_lab/scenarios.py NEW_NAME_RULE) must make a valid id
+            from reef_lab.scenarios import NEW_NAME_MAX
+
+            for sample in ("a", "a" * NEW_NAME_MAX):
+                problem = repo_id_problem(self.repo_for(sample))
+                if problem:
+                    raise ValueError(f"hub repo {self.repo!r} with a scenario name of {len(sample)} characters "
+                                     f"gives {self.repo_for(sample)!r}, which the Hub refuses: {problem}")
         if self.retries < 1 or self.backoff_s < 0:
             raise ValueError("retries must be >= 1 and backoff_s >= 0")
 
     def repo_for(self, scenario: str) -> str:
         return self.repo.replace("{scenario}", scenario)
+
+
+_REPO_PART = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """What the Hub refuses in a repo id (huggingface_hub's validate_repo_id, which is an optional dependency), or
+    None."""
+    for part in repo_id.split("/"):
+        if not _REPO_PART.fullmatch(part):
+            return ("each part is 1-96 letters, digits, '_', '.' or '-', starting and ending with a letter, digit "
+                    "or '_'")
+    if ".." in repo_id or "--" in repo_id:
+        return "it may not hold '..' or '--'"
+    if repo_id.endswith(".git"):
+        return "it may not end in '.git'"
+    return None
 
 
 def harness_card(scenario: str, release: dict) -> str:

@@ -13,6 +13,9 @@ routes back) the scenario on the release it had, and raises. No other module wri
 - Weights load beside what serves under `<scenario>:cN` to be judged and `<scenario>:vN` to serve; the index is
   written only once the engine serves the new release, so it never names a release that is not serving.
 - A harness release (and a composite's harness component) serves through the ServingTable that inference reads.
+  Every harness is checked here before it serves, whoever made it (a person's publish, GEPA, a change request):
+  its front matter parsed once within YAML's limits and nothing executable unless the operator allows it
+  (reef_lab.harness.check_release); serving uses that parsed tree and never reads YAML on a request.
 - Every release is queued for the Hub (when a repo is configured); the publisher's push states come back here.
 """
 
@@ -40,7 +43,8 @@ log = logging.getLogger("reef_lab.publishing.releaser")
 SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 EVAL_TAG = "reef.eval"  # on every held-out answer's record, with reef.release (and reef.candidate)
 
-Answer = Callable[[str, str, list, int, dict], str]  # (scenario, release, messages, max_tokens, tags) -> text
+# (scenario, release, messages, max_tokens, tags, tools) -> the assistant message (OpenAI chat shape)
+Answer = Callable[[str, str, list, int, dict, "list[dict] | None"], dict]
 Log = Callable[[dict], None]
 
 
@@ -74,9 +78,10 @@ STATUS = {"accepted": "accepted", "rejected": "rejected", "review": "pending_rev
 
 class Releaser:
     def __init__(self, releases: ReleaseStore, engine, serving: ServingTable, hub=None,
-                 answer: Answer | None = None):
+                 answer: Answer | None = None, allow_executable: bool = False):
         self._store, self.engine, self.serving, self.hub = releases, engine, serving, hub
         self._answer = answer
+        self.allow_executable = allow_executable  # the operator's --harness-allow-executable
         self._lock = threading.RLock()  # one release at a time per deployment: versions are numbered in order
         if hub is not None:
             hub.on_state = self._hub_state
@@ -131,6 +136,15 @@ class Releaser:
             return harness_mod.read_tree(Path(folder)) if folder else None
         return harness_mod.read_tree(Path(rel["folder"])) if rel.get("kind") == "harness" else None
 
+    def harness(self, scenario: str, release_id: str) -> harness_mod.Harness | None:
+        """The parsed harness of release `release_id` (read and parsed now, within the same limits)."""
+        files = self.harness_files(scenario, release_id)
+        return harness_mod.load(files) if files is not None else None
+
+    def check_harness(self, files: object) -> harness_mod.Harness:
+        """The one check every harness passes before it is released (BadRequest says what is wrong)."""
+        return harness_mod.check_release(files, self.allow_executable)
+
     def declare_components(self, scenario: str, names: list[str]) -> None:
         """Make the scenario composite: from now on each release is a manifest of these components' versions."""
         if self.components(scenario) != sorted(names):
@@ -162,42 +176,54 @@ class Releaser:
 
     def submit(self, scenario: str, cid: str, selection: str = "always", held_out: HeldOut | None = None,
                scores: dict | None = None, serving_scores: dict | None = None,
-               log_row: Log | None = None) -> dict:
+               log_row: Log | None = None, retention: HeldOut | None = None) -> dict:
         """Judge candidate `cid` and release it when the policy accepts: its held-out `scores` as given (a harness
-        search scores its own candidates) or computed on `held_out`. Returns the candidate's entry, with
-        `release` set when it serves. Any error: the candidate is `failed` with it, serving stays, and it
-        raises."""
+        search scores its own candidates) or computed on `held_out`. `retention`: a second task the candidate and
+        what serves are both scored on (what the release keeps of what it was not trained on; never gating).
+        Returns the candidate's entry, with `release` set when it serves. Any error: the candidate is `failed`
+        with it, serving stays, and it raises."""
         try:
             cand = self._store.candidate(scenario, cid)
-            if scores is None and held_out is not None:
-                scores = self._evaluate_candidate(scenario, cid, cand, held_out)
+            kept = serving_kept = None
+            if (scores is None and held_out is not None) or retention is not None:
+                computed, kept = self._evaluate_candidate(scenario, cid, cand, held_out if scores is None else None,
+                                                          retention)
+                scores = computed if scores is None else scores
             if serving_scores is None and held_out is not None:
                 serving_scores = self.serving_eval(scenario, held_out, log_row)
+            if retention is not None:
+                serving_kept = self.serving_eval(scenario, retention, log_row, key="retention")
             verdict, reason = select(selection, scores, serving_scores)
         except Exception as e:
             self.fail(scenario, cid, e, log_row)
             raise
         status = STATUS[verdict]
         entry = self._store.update_candidate(scenario, cid, status="evaluated" if verdict == "accepted" else status,
-                                             eval=scores, serving_eval=serving_scores, reason=reason)
+                                             eval=scores, serving_eval=serving_scores, reason=reason,
+                                             **({"retention": kept, "serving_retention": serving_kept} if kept else {}))
         if log_row is not None:
             log_row({"event": "candidate", "candidate": cid, "status": status, "reason": reason,
                      "trainer_step": cand.get("trainer_step"),
                      "accuracy": scores["accuracy"] if scores else None,
                      "serving_accuracy": serving_scores["accuracy"] if serving_scores else None,
+                     **({"retention_accuracy": kept["accuracy"],
+                         "serving_retention_accuracy": serving_kept["accuracy"]} if kept else {}),
                      "examples": (scores or {}).get("examples")})
         if verdict == "accepted":
             rel = self.release_candidate(scenario, cid, log_row)
             entry = {**self._store.candidate(scenario, cid), "release": rel}
         return entry
 
-    def _evaluate_candidate(self, scenario: str, cid: str, cand: dict, held_out: HeldOut) -> dict:
+    def _evaluate_candidate(self, scenario: str, cid: str, cand: dict, held_out: HeldOut | None,
+                            retention: HeldOut | None = None) -> tuple[dict | None, dict | None]:
+        """The candidate's scores on `held_out` and on `retention` (None where not asked), loaded once."""
         if cand.get("kind") == "harness":
             raise Conflict("a harness candidate brings its own scores (the search that made it scored it)")
         key = f"{scenario}:{cid}"
         self.engine.load_release(key, self.candidate_folder(scenario, cid))
         try:
-            return self.evaluate(scenario, key, held_out, cid)
+            return tuple(self.evaluate(scenario, key, h, cid) if h is not None else None
+                         for h in (held_out, retention))
         finally:
             self.engine.unload(key)
 
@@ -211,32 +237,34 @@ class Releaser:
         tags = {EVAL_TAG: "1", "reef.release": release, **({"reef.candidate": candidate} if candidate else {})}
         items = held_out.items
 
-        def one(it: dict) -> str:
-            return self._answer(scenario, release, it["messages"], held_out.max_tokens, tags)
+        def one(it: dict) -> tuple[float, str]:  # one reply, or a tool task's whole episode (Task.rollout)
+            return held_out.task.rollout(
+                lambda messages, tools: self._answer(scenario, release, messages, held_out.max_tokens, tags, tools), it)
         with ThreadPoolExecutor(max(1, min(len(items), 64)), thread_name_prefix="reef-eval") as pool:
-            texts = list(pool.map(one, items))
-        scores = [held_out.task.score(it, t) for it, t in zip(items, texts, strict=True)]
+            scores, texts = zip(*pool.map(one, items))
         return {"accuracy": sum(scores) / len(scores), "n": len(scores), "correct": int(sum(scores)),
                 "release": release, "eval_s": round(time.perf_counter() - started, 2),
                 "examples": [{"id": it["id"], "answer": it.get("answer"), "text": t, "score": sc}
                              for it, t, sc in list(zip(items, texts, scores, strict=True))[:8]]}
 
-    def serving_eval(self, scenario: str, held_out: HeldOut, log_row: Log | None = None) -> dict:
-        """Held-out accuracy of what serves now (computed once per release, kept in the index)."""
+    def serving_eval(self, scenario: str, held_out: HeldOut, log_row: Log | None = None, key: str = "eval") -> dict:
+        """Held-out accuracy of what serves now (computed once per release, kept in the index under `key`: the
+        release's `eval` or `retention`, the base's `base_eval` or `base_retention`)."""
         serving = self._store.serving(scenario)
-        if serving is not None and serving.get("eval"):
-            return serving["eval"]
+        if serving is not None and serving.get(key):
+            return serving[key]
         if serving is None:
             idx = self._store.index(scenario)
-            if idx.get("base_eval"):
-                return idx["base_eval"]
+            if idx.get(f"base_{key}"):
+                return idx[f"base_{key}"]
             result = self.evaluate(scenario, BASE, held_out)
-            self._store.update_index(scenario, base_eval=result)
+            self._store.update_index(scenario, **{f"base_{key}": result})
             if log_row is not None:
-                log_row({"event": "eval", "release_id": BASE, "accuracy": result["accuracy"]})
+                name = "accuracy" if key == "eval" else f"{key}_accuracy"
+                log_row({"event": "eval", "release_id": BASE, name: result["accuracy"]})
             return result
         result = self.evaluate(scenario, self._weights_key(serving), held_out)  # the serving harness applies
-        self._store.update_release(scenario, serving["version"], eval=result)
+        self._store.update_release(scenario, serving["version"], **{key: result})
         return result
 
     # ---- releasing ------------------------------------------------------------------------------------------
@@ -256,8 +284,8 @@ class Releaser:
                 if components:
                     rel = self._release_component(scenario, cid, cand, key, components)
                 elif cand.get("kind") == "harness":  # serves first, then the index names it
-                    files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
-                    self.serving.set(scenario, Serving(key, (key, files)))
+                    tree = self.check_harness(harness_mod.read_tree(self.candidate_folder(scenario, cid)))
+                    self.serving.set(scenario, Serving(key, (key, tree)))
                     rel = self._store.publish_candidate(scenario, cid)
                     if rel["release_id"] != key:
                         raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
@@ -291,27 +319,33 @@ class Releaser:
         component = cand.get("component") or "weights"
         prev = self._store.serving(scenario) or {}
         versions = {**{c: (prev.get("components") or {}).get(c) for c in components}, component: key}
-        files = None
+        tree = None
         if component == "weights":
             self._host().load_release(key, self.candidate_folder(scenario, cid))
             self.engine.route(scenario, key)
         else:
-            files = harness_mod.read_tree(self.candidate_folder(scenario, cid))
-        self.serving.set(scenario, self._serving_of(key, versions, files, prev))
+            tree = self.check_harness(harness_mod.read_tree(self.candidate_folder(scenario, cid)))
+        self.serving.set(scenario, self._serving_of(key, versions, tree, prev))
         rel = self._store.publish_component(scenario, cid, component, components)
         if rel["release_id"] != key:
             raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
         return rel
 
-    def _serving_of(self, release_id: str, versions: dict, files: dict | None, prev: dict | None) -> Serving:
-        """What serves a composite release: its id on records, its harness files, its components (weights named
-        `base` while untrained)."""
-        if files is None and versions.get("harness"):
+    def _serving_of(self, release_id: str, versions: dict, tree: harness_mod.Harness | None,
+                    prev: dict | None) -> Serving:
+        """What serves a composite release: its id on records, its harness, its components (weights named `base`
+        while untrained)."""
+        if tree is None and versions.get("harness"):
             folder = (prev or {}).get("folders", {}).get("harness")
-            files = harness_mod.read_tree(Path(folder)) if folder else None
+            tree = self._load(Path(folder)) if folder else None
         shown = {c: v for c, v in versions.items() if v} | ({"weights": BASE} if "weights" in versions
                                                              and not versions["weights"] else {})
-        return Serving(release_id, (versions["harness"], files) if files is not None else None, shown)
+        return Serving(release_id, (versions["harness"], tree) if tree is not None else None, shown)
+
+    @staticmethod
+    def _load(folder: Path) -> harness_mod.Harness:
+        """A released harness folder, parsed for serving (it passed check_release when it was released)."""
+        return harness_mod.load(harness_mod.read_tree(folder))
 
     @staticmethod
     def _weights_key(rel: dict | None) -> str:
@@ -322,7 +356,7 @@ class Releaser:
             return (rel.get("components") or {}).get("weights") or BASE
         return rel["release_id"]
 
-    def publish_harness(self, scenario: str, files: dict[str, str], lineage: dict | None = None,
+    def publish_harness(self, scenario: str, files: object, lineage: dict | None = None,
                         selection: str = "always", scores: dict | None = None,
                         serving_scores: dict | None = None) -> dict:
         """A harness candidate from a file tree, judged (`selection` on the given scores) and released when
@@ -331,6 +365,7 @@ class Releaser:
         if current is not None and current.get("kind") not in ("harness", "composite"):
             raise Conflict(f"scenario {scenario!r} serves trained weights ({current['release_id']}); a scenario "
                            "evolves either its weights or its harness")
+        files = self.check_harness(files).files  # refused (400) before anything is written
         meta = {"recipe": (lineage or {}).get("recipe", "manual"),
                 "parent": current["release_id"] if current else BASE, **(lineage or {}), "kind": "harness"}
         staged = self._store.folder(scenario) / "candidates" / f".staged-{new_record_id()}"
@@ -356,7 +391,7 @@ class Releaser:
             elif (rel or {}).get("kind") == "harness" or (rel is None and current is not None and current.harness):
                 self._store.set_serving(scenario, target)
                 self.serving.set(scenario, None if rel is None else Serving(
-                    target, (target, harness_mod.read_tree(Path(rel["folder"])))))
+                    target, (target, self._load(Path(rel["folder"])))))
             else:
                 host = self._host("this engine serves no weights of its own (upstream provider)")
                 if rel and target not in host.loaded_releases():
@@ -367,6 +402,20 @@ class Releaser:
             self.hub.serving(scenario, rel["version"] if rel else None)
         return rel
 
+    def forget(self, scenario: str, attic: Path) -> None:
+        """A deleted scenario: nothing of it serves any more (its harness, its weights' route, the releases and
+        policies the engine holds for it) and its releases move to `attic` (ReleaseStore.retire), so a scenario
+        created again under the name starts from the base, with release ids of its own."""
+        with self._lock:
+            self.serving.set(scenario, None)
+            mine = [k for k in self.engine.loaded_releases() if k.startswith(scenario + ":")] \
+                if isinstance(self.engine, ReleaseHost) else []  # its releases and policies (names hold no ':')
+            if mine:
+                self.engine.route(scenario, BASE)
+                for key in mine:
+                    self.engine.unload(key)
+            self._store.retire(scenario, attic)
+
     def restore(self, scenarios: set[str]) -> None:
         """After a restart: serve each scenario's serving release again."""
         for name in self._store.scenarios():
@@ -376,8 +425,13 @@ class Releaser:
             if rel.get("kind") == "composite":
                 self._serve_composite(name, rel)
             elif rel.get("kind") == "harness":
-                self.serving.set(name, Serving(rel["release_id"], (rel["release_id"],
-                                                                   harness_mod.read_tree(Path(rel["folder"])))))
+                try:
+                    tree = self._load(Path(rel["folder"]))
+                except BadRequest as e:  # released by an earlier version that did not check it
+                    log.error("scenario %s: release %s is not served: %s; roll back to another release or publish "
+                              "a new one", name, rel["release_id"], e.message)
+                    continue
+                self.serving.set(name, Serving(rel["release_id"], (rel["release_id"], tree)))
             elif isinstance(self.engine, ReleaseHost):
                 self.engine.load_release(rel["release_id"], rel["folder"])
                 self.engine.route(name, rel["release_id"])
@@ -395,8 +449,8 @@ class Releaser:
             self.serving.set(scenario, None)
             return
         folder = rel["folders"].get("harness")
-        files = harness_mod.read_tree(Path(folder)) if folder else None
-        self.serving.set(scenario, self._serving_of(rel["release_id"], rel["components"], files, None))
+        tree = self._load(Path(folder)) if folder else None
+        self.serving.set(scenario, self._serving_of(rel["release_id"], rel["components"], tree, None))
 
     # ---- on-policy serving between releases (a recipe that samples from its own policy, e.g. TTT) -----------
     def serve_policy(self, scenario: str, key: str, folder: str | Path, previous: str | None = None) -> None:

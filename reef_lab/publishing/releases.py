@@ -101,21 +101,21 @@ class ReleaseStore:
         return cand
 
     def next_version(self, scenario: str) -> str:
-        return f"v{len(self.index(scenario)['releases']) + 1}"
+        return _next_version(self.index(scenario))
 
     def publish_candidate(self, scenario: str, cid: str) -> dict:
         """Make candidate `cid` the next release and point serving at it. Returns the release entry."""
         with self._lock:
             idx = self.index(scenario)
             cand = _unpublished(idx, scenario, cid)
-            version = f"v{len(idx['releases']) + 1}"
+            version = _next_version(idx)
             src, dst = self.folder(scenario) / "candidates" / cid, self.folder(scenario) / version
             shutil.copytree(src, dst)  # the candidate folder stays as it was, for inspection
             release = {"version": version, "release_id": release_key(scenario, version), "candidate": cid,
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "eval",
-                                                   "trainer_step", "gepa", "request")},
+                                                   "retention", "trainer_step", "gepa", "request")},
                        **({"kind": cand["kind"]} if cand.get("kind") else {})}
             return self._serve_new(scenario, idx, cand, release)
 
@@ -129,7 +129,7 @@ class ReleaseStore:
             idx = self.index(scenario)
             cand = _unpublished(idx, scenario, cid)
             prev = next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
-            version = f"v{len(idx['releases']) + 1}"
+            version = _next_version(idx)
             release_id, dst = release_key(scenario, version), self.folder(scenario) / version
             versions = {c: (prev or {}).get("components", {}).get(c) for c in components}
             folders = {c: (prev or {}).get("folders", {}).get(c) for c in components}
@@ -150,6 +150,7 @@ class ReleaseStore:
                        "created_at": time.time(), "folder": str(dst),
                        "trainer_step": cand.get("trainer_step") if weights_new else (prev or {}).get("trainer_step"),
                        "eval": cand.get("eval") if weights_new else None, "component_eval": cand.get("eval"),
+                       "retention": cand.get("retention") if weights_new else None,
                        **{k: cand.get(k) for k in ("recipe", "config", "records", "reports", "metrics", "gepa")}}
             return self._serve_new(scenario, idx, cand, release)
 
@@ -190,6 +191,28 @@ class ReleaseStore:
 
     def scenarios(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/index.json")) if self.root.exists() else []
+
+    def retire(self, scenario: str, attic: Path) -> None:
+        """A deleted scenario's releases and candidates move to `attic` (kept for inspection, never served or listed
+        again). What stays is an index with no releases whose numbering goes on where they ended, so a scenario
+        created again under the name gets new release ids (`<scenario>:vN`: the engine's keys, the Hub's tags), never
+        the old ones."""
+        with self._lock:
+            folder = self.folder(scenario)
+            if not folder.exists():
+                return
+            idx = self.index(scenario)
+            done = len(idx["releases"]) + idx.get("version_offset", 0)
+            attic.mkdir(parents=True, exist_ok=True)
+            os.replace(folder, attic / "releases")
+            if done:
+                self._save(scenario, {"serving": None, "releases": [], "candidates": [], "base_eval": None,
+                                      "version_offset": done})
+
+
+def _next_version(idx: dict) -> str:
+    """The next release's version: numbering goes on past the releases of a deleted scenario of the same name."""
+    return f"v{len(idx['releases']) + idx.get('version_offset', 0) + 1}"
 
 
 def _unpublished(idx: dict, scenario: str, cid: str) -> dict:

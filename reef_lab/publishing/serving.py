@@ -11,11 +11,13 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from reef_lab.harness import Harness
+
 
 @dataclass(frozen=True)
 class Serving:
     release_id: str | None  # the release named on records and headers (None: the engine's routing names it)
-    harness: tuple[str, dict[str, str]] | None = None  # (harness release id, files) applied to each request
+    harness: tuple[str, Harness] | None = None  # (harness release id, its tree parsed once) applied to each request
     components: dict[str, str] | None = None  # composite releases: component name -> its version's release id
 
 

@@ -13,6 +13,7 @@ mode can hang about two minutes without one) never blocks training or serving.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -84,6 +85,11 @@ class Tracker:
                              name=self.name, config=config, dir=str(self.dir), mode=self.tracking.resolved_mode(),
                              settings=wandb.Settings(silent=True, console="off"), reinit="create_new")
             self.link = run.url or str(Path(run.dir).parent)
+            # wandb.init registered an exit handler that ends W&B's service process; the deployment's own close
+            # (the learners', then this tracker's) runs after it, so finish() met a dead service and printed a
+            # traceback at every clean shutdown. Registered now, after W&B's, this one runs first (exit handlers
+            # run last-registered first); a later close() finds the run finished.
+            atexit.register(self.close)
         except Exception as e:  # noqa: BLE001 - tracking is a mirror: without it, training and serving go on
             self.error = f"{type(e).__name__}: {e}"
             log.warning("W&B run %s could not start (%s); metrics stay in the local metrics file", self.name,
@@ -106,7 +112,11 @@ class Tracker:
                 except Exception as e:  # noqa: BLE001 - one bad row must not end the run
                     log.warning("W&B log of %s failed: %s", self.name, e)
         finally:
-            run.finish()
+            try:
+                run.finish()
+            except Exception as e:  # noqa: BLE001 - W&B's service already gone (a stop during wandb.init): say so
+                log.warning("W&B run %s did not finish cleanly (%s: %s); what it logged stays in %s and the local "
+                            "metrics file", self.name, type(e).__name__, e, self.link)
 
     @staticmethod
     def _write(run, wandb, row: dict) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,17 +22,33 @@ import polars as pl
 
 from reef_lab.errors import BadRequest
 
-SCHEMA_VERSION = 3  # 2 added stored_at, 3 episode; older segments read with them null (see store.scan_segments)
+SCHEMA_VERSION = 4  # 2 added stored_at, 3 episode, 4 caller; older segments read them as null (store.scan_segments)
 KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a candidate was judged on
 # ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
 # cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
 STATUSES = ("ok", "error", "refused", "cancelled")
 DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
 
+_last_id = [0, 0]  # this process's last (milliseconds, sequence)
+_id_lock = threading.Lock()
+
+
 def new_record_id(now: float | None = None) -> str:
-    """A time-sortable id: 48-bit milliseconds then 80 random bits, in fixed-width hex (cheap to make in C)."""
+    """A time-sortable id: 48-bit milliseconds, a 16-bit sequence within the millisecond, 64 random bits, in
+    fixed-width hex. Ids a process makes sort in the order it made them, also within one millisecond (with random
+    bits there, the records of one imported batch came back from a sorted read, and so reached a learner, in a
+    different order each run: issue 39)."""
     ms = int((time.time() if now is None else now) * 1000)
-    return f"rec_{ms:012x}{os.urandom(10).hex()}"
+    with _id_lock:
+        last_ms, seq = _last_id
+        if ms <= last_ms:  # the same millisecond, or a clock that stepped back: keep counting from the last id
+            ms, seq = last_ms, seq + 1
+            if seq > 0xFFFF:
+                ms, seq = last_ms + 1, 0
+        else:
+            seq = 0
+        _last_id[:] = [ms, seq]
+    return f"rec_{ms:012x}{seq:04x}{os.urandom(8).hex()}"
 
 
 @dataclass
@@ -59,6 +76,7 @@ class Record:
     status: str = "ok"
     error: str | None = None
     episode: str | None = None  # the agent session this call belongs to (reef_lab/gateway/episodes.py)
+    caller: str | None = None  # the id of the token that made it (reef_lab/tenants.py; None: auth off), never the token
     stored_at: float = 0.0  # server time of the write (created_at may be a client's, for imports)
     content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
@@ -182,7 +200,8 @@ PARQUET_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
     "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
     "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
-    "episode": pl.String, "stored_at": pl.Float64, "content_hash": pl.String, "schema_version": pl.Int32,
+    "episode": pl.String, "caller": pl.String, "stored_at": pl.Float64, "content_hash": pl.String,
+    "schema_version": pl.Int32,
 }
 
 
@@ -210,4 +229,5 @@ def frame_row_to_dict(row: dict) -> dict:
     if out.get("references") is None:
         out["references"] = []
     out.setdefault("episode", None)  # rows written before schema 3
+    out.setdefault("caller", None)  # before schema 4
     return out

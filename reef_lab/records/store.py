@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 
@@ -480,9 +481,18 @@ class RecordStore(SegmentEviction):
         with self._read_lock:
             with self._lock:  # a snapshot: segments never change and a log's indexed records only grow
                 paths = [p for _, p in sorted(self._segments.items())]
-                parts = [(c.fd, [self._index[rid] for rid in c.ids]) for _, c in sorted(self._tail.items()) if c.ids]
+                # an id the index no longer holds is of a deleted scenario (forget): hidden here too
+                parts = [(c.fd, [self._index[rid] for rid in c.ids if rid in self._index])
+                         for _, c in sorted(self._tail.items()) if c.ids]
             tails = [lines_to_frame([os.pread(fd, e.size, e.pos) for e in entries]) for fd, entries in parts]
         return scan_segments(paths, tails)
+
+    def collect(self, query: Callable[[pl.LazyFrame], pl.LazyFrame]) -> pl.DataFrame:
+        """`query(scan())` collected while no retention round swaps or deletes a segment: what a reader outside the
+        store uses, since a scan's plan names segment files by path (an episode's report once read a segment being
+        rewritten: 'parquet: File out of specification')."""
+        with self._segments_rw.shared():
+            return query(self.scan()).collect()
 
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
         """Durable ids in sorted order (server ids sort by time), filtered by scenario, kind and write time."""

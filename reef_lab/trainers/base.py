@@ -21,9 +21,11 @@ loss is fixed when its job launches) is refused at scenario creation or experime
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reef_lab.learning.samples import Sample
 from reef_lab.schema import check_fields
@@ -95,7 +97,7 @@ class TrainerConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
-    micro_batch_size: int = field(default=8, metadata={
+    micro_batch_size: int = field(default=8, metadata={"client_max": 64,
         "help": "samples per forward/backward; gradients accumulate over the batch"})
     micro_batch_tokens: int = field(default=0, metadata={
         "help": "torch backend: at most this many prompt+completion positions per forward/backward (whole groups; "
@@ -107,14 +109,16 @@ class TrainerConfig:
         "operator": True})
     gradient_checkpointing: bool = field(default=False, metadata={
         "help": "torch backend: keep only each decoder layer's input for the backward pass and recompute the layer "
-                "there: about a third more compute, a micro-batch's activations ~20x smaller", "operator": True})
-    lora_rank: int = field(default=0, metadata={"help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
+                "there: about a third more compute, a micro-batch's activations ~20x smaller (a client may set it: it "
+                "only trades compute for memory)"})
+    lora_rank: int = field(default=0, metadata={"client_max": 256,
+        "help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
     lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                              "up_proj", "down_proj"],
                                     metadata={"help": "module names LoRA adapts"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda if present), cpu or cuda"})
+    device: str = field(default="auto", metadata={"operator": True, "help": "auto (cuda if present), cpu or cuda"})
     seed: int = field(default=0, metadata={"help": "torch seed for dropout and LoRA init"})
     backend: str = field(default="torch", metadata={
         "help": "the trainer: torch (reef_lab.trainers.torch_trainer, in-process, CPU or CUDA), slime "
@@ -136,6 +140,22 @@ class TrainerConfig:
 
         check_backend_config(self)
 
+    # The mapping interface of the versions where this config was a dict (`trainer.get("lr")`, `trainer["lr"]`),
+    # kept so a plug-in recipe written then still runs; it warns once per call site.
+    def get(self, key: str, default: Any = None) -> Any:
+        _warn_mapping_use()
+        return asdict(self).get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        _warn_mapping_use()
+        return asdict(self)[key]
+
+
+def _warn_mapping_use() -> None:
+    warnings.warn("the trainer config is a reef_lab.trainers.base.TrainerConfig dataclass now: read its attributes "
+                  "(config.trainer.lr); its dict interface (get, []) will go in a later version",
+                  DeprecationWarning, stacklevel=3)
+
 
 @dataclass
 class CriticConfig:
@@ -151,6 +171,34 @@ class Critic(ABC):
     @abstractmethod
     def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
         """One optimizer step towards the targets; metrics (value_loss, value_abs_error before the step)."""
+
+
+class InvalidSamples(ValueError):
+    """Samples a trainer cannot run (their token ids lie outside the model's vocabulary): the learner drops exactly
+    these, each with its own error kept (`errors`: record id -> why), and trains the rest; never a crashed round
+    that loses the whole batch."""
+
+    def __init__(self, message: str, errors: dict[str, str]):
+        super().__init__(message)
+        self.errors = errors
+        self.record_ids = list(errors)
+
+
+def check_token_ids(samples: list[Sample], vocab: int) -> None:
+    """InvalidSamples naming every sample with a prompt or completion id outside [0, vocab), the first such id's
+    field and position: checked before any id reaches an embedding table (on CUDA an out-of-range lookup is a
+    device-side assert after which every CUDA call of the process fails)."""
+    errors = {}
+    for s in samples:
+        for name, ids in (("prompt_ids", s.prompt_ids), ("completion_ids", s.completion_ids)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                k = next(k for k, t in enumerate(ids) if not 0 <= t < vocab)
+                errors[s.record_id] = (f"{name}[{k}] = {ids[k]} is outside the model's vocabulary 0..{vocab - 1} "
+                                       "(token ids from another tokenizer?)")
+                break
+    if errors:
+        raise InvalidSamples(f"{len(errors)} sample(s) hold token ids outside the model's vocabulary: " + "; ".join(
+            f"{rid}: {why}" for rid, why in list(errors.items())[:5]), errors)
 
 
 class Trainer(ABC):

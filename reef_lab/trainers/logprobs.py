@@ -55,8 +55,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk: int) -> torch.T
     for i in range(0, len(rows), chunk):
         args = (head, picked[i: i + chunk], targets[i: i + chunk], temps[i: i + chunk])
         parts.append(checkpoint(_chosen, *args, use_reentrant=False) if torch.is_grad_enabled() else _chosen(*args))
-    out = torch.zeros(batch["mask"].shape, dtype=hidden.dtype if hidden.is_floating_point() else torch.float32,
-                      device=hidden.device)
+    out = torch.zeros(batch["mask"].shape, dtype=torch.float32, device=hidden.device)  # fp32, as log_softmax's
     return out.index_put((rows, cols), torch.cat(parts).to(out.dtype)) if parts else out
 
 

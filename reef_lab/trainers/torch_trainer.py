@@ -18,6 +18,7 @@ import copy
 import ctypes
 import logging
 import math
+import os
 import platform
 import sys
 import time
@@ -34,7 +35,7 @@ import torch
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.learning.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
-                                    TrainerConfig)
+                                    TrainerConfig, check_token_ids)
 from reef_lab.trainers.logprobs import check_logit_path, token_logprobs
 
 log = logging.getLogger("reef_lab.trainer")
@@ -124,6 +125,7 @@ class TorchTrainer(SequenceLossTrainer):
         # adapter it exports applies to the base (what an engine serving adapters by name loads beside the base).
         adapter = Path(init_folder) / "adapter" if init_folder is not None and self.config.lora_rank else None
         resume_adapter = adapter is not None and (adapter / "adapter_config.json").is_file()
+        fix_mmap_threshold()
         self.model = load_causal_lm(model_dir, None if resume_adapter else init_folder, self.device)
         if self.config.gradient_checkpointing:  # non-reentrant: LoRA's frozen inputs need no require_grad hook
             with warnings.catch_warnings():  # transformers 5 renamed it (activation_...); 4.x has only this name
@@ -157,6 +159,7 @@ class TorchTrainer(SequenceLossTrainer):
         """Consecutive whole groups of samples, at most micro_batch_size of them and (micro_batch_tokens) at most
         that many padded positions; a group over the token budget runs alone."""
         size = max(group, self.config.micro_batch_size // group * group)  # a group never straddles two
+        check_token_ids(samples, self.model.get_input_embeddings().num_embeddings)
         budget = self.config.micro_batch_tokens or math.inf
         chunk: list[Sample] = []
         for i in range(0, len(samples), group):
@@ -283,6 +286,15 @@ def release_memory() -> None:
         _GLIBC.malloc_trim(0)
 
 
+def fix_mmap_threshold(size: int = 128 * 1024) -> None:
+    """Have glibc mmap every block of `size` bytes and more, for good (mallopt M_MMAP_THRESHOLD; a no-op elsewhere or
+    where MALLOC_MMAP_THRESHOLD_ is set). Its default threshold rises to the largest block freed so far, after which
+    a step's activation tensors come from heap arenas that keep their pages: peak RSS of a GRPO step on 16 tool
+    episodes 3.9-4.6 GB with the default, 3.0 GB with this, at the same speed (results/trainer-memory.md)."""
+    if _GLIBC is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        _GLIBC.mallopt(-3, size)  # -3: M_MMAP_THRESHOLD (malloc.h)
+
+
 _GLIBC = ctypes.CDLL("libc.so.6") if sys.platform == "linux" and platform.libc_ver()[0] == "glibc" else None
 
 
@@ -327,6 +339,7 @@ class ValueModel(Critic):
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[list[float]]:
+        check_token_ids(samples, self.trunk.get_input_embeddings().num_embeddings)  # a recipe may ask it first
         out = []
         for i in range(0, len(samples), self.config.micro_batch_size):
             chunk = samples[i: i + self.config.micro_batch_size]
@@ -337,6 +350,7 @@ class ValueModel(Critic):
     def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
         """One step of 0.5 * (V - target)^2, averaged over real tokens. Returns loss and the mean |V - target|
         before the step."""
+        check_token_ids(samples, self.trunk.get_input_embeddings().num_embeddings)
         total = sum(s.trained_tokens for s in samples)
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, abs_err = 0.0, 0.0

@@ -80,13 +80,15 @@ def run_claude(base_url: str, prompt: str, work: Path, scenario: str, timeout: f
     return AgentRun("claude", rc, secs, out, err, cmd)
 
 
-def run_codex(base_url: str, prompt: str, work: Path, scenario: str, timeout: float = 300) -> AgentRun:
+def run_codex(base_url: str, prompt: str, work: Path, scenario: str, timeout: float = 300,
+              settings: str = "") -> AgentRun:
+    """`settings`: top-level config.toml lines to add (e.g. `model_catalog_json = "..."`)."""
     cwd, home = work / "cwd", work / "home"
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     cwd.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(
-        'model = "scripted-model"\nmodel_provider = "reef"\n\n[model_providers.reef]\nname = "reef"\n'
+        f'model = "scripted-model"\nmodel_provider = "reef"\n{settings}\n[model_providers.reef]\nname = "reef"\n'
         f'base_url = "{base_url}/v1"\nwire_api = "responses"\nenv_key = "REEF_AGENT_KEY"\n'
         f'http_headers = {{ "x-reef-scenario" = "{scenario}" }}\n')
     env = _env(home, CODEX_HOME=str(codex_home), REEF_AGENT_KEY="any")
@@ -180,19 +182,27 @@ class ReefServer:
             self.proc.wait()
 
     def episode(self, scenario: str, episode: str) -> dict:
-        """GET /reef/episodes/<episode>: the episode's calls in turn order."""
-        req = urllib.request.Request(f"{self.url}/reef/episodes/{episode}", headers={"x-reef-scenario": scenario})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+        return episode_of(self.url, scenario, episode)
 
     def records(self, scenario: str) -> list[dict]:
-        """The scenario's records, oldest first (GET /reef/scenarios/<name>/records, every page)."""
-        out, after = [], None
-        while True:
-            q = "?limit=1000" + (f"&after={after}" if after else "")
-            with urllib.request.urlopen(f"{self.url}/reef/scenarios/{scenario}/records{q}", timeout=30) as r:
-                page = json.loads(r.read())
-            out += page["records"]
-            after = page.get("next")
-            if not after:
-                return out
+        return records_of(self.url, scenario)
+
+
+def episode_of(url: str, scenario: str, episode: str) -> dict:
+    """GET /reef/episodes/<episode>: the episode's calls in turn order."""
+    req = urllib.request.Request(f"{url}/reef/episodes/{episode}", headers={"x-reef-scenario": scenario})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def records_of(url: str, scenario: str) -> list[dict]:
+    """The scenario's records, oldest first (GET /reef/scenarios/<name>/records, every page)."""
+    out, after = [], None
+    while True:
+        q = "?limit=1000" + (f"&after={after}" if after else "")
+        with urllib.request.urlopen(f"{url}/reef/scenarios/{scenario}/records{q}", timeout=30) as r:
+            page = json.loads(r.read())
+        out += page["records"]
+        after = page.get("next")
+        if not after:
+            return out

@@ -1,0 +1,251 @@
+"""The OpenAI Responses API's tools that are not plain functions, for the engines that generate (embedded, vLLM,
+SGLang), read from a request and written back into the answer: the one place that maps them.
+
+A model served here writes every call as a function call (`<tool_call>` JSON, reef_lab/engines/tools.py), so the
+tools a Responses client offers reach it as function schemas, and its calls go back as the items the client asked for:
+
+- `custom` (freeform) tools, e.g. Codex's `apply_patch`: a function of one string argument, `input` (the tool's
+  grammar, when it has one, in that argument's description); a call comes back as `custom_tool_call {input}`;
+- `local_shell`: a function `local_shell` whose arguments are the documented exec action (`command` list of strings,
+  `env`, `timeout_ms`, `working_directory`, `user`); a call comes back as `local_shell_call {action}`;
+- `namespace` tools (Codex's MCP and multi-agent groups): each function or custom tool inside as
+  `<namespace>__<name>`; a call comes back as the item with its `namespace` and own name (the relay's convention,
+  reef_lab/gateway/translate/responses.py);
+- every other kind (`web_search`, `file_search`, `tool_search`, `code_interpreter`, `image_generation`, `mcp`,
+  `computer_use_preview`, ...) is a tool the provider runs, which an engine here cannot: it is left out of what the
+  model sees and listed in the record's `metadata.dropped`.
+
+The history's `custom_tool_call` and `local_shell_call` items (and their `*_output`s) are read back into function
+calls with the same arguments, so a conversation's next prompt shows each call as the model wrote it.
+docs/tools.md, "Hosted and freeform tools (Codex CLI)".
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reef_lab.engines.tools import ToolCall, ToolUse
+from reef_lab.errors import BadRequest
+from reef_lab.gateway.tools import History, arguments_of, function_schema
+
+NS = "__"  # a namespaced tool's function name: <namespace>__<name>
+CUSTOM_INPUT = "input"  # the one argument of a custom tool's function
+LOCAL_SHELL = "local_shell"
+LOCAL_SHELL_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"},
+                    "description": "The command to run, as a list of arguments, e.g. [\"bash\", \"-lc\", \"ls\"]."},
+        "working_directory": {"type": "string", "description": "The folder to run it in."},
+        "timeout_ms": {"type": "integer", "description": "How long it may run, in milliseconds."},
+        "env": {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "Environment variables to set for the command."},
+        "user": {"type": "string", "description": "The user to run it as."}},
+    "required": ["command"]}
+_ACTION_KEYS = ("timeout_ms", "working_directory", "user")
+_ITEMS = {"function": ("function_call", "fc"), "custom": ("custom_tool_call", "ctc"),
+          LOCAL_SHELL: ("local_shell_call", "lsh")}  # a tool kind's call item: (type, id prefix)
+
+
+def custom_parameters(fmt) -> dict:
+    """A custom tool's function schema: one string, `input`, described by the tool's grammar when it has one."""
+    text = "The tool's input, as free text (not JSON)."
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        text += f" It must match this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+    return {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string", "description": text}},
+            "required": [CUSTOM_INPUT]}
+
+
+# ---- requests ---------------------------------------------------------------------------------------------------
+@dataclass
+class Offered:
+    """A request's tools as the model sees them: function schemas, the client's own form of each one that is not a
+    plain function (`ToolUse.wire`), and the tools left out (with where they were in the request)."""
+
+    functions: list[dict] = field(default_factory=list)
+    wire: dict[str, dict] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+
+
+def read_tools(body: dict) -> Offered:
+    """The request's `tools`; a malformed one is a 400 naming it (a function's checks: tools.function_schema)."""
+    tools = body.get("tools")
+    out = Offered()
+    if tools is None:
+        return out
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list of tool objects")
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise BadRequest(f"{where} must be an object")
+        kind = t.get("type")
+        if kind == "namespace":
+            ns, inner = t.get("name"), t.get("tools")
+            if not isinstance(ns, str) or not ns or not isinstance(inner, list):
+                raise BadRequest(f"{where}: a namespace tool needs a 'name' and a list of 'tools'")
+            for j, sub in enumerate(inner):
+                _read_tool(sub, f"{where}.tools[{j}]", ns, out)
+        else:
+            _read_tool(t, where, None, out)
+    return out
+
+
+def _read_tool(t, where: str, ns: str | None, out: Offered) -> None:
+    if not isinstance(t, dict):
+        raise BadRequest(f"{where} must be an object")
+    kind = t.get("type")
+    if t.get("strict") is not None and not isinstance(t.get("strict"), bool):
+        raise BadRequest(f"{where}.strict must be a boolean")
+    if kind == LOCAL_SHELL and ns is None:
+        out.functions.append(function_schema(LOCAL_SHELL, "Run a command on the user's machine and see its output.",
+                                              LOCAL_SHELL_PARAMETERS, where, "parameters"))
+        out.wire[LOCAL_SHELL] = {"type": LOCAL_SHELL}
+        return
+    if kind not in ("function", "custom"):
+        out.dropped.append(f"{where} ({kind}: a hosted tool, which this engine cannot run)")
+        return
+    name = t.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}.name must be the tool's name")
+    flat = f"{ns}{NS}{name}" if ns else name
+    params = custom_parameters(t.get("format")) if kind == "custom" else t.get("parameters")
+    out.functions.append(function_schema(flat, t.get("description"), params, where, "parameters"))
+    if kind == "custom" or ns:
+        out.wire[flat] = {"type": kind, "name": name, **({"namespace": ns} if ns else {})}
+
+
+def _call_id(item: dict, where: str, fallback: bool = False):
+    """An item's `call_id` (a local shell item may name its call by `id` alone, as the API documents it)."""
+    cid = item.get("call_id")
+    if cid is None and fallback:
+        cid = item.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise BadRequest(f"{where}.call_id must be a non-empty string")
+    return cid
+
+
+def action_arguments(action, where: str) -> dict:
+    """A `local_shell_call`'s exec action as the function arguments the model wrote (the inverse of `_action`)."""
+    if not isinstance(action, dict) or action.get("type") != "exec" or not isinstance(action.get("command"), list):
+        raise BadRequest(f"{where}.action must be {{\"type\": \"exec\", \"command\": [...], ...}}")
+    args = {"command": action["command"]}
+    if action.get("env"):
+        args["env"] = action["env"]
+    args.update({k: action[k] for k in _ACTION_KEYS if action.get(k) is not None})
+    return args
+
+
+def read_item(h: History, kind: str, item: dict, where: str, text_of: Callable[[object, str], str]) -> bool:
+    """A tool call or tool output item of the input into the History `h`; False for a kind that is neither.
+    `text_of` reads an output's text (and refuses other content)."""
+    if kind in ("function_call", "custom_tool_call"):
+        name = item.get("name")
+        if isinstance(name, str) and isinstance(item.get("namespace"), str):
+            name = f"{item['namespace']}{NS}{name}"
+        if kind == "function_call":
+            args = arguments_of(item.get("arguments"), f"{where}.arguments")
+        elif not isinstance(item.get("input"), str):
+            raise BadRequest(f"{where}.input must be a string (a custom tool's input)")
+        else:
+            args = {CUSTOM_INPUT: item["input"]}
+        h.assistant("", [h.call(where, item.get("call_id"), name, args, "call_id")], join=True)
+    elif kind == "local_shell_call":
+        args = action_arguments(item.get("action"), where)
+        h.assistant("", [h.call(where, _call_id(item, where, True), LOCAL_SHELL, args, "call_id")], join=True)
+    elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+        cid = _call_id(item, where, fallback=kind == "local_shell_call_output")
+        h.result(f"{where}.call_id", cid, text_of(item.get("output"), f"{where}.output"))
+    else:
+        return False
+    return True
+
+
+# ---- answers ----------------------------------------------------------------------------------------------------
+def _wire(tool_use: ToolUse | None, name: str) -> dict:
+    return (tool_use.wire.get(name) if tool_use else None) or {"type": "function", "name": name}
+
+
+def call_item(tc: ToolCall, tool_use: ToolUse | None, rid_tail: str, call_id: str, status: str) -> dict:
+    """A call as the output item of the client's tool kind. In progress, its arguments/input are still empty."""
+    wire = _wire(tool_use, tc.name)
+    kind, done = wire["type"], status == "completed"
+    item_type, prefix = _ITEMS[kind]
+    item: dict = {"type": item_type, "id": f"{prefix}_{rid_tail}_{tc.index}", "call_id": call_id}
+    if kind == LOCAL_SHELL:
+        item["action"] = _action(tc.arguments)
+    elif kind == "custom":
+        item["name"] = wire["name"]
+        item["input"] = custom_input(tc.arguments) if done else ""
+    else:
+        item["name"] = wire["name"]
+        item["arguments"] = tc.arguments_json() if done else ""
+    if "namespace" in wire:
+        item["namespace"] = wire["namespace"]
+    item["status"] = status
+    return item
+
+
+def custom_input(arguments: dict) -> str:
+    """What a custom tool gets: the model's `input` string (the arguments' JSON when it wrote something else, so
+    the client's own check reports it to the model, as with a function's arguments)."""
+    text = arguments.get(CUSTOM_INPUT)
+    return text if isinstance(text, str) and len(arguments) == 1 else json.dumps(arguments, ensure_ascii=False)
+
+
+def _action(arguments: dict) -> dict:
+    """The exec action of a local shell call: the model's arguments as written (the client checks them, as it
+    checks a function's), with the documented `type` and `env` always there."""
+    return {"type": "exec", "command": arguments.get("command"), "env": arguments.get("env") or {},
+            **{k: arguments.get(k) for k in _ACTION_KEYS}}
+
+
+def input_events(item: dict, pieces: Callable[[str], list[str]]) -> list[tuple[str, dict]]:
+    """The events between a call item's `output_item.added` and `.done`: its arguments or input in pieces."""
+    if item["type"] == "function_call":
+        return [("response.function_call_arguments.delta", {"delta": p}) for p in pieces(item["arguments"])] + \
+            [("response.function_call_arguments.done", {"name": item["name"], "arguments": item["arguments"]})]
+    if item["type"] == "custom_tool_call":
+        return [("response.custom_tool_call_input.delta", {"delta": p}) for p in pieces(item["input"])] + \
+            [("response.custom_tool_call_input.done", {"input": item["input"]})]
+    return []  # a local shell call comes whole
+
+
+def started(item: dict) -> dict:
+    """The item as `response.output_item.added` shows it: in progress, its arguments or input still empty."""
+    out = copy.deepcopy(item)
+    out["status"] = "in_progress"
+    if "arguments" in out:
+        out["arguments"] = ""
+    if "input" in out:
+        out["input"] = ""
+    return out
+
+
+def listed_tools(tool_use: ToolUse | None) -> list[dict]:
+    """The tools a Responses object lists: the ones the model was offered, in the client's own form (`strict`
+    false: schemas are not enforced); dropped tools are not among them."""
+    out: list[dict] = []
+    namespaces: dict[str, dict] = {}
+    for t in tool_use.tools if tool_use else []:
+        fn = t["function"]
+        wire = _wire(tool_use, fn["name"])
+        if wire["type"] == LOCAL_SHELL:
+            out.append({"type": LOCAL_SHELL})
+            continue
+        tool = {"type": "custom", "name": wire["name"], "description": fn.get("description")} \
+            if wire["type"] == "custom" else \
+            {"type": "function", "name": wire["name"], "description": fn.get("description"),
+             "parameters": fn["parameters"], "strict": False}
+        ns = wire.get("namespace")
+        if ns is None:
+            out.append(tool)
+        else:
+            if ns not in namespaces:
+                namespaces[ns] = {"type": "namespace", "name": ns, "description": "", "tools": []}
+                out.append(namespaces[ns])
+            namespaces[ns]["tools"].append(tool)
+    return out
