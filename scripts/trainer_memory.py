@@ -46,10 +46,10 @@ VARIANTS = {  # name: (the reef_lab to run: a commit, or None for this checkout;
 # base weights, one loaded release (another copy) routed to, and the KV caches of the 16 episodes' turns generated
 # concurrently (--engine-tokens each, temperature 1) before the trainer loads.
 VARIANTS |= {"serve-before": VARIANTS["before"], "serve-after": VARIANTS["checkpointed"]}
-# glibc's allocator, told to mmap every block of 128 KB and more (a fixed threshold: it no longer rises as blocks
-# are freed), returns a freed tensor's memory at once instead of keeping it in its heap.
-ENV = {"checkpointed-mmap": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
-VARIANTS["checkpointed-mmap"] = VARIANTS["checkpointed"]
+# glibc's default, dynamic mmap threshold (what TorchTrainer fixes at 128 KB: torch_trainer.fix_mmap_threshold):
+# the threshold rises as large blocks are freed, and a step's tensors then come from heap arenas that keep their pages
+ENV = {"checkpointed-dynamic-mmap": {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024)}}
+VARIANTS["checkpointed-dynamic-mmap"] = VARIANTS["checkpointed"]
 
 
 # ---- the kernel's view of this process -----------------------------------------------------------------------------
@@ -316,7 +316,9 @@ def write_report(args, rows: list[dict]) -> None:
     import torch
     import transformers
 
-    command = "HF_HUB_OFFLINE=1 .venv/bin/python scripts/trainer_memory.py " + " ".join(sys.argv[1:])
+    from scripts.command_line import command_line
+
+    command = command_line(program="HF_HUB_OFFLINE=1 .venv/bin/python")
     meta = {"command": command.strip(), "model_dir": str(args.model_dir), "episodes": args.episodes,
             "micro_batch": args.micro_batch, "steps": args.steps, "threads": args.threads,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
