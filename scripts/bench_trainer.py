@@ -14,6 +14,10 @@ steps on that batch and is timed around the update only (forward + backward over
            lr_scheduler.step(), model.zero_grad()   -- GRPO's generating `_prepare_inputs` is bypassed (identity).
   reef_lab: TorchTrainer.step(samples, dis_token_loss(0.3, 5.0)).
 Tokens per step = real (unpadded) prompt + completion tokens of the batch, the same count for both sides.
+Beside each side's speed: the process's peak RSS during that side's steps (the kernel's high-water mark, reset
+before them: scripts/trainer_memory.py; Linux) and how far it rose above the RSS the side started from. Both
+trainers live in one process, so the peak includes the other side's model and optimizer state; the rise is the
+side's own working memory (activations, logits, gradients, memory its allocator did not hand back).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch  # noqa: E402
 
 from scripts.command_line import command_line  # noqa: E402
+from scripts.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a coral reef", "a lost robot", "a mountain village", "a deep-sea diver",
           "an old library", "a desert caravan", "a city at night", "a clockmaker", "a migrating whale",
@@ -158,16 +163,22 @@ def main() -> None:
         order = ["trl", "reef_lab"] if r % 2 else ["reef_lab", "trl"]
         row = {"round": r, "warmup": r == 0, "first": order[0]}
         for name in order:
+            start_mb = rss_mb()
+            reset_peak()
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 sides[name]()
             dt = time.perf_counter() - t0
             row[f"{name}_s_per_step"] = dt / args.steps
             row[f"{name}_tok_s"] = tokens * args.steps / dt
+            row[f"{name}_peak_rss_mb"] = peak_mb()
+            row[f"{name}_rise_mb"] = row[f"{name}_peak_rss_mb"] - start_mb
         row["ratio"] = row["reef_lab_tok_s"] / row["trl_tok_s"]
         results.append(row)
         print(f"round {r}{' (warm-up, discarded)' if r == 0 else ''}: reef_lab {row['reef_lab_tok_s']:.0f} tok/s, "
-              f"TRL {row['trl_tok_s']:.0f} tok/s, ratio {row['ratio']:.3f} (first: {order[0]})", flush=True)
+              f"peak RSS {row['reef_lab_peak_rss_mb']:.0f} MB (+{row['reef_lab_rise_mb']:.0f}); "
+              f"TRL {row['trl_tok_s']:.0f} tok/s, peak RSS {row['trl_peak_rss_mb']:.0f} MB "
+              f"(+{row['trl_rise_mb']:.0f}); ratio {row['ratio']:.3f} (first: {order[0]})", flush=True)
 
     timed = [row for row in results if not row["warmup"]]
 
@@ -175,7 +186,8 @@ def main() -> None:
         xs = [row[key] for row in timed]
         return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
-    summ = {k: summary(k) for k in ("reef_lab_tok_s", "trl_tok_s", "ratio", "reef_lab_s_per_step", "trl_s_per_step")}
+    summ = {k: summary(k) for k in ("reef_lab_tok_s", "trl_tok_s", "ratio", "reef_lab_s_per_step", "trl_s_per_step",
+                                    "reef_lab_peak_rss_mb", "trl_peak_rss_mb", "reef_lab_rise_mb", "trl_rise_mb")}
     ratio_of_medians = summ["reef_lab_tok_s"]["median"] / summ["trl_tok_s"]["median"]
     verdict = "holds" if summ["ratio"]["median"] >= 1.0 else "does NOT hold"
     command = command_line(program="HF_HUB_OFFLINE=1 .venv/bin/python")
@@ -206,8 +218,9 @@ def main() -> None:
     fig.savefig(args.out.with_suffix(".png"), dpi=120)
 
     table = "\n".join(f"| {row['round']} | {row['first']} | {row['reef_lab_tok_s']:.0f} | {row['trl_tok_s']:.0f} | "
-                      f"{row['ratio']:.3f} | {row['reef_lab_s_per_step']:.3f} | {row['trl_s_per_step']:.3f} |"
-                      for row in timed)
+                      f"{row['ratio']:.3f} | {row['reef_lab_s_per_step']:.3f} | {row['trl_s_per_step']:.3f} | "
+                      f"{row['reef_lab_peak_rss_mb']:.0f} (+{row['reef_lab_rise_mb']:.0f}) | "
+                      f"{row['trl_peak_rss_mb']:.0f} (+{row['trl_rise_mb']:.0f}) |" for row in timed)
     s = summ
 
     def stat(key: str, f: str) -> str:
@@ -235,8 +248,9 @@ Command: `{meta['command']}`
 ## What is timed
 
 - **reef_lab**: `TorchTrainer.step(samples, reef_lab.learning.rl.dis_token_loss(0.3, 5.0))`: zero_grad, per
-  micro-batch packing (right padding to the micro-batch's longest sequence), forward with full logits,
-  log_softmax/gather, DIS loss, backward; grad clip; `AdamW.step()`.
+  micro-batch packing (right padding to the micro-batch's longest sequence), forward to the last hidden states,
+  the LM head on trained positions only, {reef.config.logprob_chunk} at a time (recomputed in backward; 0: full
+  logits), logsumexp/gather, DIS loss, backward; grad clip; `AdamW.step()`; gradients freed, malloc_trim.
 - **TRL**: per micro-batch `GRPOTrainer.training_step(model, inputs, num_items_in_batch)` (TRL's `compute_loss`:
   fused LM head on completion positions only, entropy, `{cfg.loss_type}` loss with clipping, metrics, backward via
   accelerate); then `_clip_grad_norm`, `optimizer.step()` (`{optim}`), `lr_scheduler.step()`,
@@ -246,8 +260,8 @@ Command: `{meta['command']}`
 
 ## Per round (tokens/s = real prompt+completion tokens per step / seconds per step)
 
-| round | first | reef_lab tok/s | TRL tok/s | ratio | reef_lab s/step | TRL s/step |
-|---|---|---|---|---|---|---|
+| round | first | reef_lab tok/s | TRL tok/s | ratio | reef_lab s/step | TRL s/step | reef_lab peak RSS MB (rise) | TRL peak RSS MB (rise) |
+|---|---|---|---|---|---|---|---|---|
 {table}
 
 | | median | min | max |
@@ -255,6 +269,14 @@ Command: `{meta['command']}`
 | reef_lab tok/s | {stat('reef_lab_tok_s', '.0f')} |
 | TRL tok/s | {stat('trl_tok_s', '.0f')} |
 | ratio reef_lab/TRL | {stat('ratio', '.3f')} |
+| reef_lab peak RSS MB | {stat('reef_lab_peak_rss_mb', '.0f')} |
+| TRL peak RSS MB | {stat('trl_peak_rss_mb', '.0f')} |
+| reef_lab rise MB | {stat('reef_lab_rise_mb', '.0f')} |
+| TRL rise MB | {stat('trl_rise_mb', '.0f')} |
+
+Peak RSS: the process's high-water mark during a side's {args.steps} steps (the kernel's VmHWM, reset before them),
+in MB; the rise is that peak less the RSS the side started from. Both sides share the process, so each peak includes
+the other side's model and AdamW state.
 
 Versions: torch {versions['torch']}, transformers {versions['transformers']}, trl {versions['trl']}, Python
 {versions['python']}. Plot: `{args.out.with_suffix('.png').name}`; raw numbers: `{args.out.with_suffix('.json').name}`.
@@ -265,7 +287,9 @@ clipped `{cfg.loss_type}` loss with entropy), as do the padding and LM-head stra
 of what is being compared. Results on a GPU or a larger model may differ.
 """
     args.out.with_suffix(".md").write_text(md)
-    print(f"wrote {args.out.with_suffix('.md')} (+ .json, .png); median ratio {s['ratio']['median']:.3f}")
+    print(f"wrote {args.out.with_suffix('.md')} (+ .json, .png); median ratio {s['ratio']['median']:.3f}; median "
+          f"peak RSS reef_lab {s['reef_lab_peak_rss_mb']['median']:.0f} MB (+{s['reef_lab_rise_mb']['median']:.0f}), "
+          f"TRL {s['trl_peak_rss_mb']['median']:.0f} MB (+{s['trl_rise_mb']['median']:.0f})")
 
 
 if __name__ == "__main__":

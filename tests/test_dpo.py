@@ -179,12 +179,14 @@ def test_dpo_gradient_matches_dpo_written_directly(tiny_model_dir, lora_rank):
     direct = torch.stack(losses).mean()
     direct.backward()
 
+    got = {}  # the step's gradients, as the optimizer is about to use them (the step frees them afterwards)
+    trainer.optimizer.register_step_pre_hook(lambda *_: got.update(
+        {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}))
     m = trainer.step(pairs, DPORecipe(beta=beta).loss)
     assert m["loss"] == pytest.approx(direct.item(), rel=1e-5)
     assert m["units"] == 2 and m["tokens"] == 4 + 2 + 3 + 5
     assert abs(m["margin_sum"]) > 1e-3  # policy and reference differ: not the trivial log 2 of a fresh start
     want = {n: p.grad for n, p in policy.named_parameters() if p.requires_grad}
-    got = {n: p.grad for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert set(want) == set(got) and want
     for n in want:  # float32 over padded micro-batches vs one sequence at a time: equal to ~1e-5 relative
         assert float((got[n] - want[n]).norm()) <= 1e-4 * float(want[n].norm()) + 1e-8, n

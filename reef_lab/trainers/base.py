@@ -99,6 +99,18 @@ class TrainerConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0: off)"})
     micro_batch_size: int = field(default=8, metadata={"client_max": 64,
         "help": "samples per forward/backward; gradients accumulate over the batch"})
+    micro_batch_tokens: int = field(default=0, metadata={
+        "help": "torch backend: at most this many prompt+completion positions per forward/backward (whole groups; "
+                "a longer group runs alone); the activations a backward keeps grow with them. 0: no limit",
+        "operator": True})
+    logprob_chunk: int = field(default=256, metadata={
+        "help": "torch backend: trained positions whose vocabulary-wide logits exist at once (recomputed in the "
+                "backward pass instead of kept); 0: every position's logits of a micro-batch at once (more memory)",
+        "operator": True})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "torch backend: keep only each decoder layer's input for the backward pass and recompute the layer "
+                "there: about a third more compute, a micro-batch's activations ~20x smaller (a client may set it: it "
+                "only trades compute for memory)"})
     lora_rank: int = field(default=0, metadata={"client_max": 256,
         "help": "0: full fine-tune; >0: LoRA adapters of this rank (peft)"})
     lora_alpha: float = field(default=32.0, metadata={"help": "LoRA scaling alpha"})
@@ -120,6 +132,8 @@ class TrainerConfig:
         check_fields(self)
         if self.lr <= 0 or self.micro_batch_size < 1 or self.lora_rank < 0:
             raise ValueError("lr must be > 0, micro_batch_size >= 1 and lora_rank >= 0")
+        if self.micro_batch_tokens < 0 or self.logprob_chunk < 0:
+            raise ValueError("micro_batch_tokens and logprob_chunk must be >= 0 (0: no limit, all at once)")
         if len(self.betas) != 2:
             raise ValueError("betas needs two values, e.g. [0.9, 0.999]")
         from reef_lab.trainers import check_backend_config  # the backend, resolved now: a wrong name fails at start
