@@ -81,8 +81,12 @@ def tool_episodes(model_dir: Path, groups: int, group: int, seed: int):
 
     from reef_lab.engines.remote import ChatTokenizer
     from reef_lab.learning.episodes import EpisodeConfig, samples_for_report
-    from reef_lab.learning.tasks import make_task
-    from reef_lab.learning.tool_demos import turn_records
+    try:
+        from reef_lab.tasks.base import make_task
+        from reef_lab.tasks.demos import turn_records
+    except ModuleNotFoundError:  # the `before` variant runs an older tree, from before tasks left learning/
+        from reef_lab.learning.tasks import make_task
+        from reef_lab.learning.tool_demos import turn_records
 
     chat = ChatTokenizer.from_folder(model_dir)
     rng = random.Random(seed)
