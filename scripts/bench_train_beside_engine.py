@@ -101,7 +101,7 @@ def part_steps(arms: list[str], rounds: int, clients: int) -> list[dict]:
     from reef_lab.engines.embedded import EmbeddedEngine
     from reef_lab.engines.vllm import VLLMEngine
     from reef_lab.learning.recipe import load_recipe
-    from reef_lab.learning.samples import Sample
+    from reef_lab.trainers.samples import Sample
     from reef_lab.tasks.base import make_task
 
     embedded = EmbeddedEngine.from_path(None, max_batch=16)

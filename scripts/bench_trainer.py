@@ -8,7 +8,7 @@ It exists to test the claim "the reef_lab trainer is at least as fast per token 
 reef_lab model cache) is saved to a temp folder and both trainers load it (fp32, CPU, 2 threads).
 TRL generates ONE batch of completions with its own `_generate_and_score_completions` (untimed); the same
 prompt/completion ids, stripped of TRL's padding, become reef_lab Samples with TRL's advantages (GRPO loss:
-`reef_lab.learning.rl.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
+`reef_lab.learning.losses.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
 steps on that batch and is timed around the update only (forward + backward over micro-batches + clip + AdamW):
   TRL:     trainer.training_step(model, chunk, n) per micro-batch, _clip_grad_norm, optimizer.step(),
            lr_scheduler.step(), model.zero_grad()   -- GRPO's generating `_prepare_inputs` is bypassed (identity).
@@ -85,8 +85,8 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import split_tensor_dict
 
-    from reef_lab.learning.rl import dis_token_loss
-    from reef_lab.learning.samples import Sample
+    from reef_lab.trainers.losses import dis_token_loss
+    from reef_lab.trainers.samples import Sample
     from reef_lab.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
     tok_dir = Path.home() / ".cache" / "reef_lab" / "models" / "SmolLM2-135M-Instruct"
@@ -130,7 +130,7 @@ def main() -> None:
         c = gen["completion_ids"][i][gen["completion_mask"][i].bool()].tolist()
         adv = float(gen["advantages"][i])
         samples.append(Sample(record_id=f"r{i}", prompt_ids=p, completion_ids=c, logprobs=None, score=adv,
-                              release_id="base", group=f"g{i // args.group}", extra={"advantages": [adv] * len(c)}))
+                              release_id="base", group=f"g{i // args.group}", advantages=[adv] * len(c)))
     torch.manual_seed(0)
     reef = TorchTrainer(model_dir, TrainerConfig(lr=1e-5, micro_batch_size=args.micro_batch, device="cpu"),
                         init_folder=None, tokenizer=tok)
@@ -247,7 +247,7 @@ Command: `{meta['command']}`
 
 ## What is timed
 
-- **reef_lab**: `TorchTrainer.step(samples, reef_lab.learning.rl.dis_token_loss(0.3, 5.0))`: zero_grad, per
+- **reef_lab**: `TorchTrainer.step(samples, reef_lab.learning.losses.dis_token_loss(0.3, 5.0))`: zero_grad, per
   micro-batch packing (right padding to the micro-batch's longest sequence), forward to the last hidden states,
   the LM head on trained positions only, {reef.config.logprob_chunk} at a time (recomputed in backward; 0: full
   logits), logsumexp/gather, DIS loss, backward; grad clip; `AdamW.step()`; gradients freed, malloc_trim.

@@ -234,7 +234,8 @@ def child(args) -> dict:
         s.logprobs = lp
     advs = rl.group_advantages([s.score for s in samples], [s.group for s in samples])
     for s, a in zip(samples, advs, strict=True):
-        s.extra["advantages"] = [a] * len(s.completion_ids)
+        s.advantages = [a] * len(s.completion_ids)
+        s.extra["advantages"] = s.advantages  # where the `before` variant's older tree reads them
     phase("rollout", t0)
 
     probe = Phases(torch, trainer)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from reef_lab.errors import BadRequest
 from reef_lab.learning.recipe import load_recipe
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import LOSSES, Loss, SequenceLoss, TrainerConfig, require_sequence_losses
 from recipes.dpo.loss import PAIR, ROLE
 from recipes.dpo.recipe import DPORecipe, preference_pairs

@@ -74,7 +74,7 @@ class CloseRecipe(WeightRecipe):
         batch = pool[: self.config.batch_size]
         mean = sum(s.score for s in batch) / len(batch)
         for s in batch:
-            s.extra["advantages"] = [s.score - mean] * len(s.completion_ids)
+            s.advantages = [s.score - mean] * len(s.completion_ids)
         return batch, []
 
     def train(self, trainer, batch):

@@ -117,12 +117,15 @@ def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
 
 def layer_violations(root: Path) -> list[str]:
     """The rooms inside the core: learners and recipes reach the deployment through their LearnContext, never the
-    gateway (its codecs in reef_lab.gateway.dialects are a library); tasks import no learner (learning uses them); a recipe's experiment runs on the shared driver
+    gateway (its codecs in reef_lab.gateway.dialects are a library); tasks import no learner (learning uses them);
+    trainers import no learning code (Sample and the token losses are theirs); a recipe's experiment runs on the shared driver
     (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
     nor learning); publishing is below the gateway."""
     rules = [("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
              ("reef_lab/tasks", ("reef_lab.learning", "reef_lab.gateway", "reef_lab.experiments", "reef_lab.publishing"),
               ("reef_lab.gateway.dialects",)),
+             ("reef_lab/trainers", ("reef_lab.learning", "reef_lab.gateway", "reef_lab.experiments",
+                                    "reef_lab.publishing", "reef_lab.tasks"), ()),
              ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
              ("reef_lab/records", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments"), ()),
              ("reef_lab/publishing", ("reef_lab.gateway", "reef_lab.experiments"), ())]
@@ -148,8 +151,8 @@ def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
         "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.gateway.dialects import response_text\n")
     (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.learner\n")
     (tmp_path / "reef_lab" / "tasks").mkdir(parents=True)
-    (tmp_path / "reef_lab" / "tasks" / "x.py").write_text("from reef_lab.learning.samples import Sample\n")
-    assert layer_violations(tmp_path) == ["reef_lab/tasks/x.py:1 imports reef_lab.learning.samples",
+    (tmp_path / "reef_lab" / "tasks" / "x.py").write_text("from reef_lab.learning.learner import Learner\n")
+    assert layer_violations(tmp_path) == ["reef_lab/tasks/x.py:1 imports reef_lab.learning.learner",
                                           "recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
                                           "reef_lab/records/export.py:1 imports reef_lab.learning.learner"]
 

@@ -380,7 +380,7 @@ def test_a_sample_past_the_embedding_table_fails_alone_and_the_others_train(serv
 
 def test_the_critic_refuses_ids_past_its_embedding_too(tiny_model_dir):
     """SAO asks its critic for values before the policy's step: the critic checks the ids as the policy does."""
-    from reef_lab.learning.samples import Sample
+    from reef_lab.trainers.samples import Sample
     from reef_lab.trainers.base import CriticConfig, InvalidSamples
     from reef_lab.trainers.torch_trainer import TorchTrainer
 

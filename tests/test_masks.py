@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from reef_lab.learning import rl
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers import losses
+from reef_lab.trainers.samples import Sample
 
 # completion = completion 1 (2 tokens) + tool result (2 tokens) + completion 2 (2 tokens); one pad column after
 EPISODE_MASK = [1, 1, 0, 0, 1, 1]
@@ -41,7 +42,7 @@ def test_sample_loss_mask_is_checked():
 
 def test_nll_by_hand_on_a_two_turn_episode():
     logp = _logp([-0.5, -1.0, -9.0, -7.0, -2.0, -0.25, -3.0])
-    loss, _ = rl.nll_loss(logp, MASK)
+    loss, _ = losses.nll_loss(logp, MASK)
     assert loss.item() == pytest.approx(0.5 + 1.0 + 2.0 + 0.25)
     loss.backward()
     assert logp.grad[0].tolist() == [-1.0, -1.0, 0.0, 0.0, -1.0, -1.0, 0.0]
@@ -56,7 +57,7 @@ def test_dis_by_hand_on_a_two_turn_episode():
     values = [math.log(0.5 * 0.2), math.log(0.5), -1.0, -2.0, math.log(0.5), math.log(0.5), 0.0]
     logp = _logp(values)
     adv = torch.tensor([[1.0, -1.0, 1e6, 1e6, 0.5, 2.0, 1e6]])
-    loss, stats = rl.dis_loss(logp, old, adv, MASK, 0.3, 5.0)
+    loss, stats = losses.dis_loss(logp, old, adv, MASK, 0.3, 5.0)
     # kept: tokens 1, 4, 5 (token 0's ratio 0.2 < 0.3); loss = -sum rho * A
     assert loss.item() == pytest.approx(-(1.0 * -1.0 + 2.0 * 0.5 + 1.0 * 2.0), rel=1e-5)
     loss.backward()
@@ -79,7 +80,7 @@ def test_is_by_hand_on_a_two_turn_episode():
     base = torch.tensor([[math.log(b) if b else 1e4 for b in base_p] + [0.0]])
     adv = torch.tensor([[1.0, 1.0, 1e6, -1e6, -0.5, 0.25, 9.0]])
     kl = 0.5
-    loss, stats = rl.is_loss(logp, old, adv, MASK, base, kl_coef=kl)
+    loss, stats = losses.is_loss(logp, old, adv, MASK, base, kl_coef=kl)
     gaps = {t: math.log(cur[t] / base_p[t]) for t in TRAINED}
     shaped = {t: adv[0, t].item() - kl * gaps[t] for t in TRAINED}
     assert loss.item() == pytest.approx(-sum(rho[t] * shaped[t] for t in TRAINED), rel=1e-5)
@@ -180,8 +181,8 @@ def test_dis_step_trains_only_generated_tokens(trainer):
     assert [now[0][k] for k, mk in enumerate(episode.mask) if not mk] == [0.0] * len(TOOL)
     episode.logprobs = [lp - 0.1 if mk else None for lp, mk in zip(now[0], episode.mask)]
     single.logprobs = [lp - 0.1 for lp in now[1]]
-    episode.extra["advantages"] = [1.0, -0.5, 2.0] + [None] * len(TOOL) + [0.5, 1.5]
-    single.extra["advantages"] = [-1.0] * 3
+    episode.advantages = [1.0, -0.5, 2.0] + [None] * len(TOOL) + [0.5, 1.5]
+    single.advantages = [-1.0] * 3
     seen, handle = _capture_logits(trainer.model)
     m = trainer.step([episode, single], Loss("dis"))
     handle.remove()
@@ -189,11 +190,11 @@ def test_dis_step_trains_only_generated_tokens(trainer):
     _check_tool_positions_get_no_gradient(seen, episode)
     hand = _hand_logprobs(logits, episode, 0)
     total = sum(math.exp(hand[k] - episode.logprobs[k]) * a
-                for k, a in enumerate(episode.extra["advantages"]) if episode.mask[k])
+                for k, a in enumerate(episode.advantages) if episode.mask[k])
     total += sum(math.exp(h - r) * -1.0 for h, r in zip(_hand_logprobs(logits, single, 1), single.logprobs))
     assert m["tokens"] == m["kept"] == 8
     assert m["loss"] == pytest.approx(-total / 8, rel=1e-5)
-    assert rl.dis_metrics(m)["ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
+    assert losses.dis_metrics(m)["ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
 
 
 def test_is_step_with_kl_trains_only_generated_tokens(trainer):
@@ -203,14 +204,14 @@ def test_is_step_with_kl_trains_only_generated_tokens(trainer):
     episode, single = _episode(), _single()
     for s in (episode, single):
         s.logprobs = [-2.0] * len(s.completion_ids)
-        s.extra["advantages"] = [1.0] * len(s.completion_ids)
+        s.advantages = [1.0] * len(s.completion_ids)
     trainer.step([episode, single], Loss("is"))  # move the policy off the base first
     base = trainer.logprobs([episode, single], base=True)
     now = trainer.logprobs([episode, single])
     assert any(abs(a - b) > 1e-5 for a, b in zip(now[0], base[0]))
     episode.logprobs = [lp - 0.2 if mk else 1e4 for lp, mk in zip(now[0], episode.mask)]
     single.logprobs = [lp - 0.2 for lp in now[1]]
-    episode.extra["advantages"] = [0.5] * len(C1) + [1e6] * len(TOOL) + [-1.0] * len(C2)
+    episode.advantages = [0.5] * len(C1) + [1e6] * len(TOOL) + [-1.0] * len(C2)
     seen, handle = _capture_logits(trainer.model)
     m = trainer.step([episode, single], Loss("is", kl_coef=0.3))
     handle.remove()
@@ -220,7 +221,7 @@ def test_is_step_with_kl_trains_only_generated_tokens(trainer):
                                                                      base[1])]
     total = sum(math.exp(h - r) * (a - 0.3 * (h - b))
                 for s, hand, bs in rows
-                for h, r, a, b, mk in zip(hand, s.logprobs, s.extra["advantages"], bs, s.mask) if mk)
+                for h, r, a, b, mk in zip(hand, s.logprobs, s.advantages, bs, s.mask) if mk)
     assert m["tokens"] == 8
     # terms of size ~1 that nearly cancel (loss ~3e-3): float32 rounding of the logprobs shows at ~1e-7 absolute
     assert m["loss"] == pytest.approx(-total / 8, rel=1e-4, abs=1e-6)

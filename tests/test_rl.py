@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from reef_lab.learning import rl
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers import losses
+from reef_lab.trainers.samples import Sample
 from recipes.sao.recipe import SAORecipe, advantages_and_targets
 
 R = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
@@ -52,17 +53,17 @@ def test_dis_mask_and_loss_by_hand():
     old = torch.full((1, 6), math.log(0.5))
     logp = (old + ratios.log()).clone().requires_grad_(True)
     mask = torch.ones(1, 6)
-    keep = rl.dis_mask(logp, old, mask, 0.3, 5.0)
+    keep = losses.dis_mask(logp, old, mask, 0.3, 5.0)
     assert keep.tolist() == [[0.0, 1.0, 0.0, 1.0, 1.0, 1.0]]
     adv = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 2.0]])
-    loss, stats = rl.dis_loss(logp, old, adv, mask, 0.3, 5.0)
+    loss, stats = losses.dis_loss(logp, old, adv, mask, 0.3, 5.0)
     assert loss.item() == pytest.approx(-(1.0 + 0.4 + 0.35 + 9.8), rel=1e-5)
     loss.backward()
     # d(-rho A)/dlogp = -rho A on kept tokens, 0 on masked ones
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0, 0.0, -0.4, -0.35, -9.8]]), atol=1e-5)
     assert stats["kept"] == 4 and stats["masked_low"] == 1 and stats["masked_high"] == 1
     # padding never counts
-    keep = rl.dis_mask(logp, old, torch.tensor([[1.0, 0, 0, 0, 0, 0]]), 0.3, 5.0)
+    keep = losses.dis_mask(logp, old, torch.tensor([[1.0, 0, 0, 0, 0, 0]]), 0.3, 5.0)
     assert keep.sum() == 0
 
 
@@ -114,7 +115,7 @@ def test_is_loss_by_hand():
     base = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.5), 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0, -0.5, 9.0]])
-    loss, stats = rl.is_loss(logp, old, adv, mask, base, kl_coef=0.5)
+    loss, stats = losses.is_loss(logp, old, adv, mask, base, kl_coef=0.5)
     gaps = [math.log(0.1 / 0.5), math.log(0.5 / 0.25), math.log(3.0 / 0.5)]  # logp - logp_base per real token
     shaped = [1.0 - 0.5 * gaps[0], 1.0 - 0.5 * gaps[1], -0.5 - 0.5 * gaps[2]]
     assert loss.item() == pytest.approx(-(0.2 * shaped[0] + 1.0 * shaped[1] + 6.0 * shaped[2]), rel=1e-5)
@@ -126,10 +127,10 @@ def test_is_loss_by_hand():
     k3 = sum(math.exp(-g) - 1 + g for g in gaps)
     assert stats["kl_k3_sum"] == pytest.approx(k3, rel=1e-5)
     # without a base the KL term is absent; asking for one without base logprobs is refused
-    plain, _ = rl.is_loss(logp.detach(), old, adv, mask)
+    plain, _ = losses.is_loss(logp.detach(), old, adv, mask)
     assert plain.item() == pytest.approx(-(0.2 * 1.0 + 1.0 * 1.0 + 6.0 * -0.5), rel=1e-5)
     with pytest.raises(ValueError, match="base"):
-        rl.is_loss(logp.detach(), old, adv, mask, None, kl_coef=0.1)
+        losses.is_loss(logp.detach(), old, adv, mask, None, kl_coef=0.1)
 
 
 def test_loss_kinds_are_checked():
@@ -155,7 +156,7 @@ def test_is_step_on_a_tiny_lora_model_matches_a_hand_computation(tiny_model_dir)
                Sample("b", [5, 11], [42, 8], None, 0.0, "base")]
     # move the adapters off zero first, so the policy differs from the base and the KL term is not trivially 0
     for s in samples:
-        s.extra["advantages"] = [1.0] * len(s.completion_ids)
+        s.advantages = [1.0] * len(s.completion_ids)
         s.logprobs = [-3.0] * len(s.completion_ids)
     trainer.step(samples, Loss("is"))
     current, base = trainer.logprobs(samples), trainer.logprobs(samples, base=True)
@@ -163,7 +164,7 @@ def test_is_step_on_a_tiny_lora_model_matches_a_hand_computation(tiny_model_dir)
     rollout = [[c - 0.3 for c in cs] for cs in current]  # the engine's recorded logprobs: rho = e^0.3 everywhere
     advantages = [[1.5] * 3, [-0.5] * 2]
     for s, r, a in zip(samples, rollout, advantages):
-        s.logprobs, s.extra["advantages"] = r, a
+        s.logprobs, s.advantages = r, a
     kl = 0.2
     expected = -sum(math.exp(c - r) * (a - kl * (c - b))
                     for cs, bs, rs, advs in zip(current, base, rollout, advantages)
@@ -174,8 +175,8 @@ def test_is_step_on_a_tiny_lora_model_matches_a_hand_computation(tiny_model_dir)
     assert m["loss"] == pytest.approx(expected, rel=1e-4)
     assert m["kl_sum"] == pytest.approx(sum(c - b for cs, bs in zip(current, base) for c, b in zip(cs, bs)),
                                         rel=1e-4)
-    assert rl.is_metrics(m)["ratio_mean"] == pytest.approx(math.exp(0.3), rel=1e-4)
-    assert samples[0].extra["base_logprobs"] == pytest.approx(base[0], abs=1e-6)
+    assert losses.is_metrics(m)["ratio_mean"] == pytest.approx(math.exp(0.3), rel=1e-4)
+    assert samples[0].base_logprobs == pytest.approx(base[0], abs=1e-6)
     changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, adapters[n])]
     assert changed and all("lora" in n for n in changed)
     assert all(torch.equal(p, frozen[n]) for n, p in trainer.model.named_parameters() if not p.requires_grad)

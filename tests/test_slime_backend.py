@@ -37,8 +37,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from reef_lab.learning import rl
-from reef_lab.learning.samples import Sample as ReefSample
+from reef_lab.trainers import losses
+from reef_lab.trainers.samples import Sample as ReefSample
 from reef_lab.trainers import slime_hooks as hooks
 from reef_lab.trainers import make_trainer, trainer_class
 from reef_lab.trainers.base import Loss, TrainerConfig
@@ -286,7 +286,7 @@ def reef_samples(n_groups=2, per_group=2, temperature=1.0) -> list[ReefSample]:
                            logprobs=[-0.5 - 0.1 * i for i in range(len(completion))], score=float(k % 2),
                            release_id="base", temperature=temperature, group=f"prompt-{g}", report_id=f"rep_{k}",
                            loss_mask=[1, 0, 1] if k == 1 else None)  # rec_1 is episode-shaped: a given token
-            s.extra["advantages"] = [0.25 * (k - 1.5) + 0.01 * i for i in range(len(completion))]
+            s.advantages = [0.25 * (k - 1.5) + 0.01 * i for i in range(len(completion))]
             out.append(s)
     return out
 
@@ -396,7 +396,7 @@ def test_a_step_goes_through_the_hooks_and_its_checkpoint_serves_on_sglang(slime
                     "kl": [torch.zeros(n) for n in data["response_lengths"]]}
     hooks.advantages(args, rollout_data)
     for a, s in zip(rollout_data["advantages"], batch, strict=True):
-        assert torch.allclose(a, torch.tensor(s.extra["advantages"]))
+        assert torch.allclose(a, torch.tensor(s.advantages))
     assert rollout_data["returns"] is rollout_data["advantages"]
 
     # slime trains, saves (--save-hf) and asks for the next rollout, which acknowledges the step
@@ -407,7 +407,7 @@ def test_a_step_goes_through_the_hooks_and_its_checkpoint_serves_on_sglang(slime
     assert step.error is None, step.error
     assert metrics["samples"] == 4 and metrics["tokens"] == sum(len(s.completion_ids) for s in batch)
     assert metrics["slime_rollout_id"] == 0 and trainer.steps == 1
-    assert rl.dis_metrics(metrics) == {}  # slime counts no masked tokens: none are reported
+    assert losses.dis_metrics(metrics) == {}  # slime counts no masked tokens: none are reported
 
     release = trainer.export(tmp_path / "release", {"scenario": "s", "candidate": "c1"})
     got = release_tensors(release)

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reef_lab.learning import rl  # noqa: E402
-from reef_lab.learning.samples import Sample  # noqa: E402
+from reef_lab.trainers import losses  # noqa: E402
+from reef_lab.trainers.samples import Sample  # noqa: E402
 from reef_lab.trainers.base import Loss, TrainerConfig  # noqa: E402
 from reef_lab.trainers.logprobs import check_logit_path, full_token_logprobs, token_logprobs  # noqa: E402
 from reef_lab.trainers.torch_trainer import TorchTrainer, pack  # noqa: E402
@@ -26,7 +26,7 @@ def episodes() -> list[Sample]:
         mask = [0 if 3 <= k < 7 else 1 for k in range(c)]
         s = Sample(f"s{i}", prompt, completion, [-2.0] * c, float(i % 2), "base", temperature=temp,
                    group=f"g{i // 2}", loss_mask=mask)
-        s.extra["advantages"] = [0.5 - i % 2] * c
+        s.advantages = [0.5 - i % 2] * c
         out.append(s)
     return out
 
@@ -34,7 +34,7 @@ def episodes() -> list[Sample]:
 def loss_and_grads(trainer: TorchTrainer, fn) -> tuple[float, dict[str, torch.Tensor]]:
     trainer.model.zero_grad(set_to_none=True)
     batch = pack(episodes(), trainer.pad_id, trainer.device)
-    loss, _ = rl.dis_token_loss(0.3, 5.0)(fn(trainer.model, batch), batch, episodes())
+    loss, _ = losses.dis_token_loss(0.3, 5.0)(fn(trainer.model, batch), batch, episodes())
     loss.backward()
     return float(loss.detach()), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import SequenceLoss
 
 ROLE, PAIR = "dpo_role", "dpo_pair"  # what the recipe writes in each sample's extra

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import LearnConfig, require_score
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import Trainer, require_sequence_losses
 from recipes.dpo.loss import PAIR, ROLE, DPOLoss
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.learning import rl
+from reef_lab.trainers import losses
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import LearnConfig, require_score
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import Loss, Trainer
 
 
@@ -71,10 +72,10 @@ class GRPORecipe(WeightRecipe):
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],
                                    scale=self.config.scale_by_std)
         for s, a in zip(batch, advs, strict=True):
-            s.extra["advantages"] = [a] * len(s.completion_ids)
+            s.advantages = [a] * len(s.completion_ids)
         return batch, stale
 
     def train(self, trainer: Trainer, batch: list[Sample]) -> dict:
         m = trainer.step(batch, Loss("dis", self.config.dis_low, self.config.dis_high))
-        return {**m, **rl.dis_metrics(m), "policy_step": True,
+        return {**m, **losses.dis_metrics(m), "policy_step": True,
                 "reward_mean": sum(s.score for s in batch) / len(batch)}

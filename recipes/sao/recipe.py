@@ -21,9 +21,10 @@ need("train", "the sao recipe")
 import torch
 
 from reef_lab.learning import rl
+from reef_lab.trainers import losses
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import LearnConfig, require_score
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers import make_trainer
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer
 
@@ -148,8 +149,8 @@ class SAORecipe(WeightRecipe):
         updates = [trainer.critic.update(batch, targets) for _ in range(cfg.critic_updates)]
         critic_metrics = {**updates[-1], "value_abs_error": updates[0]["value_abs_error"]}  # before this batch
         for s, a in zip(batch, adv, strict=True):
-            s.extra["advantages"] = a
+            s.advantages = a
         m = trainer.policy.step(batch, Loss("dis", cfg.dis_low, cfg.dis_high))
         flat = [a for row, s in zip(adv, batch) for a, on in zip(row, s.mask) if on]
-        return {**m, **rl.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
+        return {**m, **losses.dis_metrics(m), **critic_metrics, "policy_step": True, "phase": "policy",
                 "reward_mean": reward, "advantage_mean": sum(flat) / len(flat)}

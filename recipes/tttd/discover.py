@@ -27,7 +27,7 @@ import orjson
 from reef_lab.engines.base import Generator, ReleaseHost
 from reef_lab.files import write_atomic, write_json
 from reef_lab.learning.recipe import LearnContext
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers import make_trainer
 from reef_lab.trainers.base import Loss
 
@@ -131,7 +131,7 @@ class Discovery:
             betas.append(beta)
             for o, a in zip(group, advantages, strict=True):
                 if o["sample"] is not None:
-                    o["sample"].extra["advantages"] = [a] * len(o["sample"].completion_ids)
+                    o["sample"].advantages = [a] * len(o["sample"].completion_ids)
                     samples.append(o["sample"])
         if not cfg.reuse:  # best-of-N keeps only the best solution found, as a child of the start
             best = max((o for o in outs if o["valid"]), key=lambda o: o["reward"], default=None)

@@ -10,7 +10,7 @@ with one log line, so the records tell every call a client made and what came of
   (embedded engine: the text sent so far in `metadata.generated_text`; relay: the accumulated partial answer in
   `response`) and why it ended.
 
-Neither status ever trains: samples are built from `ok` records only (reef_lab/learning/samples.py,
+Neither status ever trains: samples are built from `ok` records only (reef_lab/trainers/samples.py,
 reef_lab/learning/episodes.py).
 """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from reef_lab.learning.samples import Sample, sample_from_records
+from reef_lab.trainers.samples import Sample, sample_from_records
 from reef_lab.schema import check_fields
 
 SAMPLES = ("episode", "per_call")

@@ -43,7 +43,7 @@ from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning import episodes
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.tasks.base import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE

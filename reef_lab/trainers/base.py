@@ -1,7 +1,7 @@
 """The Trainer protocol: what a weight recipe asks of whatever trains its policy.
 
 A recipe hands a trainer a batch of samples and its loss *as data* (`Loss`: which objective, its constants; per-token
-advantages ride on the samples as `extra["advantages"]`), never a closure over one trainer's tensors, so the
+advantages ride on the samples as `Sample.advantages`), never a closure over one trainer's tensors, so the
 in-process torch trainer and a distributed backend run the same recipe unchanged. A trainer reports the current
 policy's logprobs (and the frozen base's, for a KL term), exports a candidate as a Hugging Face folder the engines
 load, and starts from a release's weights (`init_folder`) to resume a scenario. Critics (SAO's value model) come
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis", "is")
@@ -69,7 +69,7 @@ class SequenceLoss(ABC):
     Per micro-batch the trainer calls `loss(logp, mask, samples, ref_logp)` with
     - `logp`: [B, T] torch tensor, each completion token's logprob under the policy at temperature 1 (with gradient;
       0 where the mask is 0 and on padding),
-    - `mask`: [B, T] the loss mask (1 on tokens the model generated; reef_lab.learning.samples),
+    - `mask`: [B, T] the loss mask (1 on tokens the model generated; reef_lab.trainers.samples),
     - `samples`: the micro-batch's Samples in batch order (the recipe's per-sample data rides in `extra`),
     - `ref_logp`: [B, T] the same under the frozen reference (the base model: LoRA adapters off, or a frozen copy of
       the base for a full fine-tune), no gradient; None unless `reference` is True,

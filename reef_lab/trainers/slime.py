@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reef_lab import procs
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.schema import build, check_fields
 from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
 from reef_lab.trainers.slime_hooks import (FORMAT, SLIME_LOSS, SPOOL_ENV, ack_path, job_path, last_step, read_json,
@@ -342,10 +342,10 @@ class SlimeTrainer(Trainer):
             if abs(s.temperature - sc.rollout_temperature) > 1e-6:
                 raise ValueError(f"sample {s.record_id} was sampled at temperature {s.temperature}, the slime job "
                                  f"scores at {sc.rollout_temperature}: set trainer.options.rollout_temperature")
-            if loss.kind == "dis" and (s.logprobs is None or len(s.extra.get("advantages") or []) !=
+            if loss.kind == "dis" and (s.logprobs is None or len(s.advantages or []) !=
                                        len(s.completion_ids)):
                 raise ValueError(f"sample {s.record_id}: the dis loss needs the engine's logprobs and an advantage "
-                                 "per completion token (extra['advantages'])")
+                                 "per completion token (Sample.advantages)")
 
     def step(self, samples: list[Sample], loss: Loss) -> dict:
         """Spool the batch, wait until slime trained on it; metrics (slime keeps its loss and grad norm in its own
@@ -418,7 +418,7 @@ def _spooled(s: Sample, loss: Loss) -> dict:
             "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "logprobs": list(s.logprobs) if s.logprobs is not None else None, "score": s.score,
             "temperature": s.temperature, "group": s.group, "loss_mask": list(s.mask),
-            "advantages": list(s.extra["advantages"]) if loss.kind == "dis" else None}
+            "advantages": list(s.advantages) if loss.kind == "dis" else None}
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")

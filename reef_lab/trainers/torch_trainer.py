@@ -33,7 +33,7 @@ need("train", "the torch trainer")
 import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
-from reef_lab.learning.samples import Sample
+from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
                                     TrainerConfig, check_token_ids)
 from reef_lab.trainers.logprobs import check_logit_path, token_logprobs
@@ -89,11 +89,11 @@ LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], list[Sample]], tuple[t
 
 
 def _torch_losses() -> dict[str, Callable[[Loss], LossFn]]:
-    from reef_lab.learning import rl
+    from reef_lab.trainers import losses
 
-    return {"nll": lambda loss: lambda logp, batch, chunk: rl.nll_loss(logp, batch["mask"]),
-            "dis": lambda loss: rl.dis_token_loss(loss.dis_low, loss.dis_high),
-            "is": lambda loss: rl.is_token_loss(loss.kl_coef)}
+    return {"nll": lambda loss: lambda logp, batch, chunk: losses.nll_loss(logp, batch["mask"]),
+            "dis": lambda loss: losses.dis_token_loss(loss.dis_low, loss.dis_high),
+            "is": lambda loss: losses.is_token_loss(loss.kl_coef)}
 
 
 def loss_function(loss: Loss) -> LossFn:
@@ -200,7 +200,7 @@ class TorchTrainer(SequenceLossTrainer):
     def step(self, samples: list[Sample], loss: Loss | SequenceLoss) -> dict:
         """One optimizer step on the recipe's loss: a reef_lab.trainers.base.Loss, divided by the batch's trained
         tokens, or the recipe's own SequenceLoss, divided by its units. A KL penalty (`is` with kl_coef > 0) first
-        scores the batch under the frozen base into `extra["base_logprobs"]`."""
+        scores the batch under the frozen base into `Sample.base_logprobs`."""
         if isinstance(loss, SequenceLoss):
             if len(samples) % loss.group:
                 raise ValueError(f"loss {loss.name!r} takes samples in groups of {loss.group}; the batch holds "
@@ -214,7 +214,7 @@ class TorchTrainer(SequenceLossTrainer):
             samples = [replace(s, temperature=1.0) for s in samples]
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
-                s.extra["base_logprobs"] = base
+                s.base_logprobs = base
         return self.step_fn(samples, fn)
 
     def step_fn(self, samples: list[Sample], loss_fn: LossFn, denominator: float | None = None, group: int = 1,

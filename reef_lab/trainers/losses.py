@@ -1,0 +1,143 @@
+"""Token losses: what a trainer minimises, as plain tensor functions that tests check by hand.
+
+Tensors are [batch, tokens] over completion tokens, right-padded; `mask` is the loss mask: 1 on the tokens the
+model generated, 0 on padding and on what it was given inside an episode (tool results, user turns, template tokens;
+reef_lab.trainers.samples). A loss reads nothing at a masked position: not its logprob, not the rollout's logprob,
+not its advantage (those may hold anything, even inf), and its gradient there is exactly zero.
+
+- `nll`: SFT's negative log-likelihood of the trained tokens.
+- `dis` (decoupled importance sampling with a two-sided token mask; GRPO and SAO): the rollout came from the serving
+  engine under a policy pi_rollout whose per-token logprobs the record holds; the trainer's policy pi_theta has moved
+  since (asynchrony, staleness, and numeric differences between engine and trainer). The token-level ratio
+  rho = pi_theta / pi_rollout corrects the policy gradient; tokens whose ratio leaves [low, high] are dropped (their
+  gradient is zero) rather than clipped, so one wild token cannot dominate the update. No KL term, no entropy bonus.
+- `is` (TTT-Discover, recipes/tttd): the same ratio, unclipped and unmasked, times the advantage less a KL penalty
+  towards the frozen base policy, kl_coef * (log pi_theta - log pi_base) per token.
+The advantages come from the recipe (reef_lab.learning.rl computes them) on `Sample.advantages`; they live with the
+trainers because every backend computes these losses (torch here, slime's own on GPUs, fed the same advantages).
+"""
+
+from __future__ import annotations
+
+from reef_lab.extras import need
+
+need("train", "the token losses")
+import torch
+
+
+def masked_log_ratio(logp: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log(pi_theta / pi_rollout) on trained tokens and 0 elsewhere, with no gradient path through the masked
+    positions' values (a where() over an inf would still send NaN back through exp)."""
+    on = mask.bool()
+    return torch.where(on, logp, logp.detach()) - torch.where(on, logp_rollout, logp.detach())
+
+
+def dis_mask(logp: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, low: float,
+             high: float) -> torch.Tensor:
+    """1 where the token is trained and pi_theta/pi_rollout lies in [low, high], else 0 (no gradient)."""
+    ratio = torch.exp(masked_log_ratio(logp.detach(), logp_rollout, mask))
+    return (mask.bool() & (ratio >= low) & (ratio <= high)).to(logp.dtype)
+
+
+def dis_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             low: float, high: float) -> tuple[torch.Tensor, dict]:
+    """Sum over kept tokens of -rho * A (divide by the batch's trained-token count for the token mean).
+
+    Returns (loss_sum, stats) with stats holding sums over trained tokens: kept, masked_low, masked_high, ratio.
+    """
+    keep = dis_mask(logp, logp_rollout, mask, low, high)
+    ratio = torch.exp(masked_log_ratio(logp, logp_rollout, mask))
+    loss_sum = -(keep * ratio * torch.where(keep.bool(), advantages.detach(), 0.0)).sum()
+    real = mask.bool()
+    r = ratio.detach()
+    stats = {"tokens": float(real.sum()), "kept": float(keep.sum()),
+             "masked_low": float((real & (r < low)).sum()), "masked_high": float((real & (r > high)).sum()),
+             "ratio_sum": float((r * mask).sum())}
+    return loss_sum, stats
+
+
+def per_token(chunk: list, what: str, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] of each sample's per-token `what` (`advantages` or `base_logprobs`: one value per completion token),
+    0 where the loss mask is 0 (those values are never read, so an episode may leave them None)."""
+    out = torch.zeros_like(mask)
+    for i, s in enumerate(chunk):
+        values = s.advantages if what == "advantages" else s.base_logprobs
+        if values is None:
+            raise ValueError(f"sample {s.record_id}: no {what} (the recipe sets Sample.advantages; the trainer "
+                             "fills in base_logprobs when a loss asks for a reference)")
+        if len(values) != len(s.completion_ids):
+            raise ValueError(f"sample {s.record_id}: {len(values)} {what} for "
+                             f"{len(s.completion_ids)} completion tokens")
+        row = [float(v) if m else 0.0 for v, m in zip(values, s.mask)]
+        out[i, : len(row)] = torch.tensor(row, dtype=out.dtype)
+    return out
+
+
+def nll_loss(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """SFT: the negative log-likelihood summed over trained tokens."""
+    return -torch.where(mask.bool(), logp, 0.0).sum(), {}
+
+
+def dis_token_loss(low: float, high: float):
+    """The trainer loss of a DIS policy-gradient step: per-token advantages from each sample's
+    `advantages`, the rollout's logprobs as the behaviour policy (shared by grpo and sao)."""
+    def loss(logp, batch, chunk):
+        adv = per_token(chunk, "advantages", batch["mask"])
+        return dis_loss(logp, batch["old_logprobs"], adv, batch["mask"], low, high)
+    return loss
+
+
+def is_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+            logp_base: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """TTT-Discover's policy loss: sum over trained tokens of -rho * (A - kl_coef * sg(logp - logp_base)), unclipped.
+
+    rho = exp(logp - logp_rollout) corrects for the rollout coming from the engine's policy; no token is masked or
+    clipped. The KL term's gradient, kl_coef * rho * (logp - logp_base) * grad logp, is the importance-weighted
+    token-level gradient of KL(pi_theta || pi_base) (the score-function form; its expectation of rho * grad logp is
+    zero, so no baseline is needed). Returns (loss_sum, stats) with sums over trained tokens: tokens, ratio_sum and,
+    with a base, kl_sum (the k1 estimate logp - logp_base) and kl_k3_sum (exp(d) - 1 - d, d = logp_base - logp).
+    """
+    on = mask.bool()
+    ratio = torch.exp(masked_log_ratio(logp, logp_rollout, mask)) * mask
+    shaped = torch.where(on, advantages.detach(), 0.0)
+    stats = {"tokens": float(mask.sum()), "ratio_sum": float(ratio.detach().sum())}
+    if logp_base is not None:
+        log_gap = torch.where(on, logp.detach() - logp_base, 0.0)
+        shaped = shaped - kl_coef * log_gap
+        stats["kl_sum"] = float(log_gap.sum())
+        stats["kl_k3_sum"] = float(((torch.exp(-log_gap) - 1 + log_gap) * mask).sum())
+    elif kl_coef:
+        raise ValueError("a KL penalty needs the base policy's logprobs")
+    return -(ratio * shaped).sum(), stats
+
+
+def is_token_loss(kl_coef: float):
+    """The trainer loss of an `is` step: per-token advantages from `Sample.advantages`, the rollout's logprobs as
+    the behaviour policy and, when kl_coef > 0, the base policy's from `Sample.base_logprobs` (the trainer fills
+    them in)."""
+    def loss(logp, batch, chunk):
+        adv = per_token(chunk, "advantages", batch["mask"])
+        base = per_token(chunk, "base_logprobs", batch["mask"]) if kl_coef else None
+        return is_loss(logp, batch["old_logprobs"], adv, batch["mask"], base, kl_coef)
+    return loss
+
+
+def is_metrics(m: dict) -> dict:
+    """An `is` step's counters as per-token means."""
+    tokens = m.get("tokens") or 1
+    out = {"ratio_mean": m.get("ratio_sum", tokens) / tokens}
+    if "kl_sum" in m:
+        out |= {"kl_base_mean": m["kl_sum"] / tokens, "kl_base_k3_mean": m["kl_k3_sum"] / tokens}
+    return out
+
+
+def dis_metrics(m: dict) -> dict:
+    """A DIS step's counters as fractions of its tokens; none when the trainer did not count them (a backend whose
+    loss runs elsewhere, e.g. slime's, reports no per-token mask counts: no fractions are made up for it)."""
+    if "kept" not in m:
+        return {}
+    tokens = m.get("tokens") or 1
+    return {"masked_fraction": 1 - m.get("kept", tokens) / tokens,
+            "masked_low_fraction": m.get("masked_low", 0) / tokens,
+            "masked_high_fraction": m.get("masked_high", 0) / tokens,
+            "ratio_mean": m.get("ratio_sum", tokens) / tokens}
