@@ -57,10 +57,10 @@ def one_run(agent: str, route: str, base_port: int, work: Path, tag: str) -> dic
 def translation_ms(largest: dict[str, tuple[str, dict]]) -> list[dict]:
     """In-process cost of translating each agent's largest request (as the provider got it on the direct route) to
     each other dialect, the provider's body built and serialized; median of 50."""
-    from reef_lab.gateway.translate import Translation
+    from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+    from reef_lab.wire.translate import Translation
 
-    dialect_of = {"/v1/messages": "anthropic.messages", "/v1/chat/completions": "openai.chat",
-                  "/v1/responses": "openai.responses"}
+    dialect_of = {"/v1/messages": ANTHROPIC, "/v1/chat/completions": OPENAI_CHAT, "/v1/responses": OPENAI_RESPONSES}
     out = []
     for agent, (path, body) in largest.items():
         client = dialect_of[path]

@@ -109,11 +109,11 @@ class AnthropicReceiptChat(ReceiptChat):
     """The same loop through the Anthropic SDK against /v1/messages: `tools` with `input_schema`, the model's
     `tool_use` blocks, results sent back as `tool_result` blocks. The task keeps its history in chat form, so each
     call's body is written in Anthropic's form (and each answer read back) by reef_lab's own translator
-    (reef_lab/gateway/translate), what the server's relay uses between these two dialects."""
+    (reef_lab/wire/translate), what the server's relay uses between these two dialects."""
 
     def __call__(self, messages, tools):
-        from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
-        from reef_lab.gateway.translate import Translation
+        from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
+        from reef_lab.wire.translate import Translation
 
         tr = Translation(OPENAI_CHAT, ANTHROPIC, {"model": "smollm2", "messages": messages,
                                                    **({"tools": tools} if tools else {}),

@@ -14,7 +14,8 @@ from http import HTTPStatus
 
 import orjson
 
-from reef_lab.gateway import dialects, unanswered
+from reef_lab.gateway import unanswered
+from reef_lab.wire import dialects
 from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway, StreamReply
 from reef_lab.tenants import Tenants

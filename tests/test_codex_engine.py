@@ -3,7 +3,7 @@
 Codex 0.171 (the pinned `bash scripts/setup.sh --agents`) sends, besides function tools, a `namespace` of functions
 (`multi_agent_v1`), a hosted `web_search` tool, and, for a model whose catalog entry says so, a freeform (`custom`)
 `apply_patch`. The engines refused all of them; now the model is offered functions and its calls go back as the items
-Codex expects (reef_lab/gateway/responses_tools.py). Codex runs headless (`codex exec --json`, tests/doubles/agents.py)
+Codex expects (reef_lab/wire/responses_tools.py). Codex runs headless (`codex exec --json`, tests/doubles/agents.py)
 against reef_lab in-process over loopback, serving tests/doubles/scripted_engine.py: prompts from the engines' own
 chat template, a scripted answer in the model's `<tool_call>` words. The task takes three model turns: write a file
 (apply_patch when offered, else the shell), read it back upper-cased through Codex's shell tool, answer with what the

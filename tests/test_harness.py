@@ -9,7 +9,7 @@ import requests
 from anthropic import Anthropic
 from openai import OpenAI
 
-from reef_lab.gateway import dialects
+from reef_lab.wire import dialects
 from reef_lab.harness.tree import apply, system_text
 
 FILES = {"system_prompt.md": "You are terse.", "rules.md": "- Answer with a number.",

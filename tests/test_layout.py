@@ -117,16 +117,20 @@ def test_the_release_path_check_fails_on_a_second_writer(tmp_path):
 
 def layer_violations(root: Path) -> list[str]:
     """The rooms inside the core: learners and recipes reach the deployment through their LearnContext, never the
-    gateway (its codecs in reef_lab.gateway.dialects are a library); tasks import no learner (learning uses them);
+    gateway; the dialects' codecs are reef_lab.wire, which imports nothing above the engines; tasks import no
+    learner (learning uses them);
     trainers import no learning code (Sample and the token losses are theirs); a recipe's experiment runs on the shared driver
     (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
     nor learning); publishing is below the gateway."""
-    rules = [("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+    rules = [("reef_lab/wire", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments", "reef_lab.publishing",
+                                "reef_lab.records", "reef_lab.harness", "reef_lab.tasks", "reef_lab.trainers",
+                                "reef_lab.config", "reef_lab.service", "reef_lab.tenants"), ()),
+             ("reef_lab/learning", ("reef_lab.gateway", "reef_lab.experiments"), ()),
              ("reef_lab/tasks", ("reef_lab.learning", "reef_lab.gateway", "reef_lab.experiments", "reef_lab.publishing"),
-              ("reef_lab.gateway.dialects",)),
+              ()),
              ("reef_lab/trainers", ("reef_lab.learning", "reef_lab.gateway", "reef_lab.experiments",
                                     "reef_lab.publishing", "reef_lab.tasks"), ()),
-             ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ("reef_lab.gateway.dialects",)),
+             ("recipes", ("reef_lab.gateway", "reef_lab.experiments"), ()),
              ("reef_lab/records", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments"), ()),
              ("reef_lab/publishing", ("reef_lab.gateway", "reef_lab.experiments"), ())]
     found = []
@@ -148,11 +152,14 @@ def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
     (tmp_path / "recipes" / "x").mkdir(parents=True)
     (tmp_path / "reef_lab" / "records").mkdir(parents=True)
     (tmp_path / "recipes" / "x" / "learner.py").write_text(
-        "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.gateway.dialects import response_text\n")
+        "from reef_lab.gateway.gateway import Gateway\nfrom reef_lab.wire.dialects import response_text\n")
+    (tmp_path / "reef_lab" / "wire").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "wire" / "x.py").write_text("from reef_lab.gateway.replies import Reply\n")
     (tmp_path / "reef_lab" / "records" / "export.py").write_text("import reef_lab.learning.learner\n")
     (tmp_path / "reef_lab" / "tasks").mkdir(parents=True)
     (tmp_path / "reef_lab" / "tasks" / "x.py").write_text("from reef_lab.learning.learner import Learner\n")
-    assert layer_violations(tmp_path) == ["reef_lab/tasks/x.py:1 imports reef_lab.learning.learner",
+    assert layer_violations(tmp_path) == ["reef_lab/wire/x.py:1 imports reef_lab.gateway.replies",
+                                          "reef_lab/tasks/x.py:1 imports reef_lab.learning.learner",
                                           "recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
                                           "reef_lab/records/export.py:1 imports reef_lab.learning.learner"]
 
@@ -230,3 +237,21 @@ def test_one_tool_call_parser():
              for n, line in enumerate(p.read_text().splitlines(), 1) if scans.search(line)]
     assert found == []
     assert scans.search('TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)")')  # what the old second parser did
+
+
+def test_the_dialect_names_are_spelled_once():
+    """reef_lab.wire names the dialects; the records' allowed values and the upstream engine's `--upstream-dialect`
+    words map onto exactly those names, and no other module spells them as string literals."""
+    import re
+
+    from reef_lab import wire
+    from reef_lab.engines.upstream import UPSTREAM_DIALECTS
+    from reef_lab.records.record import DIALECTS
+
+    assert set(UPSTREAM_DIALECTS.values()) == set(wire.DIALECTS) and set(DIALECTS) == {*wire.DIALECTS, ""}
+    spelled = re.compile(r"[\"'](openai\.chat|openai\.responses|anthropic\.messages)[\"']")
+    found = [f"{p.relative_to(ROOT)}:{n}" for top in ("reef_lab", "server", "recipes", "apps")
+             for p in sorted((ROOT / top).rglob("*.py"))
+             if p not in (ROOT / "reef_lab" / "wire" / "__init__.py", ROOT / "reef_lab" / "engines" / "upstream.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert found == []

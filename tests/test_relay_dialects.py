@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
 
 SPEAKS = {ANTHROPIC: "messages", OPENAI_CHAT: "chat", OPENAI_RESPONSES: "responses"}

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
 from tests.doubles.scripted_provider import ScriptedProvider
 from tests.test_episodes import CLAUDE_USER_ID
 

@@ -11,7 +11,7 @@ import requests
 
 from reef_lab.engines.headers import upstream_headers
 from reef_lab.engines.upstream import UpstreamEngine
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
 from tests.doubles.scripted_provider import ScriptedProvider
 
 CLIENT = {

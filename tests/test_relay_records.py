@@ -1,4 +1,4 @@
-"""A relayed stream's record keeps every streamed field (reef_lab/gateway/accumulate.py): the thinking signature,
+"""A relayed stream's record keeps every streamed field (reef_lab/wire/accumulate.py): the thinking signature,
 reasoning text, tool calls; a Responses record is built from the streamed items even when `response.completed`
 arrives with `output: []`."""
 
@@ -9,8 +9,8 @@ import openai
 import orjson
 
 from reef_lab.engines.upstream import UpstreamEngine
-from reef_lab.gateway.accumulate import StreamAccumulator
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire.accumulate import StreamAccumulator
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from tests.doubles.scripted_provider import ScriptedProvider
 
 H = {"x-reef-scenario": "rec"}

@@ -1,5 +1,5 @@
 """The OpenAI Responses API's tools that are not plain functions, on the engines that generate
-(reef_lab/gateway/responses_tools.py), both ways against the documented wire format: what a client sends is typed by
+(reef_lab/wire/responses_tools.py), both ways against the documented wire format: what a client sends is typed by
 the official `openai` SDK's request types (checked with pydantic), and what reef_lab answers, whole or streamed, is
 read by the SDK's own response models. Custom (freeform), local shell and namespaced tools are offered to the model as
 functions and its calls go back as `custom_tool_call`, `local_shell_call` and namespaced `function_call` items; hosted
@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.remote import ChatTokenizer
-from reef_lab.gateway import dialects, responses_tools
+from reef_lab.wire import dialects, responses_tools
 from tests.doubles.agents import records_of
 from tests.doubles.scripted_engine import ScriptedEngine
 

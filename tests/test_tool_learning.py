@@ -16,7 +16,7 @@ import pytest
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.remote import ChatTokenizer
 from reef_lab.engines.tools import ToolUse, parse_turn
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from reef_lab.tasks.base import make_task

@@ -12,7 +12,7 @@ from reef_lab.engines.base import Generation
 from reef_lab.engines.remote import ChatTokenizer
 from reef_lab.engines.tools import SHIPPED_TEMPLATE, ToolCall, ToolCallParser, ToolUse, parse_turn
 from reef_lab.errors import BadRequest
-from reef_lab.gateway import dialects
+from reef_lab.wire import dialects
 from tests.tool_model import PREFILL, WEATHER, call
 
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
@@ -324,7 +324,7 @@ def test_stream_rebuilds_the_rendered_answer(dialect):
     """The relay's stream accumulator, fed this stream, rebuilds what render gives (same ids, text, calls)."""
     import orjson
 
-    from reef_lab.gateway.accumulate import StreamAccumulator
+    from reef_lab.wire.accumulate import StreamAccumulator
     text = "Checking.\n" + call("Paris") + "\n" + call("Rome") + "\nDone."
     rid = dialects.new_response_id(dialect)
     g = gen(text)

@@ -1,4 +1,4 @@
-"""Dialect translation, request by request and event by event (reef_lab/gateway/translate): the shapes each
+"""Dialect translation, request by request and event by event (reef_lab/wire/translate): the shapes each
 provider documents, the fields each side cannot carry, and clear refusals."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import orjson
 import pytest
 
 from reef_lab.errors import BadRequest
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from reef_lab.gateway.translate import Translation, error_object
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire.translate import Translation, error_object
 
 WRITE = {"name": "Write", "description": "write a file", "input_schema": {
     "type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},

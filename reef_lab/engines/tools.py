@@ -36,7 +36,7 @@ class ToolUse:
 
     `wire`: the client's own form of the tools offered as functions that are not plain functions in its dialect
     (a Responses `custom` or `local_shell` tool, a namespaced function), by function name, so the answer names their
-    calls as the client expects (reef_lab/gateway/responses_tools.py). Engines do not read it."""
+    calls as the client expects (reef_lab/wire/responses_tools.py). Engines do not read it."""
 
     tools: list[dict]
     choice: str = "auto"

@@ -24,7 +24,7 @@ from reef_lab.engines.headers import upstream_headers
 from reef_lab.errors import UpstreamError
 
 
-# --upstream-dialect's names for the dialects (reef_lab/gateway/dialects.py spells them as records do)
+# --upstream-dialect's names for the dialects (reef_lab/wire/dialects.py spells them as records do)
 UPSTREAM_DIALECTS = {"anthropic": "anthropic.messages", "openai-chat": "openai.chat",
                      "openai-responses": "openai.responses"}
 

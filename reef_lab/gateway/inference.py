@@ -19,7 +19,8 @@ import orjson
 from reef_lab.harness import tree as harness_mod
 from reef_lab.engines.base import Engine, Relay
 from reef_lab.errors import BadRequest, NotFound, ReefError
-from reef_lab.gateway import dialects, episodes, unanswered
+from reef_lab.gateway import episodes, unanswered
+from reef_lab.wire import dialects
 from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
 from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
     release_header_values

@@ -16,11 +16,12 @@ from typing import Any, Iterator
 import orjson
 
 from reef_lab.errors import UpstreamError
-from reef_lab.gateway import dialects, episodes, unanswered
-from reef_lab.gateway.accumulate import StreamAccumulator
+from reef_lab.gateway import episodes, unanswered
+from reef_lab.wire import dialects
+from reef_lab.wire.accumulate import StreamAccumulator
 from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
 from reef_lab.records.record import Record, new_record_id
-from reef_lab.gateway.translate import Translation, error_object
+from reef_lab.wire.translate import Translation, error_object
 
 PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
          dialects.ANTHROPIC: "/v1/messages"}

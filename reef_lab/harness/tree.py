@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 
 from reef_lab import bounded_yaml
 from reef_lab.errors import BadRequest
-from reef_lab.gateway import dialects
+from reef_lab.wire import dialects
 
 SYSTEM_PROMPT, RULES, SKILLS, COMMANDS = "system_prompt.md", "rules.md", "skills/", "commands/"
 INSTALLED_HEADER = "x-reef-harness"

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import orjson
 import polars as pl
 
+from reef_lab import wire
 from reef_lab.errors import BadRequest
 
 SCHEMA_VERSION = 4  # 2 added stored_at, 3 episode, 4 caller; older segments read them as null (store.scan_segments)
@@ -27,7 +28,7 @@ KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a ca
 # ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
 # cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
 STATUSES = ("ok", "error", "refused", "cancelled")
-DIALECTS = ("openai.chat", "openai.responses", "anthropic.messages", "")
+DIALECTS = (*wire.DIALECTS, "")
 
 _last_id = [0, 0]  # this process's last (milliseconds, sequence)
 _id_lock = threading.Lock()

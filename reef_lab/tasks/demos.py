@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 
 from reef_lab.engines.remote import ChatTokenizer
-from reef_lab.gateway.dialects import parse_openai_chat
+from reef_lab.wire import OPENAI_CHAT
+from reef_lab.wire.dialects import parse_openai_chat
 
 
 def calculator_episode(item: dict) -> list[dict]:
@@ -80,7 +81,7 @@ def turn_records(chat: ChatTokenizer, item: dict, transcript: list[dict], scenar
         completion = completion.rstrip("\n").removesuffix(end)
         response = {"content": turn.get("content"), **({"tool_calls": turn["tool_calls"]} if turn.get("tool_calls")
                                                        else {})}
-        out.append({"scenario": scenario, "kind": "train", "dialect": "openai.chat",
+        out.append({"scenario": scenario, "kind": "train", "dialect": OPENAI_CHAT,
                     "request": {"messages": history, "tools": tools}, "response": response,
                     "prompt_token_ids": prompt_ids, "token_ids": chat.completion_ids(completion),
                     "tags": {"item": item["id"], "turn": str(k), **(tags or {})},

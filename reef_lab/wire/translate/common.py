@@ -9,7 +9,7 @@ import uuid
 import orjson
 
 from reef_lab.errors import BadRequest
-from reef_lab.gateway.translate.ir import Image, Text
+from reef_lab.wire.translate.ir import Image, Text
 
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+);base64,(.*)$", re.S)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from reef_lab.gateway.translate.common import arguments_object, new_id
-from reef_lab.gateway.translate.ir import (BlockStart, BlockStop, Conversation, Delta, Failure, Finish, Start, Text,
+from reef_lab.wire.translate.common import arguments_object, new_id
+from reef_lab.wire.translate.ir import (BlockStart, BlockStop, Conversation, Delta, Failure, Finish, Start, Text,
                                            Thinking, ToolCall, Usage)
-from reef_lab.gateway.translate.responses import call_item, item_parts, response_object, stop_of, usage_in
+from reef_lab.wire.translate.responses import call_item, item_parts, response_object, stop_of, usage_in
 
 
 class Reader:

@@ -13,7 +13,7 @@ import copy
 
 import orjson
 
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
 
 _EMPTY = (None, "", [], {})
 

@@ -10,7 +10,7 @@ tools a Responses client offers reach it as function schemas, and its calls go b
   `env`, `timeout_ms`, `working_directory`, `user`); a call comes back as `local_shell_call {action}`;
 - `namespace` tools (Codex's MCP and multi-agent groups): each function or custom tool inside as
   `<namespace>__<name>`; a call comes back as the item with its `namespace` and own name (the relay's convention,
-  reef_lab/gateway/translate/responses.py);
+  reef_lab/wire/translate/responses.py);
 - every other kind (`web_search`, `file_search`, `tool_search`, `code_interpreter`, `image_generation`, `mcp`,
   `computer_use_preview`, ...) is a tool the provider runs, which an engine here cannot: it is left out of what the
   model sees and listed in the record's `metadata.dropped`.
@@ -29,7 +29,7 @@ from typing import Callable
 
 from reef_lab.engines.tools import ToolCall, ToolUse
 from reef_lab.errors import BadRequest
-from reef_lab.gateway.tools import History, arguments_of, function_schema
+from reef_lab.wire.tools import History, arguments_of, function_schema
 
 NS = "__"  # a namespaced tool's function name: <namespace>__<name>
 CUSTOM_INPUT = "input"  # the one argument of a custom tool's function

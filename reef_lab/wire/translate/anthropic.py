@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from reef_lab.gateway.translate.common import (arguments_object, as_dict, as_list, image_url, json_text, need,
+from reef_lab.wire.translate.common import (arguments_object, as_dict, as_list, image_url, json_text, need,
                                                new_id, number, split_data_url, stop_list)
-from reef_lab.gateway.translate.ir import (BUDGET_OF_EFFORT, Answer, BlockStart, BlockStop, Conversation, Delta,
+from reef_lab.wire.translate.ir import (BUDGET_OF_EFFORT, Answer, BlockStart, BlockStop, Conversation, Delta,
                                            Failure, Finish, Image, Start, Text, Thinking, Tool, ToolCall, ToolResult,
                                            Turn, Usage, effort_from_budget)
 

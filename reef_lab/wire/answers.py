@@ -15,8 +15,8 @@ import orjson
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.tools import ToolCall, ToolCallParser, ToolUse, parse_turn
-from reef_lab.gateway import responses_tools
-from reef_lab.gateway.tools import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire import responses_tools
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
 
 def sse(data: dict | str, event: str | None = None) -> bytes:

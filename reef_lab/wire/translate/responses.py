@@ -10,9 +10,9 @@ import time
 
 import orjson
 
-from reef_lab.gateway.responses_tools import NS  # <namespace>__<name>, as the engines' side writes it
-from reef_lab.gateway.translate.common import arguments_object, as_dict, as_list, image_url, need, new_id, number
-from reef_lab.gateway.translate.ir import (Answer, Conversation, Image, Text, Thinking, Tool, ToolCall, ToolResult,
+from reef_lab.wire.responses_tools import NS  # <namespace>__<name>, as the engines' side writes it
+from reef_lab.wire.translate.common import arguments_object, as_dict, as_list, image_url, need, new_id, number
+from reef_lab.wire.translate.ir import (Answer, Conversation, Image, Text, Thinking, Tool, ToolCall, ToolResult,
                                            Turn, Usage)
 
 _HINTS = {"store", "include", "metadata", "prompt_cache_key", "client_metadata", "service_tier", "truncation",

@@ -2,7 +2,7 @@
 
 Each dialect parses its request body into a `ChatRequest` for engines that generate (the embedded model), renders
 a `Generation` back into the provider's response object and streams it as the provider's server-sent events (a
-relayed stream is accumulated for its record by reef_lab/gateway/accumulate.py). Tool calls: the requests' tool
+relayed stream is accumulated for its record by reef_lab/wire/accumulate.py). Tool calls: the requests' tool
 fields are read by tools.py (a Responses request's tools that are not plain functions, hosted ones dropped, by
 responses_tools.py), generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
 rendered and streamed in each dialect's shape by answers.py (docs/tools.md). The receipt rides in the final event
@@ -20,9 +20,9 @@ import orjson
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.errors import BadRequest
-from reef_lab.gateway import responses_tools, tools
-from reef_lab.gateway.answers import call_id, new_response_id, render, sse, stream, tool_record  # noqa: F401
-from reef_lab.gateway.tools import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire import responses_tools, tools
+from reef_lab.wire.answers import call_id, new_response_id, render, sse, stream, tool_record  # noqa: F401
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
 
 # ---- request parsing ------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import re
 
 from reef_lab.engines.tools import ToolUse
 from reef_lab.errors import BadRequest
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
-OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC = "openai.chat", "openai.responses", "anthropic.messages"  # the dialects
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
 

@@ -17,10 +17,10 @@ the record keeps. docs/relay.md has the mapping tables.
 
 from __future__ import annotations
 
-from reef_lab.gateway.dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from reef_lab.gateway.translate import anthropic, chat, responses, responses_stream
-from reef_lab.gateway.translate.common import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES, error_message
-from reef_lab.gateway.translate.ir import Failure, Finish
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire.translate import anthropic, chat, responses, responses_stream
+from reef_lab.wire.translate.common import ANTHROPIC_ERROR_TYPES, OPENAI_ERROR_TYPES, error_message
+from reef_lab.wire.translate.ir import Failure, Finish
 
 MODULES = {ANTHROPIC: anthropic, OPENAI_CHAT: chat, OPENAI_RESPONSES: responses}
 STREAMS = {ANTHROPIC: (anthropic.Reader, anthropic.Writer), OPENAI_CHAT: (chat.Reader, chat.Writer),

@@ -9,9 +9,9 @@ import time
 
 import orjson
 
-from reef_lab.gateway.translate.common import (as_dict, as_list, image_url, need, new_id, number, stop_list,
+from reef_lab.wire.translate.common import (as_dict, as_list, image_url, need, new_id, number, stop_list,
                                                texts_only)
-from reef_lab.gateway.translate.ir import (Answer, BlockStart, BlockStop, Conversation, Delta, Failure, Finish,
+from reef_lab.wire.translate.ir import (Answer, BlockStart, BlockStop, Conversation, Delta, Failure, Finish,
                                            Image, Start, Text, Thinking, Tool, ToolCall, ToolResult, Turn, Usage)
 
 STOP_IN = {"stop": "end", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",

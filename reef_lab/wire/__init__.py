@@ -1,0 +1,17 @@
+"""The wire: the providers' dialects, read and written in one place.
+
+Every module here reads or writes a dialect (OpenAI chat completions, OpenAI Responses, Anthropic messages) and
+imports nothing above the engines: the gateway, the learners, the harness and the tasks use it, never the other
+way round (tests/test_layout.py).
+- `dialects`: a request body to the engines' ChatRequest (sampling, tools, tool_choice), and any dialect's request
+  and response to text (records, learners, apps); error events;
+- `tools`, `responses_tools`: the tool parts of requests (Responses' hosted and custom tools mapped to functions);
+- `answers`: an engine's generation written as each dialect's answer, whole or streamed;
+- `accumulate`: a relayed stream put back together into one response;
+- `translate/`: the relay's neutral form (ir.py) and a reader and writer per dialect, to relay between dialects.
+
+The dialect names, once: below. (The upstream engine's `--upstream-dialect` words map onto them; a test checks.)
+"""
+
+OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC = "openai.chat", "openai.responses", "anthropic.messages"
+DIALECTS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC)
