@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reef_lab.engines import embedded
+from reef_lab.engines.embedded import engine as embedded
 from reef_lab.engines.base import ChatRequest, SamplingParams
-from reef_lab.engines.embedded import (
+from reef_lab.engines.embedded.engine import (
     CACHE_METADATA_FILE,
     DEFAULT_MODEL_NAME,
     EmbeddedEngine,

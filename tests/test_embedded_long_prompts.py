@@ -14,8 +14,8 @@ import pytest
 
 from reef_lab.config import ServeConfig
 from reef_lab.engines.base import ChatRequest, SamplingParams
-from reef_lab.engines.batching import PrefillPacer
 from reef_lab.engines.embedded import EmbeddedEngine
+from reef_lab.engines.embedded.batching import PrefillPacer
 from reef_lab.errors import EngineUnavailable
 
 CHUNK = 64

@@ -59,7 +59,7 @@ import torch
 
 from reef_lab.checkpoints import load_checkpoint
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, SamplingParams
-from reef_lab.engines.batching import Batch, Prefill, PrefillPacer, Row
+from reef_lab.engines.embedded.batching import Batch, Prefill, PrefillPacer, Row
 from reef_lab.engines.remote import ChatTokenizer
 from reef_lab.engines.tiny import TINY
 from reef_lab.errors import EngineUnavailable

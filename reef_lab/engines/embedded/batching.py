@@ -1,7 +1,7 @@
 """The embedded engine's scheduler state: running batches, prompts being prefilled in chunks, and the pacer that
 sizes those chunks.
 
-They live apart from reef_lab/engines/embedded.py (the engine, loading, text and sampling) because they are the
+They live apart from reef_lab/engines/embedded/engine.py (the engine, loading, text and sampling) because they are the
 part that decides fairness: a long prompt is prefilled a chunk per scheduler round, its KV cache kept between
 rounds, while the other requests keep decoding; `PrefillPacer` sizes each chunk so that the long prompt takes at
 most a set share of the engine's time while others wait on it (docs/embedded-engine.md#long-prompts).
@@ -17,7 +17,7 @@ import torch
 
 if TYPE_CHECKING:
     from reef_lab.engines.base import SamplingParams
-    from reef_lab.engines.embedded import EmbeddedStream, _TextTracker
+    from reef_lab.engines.embedded.engine import EmbeddedStream, _TextTracker
 
 
 @dataclass(eq=False)
