@@ -222,3 +222,12 @@ def test_one_tool_call_parser():
              for n, line in enumerate(p.read_text().splitlines(), 1) if scans.search(line)]
     assert found == []
     assert scans.search('TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)")')  # what the old second parser did
+
+
+def test_the_embedded_engine_is_one_module_per_job():
+    """Issue 40: engines/embedded.py was 951 lines (loading, GGUF cache, text, sampling, scheduler and engine in one
+    class of 41 methods); the package holds one module per job, each a few hundred lines."""
+    folder = ROOT / "reef_lab" / "engines" / "embedded"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(folder.glob("*.py"))}
+    assert {"loading.py", "engine.py", "scheduler.py", "sampling.py", "stream.py"} <= set(sizes), sizes
+    assert max(sizes.values()) <= 400, sizes
