@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reef_lab.engines import embedded
 from reef_lab.engines.base import ChatRequest, SamplingParams
-from reef_lab.engines.embedded import (
-    CACHE_METADATA_FILE,
-    DEFAULT_MODEL_NAME,
-    EmbeddedEngine,
-    _gguf_fingerprint,
-    _TextTracker,
-    load_model,
-)
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, load_model, loading
+from reef_lab.engines.embedded.loading import CACHE_METADATA_FILE, _gguf_fingerprint
+from reef_lab.engines.embedded.sampling import TextTracker
 from reef_lab.errors import EngineUnavailable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -253,7 +247,7 @@ def test_text_tracker_never_emits_broken_utf8_or_stop_text(tokenizer):
     assert len(ids) > len(text.split()), "the emoji should span several byte-level tokens"
     cases = [([], text), (["###"], "Hello wor"), (["wor###"], "Hello "), (["\U0001f980"], "Hello wor###ld ")]
     for stop, expected in cases:
-        tracker = _TextTracker(tokenizer, stop)
+        tracker = TextTracker(tokenizer, stop)
         deltas = [tracker.add(i) for i in ids if tracker.stop_at is None]
         if tracker.stop_at is None:
             deltas.append(tracker.finish())
@@ -301,10 +295,10 @@ def test_gguf_cache_is_reused_and_dead_temp_folders_are_cleaned(tmp_path, monkey
     mine = target.parent / f".fake.Q4.tmp-{os.getpid()}-0123abcd"
     mine.mkdir()
     converted = []
-    monkeypatch.setattr(embedded, "_convert_gguf", lambda *args: converted.append(args))
-    assert embedded._converted_gguf(gguf, target) == target and not converted
+    monkeypatch.setattr(loading, "_convert_gguf", lambda *args: converted.append(args))
+    assert loading._converted_gguf(gguf, target) == target and not converted
     gguf.write_bytes(b"GGUF" + bytes(61))  # another file under the same name: converted again
-    embedded._converted_gguf(gguf, target)
+    loading._converted_gguf(gguf, target)
     assert len(converted) == 1
-    embedded._remove_dead_temp_folders(target)
+    loading._remove_dead_temp_folders(target)
     assert not leftover.exists() and mine.exists()

@@ -14,8 +14,8 @@ import pytest
 
 from reef_lab.config import ServeConfig
 from reef_lab.engines.base import ChatRequest, SamplingParams
-from reef_lab.engines.batching import PrefillPacer
 from reef_lab.engines.embedded import EmbeddedEngine
+from reef_lab.engines.embedded.batching import PrefillPacer
 from reef_lab.errors import EngineUnavailable
 
 CHUNK = 64
@@ -189,7 +189,7 @@ def test_close_answers_callers_without_waiting_for_a_stuck_forward_pass(tiny_mod
     finally:
         gate.remove()
     assert took < 10, f"close waited {took:.1f} s for a forward pass it did not need"
-    engine._thread.join(30)
+    engine._scheduler.thread.join(30)
     assert not engine.info()["running"]
 
 
@@ -245,7 +245,7 @@ def test_close_abandons_a_forward_pass_at_its_next_layer(tiny_model, tokenizer):
     entered, go, after = threading.Event(), threading.Event(), []
 
     def hold(module, args):
-        if threading.current_thread() is engine._thread and not entered.is_set():
+        if threading.current_thread() is engine._scheduler.thread and not entered.is_set():
             entered.set()
             assert go.wait(30)
 
@@ -257,11 +257,11 @@ def test_close_abandons_a_forward_pass_at_its_next_layer(tiny_model, tokenizer):
         closing = threading.Thread(target=engine.close, kwargs={"timeout": 60})
         closing.start()
         wait_until = time.monotonic() + 30
-        while not engine._closed and time.monotonic() < wait_until:
+        while not engine._scheduler.closed and time.monotonic() < wait_until:
             time.sleep(0.01)
         go.set()
         closing.join(60)
-        assert not closing.is_alive() and not engine._thread.is_alive()
+        assert not closing.is_alive() and not engine._scheduler.thread.is_alive()
         with pytest.raises(EngineUnavailable, match="closed"):
             stream.result(timeout=5)
     finally:

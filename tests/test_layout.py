@@ -255,3 +255,26 @@ def test_the_dialect_names_are_spelled_once():
              if p not in (ROOT / "reef_lab" / "wire" / "__init__.py", ROOT / "reef_lab" / "engines" / "upstream.py")
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert found == []
+
+
+def test_the_embedded_engine_is_one_module_per_job():
+    """Issue 40: engines/embedded.py was 951 lines (loading, GGUF cache, text, sampling, scheduler and engine in one
+    class of 41 methods); the package holds one module per job, each a few hundred lines."""
+    folder = ROOT / "reef_lab" / "engines" / "embedded"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(folder.glob("*.py"))}
+    assert {"loading.py", "engine.py", "scheduler.py", "sampling.py", "stream.py"} <= set(sizes), sizes
+    assert max(sizes.values()) <= 400, sizes
+
+
+def test_a_generation_call_is_a_class_beside_the_relay_call():
+    """Issue 40: `Inference._generate` was 91 lines with five closures sharing its locals; a generation is a
+    `GenerationCall` (reef_lab/gateway/generation.py), its state in fields, as a relay is a `RelayCall`."""
+    gateway = ROOT / "reef_lab" / "gateway"
+    nested = []
+    for path in [gateway / "inference.py", gateway / "generation.py", gateway / "relay.py"]:
+        functions = [f for f in ast.walk(ast.parse(path.read_text())) if isinstance(f, ast.FunctionDef)] \
+            if path.is_file() else []
+        nested += [f"{path.name}: {inner.name} in {outer.name}" for outer in functions for inner in ast.walk(outer)
+                   if inner is not outer and isinstance(inner, ast.FunctionDef)]
+    assert nested == []
+    assert "class GenerationCall:" in (gateway / "generation.py").read_text()

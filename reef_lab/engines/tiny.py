@@ -23,7 +23,7 @@ def smollm2_tokenizer(cache_dir: Path):
     """SmolLM2's tokenizer: from the converted model in the cache when it is there (fast), else from the GGUF."""
     from transformers import AutoTokenizer
 
-    from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_gguf_path
+    from reef_lab.engines.embedded.loading import DEFAULT_MODEL_NAME, default_gguf_path
 
     cached = Path(cache_dir) / DEFAULT_MODEL_NAME
     if (cached / "tokenizer.json").is_file():

@@ -2,8 +2,9 @@
 
 One path for HTTP and in-process callers: `infer` returns the provider's reply (server/hot.py writes it out),
 `infer_record` returns the stored record itself (experiments, TTT rollouts, held-out evaluation), so an in-process
-caller never reads back what it just wrote. Generation (an engine that makes its own tokens) records token ids and
-logprobs; a relay (an upstream provider) passes the body through and records what came back, streams included.
+caller never reads back what it just wrote. Each call is an object of its own: a `GenerationCall` (generation.py:
+an engine that makes its own tokens, recorded with token ids and logprobs) or a `RelayCall` (relay.py: an upstream
+provider, the body passed through and what came back recorded, streams included).
 The scenario's serving harness, when it has one, is applied to what the engine sees; the record keeps the body as
 the client sent it.
 """
@@ -11,7 +12,6 @@ the client sent it.
 from __future__ import annotations
 
 import time
-from concurrent.futures import CancelledError
 from typing import Any, Callable
 
 import orjson
@@ -20,6 +20,7 @@ from reef_lab.harness import tree as harness_mod
 from reef_lab.engines.base import Engine, Relay
 from reef_lab.errors import BadRequest, NotFound, ReefError
 from reef_lab.gateway import episodes, unanswered
+from reef_lab.gateway.generation import GenerationCall
 from reef_lab.wire import dialects
 from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
 from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
@@ -81,8 +82,8 @@ class Inference:
             if self._relaying is not None:
                 return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                                             label or "upstream", components, caller)
-            return self._generate(dialect, body, name, tags or {}, sent, label, components, release, kind,
-                                  episode, caller)
+            return GenerationCall(self.engine, self.store, dialect, body, name, tags or {}, sent, label, components,
+                                  release, kind, episode, caller).run()
         except ReefError as e:
             if not unanswered.is_refusal(e) or kind != "inference":
                 raise
@@ -108,100 +109,6 @@ class Inference:
                                 kind="eval")
         message = rec["response"]["choices"][0]["message"]
         return {k: v for k, v in message.items() if v is not None}
-
-    def _generate(self, dialect: str, body: dict, name: str, tags: dict, sent: dict, label: str | None,
-                  components: dict | None, release: str | None, kind: str,
-                  episode: str | None = None, caller: str | None = None) -> Reply | StreamReply:
-        """Generate for `sent` (the body with the scenario's harness applied); record `body` as the client sent
-        it. A harness or composite release, when one serves the scenario, is the release named on the record and
-        header."""
-        req = dialects.PARSERS[dialect](sent)
-        req.scenario = name
-        if release is not None:
-            req.release, label = release, release
-        model = body.get("model") if isinstance(body.get("model"), str) else self.engine.model_name
-        rid, created, t0 = dialects.new_response_id(dialect), dialects.now(), time.perf_counter()
-        try:
-            handle = self.engine.submit(req)
-        except ValueError as e:  # the engine refuses the request itself (sampling values, prompt too long)
-            raise BadRequest(str(e)) from None
-
-        dropped = {"dropped": req.dropped} if req.dropped else {}  # hosted tools the model did not see
-        sent_text: list[str] = []  # the text deltas a stream has sent: what a cancelled record keeps
-        recorded: list[str] = []  # the record id, once one is written (one record per call, however it ends)
-
-        def cancelled(reason: str) -> str:
-            rec = inference_record(name, dialect, body, tags, None, t0, kind, status="cancelled", error=reason,
-                                   release_id=label or handle.release_id, episode=episode, caller=caller,
-                                   prompt_token_ids=list(handle.prompt_ids),
-                                   metadata={"generated_text": "".join(sent_text), **dropped})
-            self.store.append([rec])
-            recorded.append(rec.id)
-            unanswered.log_cancelled(name, dialect, rec.id, reason)
-            return rec.id
-
-        def finish():
-            try:
-                gen = handle.result()
-            except CancelledError as e:  # the client left (server/httpd.py's hang-up watch cancelled it)
-                record_id = cancelled(str(e) or "cancelled by its caller")
-                raise ReefError(f"generation cancelled: the client left (record {record_id})") from e
-            except Exception as e:
-                rec = inference_record(name, dialect, body, tags, None, t0, kind, status="error",
-                                       error=f"{type(e).__name__}: {e}", release_id=label or handle.release_id,
-                                       episode=episode, caller=caller)
-                self.store.append([rec])
-                recorded.append(rec.id)
-                err = ReefError(f"generation failed: {e} (record {rec.id})")
-                if isinstance(e, ReefError):  # e.g. the engine went down: 503 with its retry hint
-                    err.status, err.type, err.headers = e.status, e.type, e.headers
-                raise err from e
-            resp = dialects.render(dialect, gen, model, rid, created, req.tool_use)
-            rec = inference_record(name, dialect, body, tags, resp, t0, kind, release_id=label or gen.release_id,
-                                   prompt_token_ids=gen.prompt_token_ids, token_ids=gen.token_ids,
-                                   logprobs=gen.logprobs, episode=episode, caller=caller,
-                                   metadata={**(dialects.tool_record(dialect, gen, rid, req.tool_use) or {}),
-                                             **dropped} or None)
-            self.store.append([rec])
-            recorded.append(rec.id)
-            return gen, rec, resp
-
-        session = {episodes.EPISODE_HEADER: episode} if episode else {}
-        if not body.get("stream"):
-            gen, rec, resp = finish()
-            return Reply(200, orjson.dumps(resp), headers={
-                RECEIPT_HEADER: rec.id, **release_header_values(label or gen.release_id, components), **session},
-                record=rec.to_dict())
-
-        def receipt():
-            gen, rec, _ = finish()
-            return gen, rec.id
-
-        def deltas():
-            try:
-                for delta in handle:
-                    sent_text.append(delta)
-                    yield delta
-            except Exception:  # noqa: BLE001 - handle.result() raises it again in finish(), which records it
-                return
-
-        def events():
-            done = False
-            try:
-                prompt_tokens = len(handle.prompt_ids)
-                yield from dialects.stream(dialect, deltas(), receipt, model, rid, created, prompt_tokens,
-                                           req.tool_use)
-                done = True
-            except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
-                done = True
-                yield dialects.error_event(dialect, e.message)
-            finally:
-                if not done:
-                    handle.cancel()
-                    if not recorded:  # the client closed the stream (the server closed this generator)
-                        cancelled(f"the client closed the stream after {len(''.join(sent_text))} characters")
-        return StreamReply(events(), headers={**release_header_values(label or handle.release_id, components),
-                                              **session}, cancel=handle.cancel)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):

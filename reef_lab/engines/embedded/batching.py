@@ -1,10 +1,10 @@
 """The embedded engine's scheduler state: running batches, prompts being prefilled in chunks, and the pacer that
 sizes those chunks.
 
-They live apart from reef_lab/engines/embedded.py (the engine, loading, text and sampling) because they are the
-part that decides fairness: a long prompt is prefilled a chunk per scheduler round, its KV cache kept between
-rounds, while the other requests keep decoding; `PrefillPacer` sizes each chunk so that the long prompt takes at
-most a set share of the engine's time while others wait on it (docs/embedded-engine.md#long-prompts).
+They live apart from the scheduler's loop (scheduler.py) because they are the part that decides fairness: a long
+prompt is prefilled a chunk per scheduler round, its KV cache kept between rounds, while the other requests keep
+decoding; `PrefillPacer` sizes each chunk so that the long prompt takes at most a set share of the engine's time
+while others wait on it (docs/embedded-engine.md#long-prompts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 
 if TYPE_CHECKING:
     from reef_lab.engines.base import SamplingParams
-    from reef_lab.engines.embedded import EmbeddedStream, _TextTracker
+    from reef_lab.engines.embedded.sampling import TextTracker
+    from reef_lab.engines.embedded.stream import EmbeddedStream
 
 
 @dataclass(eq=False)
@@ -29,7 +30,7 @@ class Row:
     max_tokens: int
     release_id: str  # the loaded release (model) this row decodes with
     generator: torch.Generator
-    text: _TextTracker
+    text: TextTracker
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
