@@ -1,10 +1,15 @@
-"""Build a running gateway from a ServeConfig: the engine it names, the store in its data dir."""
+"""Build a running gateway: from a ServeConfig (the server: the engine it names, the store in its data dir), or for
+an experiment (its run folder's data dir and its one scenario, handed to the driver as an ExperimentContext)."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from reef_lab.config import ServeConfig
 from reef_lab.gateway.gateway import Gateway
@@ -38,3 +43,46 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
                    allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
                    roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes(),
                    harness_allow_executable=bool(cfg.harness_allow_executable))
+
+
+@dataclass(frozen=True)
+class ExperimentContext:
+    """What an experiment's driver is given by the deployment it runs on: the narrow ways its loop touches its one
+    scenario, never the gateway itself (tests/test_layout.py: reef_lab/experiments/ and a recipe's experiment.py
+    import no gateway module). The learners' counterpart is reef_lab.learning.recipe.LearnContext."""
+
+    scenario: str
+    infer: Callable[..., dict]  # infer(body, tags=None, session=None) -> the stored inference record of a rollout
+    report: Callable[..., tuple[bool, str]]  # report(body, tags=None) -> (created, id); handed to the learner
+    reported: Callable[[], list[dict]]  # the scenario's stored reports, oldest first (what a resumed run skips)
+    learner: Callable[[], Any]  # the scenario's learner, built by its recipe on first call (gateway.learners)
+    releases: Callable[[], dict]  # its releases as GET /reef/scenarios/{s}/releases lists them (serving, ...)
+    publish_harness: Callable[..., dict]  # publish_harness(files, lineage, scores=...): Releaser.publish_harness
+    wait_published: Callable[[float], bool]  # wait_published(timeout): the Hub has every release (True: no Hub)
+    close: Callable[[], None]  # stop the deployment (learners, Hub pushes, store); the engine stays the caller's
+
+
+def open_experiment(data_dir: str | Path, engine, scenario: str, recipe: str, scenario_config: dict | None = None,
+                    hub=None, tracking=None) -> ExperimentContext:
+    """A gateway over an experiment's data dir on `engine` that offers `recipe`, with the scenario: created with the
+    recipe and `scenario_config` unless it exists (a resumed run); with `scenario_config` None, on the basic recipe
+    (recorded only: the driver publishes what it finds itself, as GEPA's search does). `hub`: a
+    reef_lab.publishing.hub.HubConfig; `tracking`: a reef_lab.publishing.tracking.TrackingConfig (None: off)."""
+    gw = Gateway(data_dir, engine, default_recipe="basic", hub=hub, tracking=tracking, allowed_recipes=[recipe])
+    if scenario not in {s.name for s in gw.scenarios.list()}:
+        body = {"name": scenario} if scenario_config is None else {
+            "name": scenario, "recipe": recipe, "config": scenario_config}
+        gw.create_scenario(body, operator=True)
+
+    def infer(body: dict, tags: dict[str, str] | None = None, session: str | None = None) -> dict:
+        return gw.infer_record(body, scenario, tags, session=session)
+
+    def report(body: dict, tags: dict[str, str] | None = None) -> tuple[bool, str]:
+        return gw.report(scenario, body, tags)
+    return ExperimentContext(
+        scenario=scenario, infer=infer, report=report,
+        reported=lambda: gw.store.get_many(gw.store.ids(scenario, "report")),
+        learner=partial(gw.learner, scenario), releases=partial(gw.list_releases, scenario),
+        publish_harness=partial(gw.releaser.publish_harness, scenario),
+        wait_published=gw.hub.wait if gw.hub is not None else lambda timeout: True,
+        close=partial(gw.close, close_engine=False))

@@ -120,7 +120,7 @@ def layer_violations(root: Path) -> list[str]:
     gateway; the dialects' codecs are reef_lab.wire, which imports nothing above the engines; tasks import no
     learner (learning uses them);
     trainers import no learning code (Sample and the token losses are theirs); a recipe's experiment runs on the shared driver
-    (reef_lab.experiments), which holds the gateway for it; the records sit under everything (neither the gateway
+    (reef_lab.experiments), which opens its scenario for it; the records sit under everything (neither the gateway
     nor learning); publishing is below the gateway."""
     rules = [("reef_lab/wire", ("reef_lab.gateway", "reef_lab.learning", "reef_lab.experiments", "reef_lab.publishing",
                                 "reef_lab.records", "reef_lab.harness", "reef_lab.tasks", "reef_lab.trainers",
@@ -162,6 +162,57 @@ def test_the_layer_check_fails_on_a_learner_that_imports_the_gateway(tmp_path):
                                           "reef_lab/tasks/x.py:1 imports reef_lab.learning.learner",
                                           "recipes/x/learner.py:1 imports reef_lab.gateway.gateway",
                                           "reef_lab/records/export.py:1 imports reef_lab.learning.learner"]
+
+
+EXPERIMENT_CONTEXT = {"ExperimentContext", "open_experiment"}  # all of reef_lab.service experiment code may use
+
+
+def experiment_violations(root: Path) -> list[str]:
+    """Experiment drivers (reef_lab/experiments/, a recipe's experiment.py) reach their deployment through the
+    ExperimentContext the driver opens (reef_lab.service.open_experiment), as learners do through their LearnContext:
+    they import no reef_lab.gateway module (nor the gateway from reef_lab), take nothing but the context from
+    reef_lab.service, and hold no gateway object (`gw`, `Gateway`) whose internals they could reach (issue 40)."""
+    files = [*sorted((root / "reef_lab" / "experiments").rglob("*.py")),
+             *sorted((root / "recipes").glob("*/experiment.py"))]
+    found = []
+    for path in files:
+        rel, lines = path.relative_to(root).as_posix(), []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("reef_lab.gateway") or a.name == "reef_lab.service":
+                        lines.append((node.lineno, f"imports {a.name}"))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = {a.name for a in node.names}
+                if node.module.startswith("reef_lab.gateway") or (
+                        node.module == "reef_lab" and names & {"gateway", "service"}) or (
+                        node.module == "reef_lab.service" and names - EXPERIMENT_CONTEXT):
+                    lines.append((node.lineno, f"imports {', '.join(sorted(names))} from {node.module}"))
+            elif isinstance(node, ast.Name) and node.id in ("gw", "Gateway") or \
+                    isinstance(node, ast.Attribute) and node.attr == "gw":
+                lines.append((node.lineno, f"holds the gateway ({ast.unparse(node)})"))
+        found += [f"{rel}:{line} {what}" for line, what in sorted(set(lines))]
+    return found
+
+
+def test_experiment_drivers_get_a_context_not_the_gateway():
+    assert experiment_violations(ROOT) == []
+
+
+def test_the_experiment_check_fails_on_a_driver_that_holds_the_gateway(tmp_path):
+    (tmp_path / "reef_lab" / "experiments").mkdir(parents=True)
+    (tmp_path / "recipes" / "x").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "experiments" / "d.py").write_text(
+        "def f(self):\n    from reef_lab.gateway.gateway import Gateway\n    self.gw.releaser.index('s')\n")
+    (tmp_path / "recipes" / "x" / "experiment.py").write_text(
+        "from reef_lab.service import ExperimentContext, build_gateway\nfrom reef_lab import service\n"
+        "def loop(ctx: ExperimentContext, gw):\n    return ctx.releases()['serving'], gw.store\n")
+    assert experiment_violations(tmp_path) == [
+        "reef_lab/experiments/d.py:2 imports Gateway from reef_lab.gateway.gateway",
+        "reef_lab/experiments/d.py:3 holds the gateway (self.gw)",
+        "recipes/x/experiment.py:1 imports ExperimentContext, build_gateway from reef_lab.service",
+        "recipes/x/experiment.py:2 imports service from reef_lab",
+        "recipes/x/experiment.py:4 holds the gateway (gw)"]
 
 
 def test_scripts_and_apps_do_not_touch_sys_path():

@@ -114,7 +114,7 @@ class GEPAExperiment(ExperimentDriver):
         train, val, test = make_splits(task, cfg.train_size, cfg.val_size, cfg.test_size, cfg.data_seed)
         system = TaskSystem(make_lm(cfg.task_lm, engine), cfg.task_max_tokens, cfg.concurrency, task=task)
         reflection = make_lm(cfg.reflection_lm, engine)
-        gw, tracker = None, None
+        ctx, tracker = None, None
         serving_engine = engine
         if serving_engine is None and cfg.task_lm.get("kind") == "openai" and not cfg.task_lm.get("replay"):
             from reef_lab.engines.upstream import UpstreamEngine  # the provider that would serve these harnesses
@@ -122,7 +122,7 @@ class GEPAExperiment(ExperimentDriver):
             serving_engine = UpstreamEngine(cfg.task_lm["base_url"], cfg.task_lm["model"])
             self.owned.append(serving_engine)
         if serving_engine is not None:  # releases go to a data dir like a live scenario's (none when replaying)
-            gw = self.gateway(serving_engine, tracking=False)
+            ctx = self.open(serving_engine, tracking=False)
         if cfg.wandb:
             from reef_lab.publishing.tracking import Tracker, TrackingConfig
 
@@ -134,10 +134,10 @@ class GEPAExperiment(ExperimentDriver):
         def on_event(row: dict) -> None:
             if tracker is not None:
                 tracker.log(row)
-            if row["event"] == "front" and gw is not None and row["best"] != released["best"]:
+            if row["event"] == "front" and ctx is not None and row["best"] != released["best"]:
                 best = search.cands[row["best"]]
                 released["best"] = best.id
-                rel = gw.releaser.publish_harness(cfg.name, best.components, {
+                rel = ctx.publish_harness(best.components, {
                     "recipe": "gepa", "gepa": {"candidate": best.id, "parents": best.parents,
                                                "changed": best.changed, "val_mean": best.mean,
                                                "metric_calls": search.metric_calls}},
@@ -156,7 +156,7 @@ class GEPAExperiment(ExperimentDriver):
                    "candidates": len(search.cands), "seed_val": search.cands[0].mean, "best_val": best.mean,
                    "best_candidate": best.id, "seed_test": seed_test, "best_test": best_test,
                    "test_size": len(test), "best_harness": best.components,
-                   "serving": gw.list_releases(cfg.name)["serving"] if gw else None,
+                   "serving": ctx.releases()["serving"] if ctx else None,
                    "wall_s": round(time.time() - started, 1)}
         (run_dir / "test_answers.jsonl").write_bytes(b"".join(orjson.dumps(
             {"candidate": c, "example": r.example_id, "question": r.question, "score": r.score, "output": r.output,

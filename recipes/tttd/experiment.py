@@ -53,8 +53,7 @@ class TTTDExperiment(ExperimentDriver):
     def loop(self, progress: bool) -> dict:
         cfg, rc = self.cfg, self.cfg.recipe_config()
         engine = self.build_engine(rc.concurrency, lora=rc.trainer.lora_rank > 0)
-        gw = self.gateway(engine, asdict(rc))
-        learner = gw.learner(cfg.name)
+        learner = self.open(engine, asdict(rc)).learner()
         summary = learner.discovery.run(progress=progress)
         return {"name": cfg.name, "seed": cfg.seed, "engine": self.engine_name, **summary,
                 "wandb": learner.ctx.tracker.link if learner.ctx.tracker is not None else None}

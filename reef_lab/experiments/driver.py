@@ -1,9 +1,11 @@
-"""What every experiment family shares: a run folder, an engine, a gateway over the folder's data dir, the
-experiment's scenario, tracking and Hub settings, `config.json` at the start and `summary.json` at the end.
+"""What every experiment family shares: a run folder, an engine, the experiment's scenario on a gateway over the
+folder's data dir (reached through an ExperimentContext, never the gateway itself), tracking and Hub settings,
+`config.json` at the start and `summary.json` at the end.
 
 A family (weights: reef_lab.experiments.weights; GEPA: recipes/gepa/experiment.py; TTT-Discover:
-recipes/tttd/experiment.py) subclasses ExperimentDriver and writes its loop in `loop()`; its config derives from
-RunConfig. Running the same command again resumes: the data dir, the scenario and the loop's own state are kept.
+recipes/tttd/experiment.py) subclasses ExperimentDriver and writes its loop in `loop()`, which opens its scenario
+with `open()` and uses only the context that returns; its config derives from RunConfig. Running the same command
+again resumes: the data dir, the scenario and the loop's own state are kept.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -19,6 +22,9 @@ from reef_lab.files import write_json
 from reef_lab.publishing.hub import HubConfig
 from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.schema import check_fields
+
+if TYPE_CHECKING:  # the gateway loads when a loop opens its scenario, not when a config is read
+    from reef_lab.service import ExperimentContext
 
 log = logging.getLogger("reef_lab.experiments")
 
@@ -88,7 +94,7 @@ class ExperimentDriver(ABC):
         self.engine = engine
         self.engine_name = cfg.engine  # what `auto` chose, once an engine is built
         self._close_engine = engine is None if close_engine is None else close_engine
-        self.gw = None
+        self.ctx: ExperimentContext | None = None  # the scenario's deployment, once `open()` built it
         self.owned: list = []  # what else the loop built and the run closes (a tracker, a serving engine)
 
     @property
@@ -100,8 +106,8 @@ class ExperimentDriver(ABC):
         write_json(self.run_dir / "config.json", asdict(self.cfg), indent=True)  # what was asked (engine: auto)
         try:
             summary = self.loop(progress)
-            if self.gw is not None and self.gw.hub is not None:
-                self.gw.hub.wait(timeout=600)
+            if self.ctx is not None:
+                self.ctx.wait_published(600)
             write_json(self.run_dir / "summary.json", summary, indent=True)
             return summary
         finally:
@@ -127,29 +133,23 @@ class ExperimentDriver(ABC):
             self.engine = engine_class(self.engine_name).from_config(serve)
         return self.engine
 
-    def gateway(self, engine, scenario_config: dict | None = None, tracking: bool = True):
-        """The gateway over the run's data dir, with the experiment's scenario (created with the recipe and
-        `scenario_config` unless it exists: a resumed run)."""
-        from reef_lab.gateway.gateway import Gateway
-        from reef_lab.publishing.hub import HubConfig
-        from reef_lab.publishing.tracking import TrackingConfig
+    def open(self, engine, scenario_config: dict | None = None, tracking: bool = True) -> ExperimentContext:
+        """The experiment's scenario on a gateway over the run's data dir (created with the recipe and
+        `scenario_config` unless it exists: a resumed run), as the context the loop uses (reef_lab.service)."""
+        from reef_lab.service import open_experiment
 
         cfg = self.cfg
         hub = HubConfig(**cfg.hub) if cfg.hub.get("repo") else None
         tc = TrackingConfig(**{"group": cfg.name, "name": f"{cfg.name}-seed{cfg.seed}",
                                "extra_config": {"experiment": asdict(cfg)}, **cfg.wandb}) if tracking else None
-        self.gw = Gateway(self.run_dir / "data", engine, default_recipe="basic", hub=hub, tracking=tc,
-                          allowed_recipes=[cfg.recipe])
-        if cfg.name not in {s.name for s in self.gw.scenarios.list()}:
-            body = {"name": cfg.name} if scenario_config is None else {
-                "name": cfg.name, "recipe": cfg.recipe, "config": scenario_config}
-            self.gw.create_scenario(body, operator=True)
-        return self.gw
+        self.ctx = open_experiment(self.run_dir / "data", engine, cfg.name, cfg.recipe, scenario_config, hub=hub,
+                                   tracking=tc)
+        return self.ctx
 
     def close(self) -> None:
         for thing in reversed(self.owned):
             thing.close()
-        if self.gw is not None:
-            self.gw.close(close_engine=False)
+        if self.ctx is not None:
+            self.ctx.close()
         if self.engine is not None and self._close_engine:
             self.engine.close()

@@ -1,8 +1,9 @@
 """Experiments: a task stream driven through the gateway in-process, scored by the task's verifier, learned from.
 
-The same code path as live traffic: each rollout is a chat completion through `Gateway.infer` (recorded, with
-token ids and logprobs), its answer is scored by the task's verifier and reported with `Gateway.report`, and the
-scenario's learner trains, evaluates and releases exactly as it would behind the HTTP server.
+The same code path as live traffic: each rollout is a chat completion through the gateway's inference (recorded,
+with token ids and logprobs), its answer is scored by the task's verifier and reported through the gateway's
+reports, and the scenario's learner trains, evaluates and releases exactly as it would behind the HTTP server. The
+loop reaches them through its ExperimentContext (reef_lab.service), never the gateway.
 
     python scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml
 
@@ -107,17 +108,16 @@ class WeightsExperiment(ExperimentDriver):
         engine = self.build_engine(1 if cfg.deterministic else cfg.concurrency, cfg.lora)
         recipe_config = {**cfg.recipe_config}
         recipe_config["trainer"] = {"seed": cfg.seed, **(recipe_config.get("trainer") or {})}
-        gw = self.gateway(engine, recipe_config)
+        ctx = self.open(engine, recipe_config)
         started = time.time()
         name = cfg.name
-        learner = gw.learner(name)
+        learner = ctx.learner()
         group_size = cfg.group_size
         task = make_task(cfg.task)
         prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
-        done = _reported_indices(gw, name)
+        done = _reported_indices(ctx.reported())
         todo = [k for k in range(cfg.rollouts) if k not in done]
-        base_eval = learner.evaluate_serving() if learner.evaluates and not gw.releaser.index(name)["releases"] \
-            else None
+        base_eval = learner.evaluate_serving() if learner.evaluates and not ctx.releases()["releases"] else None
         rollouts_log = open(self.run_dir / "rollouts.jsonl", "ab")
         lock = threading.Lock()
         bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
@@ -133,8 +133,8 @@ class WeightsExperiment(ExperimentDriver):
             def chat(messages: list[dict], tools: list[dict] | None) -> dict:
                 body = {"model": engine.model_name, "messages": messages, "max_tokens": cfg.max_tokens,
                         "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k + 7_919 * len(records)}
-                records.append(gw.infer_record({**body, **({"tools": tools} if tools else {})}, name, tags,
-                                               session=f"exp-{cfg.seed}-{k}"))
+                records.append(ctx.infer({**body, **({"tools": tools} if tools else {})}, tags,
+                                         session=f"exp-{cfg.seed}-{k}"))
                 return {key: v for key, v in records[-1]["response"]["choices"][0]["message"].items() if v is not None}
             score, _ = task.rollout(chat, item)
             return k, item, records, score
@@ -145,7 +145,7 @@ class WeightsExperiment(ExperimentDriver):
             report(*rollout(k))
 
         def report(k: int, item: dict, records: list[dict], score: float) -> None:
-            gw.report(name, {"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k}})
+            ctx.report({"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k}})
             with lock:
                 rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": records[0]["release_id"],
                                                  "calls": len(records), "score": score, "time": time.time()}) + b"\n")
@@ -166,22 +166,21 @@ class WeightsExperiment(ExperimentDriver):
         bar.close()
         rollouts_log.close()
         learner.wait_idle(timeout=3600)
-        if gw.hub is not None:
-            gw.hub.wait(timeout=600)
+        ctx.wait_published(600)
         final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
-        idx = gw.releaser.index(name)
-        base_eval = base_eval or idx.get("base_eval")
+        releases = ctx.releases()
+        base_eval = base_eval or releases.get("base_eval")
         return {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
                 "base_accuracy": (base_eval or {}).get("accuracy"),
                 "final_accuracy": (final_eval or {}).get("accuracy"),
-                "serving": gw.list_releases(name)["serving"], "releases": len(idx["releases"]),
-                "candidates": len(idx["candidates"]), "wall_s": round(time.time() - started, 1),
+                "serving": releases["serving"], "releases": len(releases["releases"]),
+                "candidates": len(releases["candidates"]), "wall_s": round(time.time() - started, 1),
                 "metrics_file": str(learner.metrics_path)}
 
 
-def _reported_indices(gw, name: str) -> set[int]:
+def _reported_indices(reports: list[dict]) -> set[int]:
     done = set()
-    for rec in gw.store.get_many(gw.store.ids(name, "report")):
+    for rec in reports:
         k = (rec.get("metadata") or {}).get("exp_index")
         if isinstance(k, int):
             done.add(k)
