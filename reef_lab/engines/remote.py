@@ -1,8 +1,10 @@
-"""What the engines share: the chat template as token ids, and the HTTP client of an engine server."""
+"""What the engine servers share: the chat template as token ids, the HTTP client, a streamed generation's thread
+(ServerStream) and the token side of the engine (ServerTokens); vllm.py and sglang.py add only their wire."""
 
 from __future__ import annotations
 
 import http.client
+import queue
 import threading
 import urllib.parse
 from typing import Iterator
@@ -10,7 +12,7 @@ from typing import Iterator
 import orjson
 from jinja2 import TemplateError
 
-from reef_lab.engines.base import ChatRequest
+from reef_lab.engines.base import ChatRequest, Generation
 from reef_lab.engines.tools import has_tool_turns, resolve_tool_template
 from reef_lab.extras import need
 from reef_lab.errors import EngineUnavailable
@@ -151,3 +153,101 @@ def message(body) -> str:
             return str(err)
         return str(body.get("message") or body.get("error_message") or body)
     return str(body)
+
+
+class ServerStream:
+    """One streamed generation from an engine server, read on its own thread: text deltas as they arrive, the
+    Generation at the end. A subclass reads its server's events (`_read`: put each text delta with `_put`, return
+    the Generation); the thread, the errors, cancellation and the iteration are the same for every server."""
+
+    label = "the engine"  # in the message a dropped connection gives
+
+    def __init__(self, client: EngineClient, body: dict, prompt_ids: list[int], release_id: str, thread: str):
+        self.release_id, self.prompt_ids = release_id, prompt_ids
+        self._client, self._body = client, body
+        self._deltas: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._generation: Generation | None = None
+        self._error: BaseException | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._cancelled = False
+        threading.Thread(target=self._run, name=thread, daemon=True).start()
+
+    def _read(self, conn: http.client.HTTPConnection) -> Generation:
+        raise NotImplementedError
+
+    def _finished(self) -> None:
+        """Called once the stream ended, however (a subclass lets go of what the request held)."""
+
+    def _put(self, delta: str) -> None:
+        self._deltas.put(delta)
+
+    def _run(self) -> None:
+        try:
+            self._conn = self._client.connection()
+            self._generation = self._read(self._conn)
+        except (OSError, http.client.HTTPException) as e:  # the server went away mid-answer
+            self._error = EngineUnavailable(f"{self.label} failed during the answer ({e}); retry shortly")
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
+            self._error = e if not self._cancelled else EngineError("cancelled")
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+            self._finished()
+            self._done.set()
+            self._deltas.put(None)
+
+    def __iter__(self) -> Iterator[str]:
+        while (delta := self._deltas.get()) is not None:
+            yield delta
+        if self._error is not None:
+            raise self._error
+
+    def result(self, timeout: float | None = None) -> Generation:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the engine has not finished this generation")
+        if self._error is not None:
+            raise self._error
+        return self._generation
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            conn.sock.close()  # the server aborts a request whose client went away
+
+
+class ServerTokens:
+    """The token side every engine server shares (vLLM, SGLang): the chat template applied here with the base
+    model's tokenizer (`self.chat`), so a record's prompt ids are exactly what the server saw, and scenario routes
+    (`self._routes`) naming the release that answers."""
+
+    chat: ChatTokenizer
+    _routes: dict[str, str]
+
+    @property
+    def release_id(self) -> str:
+        return "base"
+
+    def release_for(self, scenario: str | None) -> str:
+        return self._routes.get(scenario, "base") if scenario else "base"
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.chat.prompt_ids(messages)
+
+    def completion_ids(self, text: str) -> list[int]:
+        return self.chat.completion_ids(text)
+
+    def vocab_size(self) -> int:
+        return self.chat.vocab_size()
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.prompt_ids(messages))
+
+    def request_tokens(self, request: ChatRequest) -> tuple[list[int], str]:
+        """(prompt ids, the release that answers) of a request, its sampling checked."""
+        p = request.params
+        if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
+            raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
+        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
+        return prompt_ids, request.release or self.release_for(request.scenario)

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import http.client
 import logging
-import queue
 import threading
 from pathlib import Path
-from typing import Iterator
 
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost
-from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError
-from reef_lab.errors import EngineUnavailable
+from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, ServerStream, ServerTokens
 
 log = logging.getLogger("reef_lab.engines.sglang")
 
@@ -37,70 +34,35 @@ TRANSPORTS = ("lora", "weights")
 
 
 
-class SGLangStream:
-    """One /generate call streaming on its own thread: text deltas as chunks arrive, the Generation at the end."""
+class SGLangStream(ServerStream):
+    """One /generate call: chunks are cumulative text (sglang's default); the last one carries the token ids,
+    logprobs and the weight version."""
 
     def __init__(self, engine: SGLangEngine, body: dict, prompt_ids: list[int], release_id: str):
-        self.release_id, self.prompt_ids = release_id, prompt_ids
-        self._engine, self._body = engine, body
-        self._deltas: queue.Queue = queue.Queue()
-        self._done = threading.Event()
-        self._generation: Generation | None = None
-        self._error: BaseException | None = None
-        self._conn: http.client.HTTPConnection | None = None
-        self._cancelled = False
-        threading.Thread(target=self._run, name="reef-sglang-stream", daemon=True).start()
+        self._engine = engine
+        super().__init__(engine.client, body, prompt_ids, release_id, "reef-sglang-stream")
 
-    def _run(self) -> None:
-        try:
-            last: dict | None = None
-            sent = ""
-            self._conn = self._engine.client.connection()
-            for chunk in self._engine.client.events(self._conn, "/generate", self._body):
-                if "error" in chunk:
-                    err = chunk["error"]
-                    raise EngineError(err.get("message") if isinstance(err, dict) else str(err))
-                text = chunk.get("text") or ""
-                if text.startswith(sent) and len(text) > len(sent):  # chunks are cumulative (sglang's default)
-                    self._deltas.put(text[len(sent):])
-                    sent = text
-                last = chunk
-            if last is None:
-                raise EngineError("the engine ended the stream without an answer")
-            self._generation = self._engine._generation(last, self.prompt_ids, self.release_id)
-            if len(self._generation.text) > len(sent) and self._generation.text.startswith(sent):
-                self._deltas.put(self._generation.text[len(sent):])
-        except (OSError, http.client.HTTPException) as e:  # the server went away mid-answer
-            self._error = EngineUnavailable(f"the engine failed during the answer ({e}); retry shortly")
-        except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
-            self._error = e if not self._cancelled else EngineError("cancelled")
-        finally:
-            if self._conn is not None:
-                self._conn.close()
-            self._done.set()
-            self._deltas.put(None)
-
-    def __iter__(self) -> Iterator[str]:
-        while (delta := self._deltas.get()) is not None:
-            yield delta
-        if self._error is not None:
-            raise self._error
-
-    def result(self, timeout: float | None = None) -> Generation:
-        if not self._done.wait(timeout):
-            raise TimeoutError("the engine has not finished this generation")
-        if self._error is not None:
-            raise self._error
-        return self._generation
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        conn = self._conn
-        if conn is not None and conn.sock is not None:
-            conn.sock.close()  # the server aborts a request whose client went away
+    def _read(self, conn: http.client.HTTPConnection) -> Generation:
+        last: dict | None = None
+        sent = ""
+        for chunk in self._client.events(conn, "/generate", self._body):
+            if "error" in chunk:
+                err = chunk["error"]
+                raise EngineError(err.get("message") if isinstance(err, dict) else str(err))
+            text = chunk.get("text") or ""
+            if text.startswith(sent) and len(text) > len(sent):
+                self._put(text[len(sent):])
+                sent = text
+            last = chunk
+        if last is None:
+            raise EngineError("the engine ended the stream without an answer")
+        generation = self._engine._generation(last, self.prompt_ids, self.release_id)
+        if len(generation.text) > len(sent) and generation.text.startswith(sent):
+            self._put(generation.text[len(sent):])
+        return generation
 
 
-class SGLangEngine(Generator, ReleaseHost):
+class SGLangEngine(ServerTokens, Generator, ReleaseHost):
     """Generates through an SGLang server and serves trained releases on it (see the module docstring)."""
 
     def __init__(self, url: str, model_dir: str | Path, transport: str = "lora", timeout: float = 600.0,
@@ -137,31 +99,9 @@ class SGLangEngine(Generator, ReleaseHost):
                    float(opts.get("timeout", 600.0)), opts.get("model_name"), cfg.tool_template)
 
     # ---- generating -----------------------------------------------------------------------------------------
-    @property
-    def release_id(self) -> str:
-        return "base"
-
-    def release_for(self, scenario: str | None) -> str:
-        return self._routes.get(scenario, "base") if scenario else "base"
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat.prompt_ids(messages)
-
-    def completion_ids(self, text: str) -> list[int]:
-        return self.chat.completion_ids(text)
-
-    def vocab_size(self) -> int:
-        return self.chat.vocab_size()
-
-    def count_tokens(self, messages: list[dict]) -> int:
-        return len(self.prompt_ids(messages))
-
     def submit(self, request: ChatRequest) -> SGLangStream:
         p = request.params
-        if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
-            raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
-        release = request.release or self.release_for(request.scenario)
+        prompt_ids, release = self.request_tokens(request)
         sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
         if p.stop:
             sampling["stop"] = list(p.stop)
@@ -229,8 +169,8 @@ class SGLangEngine(Generator, ReleaseHost):
             version = self._base_version if release_id == "base" else release_id
             self.client.call("POST", "/pause_generation", {"mode": "retract"})
             try:
-                self.client.call("POST", "/update_weights_from_disk", {"model_path": str(folder), "weight_version": version,
-                                                                 "flush_cache": True})
+                self.client.call("POST", "/update_weights_from_disk",
+                                 {"model_path": str(folder), "weight_version": version, "flush_cache": True})
                 self._serving_weights = release_id
             finally:
                 self.client.call("POST", "/continue_generation", {})

@@ -39,15 +39,13 @@ import contextlib
 import http.client
 import logging
 import os
-import queue
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 from reef_lab.engines.base import ChatRequest, Generation, Generator, ReleaseHost, YieldsToTraining
-from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, message
+from reef_lab.engines.remote import ChatTokenizer, EngineClient, EngineError, ServerStream, ServerTokens, message
 from reef_lab.errors import EngineUnavailable
 from reef_lab.procs import Popen
 
@@ -110,77 +108,46 @@ class WeightsGate:
             self._cond.notify_all()
 
 
-class VLLMStream:
-    """One streamed completion on its own thread: text deltas, then the Generation."""
+class VLLMStream(ServerStream):
+    """One streamed /v1/completions call; a weights lease (transport `weights`) is given back when it ends."""
+
+    label = "the vLLM engine"
 
     def __init__(self, engine: VLLMEngine, body: dict, prompt_ids: list[int], release_id: str, lease: bool):
-        self.release_id, self.prompt_ids = release_id, prompt_ids
-        self._engine, self._body, self._lease = engine, body, lease
-        self._deltas: queue.Queue = queue.Queue()
-        self._done = threading.Event()
-        self._generation: Generation | None = None
-        self._error: BaseException | None = None
-        self._conn: http.client.HTTPConnection | None = None
-        threading.Thread(target=self._run, name="reef-vllm-stream", daemon=True).start()
+        self._engine, self._lease = engine, lease
+        super().__init__(engine.client, body, prompt_ids, release_id, "reef-vllm-stream")
 
-    def _run(self) -> None:
+    def _read(self, conn: http.client.HTTPConnection) -> Generation:
         text, ids, logprobs, finish, stop = "", [], [], None, None
-        try:
-            self._conn = self._engine.client.connection()
-            for chunk in self._engine.client.events(self._conn, "/v1/completions", self._body):
-                if "error" in chunk:
-                    raise EngineError(message(chunk))
-                choice = (chunk.get("choices") or [{}])[0]
-                delta = choice.get("text") or ""
-                if delta:
-                    text += delta
-                    self._deltas.put(delta)
-                ids += choice.get("token_ids") or []
-                logprobs += [0.0 if lp is None else float(lp)
-                             for lp in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
-                finish = choice.get("finish_reason") or finish
-                stop = choice.get("stop_reason") if isinstance(choice.get("stop_reason"), str) else stop
-            if finish is None:
-                raise EngineError("the engine ended the stream without finishing the completion")
-            if finish == "abort":
-                raise EngineError("the engine aborted the request")
-            if len(ids) != len(logprobs):
-                raise EngineError(f"the engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
-            self._generation = Generation(text=text, token_ids=ids, logprobs=logprobs, prompt_token_ids=self.prompt_ids,
-                                          finish_reason="length" if finish == "length" else "stop",
-                                          release_id=self.release_id, stop_sequence=stop)
-        except (OSError, http.client.HTTPException) as e:  # the server went away mid-answer
-            self._error = EngineUnavailable(f"the vLLM engine failed during the answer ({e}); retry shortly")
-        except BaseException as e:  # noqa: BLE001 - handed to the caller through result() and iteration
-            self._error = e
-        finally:
-            if self._conn is not None:
-                self._conn.close()
-            if self._lease:
-                self._engine.gate.release()
-            self._done.set()
-            self._deltas.put(None)
+        for chunk in self._client.events(conn, "/v1/completions", self._body):
+            if "error" in chunk:
+                raise EngineError(message(chunk))
+            choice = (chunk.get("choices") or [{}])[0]
+            delta = choice.get("text") or ""
+            if delta:
+                text += delta
+                self._put(delta)
+            ids += choice.get("token_ids") or []
+            logprobs += [0.0 if lp is None else float(lp)
+                         for lp in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
+            finish = choice.get("finish_reason") or finish
+            stop = choice.get("stop_reason") if isinstance(choice.get("stop_reason"), str) else stop
+        if finish is None:
+            raise EngineError("the engine ended the stream without finishing the completion")
+        if finish == "abort":
+            raise EngineError("the engine aborted the request")
+        if len(ids) != len(logprobs):
+            raise EngineError(f"the engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
+        return Generation(text=text, token_ids=ids, logprobs=logprobs, prompt_token_ids=self.prompt_ids,
+                          finish_reason="length" if finish == "length" else "stop", release_id=self.release_id,
+                          stop_sequence=stop)
 
-    def __iter__(self) -> Iterator[str]:
-        while (delta := self._deltas.get()) is not None:
-            yield delta
-        if self._error is not None:
-            raise self._error
-
-    def result(self, timeout: float | None = None) -> Generation:
-        if not self._done.wait(timeout):
-            raise TimeoutError("the engine has not finished this generation")
-        if self._error is not None:
-            raise self._error
-        return self._generation
-
-    def cancel(self) -> None:
-        conn = self._conn
-        if conn is not None and conn.sock is not None:
-            conn.sock.close()
+    def _finished(self) -> None:
+        if self._lease:
+            self._engine.gate.release()
 
 
-class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
+class VLLMEngine(ServerTokens, Generator, ReleaseHost, YieldsToTraining):
     """Generates through a vLLM server and serves trained releases on it (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, url: str | None = None, python: str | Path | None = None,
@@ -341,31 +308,9 @@ class VLLMEngine(Generator, ReleaseHost, YieldsToTraining):
         return self.client.ok("/health")
 
     # ---- generating -----------------------------------------------------------------------------------------
-    @property
-    def release_id(self) -> str:
-        return "base"
-
-    def release_for(self, scenario: str | None) -> str:
-        return self._routes.get(scenario, "base") if scenario else "base"
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat.prompt_ids(messages)
-
-    def completion_ids(self, text: str) -> list[int]:
-        return self.chat.completion_ids(text)
-
-    def vocab_size(self) -> int:
-        return self.chat.vocab_size()
-
-    def count_tokens(self, messages: list[dict]) -> int:
-        return len(self.prompt_ids(messages))
-
     def submit(self, request: ChatRequest) -> VLLMStream:
         p = request.params
-        if p.max_tokens < 1 or not 0 <= p.temperature <= 2 or not 0 < p.top_p <= 1:
-            raise ValueError("max_tokens must be >= 1, temperature in [0, 2], top_p in (0, 1]")
-        prompt_ids = list(request.prompt_ids) if request.prompt_ids else self.chat.request_ids(request)
-        release = request.release or self.release_for(request.scenario)
+        prompt_ids, release = self.request_tokens(request)
         if release != "base" and release not in self._folders:
             raise ValueError(f"release {release!r} is not loaded in this engine")
         if not self._up.is_set():
