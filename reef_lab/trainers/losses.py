@@ -19,6 +19,8 @@ trainers because every backend computes these losses (torch here, slime's own on
 
 from __future__ import annotations
 
+import math
+
 from reef_lab.extras import need
 
 need("train", "the token losses")
@@ -141,3 +143,52 @@ def dis_metrics(m: dict) -> dict:
             "masked_low_fraction": m.get("masked_low", 0) / tokens,
             "masked_high_fraction": m.get("masked_high", 0) / tokens,
             "ratio_mean": m.get("ratio_sum", tokens) / tokens}
+
+
+# ---- distillation: a teacher's logprobs on the student's own tokens (issue 41) ---------------------------------------
+DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
+
+
+def opd_loss(logp: torch.Tensor, logp_teacher: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
+             is_cap: float) -> tuple[torch.Tensor, dict]:
+    """On-policy distillation: the reverse KL(student || teacher) on the tokens the student sampled.
+
+    Per trained token t the teacher scored the student's own token y_t (no new tokens, never re-tokenised text);
+    d_t = log pi_s(y_t) - log pi_teacher(y_t) is the one-sample estimate of the reverse KL there, and its gradient
+    is E_{y ~ pi_s}[d * grad log pi_s] (the score-function form; E[grad log pi_s] = 0). Tokens sampled by an older
+    release mu are reweighted by rho = pi_s / mu, truncated at `is_cap` (no gradient through rho). The loss summed
+    is sum_t sg(min(rho_t, is_cap) * d_t) * log pi_s(y_t): its gradient is that estimate, its value is not the KL
+    (stats carry the KL: reverse_kl_sum, and how many ratios were capped)."""
+    on = mask.bool()
+    gap = torch.where(on, logp.detach() - torch.where(on, logp_teacher, 0.0), 0.0)
+    raw = torch.exp(masked_log_ratio(logp, logp_rollout, mask)).detach()
+    ratio = torch.where(on, raw.clamp(max=is_cap), 0.0)
+    loss = (ratio * gap * torch.where(on, logp, 0.0)).sum()
+    return loss, {"tokens": float(mask.sum()), "reverse_kl_sum": float(gap.sum()),
+                  "ratio_sum": float(ratio.sum()), "capped": float(((raw > is_cap) & on).sum())}
+
+
+def topk_divergence(logp_student: torch.Tensor, logp_teacher: torch.Tensor, mask: torch.Tensor, kind: str,
+                    beta: float = 0.5) -> tuple[torch.Tensor, dict]:
+    """A divergence between teacher and student over the teacher's top-K tokens at each trained position.
+
+    `logp_student`, `logp_teacher`: [B, T, K] log-probabilities (under each model's full softmax) of the same K
+    token ids, the teacher's most likely ones at that position; both are renormalised over those K (so each is a
+    distribution and the divergence is >= 0, 0 when they agree on the K). `forward_kl`: KL(teacher || student),
+    mass-covering; `jsd`: the generalised Jensen-Shannon divergence with weight `beta` on the teacher,
+    beta KL(t || m) + (1 - beta) KL(s || m), m = beta t + (1 - beta) s (beta 0.5: the symmetric JSD). The teacher
+    carries no gradient. Returns (the divergence summed over trained positions, stats)."""
+    if kind not in ("forward_kl", "jsd"):
+        raise ValueError(f"a top-K divergence is forward_kl or jsd, got {kind!r}")
+    if not 0 < beta < 1:
+        raise ValueError(f"jsd's beta must be in (0, 1), got {beta}")
+    on = mask.bool()
+    s = torch.log_softmax(torch.where(on[..., None], logp_student, 0.0), dim=-1)
+    t = torch.log_softmax(torch.where(on[..., None], logp_teacher.detach(), 0.0), dim=-1)
+    if kind == "forward_kl":
+        per = (t.exp() * (t - s)).sum(-1)
+    else:
+        m = torch.logsumexp(torch.stack([t + math.log(beta), s + math.log(1 - beta)]), dim=0)
+        per = beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
+    per = torch.where(on, per, 0.0)
+    return per.sum(), {"tokens": float(mask.sum()), f"{kind}_sum": float(per.detach().sum())}
