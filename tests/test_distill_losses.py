@@ -90,3 +90,103 @@ def test_topk_divergence_is_zero_when_the_student_matches_and_refuses_unknown_ki
         topk_divergence(t, t, mask, "reverse_kl")
     with pytest.raises(ValueError, match="beta"):
         topk_divergence(t, t, mask, "jsd", beta=1.0)
+
+
+# ---- through the torch trainer on the tiny Llama ---------------------------------------------------------------------
+def _samples(vocab: int = 40000) -> list:
+    from reef_lab.trainers.samples import Sample
+
+    out = []
+    for i, (p, c) in enumerate([(6, 9), (4, 12), (9, 5)]):
+        g = torch.Generator().manual_seed(10 + i)
+        prompt = torch.randint(3, vocab, (p,), generator=g).tolist()
+        completion = torch.randint(3, vocab, (c,), generator=g).tolist()
+        mask = [0 if 2 <= k < 4 else 1 for k in range(c)]  # a tool result inside the completion
+        out.append(Sample(f"d{i}", prompt, completion, [-9.0] * c, None, "base", temperature=0.7, loss_mask=mask))
+    return out
+
+
+def _full_logp(trainer, samples) -> list[torch.Tensor]:
+    """Each sample's [completion, vocab] log-softmax at temperature 1, by a plain forward of the whole sequence."""
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.prompt_ids + s.completion_ids])
+            logits = trainer.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1: -1].float()
+            out.append(torch.log_softmax(logits, -1))
+    return out
+
+
+def test_a_distill_step_computes_the_divergence_of_the_model_against_the_teachers_numbers(tiny_model_dir):
+    """reverse_kl: the step's reported KL is sum(log pi_s(y) - log pi_t(y)) over trained tokens, the student's
+    logprobs at temperature 1 (not the sampling temperature 0.7); forward_kl over the teacher's top-3: as
+    topk_divergence of the model's own full softmax gathered at those ids. Masked tokens' teacher values are junk."""
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", lr=1e-3, micro_batch_size=2))
+    samples = _samples(trainer.model.get_input_embeddings().num_embeddings)
+    g = torch.Generator().manual_seed(0)
+    full = _full_logp(trainer, samples)
+    want_kl = 0.0
+    for s, lp in zip(samples, full):
+        own = lp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1)
+        s.teacher_logprobs = [float(x) + float(torch.randn(1, generator=g)) if m else float("nan")
+                              for x, m in zip(own, s.mask)]
+        want_kl += sum(float(o) - t for o, t, m in zip(own, s.teacher_logprobs, s.mask) if m)
+        s.logprobs = own.tolist()  # sampled by this very policy: every importance ratio 1
+    m = trainer.step(samples, Loss("distill", divergence="reverse_kl", is_cap=2.0))
+    assert m["reverse_kl_sum"] == pytest.approx(want_kl, rel=1e-4, abs=1e-4) and m["capped"] == 0
+    assert m["tokens"] == sum(s.trained_tokens for s in samples) and math.isfinite(m["grad_norm"])
+
+    full = _full_logp(trainer, samples)  # the model after that step
+    want = 0.0
+    for s, lp in zip(samples, full):
+        teacher = torch.log_softmax(torch.randn(lp.shape, generator=g, dtype=torch.float64), -1)
+        top = teacher.topk(3, dim=-1)
+        s.teacher_top_ids = [row if mk else [0, 0, 0] for row, mk in zip(top.indices.tolist(), s.mask)]
+        s.teacher_top_logprobs = [row if mk else [float("nan")] * 3 for row, mk in zip(top.values.tolist(), s.mask)]
+        for t, mk in enumerate(s.mask):
+            if mk:
+                want += _hand("forward_kl", lp[t, top.indices[t]].tolist(), top.values[t].tolist())
+    m = trainer.step(samples, Loss("distill", divergence="forward_kl"))
+    assert m["forward_kl_sum"] == pytest.approx(want, rel=1e-4)
+
+
+def test_distill_steps_bring_the_student_to_the_teacher(tiny_model_dir):
+    """Reverse KL on fixed tokens: the student's logprobs move towards the teacher's (mean |gap| falls), and a
+    sample without teacher logprobs is refused with a message that names what is missing."""
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", lr=2e-4))
+    samples = _samples(trainer.model.get_input_embeddings().num_embeddings)
+
+    def gaps() -> float:
+        out = []
+        for s, lp in zip(samples, _full_logp(trainer, samples)):
+            own = lp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1)
+            out += [abs(float(o) - t) for o, t, m in zip(own, s.teacher_logprobs, s.mask) if m]
+        return sum(out) / len(out)
+
+    for s, lp in zip(samples, _full_logp(trainer, samples)):
+        own = lp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1)
+        s.teacher_logprobs = [float(x) + (1.5 if k % 2 else -1.5) for k, x in enumerate(own)]
+        s.logprobs = own.tolist()
+    seen = [gaps()]
+    for _ in range(4):
+        trainer.step(samples, Loss("distill"))
+        seen.append(gaps())
+    assert seen[-1] < 0.7 * seen[0] and all(b < a for a, b in zip(seen, seen[1:])), seen
+    samples[1].teacher_logprobs = None
+    with pytest.raises(ValueError, match="sample d1: no teacher_logprobs"):
+        trainer.step(samples, Loss("distill"))
+
+
+def test_distill_loss_config_errors():
+    from reef_lab.trainers.base import Loss
+
+    for bad, says in [({"divergence": "kl"}, "divergence must be"), ({"is_cap": 0.5}, "is_cap"),
+                      ({"jsd_beta": 0.0}, "jsd_beta")]:
+        with pytest.raises(ValueError, match=says):
+            Loss("distill", **bad)

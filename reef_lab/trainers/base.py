@@ -30,7 +30,7 @@ from typing import Any
 from reef_lab.trainers.samples import Sample
 from reef_lab.schema import check_fields
 
-LOSSES = ("nll", "dis", "is")
+LOSSES = ("nll", "dis", "is", "distill")
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,21 @@ class Loss:
       sample's per-token advantage, tokens whose ratio leaves [dis_low, dis_high] masked out (SAO, GRPO);
     - `is`: unclipped importance sampling, -rho * (A - kl_coef * sg(log pi_theta - log pi_base)) per token with
       rho = pi_theta / pi_rollout: every token kept, and a KL penalty towards the frozen base (its gradient is the
-      token-level reverse-KL gradient; base logprobs from the trainer, LoRA adapters off) (TTT-Discover).
+      token-level reverse-KL gradient; base logprobs from the trainer, LoRA adapters off) (TTT-Discover);
+    - `distill`: a divergence from a teacher's logprobs on the student's own tokens, at temperature 1
+      (reef_lab.trainers.losses): `reverse_kl` (on-policy distillation: the sampled token, the importance ratio to
+      the rollout's policy truncated at `is_cap`; needs Sample.teacher_logprobs), `forward_kl` or `jsd` (over the
+      teacher's top-K tokens at each position, `jsd_beta` its weight on the teacher; needs Sample.teacher_top_ids
+      and teacher_top_logprobs).
     """
 
     kind: str
     dis_low: float = 0.3
     dis_high: float = 5.0
     kl_coef: float = 0.0
+    divergence: str = "reverse_kl"
+    is_cap: float = 2.0
+    jsd_beta: float = 0.5
 
     def __post_init__(self) -> None:
         if self.kind not in LOSSES:
@@ -61,6 +69,13 @@ class Loss:
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef}")
         if self.kl_coef and self.kind != "is":
             raise ValueError(f"kl_coef is part of the 'is' loss only; loss {self.kind!r} would ignore it")
+        if self.divergence not in ("reverse_kl", "forward_kl", "jsd"):
+            raise ValueError(f"divergence must be reverse_kl, forward_kl or jsd, got {self.divergence!r}")
+        if not (self.is_cap >= 1 and self.is_cap != float("inf")):
+            raise ValueError(f"is_cap must be a finite number >= 1 (the largest importance ratio kept), got "
+                             f"{self.is_cap}")
+        if not 0 < self.jsd_beta < 1:
+            raise ValueError(f"jsd_beta must be in (0, 1), got {self.jsd_beta}")
 
 
 class SequenceLoss(ABC):

@@ -30,33 +30,44 @@ def full_token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
     index = batch["gather"][..., None].expand(-1, -1, out.logits.shape[-1])
     logits = out.logits.gather(1, index).float() / batch["temperature"][:, None, None]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["targets"][..., None]).squeeze(-1)
-    return torch.where(batch["mask"].bool(), logp, 0.0)
+    all_logp = torch.log_softmax(logits, dim=-1)
+    on = batch["mask"].bool()
+    if "topk_ids" in batch:
+        batch["student_topk"] = torch.where(on[..., None], all_logp.gather(-1, batch["topk_ids"]), 0.0)
+    return torch.where(on, all_logp.gather(-1, batch["targets"][..., None]).squeeze(-1), 0.0)
 
 
 def _chosen(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """[n] log softmax(head(hidden) / temperature)[target] of n positions."""
+    """[n, J] log softmax(head(hidden) / temperature)[targets] of n positions, J token ids each."""
     logits = head(hidden).float() / temperature[:, None]
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def token_logprobs(model, batch: dict[str, torch.Tensor], chunk: int) -> torch.Tensor:
     """[B, Tc] as full_token_logprobs, with the output layer applied to `chunk` trained positions at a time (and,
-    under autograd, again in the backward pass instead of keeping their logits); `chunk` 0: full_token_logprobs."""
+    under autograd, again in the backward pass instead of keeping their logits); `chunk` 0: full_token_logprobs.
+    When the batch holds `topk_ids` ([B, Tc, K]: a teacher's top-K tokens per position, for a top-K divergence),
+    the same pass also puts their logprobs in batch["student_topk"] ([B, Tc, K], 0 where the mask is 0)."""
     if chunk <= 0:
         return full_token_logprobs(model, batch)
     hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                  use_cache=False).last_hidden_state
     rows, cols = batch["mask"].bool().nonzero(as_tuple=True)
     picked = hidden[rows, batch["gather"][rows, cols]]  # [N, hidden]: the positions that predict trained tokens
-    targets, temps = batch["targets"][rows, cols], batch["temperature"][rows]
+    targets, temps = batch["targets"][rows, cols][:, None], batch["temperature"][rows]
+    if "topk_ids" in batch:
+        targets = torch.cat([targets, batch["topk_ids"][rows, cols]], dim=1)  # [N, 1 + K]
     head = model.get_output_embeddings()
     parts = []
     for i in range(0, len(rows), chunk):
         args = (head, picked[i: i + chunk], targets[i: i + chunk], temps[i: i + chunk])
         parts.append(checkpoint(_chosen, *args, use_reentrant=False) if torch.is_grad_enabled() else _chosen(*args))
+    got = torch.cat(parts).float() if parts else torch.zeros((0, targets.shape[1]), device=hidden.device)
     out = torch.zeros(batch["mask"].shape, dtype=torch.float32, device=hidden.device)  # fp32, as log_softmax's
-    return out.index_put((rows, cols), torch.cat(parts).to(out.dtype)) if parts else out
+    if "topk_ids" in batch:
+        topk = torch.zeros(batch["topk_ids"].shape, dtype=torch.float32, device=hidden.device)
+        batch["student_topk"] = topk.index_put((rows, cols), got[:, 1:])
+    return out.index_put((rows, cols), got[:, 0])
 
 
 @torch.no_grad()

@@ -59,14 +59,16 @@ def dis_loss(logp: torch.Tensor, logp_rollout: torch.Tensor, advantages: torch.T
 
 
 def per_token(chunk: list, what: str, mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] of each sample's per-token `what` (`advantages` or `base_logprobs`: one value per completion token),
+    """[B, T] of each sample's per-token `what` (`advantages`, `base_logprobs` or `teacher_logprobs`: one value per
+    completion token),
     0 where the loss mask is 0 (those values are never read, so an episode may leave them None)."""
     out = torch.zeros_like(mask)
     for i, s in enumerate(chunk):
-        values = s.advantages if what == "advantages" else s.base_logprobs
+        values = {"advantages": s.advantages, "base_logprobs": s.base_logprobs,
+                  "teacher_logprobs": s.teacher_logprobs}[what]
         if values is None:
-            raise ValueError(f"sample {s.record_id}: no {what} (the recipe sets Sample.advantages; the trainer "
-                             "fills in base_logprobs when a loss asks for a reference)")
+            raise ValueError(f"sample {s.record_id}: no {what} (the recipe sets Sample.advantages and the teacher's "
+                             "logprobs; the trainer fills in base_logprobs when a loss asks for a reference)")
         if len(values) != len(s.completion_ids):
             raise ValueError(f"sample {s.record_id}: {len(values)} {what} for "
                              f"{len(s.completion_ids)} completion tokens")
@@ -192,3 +194,36 @@ def topk_divergence(logp_student: torch.Tensor, logp_teacher: torch.Tensor, mask
         per = beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
     per = torch.where(on, per, 0.0)
     return per.sum(), {"tokens": float(mask.sum()), f"{kind}_sum": float(per.detach().sum())}
+
+
+def teacher_top(chunk: list, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T, K] token ids, [B, T, K] logprobs) of the teacher's top-K per completion token, from the samples'
+    teacher_top_ids / teacher_top_logprobs; ids 0 and logprobs 0 where the loss mask is 0 (never read)."""
+    ks = {len(row) for s in chunk for row, m in zip(s.teacher_top_ids or [], s.mask) if m}
+    if any(s.teacher_top_ids is None or s.teacher_top_logprobs is None for s in chunk) or len(ks) != 1:
+        raise ValueError("a top-K divergence needs teacher_top_ids and teacher_top_logprobs on every sample, the "
+                         f"same K at every trained token (found K in {sorted(ks)})")
+    (k,) = ks
+    ids = torch.zeros((*mask.shape, k), dtype=torch.long, device=mask.device)
+    logp = torch.zeros((*mask.shape, k), dtype=mask.dtype, device=mask.device)
+    for i, s in enumerate(chunk):
+        if len(s.teacher_top_ids) != len(s.completion_ids) or len(s.teacher_top_logprobs) != len(s.completion_ids):
+            raise ValueError(f"sample {s.record_id}: teacher top-K rows for {len(s.teacher_top_ids)} tokens, "
+                             f"{len(s.completion_ids)} completion tokens")
+        for t, (row_ids, row_lp, m) in enumerate(zip(s.teacher_top_ids, s.teacher_top_logprobs, s.mask)):
+            if m:
+                ids[i, t] = torch.tensor(row_ids)
+                logp[i, t] = torch.tensor(row_lp, dtype=mask.dtype)
+    return ids, logp
+
+
+def distill_token_loss(divergence: str, is_cap: float, jsd_beta: float):
+    """The trainer loss of a `distill` step (the trainer runs it at temperature 1): `reverse_kl` from
+    Sample.teacher_logprobs (opd_loss), `forward_kl` / `jsd` from the teacher's top-K (topk_divergence; the
+    trainer computes the student's logprobs of those ids in the same forward pass, batch["student_topk"])."""
+    def loss(logp, batch, chunk):
+        if divergence == "reverse_kl":
+            teacher = per_token(chunk, "teacher_logprobs", batch["mask"])
+            return opd_loss(logp, teacher, batch["old_logprobs"], batch["mask"], is_cap)
+        return topk_divergence(batch["student_topk"], batch["teacher_topk"], batch["mask"], divergence, jsd_beta)
+    return loss

@@ -36,6 +36,7 @@ from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
                                     TrainerConfig, check_token_ids)
+from reef_lab.trainers import losses
 from reef_lab.trainers.logprobs import check_logit_path, token_logprobs
 
 log = logging.getLogger("reef_lab.trainer")
@@ -89,11 +90,10 @@ LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], list[Sample]], tuple[t
 
 
 def _torch_losses() -> dict[str, Callable[[Loss], LossFn]]:
-    from reef_lab.trainers import losses
-
     return {"nll": lambda loss: lambda logp, batch, chunk: losses.nll_loss(logp, batch["mask"]),
             "dis": lambda loss: losses.dis_token_loss(loss.dis_low, loss.dis_high),
-            "is": lambda loss: losses.is_token_loss(loss.kl_coef)}
+            "is": lambda loss: losses.is_token_loss(loss.kl_coef),
+            "distill": lambda loss: losses.distill_token_loss(loss.divergence, loss.is_cap, loss.jsd_beta)}
 
 
 def loss_function(loss: Loss) -> LossFn:
@@ -210,19 +210,19 @@ class TorchTrainer(SequenceLossTrainer):
         if not isinstance(loss, Loss):
             raise TypeError(f"a trainer step takes a Loss or a SequenceLoss, got {type(loss).__name__}")
         fn = loss_function(loss)
-        if loss.kind == "nll":  # the model's own distribution, temperature 1 (Loss's docstring says why)
+        if loss.kind in ("nll", "distill"):  # the model's own distribution, temperature 1 (Loss's docstring)
             samples = [replace(s, temperature=1.0) for s in samples]
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
                 s.base_logprobs = base
-        return self.step_fn(samples, fn)
+        return self.step_fn(samples, fn, top_k=loss.kind == "distill" and loss.divergence != "reverse_kl")
 
     def step_fn(self, samples: list[Sample], loss_fn: LossFn, denominator: float | None = None, group: int = 1,
-                reference: bool = False, temperature_one: bool = False) -> dict:
+                reference: bool = False, temperature_one: bool = False, top_k: bool = False) -> dict:
         """One optimizer step: loss_fn(logp, batch, chunk) -> (loss summed, stats summed) per micro-batch of whole
         groups; the loss is divided by `denominator` (default: the batch's trained tokens). `reference` puts the
         frozen base's logprobs in batch["ref_logprobs"]; `temperature_one` scores at temperature 1 whatever the
-        rollouts were sampled at."""
+        rollouts were sampled at; `top_k` puts the samples' teacher top-K in the batch (a top-K divergence)."""
         started = time.perf_counter()
         total_tokens = sum(s.trained_tokens for s in samples)
         denominator = total_tokens if denominator is None else denominator
@@ -235,6 +235,8 @@ class TorchTrainer(SequenceLossTrainer):
                 batch["temperature"] = torch.ones_like(batch["temperature"])
             if reference:
                 batch["ref_logprobs"] = self.base_logprobs(batch)
+            if top_k:
+                batch["topk_ids"], batch["teacher_topk"] = losses.teacher_top(chunk, batch["mask"])
             logp = token_logprobs(self.model, batch, self.config.logprob_chunk)
             loss_sum, stats = loss_fn(logp, batch, chunk)
             (loss_sum / denominator).backward()
