@@ -5,6 +5,7 @@ anything, even inf, and get no gradient."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -190,3 +191,35 @@ def test_distill_loss_config_errors():
                       ({"jsd_beta": 0.0}, "jsd_beta")]:
         with pytest.raises(ValueError, match=says):
             Loss("distill", **bad)
+
+
+def test_the_trainer_scores_a_teacher_on_the_students_tokens_and_refuses_another_tokenizer(tiny_model_dir, tmp_path):
+    """score_teacher: the teacher (here a release of the student trained one step) scores the sample's own tokens;
+    its logprobs equal a plain forward of that model, its top-K are the K largest; a teacher context (a longer
+    prompt) changes them; a teacher with another tokenizer is refused, naming the fix."""
+    import shutil
+
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    teacher = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", lr=1e-3))
+    samples = _samples(teacher.model.get_input_embeddings().num_embeddings)
+    teacher.step([s for s in _samples(teacher.model.get_input_embeddings().num_embeddings)], Loss("nll"))
+    release = teacher.export(tmp_path / "v1", {"release_id": "v1"})
+    student = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    student.score_teacher(samples, None, release, top_k=4)
+    for s, lp in zip(samples, _full_logp(teacher, samples)):
+        own = lp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(s.teacher_logprobs), own, atol=1e-5)
+        assert s.teacher_top_ids == lp.topk(4, -1).indices.tolist()
+    before = list(samples[0].teacher_logprobs)
+    student.score_teacher(samples[:1], None, release, prompts=[[5, 6, 7] + samples[0].prompt_ids])
+    assert samples[0].teacher_logprobs != before and len(samples[0].teacher_logprobs) == len(before)
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    vocab["model"]["vocab"] = {("x" + k if i == 7 else k): v for i, (k, v) in enumerate(vocab["model"]["vocab"].items())}
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    with pytest.raises(ValueError, match="another tokenizer than the student"):
+        student.score_teacher(samples, other)

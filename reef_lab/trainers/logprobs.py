@@ -88,3 +88,40 @@ def check_logit_path(model, device: torch.device) -> None:
                          "get_decoder()'s last hidden states (logit soft-capping or scaling?): the trainer's chunked "
                          "logprobs would differ from the model's; set trainer.logprob_chunk: 0 (the full logits, "
                          "more memory)")
+
+
+@torch.no_grad()
+def teacher_scores(model, prompt_ids: list[int], completion_ids: list[int], top_k: int, chunk: int = 256,
+                   device: torch.device | None = None) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """A teacher's view of a student's tokens, at temperature 1 and with no new token generated: the logprob of
+    each completion token after `prompt_ids` (which may hold more than the student saw: a teacher context), and
+    (top_k > 0) the teacher's top-K token ids and their logprobs at each completion position. The output layer runs
+    on `chunk` positions at a time, so no [length, vocabulary] logits of a whole sequence exist."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=device)
+    hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
+    head = model.get_output_embeddings()
+    start, n = len(prompt_ids) - 1, len(completion_ids)
+    targets = torch.tensor(completion_ids, device=hidden.device)
+    chosen, top_ids, top_lp = [], [], []
+    for i in range(0, n, chunk):
+        logp = torch.log_softmax(head(hidden[start + i: start + min(i + chunk, n)]).float(), dim=-1)
+        chosen += logp.gather(-1, targets[i: i + chunk, None]).squeeze(-1).tolist()
+        if top_k:
+            top = logp.topk(top_k, dim=-1)
+            top_ids += top.indices.tolist()
+            top_lp += top.values.tolist()
+    return chosen, top_ids, top_lp
+
+
+def check_same_tokenizer(student_dir, teacher_dir) -> None:
+    """Refuse a teacher whose tokenizer is not the student's: distillation compares the two models' logprobs of
+    the same token ids, and a re-tokenised text would compare different things (the refusal names both)."""
+    from transformers import AutoTokenizer
+
+    a = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
+    b = AutoTokenizer.from_pretrained(teacher_dir, local_files_only=True)
+    if a.get_vocab() != b.get_vocab() or a.all_special_tokens != b.all_special_tokens:
+        raise ValueError(f"the teacher at {teacher_dir} has another tokenizer than the student at {student_dir} "
+                         f"({len(b.get_vocab())} vs {len(a.get_vocab())} tokens): distillation scores the student's "
+                         "own token ids and never re-tokenises; pick a teacher of the same tokenizer (a release of "
+                         "this model, or a larger model of the same family)")

@@ -37,7 +37,7 @@ from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
                                     TrainerConfig, check_token_ids)
 from reef_lab.trainers import losses
-from reef_lab.trainers.logprobs import check_logit_path, token_logprobs
+from reef_lab.trainers.logprobs import check_logit_path, check_same_tokenizer, teacher_scores, token_logprobs
 
 log = logging.getLogger("reef_lab.trainer")
 
@@ -154,6 +154,7 @@ class TorchTrainer(SequenceLossTrainer):
                                            betas=tuple(self.config.betas))
         self.steps = 0
         self._frozen_base = None  # a full fine-tune's frozen copy of the base model, loaded when first asked for
+        self._teacher, self._teacher_key = None, None  # a distillation teacher, loaded when first asked for
 
     def micro_batches(self, samples: list[Sample], group: int = 1):
         """Consecutive whole groups of samples, at most micro_batch_size of them and (micro_batch_tokens) at most
@@ -182,6 +183,26 @@ class TorchTrainer(SequenceLossTrainer):
         if self._frozen_base is None:
             self._frozen_base = load_causal_lm(self.model_dir, None, self.device).eval().requires_grad_(False)
         return token_logprobs(self._frozen_base, batch, self.config.logprob_chunk)
+
+    def score_teacher(self, samples: list[Sample], teacher_dir: str | Path | None, teacher_release=None,
+                      top_k: int = 0, prompts: list[list[int]] | None = None) -> None:
+        """Fill each sample's teacher fields (teacher_logprobs, and with top_k the teacher's top-K per token): the
+        teacher is the model in `teacher_dir` (its tokenizer must be the student's) with the weights of release
+        folder `teacher_release` if given, loaded once and frozen; it reads `prompts[i]` (default: the sample's own
+        prompt; a teacher context puts more in front) followed by the sample's own completion tokens."""
+        key = (str(teacher_dir or self.model_dir), str(teacher_release))
+        if self._teacher_key != key:
+            if teacher_dir is not None and Path(teacher_dir) != self.model_dir:
+                check_same_tokenizer(self.model_dir, teacher_dir)
+            self._teacher = load_causal_lm(teacher_dir or self.model_dir, teacher_release,
+                                           self.device).eval().requires_grad_(False)
+            self._teacher_key = key
+        for i, s in enumerate(samples):
+            prompt = prompts[i] if prompts is not None else s.prompt_ids
+            s.teacher_logprobs, ids, lps = teacher_scores(self._teacher, prompt, s.completion_ids, top_k,
+                                                          self.config.logprob_chunk or 256, self.device)
+            if top_k:
+                s.teacher_top_ids, s.teacher_top_logprobs = ids, lps
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
