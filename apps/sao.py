@@ -187,7 +187,7 @@ def plot_run(run: dict):
                     top += [y + h for y, h in zip(ys, hi, strict=True)]
                     seen += xs
             if len(ax.get_legend_handles_labels()[0]) > 1:
-                ax.legend(loc="lower right", fontsize=8)
+                ax.legend(loc="lower right")
             fit_axes(ax, seen + released, None)
             ax.set_ylim(-0.02, max(top) * 1.05)
         else:
