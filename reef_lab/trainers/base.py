@@ -250,6 +250,17 @@ class Trainer(ABC):
                              "options of its own")
 
 
+class DistillTrainer(Trainer):
+    """A trainer that scores samples under a frozen teacher (the distillation recipes, reef_lab/learning/distill.py)."""
+
+    @abstractmethod
+    def score_teacher(self, samples: list[Sample], teacher_dir: str | Path | None,
+                      teacher_release: str | Path | None = None, top_k: int = 0,
+                      prompts: list[list[int]] | None = None) -> None:
+        """Fill each sample's teacher_logprobs (and with `top_k` its teacher_top_ids / teacher_top_logprobs): the
+        teacher reads `prompts[i]` (default: the sample's prompt) then the sample's own completion tokens."""
+
+
 class SequenceLossTrainer(Trainer):
     """A trainer that also runs a recipe's own SequenceLoss: `step(samples, loss)` takes a Loss or a SequenceLoss."""
 

@@ -34,7 +34,7 @@ import torch
 
 from reef_lab.checkpoints import load_checkpoint, stamp_checkpoint
 from reef_lab.trainers.samples import Sample
-from reef_lab.trainers.base import (Critic, CriticConfig, Loss, SequenceLoss, SequenceLossTrainer,
+from reef_lab.trainers.base import (Critic, CriticConfig, DistillTrainer, Loss, SequenceLoss, SequenceLossTrainer,
                                     TrainerConfig, check_token_ids)
 from reef_lab.trainers import losses
 from reef_lab.trainers.logprobs import check_logit_path, check_same_tokenizer, teacher_scores, token_logprobs
@@ -111,7 +111,7 @@ def sequence_loss_function(loss: SequenceLoss) -> LossFn:
     return fn
 
 
-class TorchTrainer(SequenceLossTrainer):
+class TorchTrainer(SequenceLossTrainer, DistillTrainer):
     """The policy being trained. `step(samples, loss)` is one optimizer step; `export` writes a checkpoint."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,

@@ -1,0 +1,143 @@
+"""What the distillation recipes share (recipes/opd, recipes/sdft): the teacher they name, checked when the
+scenario's learner starts, and the one step they take (the teacher scores the student's own tokens, then the
+trainer's `distill` loss, reef_lab/trainers/losses.py).
+
+The teacher is an operator's choice (every TeacherConfig field is operator-only): it names weights on this machine
+(a folder, a release of any scenario), which a tenant's client must not be able to read through a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reef_lab.learning.recipe import LearnConfig
+from reef_lab.schema import check_fields
+from reef_lab.trainers.base import DistillTrainer, Loss
+from reef_lab.trainers.samples import Sample
+
+DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
+
+
+@dataclass
+class TeacherConfig:
+    model_path: str | None = field(default=None, metadata={"operator": True, "help":
+        "a local Hugging Face model folder with the student's tokenizer (refused otherwise); none: the deployment's "
+        "own model"})
+    release: str | None = field(default=None, metadata={"operator": True, "help":
+        "a weights release of this deployment, '<scenario>:vN' (an earlier release, another scenario's): its weights "
+        "on model_path's architecture"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.model_path is not None and not (Path(self.model_path) / "config.json").is_file():
+            raise ValueError(f"teacher.model_path {self.model_path!r} is not a Hugging Face model folder (no "
+                             "config.json there): name a local folder holding the teacher's weights and tokenizer")
+        if self.release is not None and (":" not in self.release or not self.release.split(":", 1)[1]):
+            raise ValueError(f"teacher.release {self.release!r} must name a release as '<scenario>:vN', e.g. "
+                             "'calculator:v3'")
+
+    @property
+    def named(self) -> bool:
+        return self.model_path is not None or self.release is not None
+
+
+@dataclass
+class DistillConfig(LearnConfig):
+    """A distillation recipe's knobs: the divergence, its top-K, the importance-sampling cap, the batch."""
+
+    divergence: str = field(default="reverse_kl", metadata={"help":
+        "reverse_kl: on-policy distillation on the sampled token (mode-seeking); forward_kl or jsd: over the "
+        "teacher's top_k tokens at each position"})
+    top_k: int = field(default=16, metadata={"client_max": 256, "help":
+        "forward_kl / jsd: how many of the teacher's most likely tokens per position the divergence covers"})
+    is_cap: float = field(default=2.0, metadata={"help":
+        "reverse_kl: the cap on pi_student / pi_rollout for tokens an older release sampled"})
+    jsd_beta: float = field(default=0.5, metadata={"help": "jsd: the weight on the teacher (0.5: symmetric)"})
+    batch_size: int = field(default=8, metadata={"client_max": 1024, "help": "samples per optimizer step"})
+    max_staleness: int = field(default=8, metadata={"help": "most policy steps a rollout may lag the trainer"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+        if self.divergence != "reverse_kl" and self.top_k < 1:
+            raise ValueError(f"divergence {self.divergence!r} compares the teacher's top-K tokens: top_k must be at "
+                             f"least 1, got {self.top_k}")
+        if self.is_cap < 1:
+            raise ValueError(f"is_cap must be at least 1 (1: no token counts more than once), got {self.is_cap}")
+        if not 0 < self.jsd_beta < 1:
+            raise ValueError(f"jsd_beta must be in (0, 1), got {self.jsd_beta}")
+        if self.batch_size < 1 or self.max_staleness < 0:
+            raise ValueError("batch_size must be at least 1 and max_staleness at least 0")
+
+    @property
+    def loss(self) -> Loss:
+        return Loss("distill", divergence=self.divergence, is_cap=self.is_cap, jsd_beta=self.jsd_beta)
+
+    @property
+    def scored_top_k(self) -> int:
+        return 0 if self.divergence == "reverse_kl" else self.top_k
+
+
+@dataclass(frozen=True)
+class ResolvedTeacher:
+    """Where the teacher's weights are: the model folder and, for a release, its weights folder."""
+
+    model_dir: Path
+    release_folder: Path | None
+    name: str  # what the metrics and the release's lineage call it
+
+    def describe(self) -> dict:
+        return {"teacher": self.name, "teacher_model": str(self.model_dir),
+                "teacher_release_folder": str(self.release_folder) if self.release_folder else None}
+
+
+def resolve_teacher(teacher: TeacherConfig, student_dir: Path, releaser) -> ResolvedTeacher:
+    """The teacher's folders, checked now (the learner's start): a release that exists and holds weights, a model
+    folder whose tokenizer is the student's. ValueError naming the field and the fix otherwise."""
+    model_dir = Path(teacher.model_path) if teacher.model_path else Path(student_dir)
+    if model_dir != Path(student_dir):
+        from reef_lab.trainers.logprobs import check_same_tokenizer  # imports transformers: the learner's start only
+
+        check_same_tokenizer(student_dir, model_dir)
+    folder = None
+    if teacher.release:
+        scenario = teacher.release.split(":", 1)[0]
+        if scenario not in releaser.scenarios():
+            raise ValueError(f"teacher.release {teacher.release!r}: this deployment has no scenario {scenario!r} "
+                             "with releases")
+        rel = releaser.release(scenario, teacher.release)  # NotFound names the release
+        if rel is None or rel.get("kind", "weights") != "weights":
+            raise ValueError(f"teacher.release {teacher.release!r} is not a weights release (a harness release "
+                             "changes no weights to distil from)")
+        folder = Path(rel["folder"])
+    name = teacher.release or (str(model_dir) if teacher.model_path else "base")
+    return ResolvedTeacher(model_dir, folder, name)
+
+
+def teacher_gap(batch: list[Sample]) -> dict:
+    """The teacher-student log-prob gap on the generated tokens the step trains: mean of log pi_teacher(y) minus
+    log pi_rollout(y) (the engine's logprob at sampling); it shrinks as the student takes the teacher's choices."""
+    gaps = [t - s for smp in batch if smp.teacher_logprobs is not None and smp.logprobs is not None
+            for t, s, m in zip(smp.teacher_logprobs, smp.logprobs, smp.mask, strict=True) if m]
+    return {"teacher_gap": sum(gaps) / len(gaps)} if gaps else {}
+
+
+def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: ResolvedTeacher,
+                 prompts: list[list[int]] | None = None) -> dict:
+    """Score the batch under the teacher (with `prompts` in front of each completion when given: a teacher
+    context), then one `distill` step; the metrics carry the divergence and the teacher gap."""
+    if not isinstance(trainer, DistillTrainer):
+        raise ValueError(f"trainer backend {type(trainer).__name__} cannot score a teacher: distillation recipes "
+                         "need trainer.backend torch")
+    trainer.score_teacher(batch, teacher.model_dir, teacher.release_folder, config.scored_top_k, prompts)
+    m = trainer.step(batch, config.loss)
+    tokens = m.get("tokens") or 0
+    out = {**m, **teacher_gap(batch), "policy_step": True}
+    if f"{config.divergence}_sum" in m and tokens:  # the divergence per trained token (reverse_kl: its estimate)
+        out[config.divergence] = m[f"{config.divergence}_sum"] / tokens
+    scores = [s.score for s in batch if s.score is not None]
+    if scores:
+        out["reward_mean"] = sum(scores) / len(scores)
+    return out

@@ -1,0 +1,162 @@
+"""The distillation recipes live (recipes/opd): a teacher named by the operator, checked when the learner starts,
+scoring the student's own served tokens; a release out and served. On the tiny random-init Llama."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import openai
+import pytest
+import requests
+
+from reef_lab.engines.embedded import EmbeddedEngine
+from reef_lab.errors import BadRequest
+from reef_lab.gateway.gateway import Gateway
+from reef_lab.learning.learner import read_metrics
+from reef_lab.tasks.base import make_task
+from tests.conftest import Running
+from tests.test_learning import EVAL, TRAINER, ask, check_trained, drive
+
+
+@pytest.fixture
+def gateway(tiny_model_dir, tmp_path):
+    engine = EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=8)
+    gw = Gateway(tmp_path / "data", engine)
+    yield gw
+    gw.close()
+
+
+def teacher_release(gw) -> str:
+    """A weights release of another scenario (SFT on half the answers): the teacher the OPD scenario names."""
+    gw.create_scenario({"name": "teach", "recipe": "sft", "config": {"batch_size": 4, "trainer": TRAINER}})
+    drive(gw, "teach", 8)
+    ln = gw.learner("teach")
+    assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+    assert gw.list_releases("teach")["serving"] == "teach:v1"
+    return "teach:v1"
+
+
+def unscored(gw, scenario: str, n: int) -> None:
+    """n answers at temperature 1, each reported without a score (OPD needs none)."""
+    for k, item in enumerate(make_task().items(n, seed=5)):
+        receipt, _, _ = ask(gw, scenario, item, seed=k)
+        gw.report(scenario, {"references": [receipt], "feedback": "no score here"})
+
+
+def test_opd_distils_a_release_of_another_scenario_into_the_student(gateway, tiny_model_dir):
+    teacher = teacher_release(gateway)
+    gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+        "teacher": {"release": teacher}, "batch_size": 4, "steps_per_candidate": 2, "trainer": TRAINER,
+        **EVAL}}, operator=True)
+    unscored(gateway, "s", 8)
+    check_trained(gateway, "s", tiny_model_dir)  # every parameter moved, v1 released and serving
+    steps = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
+    assert len(steps) == 2 and all(m["policy_step"] for m in steps)
+    for m in steps:
+        # the teacher differs from the student: a nonzero gap and a finite divergence estimate on 4 samples' tokens
+        assert math.isfinite(m["reverse_kl"]) and m["teacher_gap"] != 0 and m["samples"] == 4
+        assert "reward_mean" not in m  # no report carried a score
+    # the other scenario still serves its own release; the teacher was not changed by being read
+    assert ask(gateway, "teach", make_task().items(1, seed=99)[0])[1] == "teach:v1"
+
+
+def test_opd_forward_kl_over_the_teachers_top_k(gateway, tiny_model_dir):
+    teacher = teacher_release(gateway)
+    gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+        "teacher": {"release": teacher}, "divergence": "forward_kl", "top_k": 4, "batch_size": 4,
+        "trainer": TRAINER, **EVAL}}, operator=True)
+    unscored(gateway, "s", 4)
+    ln = gateway.learner("s")
+    assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+    (step,) = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+    assert step["forward_kl"] > 0 and math.isfinite(step["loss"])
+
+
+def test_opd_config_errors_are_400s_naming_the_field(gateway, tiny_model_dir, tmp_path):
+    running = Running(gateway)
+    try:
+        def create(config):
+            return requests.post(f"{running.url}/reef/scenarios", json={"name": "s", "recipe": "opd",
+                                                                        "config": config}, timeout=60)
+        r = create({"teacher": {"release": "teach:v1"}})  # a client may not point a scenario at weights
+        assert r.status_code == 400 and "teacher" in r.json()["error"]["message"], r.text
+        assert requests.get(f"{running.url}/reef/scenarios", timeout=30).json()["scenarios"] == []
+    finally:
+        running.server.shutdown()
+    with pytest.raises(BadRequest, match="divergence must be one of"):
+        gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+            "teacher": {"release": "x:v1"}, "divergence": "kl"}}, operator=True)
+    with pytest.raises(BadRequest, match="top_k"):
+        gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+            "teacher": {"release": "x:v1"}, "divergence": "jsd", "top_k": 0}}, operator=True)
+    with pytest.raises(BadRequest, match="no config.json"):
+        gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+            "teacher": {"model_path": str(tmp_path)}}}, operator=True)
+    with pytest.raises(BadRequest, match="'<scenario>:vN'"):
+        gateway.create_scenario({"name": "s", "recipe": "opd", "config": {"teacher": {"release": "v1"}}},
+                                operator=True)
+
+
+def test_opd_refuses_a_missing_teacher_one_of_another_tokenizer_or_a_missing_release(gateway, tiny_model_dir, tmp_path):
+    """Checked when the learner starts (the first report): the scenario keeps serving and recording, the error
+    names the fix in /reef/status; nothing is re-tokenised."""
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    vocab["model"]["vocab"] = {("x" + k if i == 7 else k): v for i, (k, v) in enumerate(vocab["model"]["vocab"].items())}
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    gateway.create_scenario({"name": "a", "recipe": "opd", "config": {"teacher": {"model_path": str(other)}}},
+                            operator=True)
+    gateway.create_scenario({"name": "b", "recipe": "opd", "config": {"teacher": {"release": "nowhere:v1"}}},
+                            operator=True)
+    gateway.create_scenario({"name": "c", "recipe": "opd", "config": {"batch_size": 4}})  # a client's: no teacher
+    for name in ("a", "b", "c"):
+        receipt, release, _ = ask(gateway, name, make_task().items(1, seed=1)[0])
+        assert release == "base"
+        gateway.report(name, {"references": [receipt], "feedback": "ok"})
+        assert gateway.get_record(name, receipt)["release_id"] == "base"  # recorded all the same
+    errors = gateway.learners.errors
+    assert "another tokenizer than the student" in errors["a"], errors
+    assert "no scenario 'nowhere'" in errors["b"], errors
+    assert "names none: set teacher.release" in errors["c"], errors
+
+
+def test_opd_live_over_http_with_the_openai_sdk(gateway, tiny_model_dir):
+    """The SDK client's answers, reported without scores over HTTP, train a release that serves the next call
+    without a restart."""
+    teacher = teacher_release(gateway)
+    gateway.create_scenario({"name": "s", "recipe": "opd", "config": {
+        "teacher": {"release": teacher}, "batch_size": 4, "trainer": TRAINER}}, operator=True)
+    running = Running(gateway)
+    try:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="none",
+                               default_headers={"x-reef-scenario": "s"})
+        for k, item in enumerate(make_task().items(4, seed=3)):
+            raw = client.chat.completions.with_raw_response.create(
+                model="tiny", messages=item["messages"], max_tokens=6, temperature=1.0, seed=k)
+            receipt = raw.headers["x-reef-agent-record-id"]
+            r = requests.post(f"{running.url}/reef/report", headers={"x-reef-scenario": "s"},
+                              json={"references": [receipt], "feedback": "looks fine"}, timeout=60)
+            assert r.status_code in (200, 201), r.text
+        ln = gateway.learner("s")
+        assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=make_task().items(1, seed=9)[0]["messages"], max_tokens=4)
+        assert raw.headers["x-reef-release-id"] == "s:v1"
+    finally:
+        running.server.shutdown()
+
+
+def test_the_shipped_examples_configure():
+    from pathlib import Path
+
+    import yaml
+
+    from reef_lab.learning.recipe import load_recipe
+
+    for name in ("arithmetic", "tiny"):
+        path = Path(__file__).resolve().parents[1] / f"recipes/opd/examples/{name}.yaml"
+        recipe = load_recipe("opd", yaml.safe_load(path.read_text()))
+        assert recipe.config.teacher.release and recipe.config.batch_size >= 4
