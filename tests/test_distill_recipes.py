@@ -156,7 +156,47 @@ def test_the_shipped_examples_configure():
 
     from reef_lab.learning.recipe import load_recipe
 
-    for name in ("arithmetic", "tiny"):
-        path = Path(__file__).resolve().parents[1] / f"recipes/opd/examples/{name}.yaml"
-        recipe = load_recipe("opd", yaml.safe_load(path.read_text()))
-        assert recipe.config.teacher.release and recipe.config.batch_size >= 4
+    for recipe_name in ("opd", "sdft"):
+        for name in ("arithmetic", "tiny"):
+            path = Path(__file__).resolve().parents[1] / f"recipes/{recipe_name}/examples/{name}.yaml"
+            recipe = load_recipe(recipe_name, yaml.safe_load(path.read_text()))
+            assert recipe.config.batch_size >= 4
+            assert recipe_name != "opd" or recipe.config.teacher.release
+
+
+def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
+    """The student itself, shown the report's feedback in its system prompt, teaches the student without it: the
+    release is trained and served; a report without words, or with too many, is a 400 and stores nothing."""
+    from reef_lab.errors import BadRequest
+
+    gateway.create_scenario({"name": "s", "recipe": "sdft", "config": {
+        "batch_size": 4, "steps_per_candidate": 2, "max_context_chars": 200, "trainer": TRAINER, **EVAL}})
+    items = make_task().items(8, seed=5)
+    receipts = []
+    for k, item in enumerate(items):
+        receipt, _, _ = ask(gateway, "s", item, seed=k)
+        receipts.append(receipt)
+        with pytest.raises(BadRequest, match="learns from the words of a report"):
+            gateway.report("s", {"references": [receipt], "score": 1.0})
+        with pytest.raises(BadRequest, match="at most 200"):
+            gateway.report("s", {"references": [receipt], "feedback": "x" * 201})
+        # half as a plain string, half as an object's context
+        feedback = f"The answer is {item['answer']}." if k % 2 else {"context": f"It is {item['answer']}.", "by": "t"}
+        gateway.report("s", {"references": [receipt], "feedback": feedback})
+    check_trained(gateway, "s", tiny_model_dir)
+    steps = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(m["reverse_kl"]) and m["teacher_gap"] != 0 for m in steps)
+    # the refused reports stored nothing: one report per answer, each with its words
+    reports = gateway.list_records("s", kind="report", limit=100)["records"]
+    assert len(reports) == 8 and all(r["feedback"] for r in reports)
+
+
+def test_sdft_puts_the_context_in_the_system_message():
+    from recipes.sdft.recipe import report_context, with_context
+
+    assert report_context(" it is 7 ") == "it is 7" and report_context({"context": "7"}) == "7"
+    assert report_context({"text": "7"}) is None and report_context("  ") is None and report_context(None) is None
+    user = [{"role": "user", "content": "2+5?"}]
+    assert with_context(user, "C") == [{"role": "system", "content": "C"}, *user]
+    system = [{"role": "system", "content": "Be brief."}, *user]
+    assert with_context(system, "C") == [{"role": "system", "content": "Be brief.\n\nC"}, *user]

@@ -124,14 +124,20 @@ def teacher_gap(batch: list[Sample]) -> dict:
     return {"teacher_gap": sum(gaps) / len(gaps)} if gaps else {}
 
 
-def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: ResolvedTeacher,
+def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: ResolvedTeacher | None,
                  prompts: list[list[int]] | None = None) -> dict:
-    """Score the batch under the teacher (with `prompts` in front of each completion when given: a teacher
-    context), then one `distill` step; the metrics carry the divergence and the teacher gap."""
+    """Score the batch under the teacher (None: the policy itself, as it is before this step) with `prompts` in
+    front of each completion when given (a teacher context), then one `distill` step; the metrics carry the
+    divergence and the teacher gap."""
     if not isinstance(trainer, DistillTrainer):
         raise ValueError(f"trainer backend {type(trainer).__name__} cannot score a teacher: distillation recipes "
                          "need trainer.backend torch")
-    trainer.score_teacher(batch, teacher.model_dir, teacher.release_folder, config.scored_top_k, prompts)
+    if teacher is None:
+        if prompts is None:
+            raise ValueError("self-distillation needs the teacher's prompts (the student's, with a context added)")
+        trainer.score_self(batch, prompts, config.scored_top_k)
+    else:
+        trainer.score_teacher(batch, teacher.model_dir, teacher.release_folder, config.scored_top_k, prompts)
     m = trainer.step(batch, config.loss)
     tokens = m.get("tokens") or 0
     out = {**m, **teacher_gap(batch), "policy_step": True}

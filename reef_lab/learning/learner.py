@@ -254,6 +254,7 @@ class Learner(LearnerLoop, RecordHolder):
         measured = report_measures(rec)
         for s in out:
             s.extra["report_measures"] = measured
+            s.extra["feedback"] = rec.get("feedback")  # the report's words (a self-distillation teacher's context)
         return out
 
     def _release_steps(self) -> dict[str, int]:

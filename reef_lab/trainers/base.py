@@ -260,6 +260,11 @@ class DistillTrainer(Trainer):
         """Fill each sample's teacher_logprobs (and with `top_k` its teacher_top_ids / teacher_top_logprobs): the
         teacher reads `prompts[i]` (default: the sample's prompt) then the sample's own completion tokens."""
 
+    @abstractmethod
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+        """The same, with the policy as it is now as the teacher (self-distillation: `prompts` hold a context the
+        student did not see)."""
+
 
 class SequenceLossTrainer(Trainer):
     """A trainer that also runs a recipe's own SequenceLoss: `step(samples, loss)` takes a Loss or a SequenceLoss."""

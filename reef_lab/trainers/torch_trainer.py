@@ -205,6 +205,16 @@ class TorchTrainer(SequenceLossTrainer, DistillTrainer):
                 s.teacher_top_ids, s.teacher_top_logprobs = ids, lps
 
     @torch.no_grad()
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+        """The policy itself as the teacher, as it is now (before the step it teaches): it reads `prompts[i]` (the
+        sample's prompt with a context the student did not see) followed by the sample's own completion tokens."""
+        for s, prompt in zip(samples, prompts, strict=True):
+            s.teacher_logprobs, ids, lps = teacher_scores(self.model, prompt, s.completion_ids, top_k,
+                                                          self.config.logprob_chunk or 256, self.device)
+            if top_k:
+                s.teacher_top_ids, s.teacher_top_logprobs = ids, lps
+
+    @torch.no_grad()
     def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
         """Each sample's completion-token logprobs under the current policy (no gradient; 0 where the loss mask is
         0); `base`: under the frozen base (base_logprobs)."""
