@@ -156,7 +156,7 @@ def test_the_shipped_examples_configure():
 
     from reef_lab.learning.recipe import load_recipe
 
-    for recipe_name in ("opd", "sdft"):
+    for recipe_name in ("opd", "sdft", "sdpo"):
         for name in ("arithmetic", "tiny"):
             path = Path(__file__).resolve().parents[1] / f"recipes/{recipe_name}/examples/{name}.yaml"
             recipe = load_recipe(recipe_name, yaml.safe_load(path.read_text()))
@@ -192,7 +192,7 @@ def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
 
 
 def test_sdft_puts_the_context_in_the_system_message():
-    from recipes.sdft.recipe import report_context, with_context
+    from reef_lab.learning.distill import report_context, with_context
 
     assert report_context(" it is 7 ") == "it is 7" and report_context({"context": "7"}) == "7"
     assert report_context({"text": "7"}) is None and report_context("  ") is None and report_context(None) is None
@@ -200,3 +200,42 @@ def test_sdft_puts_the_context_in_the_system_message():
     assert with_context(user, "C") == [{"role": "system", "content": "C"}, *user]
     system = [{"role": "system", "content": "Be brief."}, *user]
     assert with_context(system, "C") == [{"role": "system", "content": "Be brief.\n\nC"}, *user]
+
+
+def test_sdpo_adds_the_self_teachers_token_log_ratio_to_the_group_advantage(gateway, tiny_model_dir):
+    """Groups of 2 scored 0 and 1; half the reports carry words: those samples' token advantages are the group
+    advantage plus the clipped log-ratio of the student with the words to the rollout; the others' are constant."""
+    gateway.create_scenario({"name": "s", "recipe": "sdpo", "config": {
+        "group_size": 2, "batch_size": 8, "distill_coef": 0.5, "trainer": TRAINER, **EVAL}})
+    seen: list = []
+    recipe = gateway.learners.recipe("s")
+    train = recipe.train
+
+    def spy(trainer, batch):
+        out = train(trainer, batch)
+        seen.extend((s.score, s.extra.get("feedback"), list(s.advantages), s.teacher_logprobs, s.logprobs)
+                    for s in batch)
+        return out
+    recipe.train = spy
+    k = 0
+    for j, item in enumerate(make_task().items(4, seed=5)):
+        for g in range(2):
+            receipt, _, _ = ask(gateway, "s", item, seed=k, group=f"p{j}")
+            report = {"references": [receipt], "score": float(g)}
+            if j % 2:
+                report["feedback"] = f"The answer is {item['answer']}."
+            gateway.report("s", report)
+            k += 1
+    with pytest.raises(BadRequest, match="needs a 'score'"):
+        gateway.report("s", {"references": [receipt], "feedback": "words alone"})
+    check_trained(gateway, "s", tiny_model_dir)
+    assert len(seen) == 8
+    for score, feedback, advs, teacher, rollout in seen:
+        base = 1.0 if score == 1.0 else -1.0  # a group of 0 and 1, centred and scaled by its std
+        if feedback is None:
+            assert advs == pytest.approx([base] * len(advs), abs=1e-4) and teacher is None
+        else:
+            want = [base + 0.5 * max(-5, min(5, t - r)) for t, r in zip(teacher, rollout)]
+            assert advs == pytest.approx(want, abs=1e-4) and len(set(advs)) > 1
+    (step,) = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
+    assert step["worded"] == 4 and step["teacher_gap"] != 0

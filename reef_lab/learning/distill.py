@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reef_lab.errors import BadRequest
 from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
 from reef_lab.trainers.samples import Sample
+from reef_lab.wire.translate import chat_messages
 
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 
@@ -78,6 +80,69 @@ class DistillConfig(LearnConfig):
     @property
     def scored_top_k(self) -> int:
         return 0 if self.divergence == "reverse_kl" else self.top_k
+
+
+@dataclass
+class ContextDistillConfig(DistillConfig):
+    """Self-distillation with a teacher context: where the report's words go in the teacher's prompt, and how long
+    they may be."""
+
+    context_template: str = field(default=(
+        "Feedback on an earlier answer to this request, to take into account: {context}"), metadata={
+        "help": "how the report's context enters the teacher's system prompt ({context} is replaced)"})
+    max_context_chars: int = field(default=4000, metadata={"client_max": 32_000,
+        "help": "the longest context a report may carry (longer: 400)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if "{context}" not in self.context_template:
+            raise ValueError("context_template must contain {context}, where the report's words go")
+        if self.max_context_chars < 1:
+            raise ValueError("max_context_chars must be at least 1")
+
+
+def report_context(feedback) -> str | None:
+    """The teacher context a report's feedback carries: the string, or an object's `context` string."""
+    text = feedback.get("context") if isinstance(feedback, dict) else feedback
+    return text.strip() or None if isinstance(text, str) else None
+
+
+def check_report_context(recipe: str, report: dict, config: ContextDistillConfig, required: bool) -> None:
+    """BadRequest for a report (on answers) whose words a recipe needs and it lacks, or that are too long."""
+    if not report.get("references"):
+        return
+    context = report_context(report.get("feedback"))
+    if context is None and required:
+        raise BadRequest(f"the {recipe} recipe learns from the words of a report: give 'feedback' as a string or "
+                         "as an object with a 'context' string (a correction, the right answer, a worked example)")
+    if context is not None and len(context) > config.max_context_chars:
+        raise BadRequest(f"the report's context has {len(context)} characters; this scenario takes at most "
+                         f"{config.max_context_chars} (max_context_chars)")
+
+
+def with_context(messages: list[dict], context: str) -> list[dict]:
+    """The messages with `context` in the system message: appended to the first message's text if it is a string
+    system message, else a new system message in front."""
+    first = messages[0] if isinstance(messages[0], dict) else {}
+    if first.get("role") == "system" and isinstance(first.get("content"), str):
+        return [{**first, "content": f"{first['content']}\n\n{context}"}, *messages[1:]]
+    return [{"role": "system", "content": context}, *messages]
+
+
+def context_prompts(batch: list[Sample], records, engine, template: str) -> list[list[int]]:
+    """Each sample's request with its report's context in the system message, templated by the engine (the chat
+    template that made the student's prompt), from a request of any dialect (read by reef_lab.wire); tool
+    definitions are left out of the teacher's prompt (for now)."""
+    by_id = {r["id"]: r for r in records.get_many([s.record_id for s in batch])}
+    prompts = []
+    for s in batch:
+        record = by_id.get(s.record_id) or {}
+        if not isinstance(record.get("request"), dict) or not record.get("dialect"):
+            raise ValueError(f"sample {s.record_id}: its record holds no request to add the context to")
+        messages = chat_messages(record["dialect"], record["request"])
+        context = report_context(s.extra.get("feedback"))
+        prompts.append(engine.prompt_ids(with_context(messages, template.format(context=context))))
+    return prompts
 
 
 @dataclass(frozen=True)
