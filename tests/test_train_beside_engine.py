@@ -148,8 +148,8 @@ def test_vllm_pauses_once_for_overlapping_steps_and_a_switch_meanwhile_keeps_it_
         with engine.training_step():  # a second scenario's learner steps at the same time
             assert calls == [PAUSE]
         assert calls == [PAUSE]  # the first step still holds it
-        engine.route("s", "s:v1")  # a release goes live meanwhile: its switch drops abandoned requests and caches
-        assert calls[1] == "/pause?mode=abort&clear_cache=true" and calls[2] == "/collective_rpc"
+        engine.route("s", "s:v1")  # a release goes live meanwhile: its switch freezes, drops the prefix cache
+        assert calls[1] == "/pause?mode=keep&clear_cache=true" and calls[2] == "/collective_rpc"
         assert "/resume" not in calls  # the switch leaves the step's pause in place
     assert calls[-1] == "/resume" and calls.count("/resume") == 1
     assert engine.gate.held == "s:v1"

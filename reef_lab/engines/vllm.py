@@ -10,7 +10,7 @@ vLLM on CPU is its own install (`bash scripts/setup.sh --vllm`: `.venv-vllm`, wi
 pins); the child runs from there. Releases reach it by one of two transports (`engine_options.transport`):
 
 - `weights` (the default on CPU, where LoRA generates about 4x slower): one set of full weights at a time, reloaded in
-  place (`/pause?mode=abort&clear_cache=true`, `/collective_rpc reload_weights`, `/resume`, `VLLM_SERVER_DEV_MODE=1`).
+  place (`/pause?mode=keep&clear_cache=true`, `/collective_rpc reload_weights`, `/resume`, `VLLM_SERVER_DEV_MODE=1`).
   A request holds a lease on the weights it was pinned to until it finishes; switching to another release waits for
   the leases to drain while new requests for the old weights queue behind the switch, so every answer comes from the
   weights its record names. Scenarios on different releases (or a candidate under evaluation) take turns, a swap
@@ -57,6 +57,8 @@ ZERO_ADAPTER = "reef-base"
 # A training step's pause: running and arriving requests stay queued with their KV cache, and the prefix cache is
 # kept (vLLM clears it by default, which only costs the prompts' recomputation at /resume)
 STEP_PAUSE = "keep&clear_cache=false"
+# A weight switch's pause: the same freeze, and the prefix cache dropped (its entries came from the old weights)
+SWITCH_PAUSE = "keep&clear_cache=true"
 
 
 class WeightsGate:
@@ -376,9 +378,12 @@ class VLLMEngine(ServerTokens, Generator, ReleaseHost, YieldsToTraining):
         held, held_folder = self.gate.held, self._held_folder
         folder = self.model_dir if release_id == "base" else self._folders[release_id]
         started = time.perf_counter()
-        # No lease is out, so whatever the server still runs was abandoned by its client: abort it; the pause
-        # clears the KV and prefix caches once drained, and nothing is scheduled until /resume.
-        self._pause("abort&clear_cache=true")
+        # No lease is out. The pause freezes whatever the server still holds (`keep`), never aborts it: with
+        # `abort`, switches made while a training step held the server paused ended requests of the learner's
+        # held-out evaluation without a finish ("ended the stream without finishing the completion", seen in CI and
+        # in /tmp/reef-vllm logs: a run of abort pauses, one /resume). An abandoned request is ended by vLLM when it
+        # sees its client gone. The prefix cache is dropped (its entries came from the old weights).
+        self._pause(SWITCH_PAUSE)
         try:
             try:
                 self._reload(folder)
@@ -455,8 +460,8 @@ class VLLMEngine(ServerTokens, Generator, ReleaseHost, YieldsToTraining):
             let_go(False)
 
     def _pause(self, mode: str) -> None:
-        """Count a holder of the pause: the server is paused by the first (a weight switch pauses with `abort` even
-        when a step holds it already, to drop abandoned requests and the caches) and resumed by the last."""
+        """Count a holder of the pause: the server is paused by the first (a weight switch pauses again even when a
+        step holds it already, to drop the prefix cache) and resumed by the last."""
         with self._pause_lock:
             if self._pauses == 0 or mode != STEP_PAUSE:
                 self.client.call("POST", f"/pause?mode={mode}")
