@@ -1,6 +1,6 @@
-"""What the distillation recipes share (recipes/opd, recipes/sdft): the teacher they name, checked when the
-scenario's learner starts, and the one step they take (the teacher scores the student's own tokens, then the
-trainer's `distill` loss, reef_lab/trainers/losses.py).
+"""What the distillation recipes share (recipes/opd, sdft, sdpo): the teacher they name, checked when the
+scenario's learner starts; the teacher context a report's words make; and the one step they take (the teacher scores
+the student's own tokens, then the trainer's `distill` loss, reef_lab/trainers/losses.py).
 
 The teacher is an operator's choice (every TeacherConfig field is operator-only): it names weights on this machine
 (a folder, a release of any scenario), which a tenant's client must not be able to read through a config.
@@ -151,11 +151,7 @@ class ResolvedTeacher:
 
     model_dir: Path
     release_folder: Path | None
-    name: str  # what the metrics and the release's lineage call it
-
-    def describe(self) -> dict:
-        return {"teacher": self.name, "teacher_model": str(self.model_dir),
-                "teacher_release_folder": str(self.release_folder) if self.release_folder else None}
+    name: str  # the release id, the folder, or "base"
 
 
 def resolve_teacher(teacher: TeacherConfig, student_dir: Path, releaser) -> ResolvedTeacher:
