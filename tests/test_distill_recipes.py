@@ -239,3 +239,27 @@ def test_sdpo_adds_the_self_teachers_token_log_ratio_to_the_group_advantage(gate
             assert advs == pytest.approx(want, abs=1e-4) and len(set(advs)) > 1
     (step,) = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
     assert step["worded"] == 4 and step["teacher_gap"] != 0
+
+
+def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_path):
+    """scripts/run_experiment.py's path (reef_lab.experiments.weights.run_experiment): the experiment's rollouts,
+    a teacher folder of the same tokenizer (the tiny model with one tensor changed), one release."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from reef_lab.experiments.weights import ExperimentConfig, run_experiment
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher)
+    tensors = load_file(str(teacher / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[name] = tensors[name] + 0.05 * torch.randn_like(tensors[name], generator=torch.Generator().manual_seed(0))
+    save_file(tensors, str(teacher / "model.safetensors"), metadata={"format": "pt"})
+    cfg = ExperimentConfig(name="opd", recipe="opd", rollouts=16, concurrency=4, max_pool=8, max_tokens=4,
+                           temperature=1.0, out_dir=str(tmp_path / "run"), recipe_config={
+                               "teacher": {"model_path": str(teacher)}, "batch_size": 8, "steps_per_candidate": 2,
+                               "trainer": {"lr": 1e-3, "micro_batch_size": 8}})
+    summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    assert summary["releases"] == 1
+    steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
+    assert len(steps) == 2 and all(m["samples"] == 8 and m["teacher_gap"] != 0 for m in steps)
