@@ -36,7 +36,7 @@ class GRPOConfig(LearnConfig):
             raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
 
 
-class GRPORecipe(WeightRecipe):
+class GRPORecipe(rl.GroupBatches, WeightRecipe):
     name = "grpo"
 
     def __init__(self, **config):
@@ -52,23 +52,8 @@ class GRPORecipe(WeightRecipe):
     def accepts(self, sample: Sample) -> bool:
         return sample.score is not None and sample.logprobs is not None and sample.group is not None
 
-    def _fresh(self, pool, step, release_steps):
-        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
-
-    def _groups(self, fresh):
-        groups: dict[str, list[Sample]] = {}
-        for s in fresh:
-            groups.setdefault(s.group, []).append(s)
-        return [g[: self.config.group_size] for g in groups.values() if len(g) >= self.config.group_size]
-
-    def ready(self, pool, trainer_step, release_steps) -> bool:
-        fresh, _ = self._fresh(pool, trainer_step, release_steps)
-        return len(self._groups(fresh)) * self.config.group_size >= self.config.batch_size
-
     def build_batch(self, pool, trainer_step, release_steps):
-        fresh, stale = self._fresh(pool, trainer_step, release_steps)
-        groups = self._groups(fresh)[: self.config.batch_size // self.config.group_size]
-        batch = [s for g in groups for s in g]
+        batch, stale = super().build_batch(pool, trainer_step, release_steps)
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],
                                    scale=self.config.scale_by_std)
         for s, a in zip(batch, advs, strict=True):

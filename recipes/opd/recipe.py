@@ -29,7 +29,7 @@ class OPDConfig(DistillConfig):
         "help": "reef_lab.learning.distill.TeacherConfig: the frozen teacher (model_path and/or release)"})
 
 
-class OPDRecipe(WeightRecipe):
+class OPDRecipe(rl.FreshBatches, WeightRecipe):
     name = "opd"
 
     def __init__(self, **config):
@@ -47,16 +47,6 @@ class OPDRecipe(WeightRecipe):
     def accepts(self, sample: Sample) -> bool:
         # the importance ratio needs the engine's logprobs; a demonstration is not the student's own sample
         return sample.logprobs is not None and not sample.extra.get("demonstration")
-
-    def _fresh(self, pool, step, release_steps):
-        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
-
-    def ready(self, pool, trainer_step, release_steps) -> bool:
-        return len(self._fresh(pool, trainer_step, release_steps)[0]) >= self.config.batch_size
-
-    def build_batch(self, pool, trainer_step, release_steps):
-        fresh, stale = self._fresh(pool, trainer_step, release_steps)
-        return fresh[: self.config.batch_size], stale
 
     def train(self, trainer, batch: list[Sample]) -> dict:
         return distill_step(trainer, batch, self.config, self.teacher)

@@ -29,7 +29,7 @@ class SDFTConfig(ContextDistillConfig):
     """sdft's config: the distillation knobs and the context's template and size limit (ContextDistillConfig)."""
 
 
-class SDFTRecipe(WeightRecipe):
+class SDFTRecipe(rl.FreshBatches, WeightRecipe):
     name = "sdft"
 
     def __init__(self, **config):
@@ -46,16 +46,6 @@ class SDFTRecipe(WeightRecipe):
     def accepts(self, sample: Sample) -> bool:
         return (sample.logprobs is not None and not sample.extra.get("demonstration")
                 and report_context(sample.extra.get("feedback")) is not None)
-
-    def _fresh(self, pool, step, release_steps):
-        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
-
-    def ready(self, pool, trainer_step, release_steps) -> bool:
-        return len(self._fresh(pool, trainer_step, release_steps)[0]) >= self.config.batch_size
-
-    def build_batch(self, pool, trainer_step, release_steps):
-        fresh, stale = self._fresh(pool, trainer_step, release_steps)
-        return fresh[: self.config.batch_size], stale
 
     def train(self, trainer, batch: list[Sample]) -> dict:
         prompts = context_prompts(batch, self._records, self._engine, self.config.context_template)

@@ -47,7 +47,7 @@ class SDPOConfig(ContextDistillConfig):
             raise ValueError("sdpo's token advantage is the sampled token's log-ratio: divergence must be reverse_kl")
 
 
-class SDPORecipe(WeightRecipe):
+class SDPORecipe(rl.GroupBatches, WeightRecipe):
     name = "sdpo"
 
     def __init__(self, **config):
@@ -68,24 +68,6 @@ class SDPORecipe(WeightRecipe):
 
     def accepts(self, sample: Sample) -> bool:
         return sample.score is not None and sample.logprobs is not None and sample.group is not None
-
-    def _fresh(self, pool, step, release_steps):
-        return rl.split_by_staleness(pool, step, release_steps, self.config.max_staleness)
-
-    def _groups(self, fresh):
-        groups: dict[str, list[Sample]] = {}
-        for s in fresh:
-            groups.setdefault(s.group, []).append(s)
-        return [g[: self.config.group_size] for g in groups.values() if len(g) >= self.config.group_size]
-
-    def ready(self, pool, trainer_step, release_steps) -> bool:
-        fresh, _ = self._fresh(pool, trainer_step, release_steps)
-        return len(self._groups(fresh)) * self.config.group_size >= self.config.batch_size
-
-    def build_batch(self, pool, trainer_step, release_steps):
-        fresh, stale = self._fresh(pool, trainer_step, release_steps)
-        groups = self._groups(fresh)[: self.config.batch_size // self.config.group_size]
-        return [s for g in groups for s in g], stale
 
     def train(self, trainer, batch: list[Sample]) -> dict:
         if not isinstance(trainer, DistillTrainer):

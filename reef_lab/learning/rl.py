@@ -87,3 +87,39 @@ def split_by_staleness(pool: list, trainer_step: int, release_steps: dict[str, i
         ok = within_staleness(release_steps.get(s.release_id, 0), trainer_step, max_staleness)
         (fresh if ok else stale).append(s)
     return fresh, stale
+
+
+class FreshBatches:
+    """`ready` / `build_batch` of a recipe that trains on the pool's first `batch_size` samples within
+    `max_staleness` policy steps of the trainer (older ones are dropped): opd, sdft. Reads config.batch_size and
+    config.max_staleness."""
+
+    def _fresh(self, pool, trainer_step, release_steps):
+        return split_by_staleness(pool, trainer_step, release_steps, self.config.max_staleness)
+
+    def ready(self, pool, trainer_step, release_steps) -> bool:
+        return len(self._fresh(pool, trainer_step, release_steps)[0]) >= self.config.batch_size
+
+    def build_batch(self, pool, trainer_step, release_steps):
+        fresh, stale = self._fresh(pool, trainer_step, release_steps)
+        return fresh[: self.config.batch_size], stale
+
+
+class GroupBatches(FreshBatches):
+    """The same for a recipe that compares `group_size` rollouts of one prompt (their `group`): a batch is whole
+    groups, batch_size // group_size of them (grpo, sdpo)."""
+
+    def _groups(self, fresh):
+        groups: dict = {}
+        for s in fresh:
+            groups.setdefault(s.group, []).append(s)
+        return [g[: self.config.group_size] for g in groups.values() if len(g) >= self.config.group_size]
+
+    def ready(self, pool, trainer_step, release_steps) -> bool:
+        fresh, _ = self._fresh(pool, trainer_step, release_steps)
+        return len(self._groups(fresh)) * self.config.group_size >= self.config.batch_size
+
+    def build_batch(self, pool, trainer_step, release_steps):
+        fresh, stale = self._fresh(pool, trainer_step, release_steps)
+        groups = self._groups(fresh)[: self.config.batch_size // self.config.group_size]
+        return [s for g in groups for s in g], stale
