@@ -13,19 +13,12 @@ import requests
 
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.errors import BadRequest
-from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from reef_lab.tasks.base import make_task
 from tests.conftest import Running
-from tests.test_learning import EVAL, TRAINER, ask, check_trained, drive
+from tests.test_learning import EVAL, TRAINER, ask, check_trained, drive, gateway  # noqa: F401 - the fixture
 
 
-@pytest.fixture
-def gateway(tiny_model_dir, tmp_path):
-    engine = EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=8)
-    gw = Gateway(tmp_path / "data", engine)
-    yield gw
-    gw.close()
 
 
 def teacher_release(gw) -> str:
@@ -263,3 +256,22 @@ def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_pat
     assert summary["releases"] == 1
     steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
     assert len(steps) == 2 and all(m["samples"] == 8 and m["teacher_gap"] != 0 for m in steps)
+
+
+def test_the_teacher_prompt_reads_any_dialect_and_the_template_is_not_a_format_string():
+    """The context goes in through `{context}` alone: a client's template with other braces is kept as text (never
+    str.format, which would read attributes or fail on `{0}`); an Anthropic request is read through reef_lab.wire."""
+    from types import SimpleNamespace
+
+    from reef_lab.learning.distill import context_prompts
+    from reef_lab.trainers.samples import Sample
+
+    records = {"a": {"id": "a", "dialect": "anthropic.messages", "request": {
+        "model": "m", "max_tokens": 5, "system": "Be brief.", "messages": [{"role": "user", "content": "2+5?"}]}}}
+    seen = []
+    engine = SimpleNamespace(prompt_ids=lambda messages: seen.append(messages) or [1, 2])
+    store = SimpleNamespace(get_many=lambda ids: [records[i] for i in ids])
+    sample = Sample("a", [1], [2], [-0.5], None, "base", extra={"feedback": {"context": "It is 7."}})
+    assert context_prompts([sample], store, engine, "{0} {context.__class__} {context}") == [[1, 2]]
+    assert seen == [[{"role": "system", "content": "Be brief.\n\n{0} {context.__class__} It is 7."},
+                     {"role": "user", "content": "2+5?"}]]

@@ -19,21 +19,8 @@ from reef_lab.trainers.base import Loss, Trainer
 
 
 @dataclass
-class GRPOConfig(LearnConfig):
-    group_size: int = field(default=4, metadata={"client_max": 64, "help": "rollouts per prompt (G)"})
-    batch_size: int = field(default=16, metadata={"client_max": 1024,
-        "help": "rollouts per policy step (a multiple of group_size)"})
-    scale_by_std: bool = field(default=True, metadata={"help": "divide the centred score by the group's std"})
-    dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this"})
-    dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this"})
+class GRPOConfig(rl.GroupConfig, LearnConfig):
     max_staleness: int = field(default=4, metadata={"help": "most policy steps a rollout may lag the trainer"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.group_size < 2 or self.batch_size % self.group_size:
-            raise ValueError("group_size must be >= 2 and batch_size a multiple of it")
-        if not 0 < self.dis_low < 1 < self.dis_high:
-            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
 
 
 class GRPORecipe(rl.GroupBatches, WeightRecipe):

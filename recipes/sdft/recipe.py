@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reef_lab.learning import rl
-from reef_lab.learning.distill import (ContextDistillConfig, check_report_context, context_prompts, distill_step,
+from reef_lab.learning.distill import (ContextDistillConfig, ContextTeacher, check_report_context, distill_step,
                                        report_context)
-from reef_lab.learning.learner import Learner, WeightRecipe
+from reef_lab.learning.learner import WeightRecipe
 from reef_lab.trainers.samples import Sample
 
 
@@ -29,16 +29,11 @@ class SDFTConfig(ContextDistillConfig):
     """sdft's config: the distillation knobs and the context's template and size limit (ContextDistillConfig)."""
 
 
-class SDFTRecipe(rl.FreshBatches, WeightRecipe):
+class SDFTRecipe(ContextTeacher, rl.FreshBatches, WeightRecipe):
     name = "sdft"
 
     def __init__(self, **config):
         self.config = SDFTConfig(**config)
-        self._records = self._engine = None
-
-    def learner(self, ctx) -> Learner:
-        self._records, self._engine = ctx.records, ctx.engine
-        return Learner(ctx, self)
 
     def validate_report(self, report: dict) -> None:
         check_report_context(self.name, report, self.config, required=True)
@@ -48,5 +43,4 @@ class SDFTRecipe(rl.FreshBatches, WeightRecipe):
                 and report_context(sample.extra.get("feedback")) is not None)
 
     def train(self, trainer, batch: list[Sample]) -> dict:
-        prompts = context_prompts(batch, self._records, self._engine, self.config.context_template)
-        return distill_step(trainer, batch, self.config, None, prompts)
+        return distill_step(trainer, batch, self.config, None, self.teacher_prompts(batch))

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.learning import rl
-from reef_lab.learning.distill import (ContextDistillConfig, check_report_context, context_prompts,
+from reef_lab.learning.distill import (ContextDistillConfig, ContextTeacher, check_report_context,
                                        report_context, teacher_gap)
-from reef_lab.learning.learner import Learner, WeightRecipe
+from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import require_score
 from reef_lab.trainers import losses
 from reef_lab.trainers.base import DistillTrainer, Loss
@@ -24,39 +24,24 @@ from reef_lab.trainers.samples import Sample
 
 
 @dataclass
-class SDPOConfig(ContextDistillConfig):
-    group_size: int = field(default=4, metadata={"client_max": 64, "help": "rollouts per prompt (G)"})
-    batch_size: int = field(default=16, metadata={"client_max": 1024,
-        "help": "rollouts per policy step (a multiple of group_size)"})
-    scale_by_std: bool = field(default=True, metadata={"help": "divide the centred score by the group's std"})
+class SDPOConfig(rl.GroupConfig, ContextDistillConfig):
     distill_coef: float = field(default=1.0, metadata={"help": "weight of the self-teacher's token log-ratio in "
                                                        "each token's advantage (0: GRPO)"})
     gap_clip: float = field(default=5.0, metadata={"help": "the token log-ratio is clipped to [-gap_clip, gap_clip]"})
-    dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this"})
-    dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_size < 2 or self.batch_size % self.group_size:
-            raise ValueError("group_size must be >= 2 and batch_size a multiple of it")
-        if not 0 < self.dis_low < 1 < self.dis_high:
-            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
         if self.distill_coef < 0 or self.gap_clip <= 0:
             raise ValueError("distill_coef must be >= 0 and gap_clip > 0")
         if self.divergence != "reverse_kl":
             raise ValueError("sdpo's token advantage is the sampled token's log-ratio: divergence must be reverse_kl")
 
 
-class SDPORecipe(rl.GroupBatches, WeightRecipe):
+class SDPORecipe(ContextTeacher, rl.GroupBatches, WeightRecipe):
     name = "sdpo"
 
     def __init__(self, **config):
         self.config = SDPOConfig(**config)
-        self._records = self._engine = None
-
-    def learner(self, ctx) -> Learner:
-        self._records, self._engine = ctx.records, ctx.engine
-        return Learner(ctx, self)
 
     @property
     def rollouts_per_prompt(self) -> int:
@@ -75,8 +60,7 @@ class SDPORecipe(rl.GroupBatches, WeightRecipe):
                              "trainer.backend torch")
         worded = [s for s in batch if report_context(s.extra.get("feedback")) is not None]
         if worded:
-            trainer.score_self(worded, context_prompts(worded, self._records, self._engine,
-                                                        self.config.context_template))
+            trainer.score_self(worded, self.teacher_prompts(worded))
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],
                                    scale=self.config.scale_by_std)
         clip, coef = self.config.gap_clip, self.config.distill_coef

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reef_lab.errors import BadRequest
+from reef_lab.learning.learner import Learner
 from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
@@ -89,7 +90,8 @@ class ContextDistillConfig(DistillConfig):
 
     context_template: str = field(default=(
         "Feedback on an earlier answer to this request, to take into account: {context}"), metadata={
-        "help": "how the report's context enters the teacher's system prompt ({context} is replaced)"})
+        "help": "how the report's context enters the teacher's system prompt (each {context} is replaced by it; "
+                "nothing else in the text is read)"})
     max_context_chars: int = field(default=4000, metadata={"client_max": 32_000,
         "help": "the longest context a report may carry (longer: 400)"})
 
@@ -141,8 +143,22 @@ def context_prompts(batch: list[Sample], records, engine, template: str) -> list
             raise ValueError(f"sample {s.record_id}: its record holds no request to add the context to")
         messages = chat_messages(record["dialect"], record["request"])
         context = report_context(s.extra.get("feedback"))
-        prompts.append(engine.prompt_ids(with_context(messages, template.format(context=context))))
+        prompts.append(engine.prompt_ids(with_context(messages, template.replace("{context}", context))))
     return prompts
+
+
+class ContextTeacher:
+    """A self-distillation recipe's teacher prompts (sdft, sdpo): its learner keeps the scenario's records and the
+    engine whose chat template makes them. Mixed in before WeightRecipe; reads config.context_template."""
+
+    _records = _engine = None
+
+    def learner(self, ctx) -> Learner:
+        self._records, self._engine = ctx.records, ctx.engine
+        return Learner(ctx, self)
+
+    def teacher_prompts(self, batch: list[Sample]) -> list[list[int]]:
+        return context_prompts(batch, self._records, self._engine, self.config.context_template)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ The token losses these advantages feed (nll, dis, is) live with the trainers: re
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from reef_lab.extras import need
 
@@ -123,3 +124,23 @@ class GroupBatches(FreshBatches):
         fresh, stale = self._fresh(pool, trainer_step, release_steps)
         groups = self._groups(fresh)[: self.config.batch_size // self.config.group_size]
         return [s for g in groups for s in g], stale
+
+
+@dataclass
+class GroupConfig:
+    """The config of a recipe that compares groups of rollouts with the DIS loss (grpo, sdpo): mixed in before its
+    LearnConfig base, whose checks run first."""
+
+    group_size: int = field(default=4, metadata={"client_max": 64, "help": "rollouts per prompt (G)"})
+    batch_size: int = field(default=16, metadata={"client_max": 1024,
+        "help": "rollouts per policy step (a multiple of group_size)"})
+    scale_by_std: bool = field(default=True, metadata={"help": "divide the centred score by the group's std"})
+    dis_low: float = field(default=0.3, metadata={"help": "drop tokens with pi_theta/pi_rollout below this"})
+    dis_high: float = field(default=5.0, metadata={"help": "drop tokens with pi_theta/pi_rollout above this"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size < 2 or self.batch_size % self.group_size:
+            raise ValueError("group_size must be >= 2 and batch_size a multiple of it")
+        if not 0 < self.dis_low < 1 < self.dis_high:
+            raise ValueError("the DIS interval needs 0 < dis_low < 1 < dis_high")
