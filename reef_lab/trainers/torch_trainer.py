@@ -197,19 +197,16 @@ class TorchTrainer(SequenceLossTrainer, DistillTrainer):
             self._teacher = load_causal_lm(teacher_dir or self.model_dir, teacher_release,
                                            self.device).eval().requires_grad_(False)
             self._teacher_key = key
-        for i, s in enumerate(samples):
-            prompt = prompts[i] if prompts is not None else s.prompt_ids
-            s.teacher_logprobs, ids, lps = teacher_scores(self._teacher, prompt, s.completion_ids, top_k,
-                                                          self.config.logprob_chunk or 256, self.device)
-            if top_k:
-                s.teacher_top_ids, s.teacher_top_logprobs = ids, lps
+        self._score(self._teacher, samples, prompts or [s.prompt_ids for s in samples], top_k)
 
-    @torch.no_grad()
     def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
         """The policy itself as the teacher, as it is now (before the step it teaches): it reads `prompts[i]` (the
         sample's prompt with a context the student did not see) followed by the sample's own completion tokens."""
-        for s, prompt in zip(samples, prompts, strict=True):
-            s.teacher_logprobs, ids, lps = teacher_scores(self.model, prompt, s.completion_ids, top_k,
+        self._score(self.model, samples, prompts, top_k)
+
+    def _score(self, model, samples: list[Sample], prompts: list[list[int]], top_k: int) -> None:
+        for s, prompt in zip(samples, prompts, strict=True):  # teacher_scores runs without gradient
+            s.teacher_logprobs, ids, lps = teacher_scores(model, prompt, s.completion_ids, top_k,
                                                           self.config.logprob_chunk or 256, self.device)
             if top_k:
                 s.teacher_top_ids, s.teacher_top_logprobs = ids, lps
