@@ -89,20 +89,29 @@ def run_twice(name: str) -> dict:
         outs.append(out)
         measured.append((*losses_and_weights(name, ROOT / out), round(time.perf_counter() - started)))
     (la, wa, oa, ta), (lb, wb, ob, tb) = measured
-    return {"name": name, "command": command_line(COMMANDS[name](RUNS / f"{name}-a")[1:]),
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"name": name, "commit": commit.strip(), "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": command_line(COMMANDS[name](RUNS / f"{name}-a")[1:]),
             "losses": [la, lb], "weights": [wa, wb], "other": [oa, ob], "wall_s": [ta, tb],
             "identical": la == lb and wa == wb and oa == ob}
+
+
+def merged(results: list[dict], path: Path) -> list[dict]:
+    """With --only, the page keeps the other runs' sections from its JSON (each says its own command and commit)."""
+    ran = {r["name"] for r in results}
+    kept = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else []
+    return sorted([r for r in kept if r["name"] not in ran] + results, key=lambda r: r["name"])
 
 
 def write(results: list[dict], path: Path) -> None:
     path.with_suffix(".json").write_text(json.dumps(results, indent=1))
     lines = ["# Same seed, same run", "",
-             f"Command: `{command_line()}` (each run twice; the second beside a busy loop "
-             "spinning on one of the two cores). Written " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + ".",
-             ""]
+             "Command: `python scripts/check_reproducibility.py` (or `--only NAME` for one section; each run twice, "
+             "the second beside a busy loop spinning on one of the two cores).", ""]
     for r in results:
         lines += [f"## {r['name']}: {'identical' if r['identical'] else 'DIFFERENT'}", "",
-                  f"Run: `{r['command']}` (and the same into `-b`).", "",
+                  f"Run: `{r['command']}` (and the same into `-b`), at commit {r['commit']}, written {r['written']}.",
+                  "",
                   "| step | loss, run a | loss, run b |", "|---|---|---|"]
         lines += [f"| {i + 1} | {a!r} | {b!r} |" for i, (a, b) in enumerate(zip(*r["losses"], strict=False))]
         lines += ["", "| | run a | run b |", "|---|---|---|",
@@ -118,7 +127,7 @@ def main() -> None:
     ap.add_argument("--results", default="results/reproducibility.md")
     args = ap.parse_args()
     results = [run_twice(name) for name in ([args.only] if args.only else sorted(COMMANDS))]
-    write(results, ROOT / args.results)
+    write(merged(results, ROOT / args.results), ROOT / args.results)
     for r in results:
         print(f"[repro] {r['name']}: {'identical' if r['identical'] else 'DIFFERENT'} losses and release tensors",
               file=sys.stderr)
