@@ -15,95 +15,27 @@ from collections import Counter
 import orjson
 
 from reef_lab.learning.episodes import EpisodeConfig, extensions, samples_for_report, trainable, turn_order
+from reef_lab.wire import text as wire_text
 
 GIVEN_STYLE = "background: #f3f4f6; border-left: 4px solid #9ca3af"
 TRAINED_STYLE = "background: #dafbe1; border-left: 4px solid #1a7f37"
 UNTRAINED_STYLE = "background: #fff8c5; border-left: 4px solid #9a6700"
 
 
-def _json(value):
-    if isinstance(value, (str, bytes)) and value:
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
-def content_text(content, sep: str = "\n") -> str:
-    """Message content (a string or a list of parts, in any dialect) as text, parts joined by `sep`; a tool_use
-    part as [tool_use <name>], other non-text parts as [type]. The records app's table uses it too."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if isinstance(p, str):
-                out.append(p)
-            elif isinstance(p, dict) and isinstance(p.get("text"), str):
-                out.append(p["text"])
-            elif isinstance(p, dict) and p.get("type") == "tool_use":
-                out.append(f"[tool_use {p.get('name')}]")
-            elif isinstance(p, dict):
-                out.append(f"[{p.get('type', 'part')}]")
-        return sep.join(out)
-    return str(content)
-
-
 def _args(value) -> str:
-    value = _json(value)
+    value = wire_text.json_value(value)
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def messages(request) -> list[dict]:
-    """A chat / responses / messages request as one list of {role, text, call}: role system, user, assistant or
-    tool; `call` names a tool call (assistant) or the call a tool result answers."""
-    req = _json(request)
-    if not isinstance(req, dict):
-        return []
-    out = []
-    for key in ("system", "instructions"):  # Anthropic's and Responses' top-level system text
-        if req.get(key):
-            out.append({"role": "system", "text": content_text(req[key]), "call": None})
-    items = req.get("messages")
-    if items is None:
-        items = req.get("input")
-        if isinstance(items, str):
-            items = [{"role": "user", "content": items}]
-    for m in items if isinstance(items, list) else []:
-        if not isinstance(m, dict):
-            continue
-        kind, role = m.get("type"), m.get("role")
-        if kind == "function_call":  # Responses
-            out.append({"role": "assistant", "text": "", "call": f"{m.get('name')}({_args(m.get('arguments'))})"})
-        elif kind == "function_call_output":
-            out.append({"role": "tool", "text": content_text(m.get("output")), "call": m.get("call_id")})
-        elif role == "tool":  # Chat Completions
-            out.append({"role": "tool", "text": content_text(m.get("content")), "call": m.get("tool_call_id")})
-        elif isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") in
-                                                        ("tool_use", "tool_result") for p in m["content"]):
-            text = [p for p in m["content"] if not (isinstance(p, dict) and p.get("type") in ("tool_use",
-                                                                                              "tool_result"))]
-            if text:
-                out.append({"role": role, "text": content_text(text), "call": None})
-            for p in m["content"]:  # Anthropic's tool_use / tool_result parts
-                if isinstance(p, dict) and p.get("type") == "tool_use":
-                    out.append({"role": "assistant", "text": "", "call": f"{p.get('name')}({_args(p.get('input'))})"})
-                elif isinstance(p, dict) and p.get("type") == "tool_result":
-                    out.append({"role": "tool", "text": content_text(p.get("content")), "call": p.get("tool_use_id")})
-        else:
-            out.append({"role": role or "user", "text": content_text(m.get("content")), "call": None})
-            for tc in m.get("tool_calls") or []:
-                fn = tc.get("function") or {}
-                out.append({"role": "assistant", "text": "", "call": f"{fn.get('name')}({_args(fn.get('arguments'))})"})
-    return out
+def messages(record: dict) -> list[dict]:
+    """A record's request (chat / responses / messages) as one list of {role, text, call}: role system, user,
+    assistant or tool; `call` names a tool call (assistant) or the call a tool result answers (reef_lab.wire.text)."""
+    return wire_text.lines(record.get("dialect"), record.get("request"))
 
 
-def new_messages(request) -> list[dict]:
+def new_messages(record: dict) -> list[dict]:
     """What a turn's request adds: everything after its history's last assistant message (all of it on turn 1)."""
-    msgs = messages(request)
+    msgs = messages(record)
     last = max((k for k, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
     return msgs[last + 1:]
 
@@ -111,30 +43,14 @@ def new_messages(request) -> list[dict]:
 def answer(record: dict) -> dict:
     """A record's answer: its text and its tool calls as `name(arguments)` (the gateway's parsed
     `metadata.tool_calls`, else the response's own)."""
-    resp = _json(record.get("response"))
-    text, calls = [], []
-    if isinstance(resp, dict):
-        if isinstance(resp.get("choices"), list) and resp["choices"]:
-            msg = (resp["choices"][0] or {}).get("message") or {}
-            text.append(content_text(msg.get("content")))
-            calls += [f"{(tc.get('function') or {}).get('name')}({_args((tc.get('function') or {}).get('arguments'))})"
-                      for tc in msg.get("tool_calls") or []]
-        elif isinstance(resp.get("output"), list):
-            for item in resp["output"]:
-                if isinstance(item, dict) and item.get("type") == "message":
-                    text.append(content_text(item.get("content")))
-                elif isinstance(item, dict) and item.get("type") == "function_call":
-                    calls.append(f"{item.get('name')}({_args(item.get('arguments'))})")
-        elif isinstance(resp.get("content"), list):
-            text += [p.get("text", "") for p in resp["content"] if isinstance(p, dict) and p.get("type") == "text"]
-            calls += [f"{p.get('name')}({_args(p.get('input'))})" for p in resp["content"]
-                      if isinstance(p, dict) and p.get("type") == "tool_use"]
+    dialect, resp = record.get("dialect"), record.get("response")
+    text, calls = wire_text.response_text(dialect, resp), wire_text.response_calls(dialect, resp)
     parsed = ((record.get("metadata") or {}).get("tool_calls"))
     if parsed:
         calls = [f"{c.get('name')}({_args(c.get('arguments'))})" for c in parsed]
-    if not any(text) and (record.get("metadata") or {}).get("generated_text"):  # a cancelled stream
-        text = [record["metadata"]["generated_text"]]
-    return {"text": "\n".join(t for t in text if t), "calls": calls}
+    if not text and (record.get("metadata") or {}).get("generated_text"):  # a cancelled stream
+        text = record["metadata"]["generated_text"]
+    return {"text": text, "calls": calls}
 
 
 def trained_tokens(records: list[dict]) -> dict:
@@ -176,7 +92,7 @@ def _box(style: str, label: str, body: str, cls: str) -> str:
 def turn_html(turn: int, record: dict, tokens: dict) -> str:
     """One turn: what its request added (grey: given, not trained), then its answer (green: generated, trained;
     yellow: a call that does not train)."""
-    added = new_messages(record.get("request"))
+    added = new_messages(record)
     ans = answer(record)
     given = "" if tokens["given"] is None else f"{tokens['given']} given tokens · "
     head = (f"<b>turn {turn}</b> · <code>{html.escape(record['id'])}</code> · {html.escape(record['status'])}"
@@ -207,7 +123,7 @@ def reports_html(reports: list[dict]) -> str:
         return "<p><i>No report on this episode yet.</i></p>"
     rows = []
     for r in reports:
-        fb = _json(r.get("feedback"))
+        fb = wire_text.json_value(r.get("feedback"))
         fb = "" if fb is None else fb if isinstance(fb, str) else orjson.dumps(fb).decode()
         on = "the episode" if r.get("episode") else f"{len(r.get('references') or [])} of its calls"
         pad = "padding: 2px 12px 2px 0; vertical-align: top"
@@ -215,9 +131,11 @@ def reports_html(reports: list[dict]) -> str:
                     f"<td style='{pad}'>{html.escape(r.get('time') or '')}</td>"
                     f"<td style='{pad}; text-align: right'>"
                     f"{'' if r.get('score') is None else format(r['score'], 'g')}</td><td style='{pad}'>{on}</td>"
-                    f"<td style='{pad}; white-space: pre-wrap; max-width: 40em'>{html.escape(fb)}</td></tr>")
+                    f"<td style='{pad}; white-space: pre-wrap; max-width: 40em'>{html.escape(fb)}</td>"
+                    f"<td style='{pad}; white-space: pre-wrap; max-width: 40em'>{html.escape(r.get('context') or '')}"
+                    "</td></tr>")
     head = "".join(f"<th style='text-align: left; padding-right: 12px'>{h}</th>"
-                   for h in ("report", "time (UTC)", "score", "on", "feedback"))
+                   for h in ("report", "time (UTC)", "score", "on", "feedback", "context"))
     return (f"<table class='episode-reports' style='width: auto'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 

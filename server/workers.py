@@ -47,6 +47,7 @@ from reef_lab.gateway.gateway import Gateway
 from reef_lab.gateway.inference import Relaying
 from reef_lab.scenarios import check_name
 from reef_lab.records.store import RelayLog
+from reef_lab.wire import dialects
 from reef_lab.tenants import Tenants
 from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
 
@@ -348,7 +349,7 @@ class RelayGateway:
             info = self.serving(name) or {"release_id": None, "system": None}
             harness = info["system"] is not None  # the primary parsed it once, at release
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (harness/install)
-            sent = harness_mod.apply(dialect, body, info["system"]) if harness and not installed else body
+            sent = dialects.with_system(dialect, body, info["system"]) if harness and not installed else body
             release = (installed or info["release_id"]) if harness else info["release_id"]
             return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
                                         release or "upstream", caller=caller)

@@ -10,7 +10,8 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 from reef_lab.wire import dialects
-from reef_lab.harness.tree import apply, system_text
+from reef_lab.harness.tree import system_text
+from reef_lab.wire.dialects import with_system as apply
 
 FILES = {"system_prompt.md": "You are terse.", "rules.md": "- Answer with a number.",
          "skills/add.md": "Add digit by digit.", "notes/why.txt": "kept, served, not applied"}

@@ -4,6 +4,7 @@ and never one another; the server, apps and scripts sit on top. Checked on every
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,6 +307,49 @@ def test_the_dialect_names_are_spelled_once():
              if p not in (ROOT / "reef_lab" / "wire" / "__init__.py", ROOT / "reef_lab" / "engines" / "upstream.py")
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert found == []
+
+
+# The wire's own words: keys and event names that exist only in one of the client dialects. A module that spells one
+# reads or writes that dialect itself instead of going through reef_lab.wire (issue 40).
+DIALECT_WORDS = {"tool_use", "tool_result", "tool_use_id", "function_call", "function_call_output", "custom_tool_call",
+                 "input_text", "output_text", "content_block_start", "content_block_delta", "content_block_stop",
+                 "message_start", "message_delta", "message_stop", "response.created", "response.completed",
+                 "response.output_text.delta", "finish_reason", "stop_reason", "chat.completion",
+                 "chat.completion.chunk"}
+CHAT_CHOICE = re.compile(r"""["']choices["']\]\s*\[0\]|get\(["']choices["']\)""")  # a chat answer's first choice
+
+
+def dialect_readers(root: Path) -> list[str]:
+    """Modules outside reef_lab/wire/ that read or write a client dialect by hand. The engines are left out: they
+    speak their model servers' own APIs (vLLM's /v1/completions, SGLang's /generate), below the wire."""
+    found = []
+    for top in ("reef_lab", "server", "recipes", "apps"):
+        for p in sorted((root / top).rglob("*.py")):
+            rel = p.relative_to(root).as_posix()
+            if rel.startswith(("reef_lab/wire/", "reef_lab/engines/")):
+                continue
+            src = p.read_text()
+            found += [f"{rel}:{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(src))
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in DIALECT_WORDS]
+            found += [f"{rel}:{n} choices[0]" for n, line in enumerate(src.splitlines(), 1) if CHAT_CHOICE.search(line)]
+    return found
+
+
+def test_no_module_outside_the_wire_reads_or_writes_a_dialect():
+    """Learners, the harness, the apps and the gateway get a record's text through reef_lab.wire.text and write
+    answers and events through reef_lab.wire (issue 40: apps/conversation.py, the records app, the GEPA learner,
+    the releaser and the relay each read the dialects their own way)."""
+    assert dialect_readers(ROOT) == []
+
+
+def test_the_dialect_check_sees_a_module_that_reads_a_dialect(tmp_path):
+    (tmp_path / "apps").mkdir()
+    (tmp_path / "apps" / "view.py").write_text(
+        'def answer(resp):\n    msg = resp["choices"][0]["message"]\n'
+        '    return [b for b in resp["content"] if b.get("type") == "tool_use"]\n')
+    (tmp_path / "reef_lab" / "engines").mkdir(parents=True)
+    (tmp_path / "reef_lab" / "engines" / "vllm.py").write_text('x = chunk.get("choices") or [{}]\n')
+    assert dialect_readers(tmp_path) == ["apps/view.py:3 'tool_use'", "apps/view.py:2 choices[0]"]
 
 
 def test_the_embedded_engine_is_one_module_per_job():

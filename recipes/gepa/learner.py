@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab.wire.dialects import request_messages, response_text
+from reef_lab.wire.text import request_messages, response_text
 from reef_lab.errors import Conflict
 from reef_lab.harness.change_requests import ChangeRequests, LazyLM
 from reef_lab.learning.loop import LearnerLoop

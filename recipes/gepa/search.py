@@ -34,6 +34,7 @@ from typing import Protocol
 
 from reef_lab.harness import tree as harness_mod
 from reef_lab.wire import OPENAI_CHAT
+from reef_lab.wire.dialects import with_system
 from reef_lab.files import write_atomic
 from reef_lab.tasks.base import Task, verdict
 from reef_lab.schema import check_fields
@@ -110,7 +111,7 @@ class TaskSystem:
         system = harness_mod.system_text(components)  # once per candidate, not per item
 
         def one(item: dict) -> Rollout:
-            sent = harness_mod.apply(OPENAI_CHAT, {"messages": item["messages"]}, system)["messages"]
+            sent = with_system(OPENAI_CHAT, {"messages": item["messages"]}, system)["messages"]
             text = self.lm.complete(sent, max_tokens=self.max_tokens, temperature=0.0)
             score, feedback = self.grade(item, text)
             return Rollout(item["id"], score, text, feedback, user_text(item["messages"]))

@@ -30,6 +30,7 @@ from reef_lab.learning.recipe import LearnContext
 from reef_lab.trainers.samples import Sample
 from reef_lab.trainers import make_trainer
 from reef_lab.trainers.base import Loss
+from reef_lab.wire.text import chat_message
 
 from .archive import Archive, State
 from .config import TTTDConfig
@@ -183,7 +184,7 @@ class Discovery:
         try:  # the stored record comes back: its token ids and logprobs are the sample's
             rec = self.ctx.infer(body, {"group": f"s{t}g{g}", "tttd_step": str(t), "parent": parent.id})
             rid = rec["id"]
-            text = rec["response"]["choices"][0]["message"]["content"] or ""
+            text = chat_message(rec).get("content") or ""
         except Exception as e:  # noqa: BLE001 - a failed rollout scores as invalid and is not trained on
             log.warning("rollout %d/%d of step %d failed: %s", g, k, t, e)
             return out

@@ -34,6 +34,7 @@ from reef_lab.learning.learner import read_metrics
 from reef_lab.learning.recipe import load_recipe
 from reef_lab.learning.heartbeat import Heartbeat
 from reef_lab.tasks.base import TaskConfig, make_task
+from reef_lab.wire.text import chat_message
 
 log = logging.getLogger("reef_lab.experiments.weights")
 
@@ -135,7 +136,7 @@ class WeightsExperiment(ExperimentDriver):
                         "temperature": cfg.temperature, "seed": cfg.seed * 1_000_003 + k + 7_919 * len(records)}
                 records.append(ctx.infer({**body, **({"tools": tools} if tools else {})}, tags,
                                          session=f"exp-{cfg.seed}-{k}"))
-                return {key: v for key, v in records[-1]["response"]["choices"][0]["message"].items() if v is not None}
+                return chat_message(records[-1])
             score, _ = task.rollout(chat, item)
             return k, item, records, score
 

@@ -21,7 +21,7 @@ from reef_lab.engines.base import Engine, Relay
 from reef_lab.errors import BadRequest, NotFound, ReefError
 from reef_lab.gateway import episodes, unanswered
 from reef_lab.gateway.generation import GenerationCall
-from reef_lab.wire import dialects
+from reef_lab.wire import dialects, text
 from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
 from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
     release_header_values
@@ -75,7 +75,7 @@ class Inference:
             harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (harness/install)
-            sent = harness_mod.apply(dialect, body, harness[1].system) if harness and not installed else body
+            sent = dialects.with_system(dialect, body, harness[1].system) if harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
             if installed and harness and not components:  # the record names the release the client carries
                 label = installed
@@ -107,8 +107,7 @@ class Inference:
         body = {"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
         rec = self.infer_record({**body, **({"tools": tools} if tools else {})}, scenario, tags, release=release,
                                 kind="eval")
-        message = rec["response"]["choices"][0]["message"]
-        return {k: v for k, v in message.items() if v is not None}
+        return text.chat_message(rec)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:
         if not isinstance(body, dict):

@@ -17,25 +17,12 @@ import orjson
 
 from reef_lab.errors import UpstreamError
 from reef_lab.gateway import episodes, unanswered
-from reef_lab.wire import dialects
+from reef_lab.wire import PATHS, answers, dialects
 from reef_lab.wire.accumulate import StreamAccumulator
 from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
 from reef_lab.records.record import Record, new_record_id
 from reef_lab.wire.translate import Translation, error_object
 
-PATHS = {dialects.OPENAI_CHAT: "/v1/chat/completions", dialects.OPENAI_RESPONSES: "/v1/responses",
-         dialects.ANTHROPIC: "/v1/messages"}
-FINAL_EVENTS = ("message_stop", "response.completed", "response.incomplete", "response.failed")
-
-
-def parse_sse(event: bytes) -> tuple[str | None, str]:
-    name, data = None, []
-    for line in event.decode(errors="replace").split("\n"):
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    return name, "\n".join(data)
 
 
 def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
@@ -136,7 +123,7 @@ class RelayCall:
         final, final_event, error = None, None, None
         try:
             for ev in events:
-                event_name, data = parse_sse(ev)
+                event_name, data = answers.parse_sse(ev)
                 if data == "[DONE]":
                     break
                 try:
@@ -145,7 +132,7 @@ class RelayCall:
                     obj = None
                 if isinstance(obj, dict):
                     acc.add(obj)
-                    if obj.get("type") in FINAL_EVENTS:
+                    if answers.is_final_event(obj):
                         final, final_event = obj, event_name
                         continue
                 yield ev
@@ -158,13 +145,8 @@ class RelayCall:
         reef = self._reef(rec)
         if error:
             yield dialects.error_event(self.dialect, error, reef)
-        elif self.dialect == dialects.OPENAI_CHAT:
-            r = acc.response
-            yield dialects.sse({"id": r.get("id"), "object": "chat.completion.chunk", "created": r.get("created"),
-                                "model": r.get("model"), "choices": [], "reef": reef})
-            yield b"data: [DONE]\n\n"
-        elif final is not None:
-            yield dialects.sse({**final, "reef": reef}, final_event)
+        else:
+            yield from answers.receipt_end(self.dialect, acc.response, final, final_event, reef)
 
     def _translated_stream(self, events, status: int) -> Iterator[bytes]:
         """Provider events translated one by one as they arrive; the client's last event carries the receipt."""
@@ -173,7 +155,7 @@ class RelayCall:
         error, held = None, []
         try:
             for ev in events:
-                event_name, data = parse_sse(ev)
+                event_name, data = answers.parse_sse(ev)
                 if data == "[DONE]":
                     obj = "[DONE]"
                 else:

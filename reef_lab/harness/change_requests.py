@@ -40,7 +40,7 @@ import orjson
 from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
 from reef_lab.files import write_json
-from reef_lab.wire.dialects import request_messages, response_text
+from reef_lab.wire.text import request_messages, response_text
 from reef_lab.engines.lm import LMSpec
 from reef_lab.schema import check_fields
 

@@ -10,9 +10,10 @@ clients as they are:
     commands/<name>.md   a command a person invokes (an agent's slash command); not applied, installed
 
 Serving joins them into one system text and puts it in front of the client's own instructions, in the dialect's
-place for it: OpenAI chat, a first system message; OpenAI responses, `instructions`; Anthropic, `system`. The
-client's own system text is kept after it. The record keeps the client's request as sent and names the harness
-release; `GET /reef/harness` returns `{release_id, files}` so a client can install the harness itself.
+place for it (reef_lab.wire.dialects.with_system): OpenAI chat, a first system message; OpenAI responses,
+`instructions`; Anthropic, `system`. The client's own system text is kept after it. The record keeps the client's
+request as sent and names the harness release; `GET /reef/harness` returns `{release_id, files}` so a client can
+install the harness itself.
 
 A tree is checked and parsed once, when it is released (`check_release`, by the releaser, whoever made it): paths
 and sizes, skills' and commands' front matter within YAML's limits (reef_lab.bounded_yaml: no alias, bounded depth
@@ -25,7 +26,6 @@ record names the installed release.
 
 from __future__ import annotations
 
-import copy
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -33,7 +33,6 @@ from pathlib import Path, PurePosixPath
 
 from reef_lab import bounded_yaml
 from reef_lab.errors import BadRequest
-from reef_lab.wire import dialects
 
 SYSTEM_PROMPT, RULES, SKILLS, COMMANDS = "system_prompt.md", "rules.md", "skills/", "commands/"
 INSTALLED_HEADER = "x-reef-harness"
@@ -235,30 +234,3 @@ def installed_release(scenario: str, headers: dict[str, str] | None) -> str | No
         raise BadRequest(f"header {INSTALLED_HEADER} must name a harness release of scenario {scenario!r} as "
                          f"'{scenario}:vN' (the release the client installed), got {value[:80]!r}")
     return value
-
-
-def apply(dialect: str, body: dict, text: str) -> dict:
-    """The request body with the harness's system `text` (Harness.system) in front of the client's own instructions
-    (a copy; body is untouched)."""
-    if not text:
-        return body
-    out = copy.copy(body)
-    if dialect == dialects.OPENAI_CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise BadRequest("'messages' must be a list of message objects")
-        out["messages"] = [{"role": "system", "content": text}] + messages
-    elif dialect == dialects.OPENAI_RESPONSES:
-        own = body.get("instructions")
-        if own is not None and not isinstance(own, str):
-            raise BadRequest("'instructions' must be a string")
-        out["instructions"] = text + (f"\n\n{own}" if own else "")
-    elif dialect == dialects.ANTHROPIC:
-        own = body.get("system")
-        if isinstance(own, list):
-            out["system"] = [{"type": "text", "text": text}] + own
-        elif own is None or isinstance(own, str):
-            out["system"] = text + (f"\n\n{own}" if own else "")
-        else:
-            raise BadRequest("'system' must be a string or a list of text blocks")
-    return out

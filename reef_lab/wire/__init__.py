@@ -3,10 +3,12 @@
 Every module here reads or writes a dialect (OpenAI chat completions, OpenAI Responses, Anthropic messages) and
 imports nothing above the engines: the gateway, the learners, the harness and the tasks use it, never the other
 way round (tests/test_layout.py).
-- `dialects`: a request body to the engines' ChatRequest (sampling, tools, tool_choice), and any dialect's request
-  and response to text (records, learners, apps); error events;
+- `dialects`: a request body to the engines' ChatRequest (sampling, tools, tool_choice); error events;
+- `text`: any dialect's recorded request and response as text and tool calls (records, learners, apps), through
+  translate/'s readers;
 - `tools`, `responses_tools`: the tool parts of requests (Responses' hosted and custom tools mapped to functions);
-- `answers`: an engine's generation written as each dialect's answer, whole or streamed;
+- `answers`: an engine's generation written as each dialect's answer, whole or streamed; server-sent events and a
+  relayed stream's receipt-bearing end;
 - `accumulate`: a relayed stream put back together into one response;
 - `translate/`: the relay's neutral form (ir.py) and a reader and writer per dialect, to relay between dialects.
 
@@ -15,3 +17,4 @@ The dialect names, once: below. (The upstream engine's `--upstream-dialect` word
 
 OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC = "openai.chat", "openai.responses", "anthropic.messages"
 DIALECTS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC)
+PATHS = {OPENAI_CHAT: "/v1/chat/completions", OPENAI_RESPONSES: "/v1/responses", ANTHROPIC: "/v1/messages"}

@@ -24,6 +24,34 @@ def sse(data: dict | str, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + b"data: " + payload.encode() + b"\n\n"
 
 
+def parse_sse(event: bytes) -> tuple[str | None, str]:
+    """One server-sent event's name (None when unnamed) and its data lines joined."""
+    name, data = None, []
+    for line in event.decode(errors="replace").split("\n"):
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    return name, "\n".join(data)
+
+
+FINAL_EVENTS = ("message_stop", "response.completed", "response.incomplete", "response.failed")
+
+
+def is_final_event(obj: dict) -> bool:
+    """An Anthropic or Responses stream's last event (a chat stream's end is `[DONE]`, no event of its own)."""
+    return obj.get("type") in FINAL_EVENTS
+
+
+def receipt_end(dialect: str, response: dict, final: dict | None, final_event: str | None, reef: dict) -> list[bytes]:
+    """A relayed stream's end with the receipt: chat gets a last chunk carrying `reef` before `[DONE]`; the others
+    their held-back final event with `reef` added."""
+    if dialect == OPENAI_CHAT:
+        return [sse({"id": response.get("id"), "object": "chat.completion.chunk", "created": response.get("created"),
+                     "model": response.get("model"), "choices": [], "reef": reef}), b"data: [DONE]\n\n"]
+    return [] if final is None else [sse({**final, "reef": reef}, final_event)]
+
+
 # ---- rendering a Generation -----------------------------------------------------------------------------------
 def new_response_id(dialect: str) -> str:
     prefix = {OPENAI_CHAT: "chatcmpl-", OPENAI_RESPONSES: "resp_", ANTHROPIC: "msg_"}[dialect]

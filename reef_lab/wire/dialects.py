@@ -12,6 +12,7 @@ of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` b
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Callable
@@ -174,6 +175,43 @@ def parse_anthropic(body: dict) -> ChatRequest:
     return ChatRequest(h.messages, params, tool_use=tool_use)
 
 
+def with_system(dialect: str, body: dict, text: str) -> dict:
+    """The request body with system `text` (a harness's) in front of the client's own instructions, in the
+    dialect's place for it: chat, a first system message; responses, `instructions`; Anthropic, `system` (a copy;
+    body is untouched)."""
+    if not text:
+        return body
+    out = copy.copy(body)
+    if dialect == OPENAI_CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise BadRequest("'messages' must be a list of message objects")
+        out["messages"] = [{"role": "system", "content": text}] + messages
+    elif dialect == OPENAI_RESPONSES:
+        own = body.get("instructions")
+        if own is not None and not isinstance(own, str):
+            raise BadRequest("'instructions' must be a string")
+        out["instructions"] = text + (f"\n\n{own}" if own else "")
+    elif dialect == ANTHROPIC:
+        own = body.get("system")
+        if isinstance(own, list):
+            out["system"] = [{"type": "text", "text": text}] + own
+        elif own is None or isinstance(own, str):
+            out["system"] = text + (f"\n\n{own}" if own else "")
+        else:
+            raise BadRequest("'system' must be a string or a list of text blocks")
+    return out
+
+
+def engine_messages(dialect: str, body: dict) -> list[dict]:
+    """The chat messages an engine templates for this request, exactly as generation reads it (a learner re-making
+    a served prompt, with or without a context, uses this: the relay's reader merges system messages as a provider
+    would, which changes the tokens)."""
+    if dialect not in PARSERS:
+        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(PARSERS)}")
+    return PARSERS[dialect](body).messages
+
+
 def parse_count_tokens(body: dict) -> list[dict]:
     return parse_anthropic({**_check_object(body), "max_tokens": 1}).messages
 
@@ -192,36 +230,3 @@ def error_event(dialect: str, message: str, reef: dict | None = None) -> bytes:
 
 def now() -> int:
     return int(time.time())
-
-
-# ---- text of stored records (one home for reading a dialect's request and answer as text) ----------------
-def request_messages(dialect: str, request: dict) -> list[dict]:
-    """The client's conversation as plain {role, content: str} messages, without system text."""
-    def text(content) -> str:
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return ""
-
-    if dialect == OPENAI_RESPONSES:
-        inp = request.get("input")
-        if isinstance(inp, str):
-            return [{"role": "user", "content": inp}]
-        items = inp if isinstance(inp, list) else []
-    else:
-        items = request.get("messages") or []
-    return [{"role": m.get("role"), "content": text(m.get("content"))} for m in items
-            if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
-
-
-def response_text(dialect: str, response) -> str:
-    if not isinstance(response, dict):
-        return ""
-    if dialect == OPENAI_CHAT:
-        choices = response.get("choices") or [{}]
-        return (choices[0].get("message") or {}).get("content") or ""
-    if dialect == OPENAI_RESPONSES:
-        return "".join(c.get("text", "") for o in response.get("output") or [] if isinstance(o, dict)
-                       for c in o.get("content") or [] if isinstance(c, dict))
-    return "".join(c.get("text", "") for c in response.get("content") or [] if isinstance(c, dict))

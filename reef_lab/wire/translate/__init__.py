@@ -89,11 +89,3 @@ def error_object(dialect: str, status: int, provider_body: bytes) -> dict:
     """A provider's error answer as the client's dialect spells an error, with the provider's message."""
     message, _ = error_message(provider_body)
     return MODULES[dialect].error_body(status, f"upstream provider: {message}", error_type(dialect, status))
-
-
-def chat_messages(dialect: str, body: dict) -> list[dict]:
-    """A recorded request of any dialect as chat-completions messages (what an engine's chat template reads; a
-    learner adding a teacher context to a request uses this, never its own reading of a dialect)."""
-    if dialect not in MODULES:
-        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(MODULES)}")
-    return chat.build_request(MODULES[dialect].parse_request(body))["messages"]
