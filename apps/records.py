@@ -31,12 +31,13 @@ with app.setup:
 
     ROOT = Path(__file__).resolve().parents[1]
 
-    from apps.conversation import content_text, episode_html
+    from apps.conversation import episode_html
     from apps.shared import (answers_html, eval_answers, figure, fit_axes, hub_cell, mean_ci, shown, signature, svg,
                              wandb_md, wandb_runs, wilson)
     from reef_lab.publishing.releases import BASE, ReleaseStore
     from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
     from reef_lab.records.store import scan_records
+    from reef_lab.wire import text as wire_text
 
     SNIPPET = 80
     ALL = "(all)"
@@ -46,12 +47,6 @@ with app.setup:
              "n_reports", "references", "n_tokens", "mean_logprob", "latency_ms", "visible", "episode"]
     # The files a refresh compares: record logs and segments, the scenario registry, the release indexes.
     DATA_FILES = ("*.bin", "*.parquet", "scenarios.json", "index.json")
-
-
-@app.function
-def text_of(content) -> str:
-    """Message content as plain text on one line of the table (apps/conversation.py's reading of it)."""
-    return content_text(content, " ")
 
 
 @app.function
@@ -65,45 +60,23 @@ def loads_json(text):
 
 
 @app.function
-def last_user_message(request_json: str | None) -> str:
-    """The text of the last user message of a chat / responses / messages request."""
-    req = loads_json(request_json)
-    if not isinstance(req, dict):
-        return ""
-    msgs = req.get("messages")
-    if not isinstance(msgs, list):
-        inp = req.get("input")
-        if isinstance(inp, str):
-            return inp
-        msgs = inp if isinstance(inp, list) else []
-    for m in reversed(msgs):
-        if isinstance(m, dict) and m.get("role") == "user":
-            return text_of(m.get("content"))
-    return ""
+def last_user_message(request_json: str | None, dialect: str | None = None) -> str:
+    """The text of the last user message of a chat / responses / messages request (reef_lab.wire.text reads it)."""
+    return wire_text.last_user_text(dialect, request_json)
 
 
 @app.function
-def answer_text(response_json: str | None) -> str:
-    """The assistant's answer in a chat / responses / messages response (tool calls as [tool_call name])."""
+def answer_text(response_json: str | None, dialect: str | None = None) -> str:
+    """The assistant's answer in a chat / responses / messages response, tool calls as [tool_call name]; a relayed
+    answer that was not JSON shows raw, a failed call its error."""
     resp = loads_json(response_json)
     if not isinstance(resp, dict):
         return "" if resp is None else str(resp)
-    parts = []
-    if isinstance(resp.get("choices"), list):
-        msg = (resp["choices"][0] or {}).get("message") or {} if resp["choices"] else {}
-        parts.append(text_of(msg.get("content")))
-        parts += [f"[tool_call {(tc.get('function') or {}).get('name')}]" for tc in msg.get("tool_calls") or []]
-    elif isinstance(resp.get("output"), list):
-        for item in resp["output"]:
-            if isinstance(item, dict) and item.get("type") == "message":
-                parts.append(text_of(item.get("content")))
-            elif isinstance(item, dict):
-                parts.append(f"[{item.get('type')} {item.get('name') or ''}]".replace(" ]", "]"))
-    elif isinstance(resp.get("content"), list):
-        parts.append(text_of(resp["content"]))
-    elif "raw" in resp:
-        parts.append(str(resp["raw"]))
-    elif resp.get("error"):
+    if "raw" in resp:
+        return str(resp["raw"])
+    parts = [wire_text.response_text(dialect, resp).replace("\n", " ")]
+    parts += [f"[tool_call {c.split('(', 1)[0]}]" for c in wire_text.response_calls(dialect, resp)]
+    if resp.get("error") and not any(parts):
         parts.append(f"[error] {resp['error']}")
     return " ".join(p for p in parts if p)
 
@@ -219,12 +192,12 @@ def served_answers(records_lf: pl.LazyFrame, scenario: str, k: int = 5) -> dict[
     got = (records_lf.filter((pl.col("scenario") == scenario) & (pl.col("kind") == "inference")
                              & pl.col("release_id").is_not_null() & pl.col("score").is_not_null())
            .sort("created_at", descending=True).group_by("release_id", maintain_order=True).head(k)
-           .select("release_id", "id", "request", "response", "score").collect())
+           .select("release_id", "id", "dialect", "request", "response", "score").collect())
     out: dict[str, list[dict]] = {}
     for r in got.iter_rows(named=True):
         out.setdefault(r["release_id"], []).append({
-            "item": r["id"], "question": snippet(last_user_message(r["request"]), 300),
-            "answer": snippet(answer_text(r["response"]), 400), "score": round(r["score"], 3)})
+            "item": r["id"], "question": snippet(last_user_message(r["request"], r["dialect"]), 300),
+            "answer": snippet(answer_text(r["response"], r["dialect"]), 400), "score": round(r["score"], 3)})
     return out
 
 
@@ -568,12 +541,14 @@ def _(filtered, flt, picked_memory, records_lf, set_picked_id):
     _page = filtered.head(flt["limit"])
     _ids = _page["id"].implode()
     _texts = (records_lf.filter(pl.col("id").is_in(_ids))
-              .select("id", "request", "response", "feedback").collect()
+              .select("id", "dialect", "request", "response", "feedback").collect()
               .select("id",
-                      user=pl.col("request").map_elements(lambda s: snippet(last_user_message(s)),
-                                                          return_dtype=pl.String).fill_null(""),
-                      answer=pl.col("response").map_elements(lambda s: snippet(answer_text(s)),
-                                                             return_dtype=pl.String).fill_null(""),
+                      user=pl.struct("request", "dialect").map_elements(
+                          lambda r: snippet(last_user_message(r["request"], r["dialect"])),
+                          return_dtype=pl.String).fill_null(""),
+                      answer=pl.struct("response", "dialect").map_elements(
+                          lambda r: snippet(answer_text(r["response"], r["dialect"])),
+                          return_dtype=pl.String).fill_null(""),
                       own_feedback=pl.col("feedback").map_elements(feedback_text, return_dtype=pl.String)))
     # An inference shows the feedback of the reports on it, newest first.
     _on_inference = (records_lf.filter((pl.col("kind") == "report") & pl.col("feedback").is_not_null())
@@ -643,13 +618,18 @@ def _(inspect_id, records_lf, selected_id):
         _panels = {}
         if _r["kind"] == "report":
             _out.append(mo.md(f"**score:** {_r['score']}"))
+            if _r.get("context"):  # the teacher context: words the student did not see (docs/api.md, reports)
+                _out.append(mo.Html("<div class='report-context'><b>context</b> (the teacher's words): "
+                                    f"<span style='white-space: pre-wrap'>{html.escape(_r['context'])}</span></div>"))
             _panels["feedback"] = pretty(_r["feedback"])
             referenced_df = (records_lf.filter(pl.col("id").is_in(list(_r["references"]))).collect()
                              .select("id", "time", "status", "release_id",
-                                     user=pl.col("request").map_elements(lambda s: snippet(last_user_message(s), 200),
-                                                                         return_dtype=pl.String),
-                                     answer=pl.col("response").map_elements(lambda s: snippet(answer_text(s), 400),
-                                                                            return_dtype=pl.String))
+                                     user=pl.struct("request", "dialect").map_elements(
+                                         lambda r: snippet(last_user_message(r["request"], r["dialect"]), 200),
+                                         return_dtype=pl.String),
+                                     answer=pl.struct("response", "dialect").map_elements(
+                                         lambda r: snippet(answer_text(r["response"], r["dialect"]), 400),
+                                         return_dtype=pl.String))
                              .sort("time"))
             _missing = set(_r["references"]) - set(referenced_df["id"].to_list())
             _out.append(mo.vstack([
@@ -662,7 +642,9 @@ def _(inspect_id, records_lf, selected_id):
                                                 & pl.col("references").list.contains(_r["id"]))
                               .select("id", "time", "score",
                                       feedback=pl.col("feedback").map_elements(lambda s: snippet(s, 200),
-                                                                               return_dtype=pl.String))
+                                                                               return_dtype=pl.String),
+                                      context=pl.col("context").map_elements(lambda s: snippet(s, 200),
+                                                                             return_dtype=pl.String))
                               .sort("time").collect())
             _out.append(mo.vstack([
                 mo.md(f"**reports referencing it** ({referencing_df.height})"),

@@ -273,7 +273,8 @@ def episode_data(tool_model, tokenizer, tmp_path, monkeypatch):
         tool_loop(c, stream=False)
         got = requests.get(f"{r.url}/reef/episodes/run-1", headers={"x-reef-scenario": "agent"}, timeout=60).json()
         rep = requests.post(f"{r.url}/reef/report", headers={"x-reef-scenario": "agent"}, timeout=60,
-                            json={"score": 0.75, "episode": "run-1", "feedback": "called the tool, then answered"})
+                            json={"score": 0.75, "episode": "run-1", "feedback": "called the tool, then answered",
+                                  "context": "Call get_weather once, then answer in one line."})
         assert rep.status_code == 200, rep.text
         lone = requests.post(f"{r.url}/v1/chat/completions", headers={"x-reef-scenario": "agent"}, timeout=60,
                              json={"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
@@ -314,6 +315,11 @@ def test_records_app_shows_an_episode_as_a_conversation(episode_data):
     # the report on it: score and feedback
     reports = shown(outputs).split("episode-reports")[1]
     assert report_id in reports and re.search(r">0.75</td>", reports) and "called the tool, then answered" in reports
+    assert "Call get_weather once, then answer in one line." in reports  # the teacher context beside the feedback
+    outputs, _ = records.app.run(defs={"selected_id": report_id})  # the report inspected: its context shown
+    context = shown(outputs).split("report-context")[1]
+    assert "the teacher&#x27;s words" in context or "the teacher's words" in context
+    assert "Call get_weather once, then answer in one line." in context
     # the picker lists it; a call of no episode shows none until one is picked
     outputs, env = records.app.run(defs={"selected_id": alone})
     assert env["episode_shown"] is None and "belongs to no episode" in shown(outputs)

@@ -173,22 +173,63 @@ def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
             gateway.report("s", {"references": [receipt], "score": 1.0})
         with pytest.raises(BadRequest, match="at most 200"):
             gateway.report("s", {"references": [receipt], "feedback": "x" * 201})
-        # half as a plain string, half as an object's context
-        feedback = f"The answer is {item['answer']}." if k % 2 else {"context": f"It is {item['answer']}.", "by": "t"}
-        gateway.report("s", {"references": [receipt], "feedback": feedback})
+        with pytest.raises(BadRequest, match="at most 200"):
+            gateway.report("s", {"references": [receipt], "context": "y" * 201, "feedback": "short"})
+        # the words as the report's `context` field, as a feedback string, as a feedback object's context
+        words = [{"context": f"The answer is {item['answer']}.", "score": 0.0},
+                 {"feedback": f"The answer is {item['answer']}."},
+                 {"feedback": {"context": f"It is {item['answer']}.", "by": "t"}}][k % 3]
+        gateway.report("s", {"references": [receipt], **words})
     check_trained(gateway, "s", tiny_model_dir)
     steps = [m for m in read_metrics(gateway.learner("s").metrics_path) if m["event"] == "step"]
     assert len(steps) == 2 and all(math.isfinite(m["reverse_kl"]) and m["teacher_gap"] != 0 for m in steps)
     # the refused reports stored nothing: one report per answer, each with its words
     reports = gateway.list_records("s", kind="report", limit=100)["records"]
-    assert len(reports) == 8 and all(r["feedback"] for r in reports)
+    assert len(reports) == 8 and all(r["feedback"] or r["context"] for r in reports)
+    assert sorted(r["context"] for r in reports if r["context"]) == sorted(
+        f"The answer is {item['answer']}." for k, item in enumerate(items) if k % 3 == 0)
+
+
+def test_a_report_carries_its_context_over_http_and_in_imports(gateway):
+    """`context` is a report's field: stored, returned, exported with the record; a report may carry only it; a
+    context that is not a non-empty string, is too long, or sits on a record that is not a report is a 400."""
+    from reef_lab.records.record import MAX_CONTEXT_CHARS
+
+    gateway.create_scenario({"name": "c", "recipe": "sdft", "config": {"batch_size": 100, "trainer": TRAINER}})
+    receipt, _, _ = ask(gateway, "c", make_task().items(1, seed=1)[0])
+    r = Running(gateway)
+    try:
+        ok = requests.post(f"{r.url}/reef/report", headers={"x-reef-scenario": "c"}, timeout=60,
+                           json={"references": [receipt], "context": "The answer is 12: 5 + 7."})
+        assert ok.status_code == 200, ok.text
+        got = requests.get(f"{r.url}/reef/scenarios/c/records/{ok.json()['agent_record_id']}", timeout=60).json()
+        assert got["context"] == "The answer is 12: 5 + 7." and got["score"] is None and got["feedback"] is None
+        for bad, msg in ((7, "'context' must be a non-empty string"), ("  ", "'context' must be a non-empty string"),
+                         ("x" * (MAX_CONTEXT_CHARS + 1), f"at most {MAX_CONTEXT_CHARS}")):
+            no = requests.post(f"{r.url}/reef/report", headers={"x-reef-scenario": "c"}, timeout=60,
+                               json={"references": [receipt], "context": bad})
+            assert no.status_code == 400 and msg in no.json()["error"]["message"], no.text
+        batch = {"records": [{"id": "imp-r", "scenario": "c", "kind": "report", "references": [receipt],
+                              "context": "It is 12."}]}
+        assert requests.post(f"{r.url}/reef/records/batch", json=batch, timeout=60).status_code == 201
+        wrong = {"records": [{"id": "imp-i", "scenario": "c", "kind": "inference", "context": "It is 12."}]}
+        no = requests.post(f"{r.url}/reef/records/batch", json=wrong, timeout=60)
+        assert no.status_code == 400 and "'context' is a report's field" in no.json()["error"]["message"], no.text
+    finally:
+        r.server.shutdown()  # the fixture closes the gateway
+    reports = gateway.list_records("c", kind="report", limit=10)["records"]
+    assert sorted(x["context"] for x in reports) == ["It is 12.", "The answer is 12: 5 + 7."]
 
 
 def test_sdft_puts_the_context_in_the_system_message():
     from reef_lab.learning.distill import report_context, with_context
 
-    assert report_context(" it is 7 ") == "it is 7" and report_context({"context": "7"}) == "7"
-    assert report_context({"text": "7"}) is None and report_context("  ") is None and report_context(None) is None
+    assert report_context({"feedback": " it is 7 "}) == "it is 7"
+    assert report_context({"feedback": {"context": "7"}}) == "7"
+    assert report_context({"context": "use 7", "feedback": "wrong"}) == "use 7"  # the field first
+    assert report_context({"context": " ", "feedback": "it is 7"}) == "it is 7"
+    assert report_context({"feedback": {"text": "7"}}) is None and report_context({"feedback": "  "}) is None
+    assert report_context({}) is None
     user = [{"role": "user", "content": "2+5?"}]
     assert with_context(user, "C") == [{"role": "system", "content": "C"}, *user]
     system = [{"role": "system", "content": "Be brief."}, *user]
@@ -275,3 +316,53 @@ def test_the_teacher_prompt_reads_any_dialect_and_the_template_is_not_a_format_s
     assert context_prompts([sample], store, engine, "{0} {context.__class__} {context}") == [[1, 2]]
     assert seen == [[{"role": "system", "content": "Be brief.\n\n{0} {context.__class__} It is 7."},
                      {"role": "user", "content": "2+5?"}]]
+
+
+def test_ctxd_distils_the_serving_harness_into_weights_served_without_it(gateway, tiny_model_dir):
+    """Context distillation: the scenario serves a harness release; each reported answer (no score) teaches the
+    weights without the harness what the model did with it; the weights release then serves the next call without
+    the harness (a shorter prompt), and a rollback brings the harness back."""
+    gateway.create_scenario({"name": "h", "recipe": "ctxd", "config": {
+        "batch_size": 4, "steps_per_candidate": 2, "top_k": 8, "trainer": TRAINER, **EVAL}})
+    harness = "Answer with the number only. Worked example: 2 + 3 = 5."
+    rel = gateway.publish_harness("h", {"files": {"system_prompt.md": harness}})
+    assert gateway.list_releases("h")["serving"] == rel["release_id"] == "h:v1"
+    item = make_task().items(1, seed=9)[0]
+    served = []
+    for k, it in enumerate(make_task().items(8, seed=5)):
+        receipt, release, _ = ask(gateway, "h", it, seed=k)
+        assert release == "h:v1"
+        served.append(gateway.get_record("h", receipt))
+        gateway.report("h", {"references": [receipt], "feedback": "unscored"})
+    ln = gateway.learner("h")
+    assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+    assert gateway.list_releases("h")["serving"] == "h:v2"
+    steps = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(m["forward_kl"]) and m["ctxd_skipped"] == 0 for m in steps)
+    # the teacher's prompt is the served one; the student's is shorter by the harness
+    engine = gateway.engine
+    with_it = engine.prompt_ids([{"role": "system", "content": harness}, *item["messages"]])
+    without = engine.prompt_ids(item["messages"])
+    assert all(m["prompt_tokens_saved"] == len(with_it) - len(without) for m in steps)
+    assert served[0]["prompt_token_ids"] == engine.prompt_ids([{"role": "system", "content": harness},
+                                                               *make_task().items(8, seed=5)[0]["messages"]])
+    # v2 serves the next call without the harness; rolling back to v1 serves it with the harness again
+    receipt, release, _ = ask(gateway, "h", item, seed=99)
+    assert release == "h:v2" and gateway.get_record("h", receipt)["prompt_token_ids"] == without
+    gateway.rollback("h", {"release_id": "h:v1"})
+    receipt, release, _ = ask(gateway, "h", item, seed=99)
+    assert release == "h:v1" and gateway.get_record("h", receipt)["prompt_token_ids"] == with_it
+
+
+def test_ctxd_refuses_a_harness_that_is_not_one(gateway):
+    from reef_lab.learning.recipe import load_recipe
+
+    with pytest.raises(BadRequest, match="must name a harness release"):
+        load_recipe("ctxd", {"harness": "nope"})
+    with pytest.raises(BadRequest, match="harness"):  # a client may not point a scenario at another's harness
+        gateway.create_scenario({"name": "w", "recipe": "ctxd", "config": {"harness": "w:v7"}})
+    gateway.create_scenario({"name": "w", "recipe": "ctxd", "config": {"harness": "w:v7", "trainer": TRAINER}},
+                            operator=True)
+    receipt, _, _ = ask(gateway, "w", make_task().items(1, seed=1)[0])
+    gateway.report("w", {"references": [receipt], "feedback": "x"})
+    assert "is not a harness release of this deployment" in gateway.learners.errors["w"], gateway.learners.errors

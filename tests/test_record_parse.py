@@ -23,7 +23,12 @@ def test_a_whole_record_parses_with_its_types():
         ("imp-1", "s", "inference", [1, 2], [-0.1, -2.0], 1.0)
     assert isinstance(rec.score, float) and all(isinstance(x, float) for x in rec.logprobs)
     assert rec.content_hash == content_hash(rec) and rec.created_at == 1.7e9 and rec.episode == "session-1"
-    assert set(GOOD) == set(CLIENT_FIELDS)  # every field a client may set is in the schema, and only those
+    assert set(GOOD) | {"context"} == set(CLIENT_FIELDS)  # every field a client may set, and only those
+    report = Record.from_client({"id": "imp-2", "kind": "report", "context": "It is 7.", "references": []}, "s")
+    assert report.context == "It is 7." and report.content_hash != Record.from_client(
+        {"id": "imp-2", "kind": "report", "references": []}, "s").content_hash
+    with pytest.raises(BadRequest, match="'context' is a report's field"):
+        Record.from_client({**GOOD, "context": "It is 7."})
 
 
 def test_defaults_fill_what_a_client_leaves_out():

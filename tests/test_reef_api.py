@@ -38,7 +38,7 @@ def test_report_with_references_is_stored(proxy):
     (None, b'{"score": 1e999}', "not valid JSON"),
     (None, b"", "empty"),
     ([1, 2], None, "must be a JSON object"),
-    ({}, None, "needs a 'score' or 'feedback'"),
+    ({}, None, "needs a 'score', 'feedback' or 'context'"),
     ({"score": 1, "feedback": 3}, None, "'feedback' must be a string or an object"),
     ({"score": 1, "references": "rec_x"}, None, "must be a list of receipts"),
     ({"score": 1, "references": ["rec_unknown"]}, None, "not a known receipt"),

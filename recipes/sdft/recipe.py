@@ -40,7 +40,7 @@ class SDFTRecipe(ContextTeacher, rl.FreshBatches, WeightRecipe):
 
     def accepts(self, sample: Sample) -> bool:
         return (sample.logprobs is not None and not sample.extra.get("demonstration")
-                and report_context(sample.extra.get("feedback")) is not None)
+                and report_context(sample.extra) is not None)
 
     def train(self, trainer, batch: list[Sample]) -> dict:
         return distill_step(trainer, batch, self.config, None, self.teacher_prompts(batch))

@@ -58,7 +58,7 @@ class SDPORecipe(ContextTeacher, rl.GroupBatches, WeightRecipe):
         if not isinstance(trainer, DistillTrainer):
             raise ValueError(f"trainer backend {type(trainer).__name__} cannot score a teacher: sdpo needs "
                              "trainer.backend torch")
-        worded = [s for s in batch if report_context(s.extra.get("feedback")) is not None]
+        worded = [s for s in batch if report_context(s.extra) is not None]
         if worded:
             trainer.score_self(worded, self.teacher_prompts(worded))
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],

@@ -15,11 +15,11 @@ from typing import Any, Callable
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import BadRequest, Forbidden
 from reef_lab.gateway import episodes
-from reef_lab.records.record import Record, client_id, content_hash, shown
+from reef_lab.records.record import Record, check_context, client_id, content_hash, shown
 from reef_lab.scenarios import check_name
 
 __all__ = ["Reports", "shown"]
-REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "references", "metadata", "episode"}
+REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "context", "references", "metadata", "episode"}
 
 
 class Reports:
@@ -37,11 +37,11 @@ class Reports:
         that token made (reef_lab/tenants.py)."""
         name = check_name(scenario)
         if not isinstance(body, dict):
-            raise BadRequest("the report must be a JSON object {score?, feedback?, references?, metadata?}")
+            raise BadRequest("the report must be a JSON object {score?, feedback?, context?, references?, metadata?}")
         unknown = set(body) - REPORT_KEYS
         if unknown:
-            raise BadRequest(f"unknown report field(s) {sorted(unknown)}; a report has score, feedback, "
-                             "references, metadata (and optionally a client-chosen agent_record_id)")
+            raise BadRequest(f"unknown report field(s) {sorted(unknown)}; a report has score, feedback, context, "
+                             "references, episode, metadata (and optionally a client-chosen agent_record_id)")
         chosen = body.get("agent_record_id", body.get("id"))
         if "agent_record_id" in body and "id" in body and body["id"] != body["agent_record_id"]:
             raise BadRequest("give the report's id once: 'agent_record_id' (Reef's name) or 'id', not both")
@@ -52,8 +52,10 @@ class Reports:
         feedback = body.get("feedback")
         if feedback is not None and not isinstance(feedback, (str, dict)):
             raise BadRequest("'feedback' must be a string or an object")
-        if score is None and feedback is None:
-            raise BadRequest("a report needs a 'score' or 'feedback' (or both)")
+        context = body.get("context")
+        check_context(context)
+        if score is None and feedback is None and context is None:
+            raise BadRequest("a report needs a 'score', 'feedback' or 'context' (or several)")
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be an object")
@@ -68,8 +70,8 @@ class Reports:
         self.scenarios.ensure(name)
         self.learners.recipe(name).validate_report(body)
         rec = Record(id=client_id(chosen), scenario=name, kind="report", references=refs,
-                     score=None if score is None else float(score), feedback=feedback, metadata=metadata,
-                     tags=tags or {}, episode=episode, caller=caller)
+                     score=None if score is None else float(score), feedback=feedback, context=context,
+                     metadata=metadata, tags=tags or {}, episode=episode, caller=caller)
         if chosen is not None:
             rec.content_hash = content_hash(rec)
         with self.handing_over([rec.id, *refs]):

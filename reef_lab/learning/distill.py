@@ -17,7 +17,7 @@ from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
 from reef_lab.trainers.samples import Sample
-from reef_lab.wire.translate import chat_messages
+from reef_lab.wire.dialects import engine_messages
 
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 
@@ -103,9 +103,13 @@ class ContextDistillConfig(DistillConfig):
             raise ValueError("max_context_chars must be at least 1")
 
 
-def report_context(feedback) -> str | None:
-    """The teacher context a report's feedback carries: the string, or an object's `context` string."""
-    text = feedback.get("context") if isinstance(feedback, dict) else feedback
+def report_context(report: dict) -> str | None:
+    """The teacher context of a report (or of a sample's `extra`, which carries the report's `context` and
+    `feedback`): its `context` field; without one, its feedback's words (the string, or an object's `context`)."""
+    text = report.get("context")
+    if not isinstance(text, str) or not text.strip():
+        feedback = report.get("feedback")
+        text = feedback.get("context") if isinstance(feedback, dict) else feedback
     return text.strip() or None if isinstance(text, str) else None
 
 
@@ -113,10 +117,10 @@ def check_report_context(recipe: str, report: dict, config: ContextDistillConfig
     """BadRequest for a report (on answers) whose words a recipe needs and it lacks, or that are too long."""
     if not report.get("references"):
         return
-    context = report_context(report.get("feedback"))
+    context = report_context(report)
     if context is None and required:
-        raise BadRequest(f"the {recipe} recipe learns from the words of a report: give 'feedback' as a string or "
-                         "as an object with a 'context' string (a correction, the right answer, a worked example)")
+        raise BadRequest(f"the {recipe} recipe learns from the words of a report: give 'context' (a correction, the "
+                         "right answer, a worked example; or 'feedback' as a string)")
     if context is not None and len(context) > config.max_context_chars:
         raise BadRequest(f"the report's context has {len(context)} characters; this scenario takes at most "
                          f"{config.max_context_chars} (max_context_chars)")
@@ -141,8 +145,8 @@ def context_prompts(batch: list[Sample], records, engine, template: str) -> list
         record = by_id.get(s.record_id) or {}
         if not isinstance(record.get("request"), dict) or not record.get("dialect"):
             raise ValueError(f"sample {s.record_id}: its record holds no request to add the context to")
-        messages = chat_messages(record["dialect"], record["request"])
-        context = report_context(s.extra.get("feedback"))
+        messages = engine_messages(record["dialect"], record["request"])
+        context = report_context(s.extra)
         prompts.append(engine.prompt_ids(with_context(messages, template.replace("{context}", context))))
     return prompts
 

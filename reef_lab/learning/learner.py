@@ -254,7 +254,8 @@ class Learner(LearnerLoop, RecordHolder):
         measured = report_measures(rec)
         for s in out:
             s.extra["report_measures"] = measured
-            s.extra["feedback"] = rec.get("feedback")  # the report's words (a self-distillation teacher's context)
+            s.extra["feedback"] = rec.get("feedback")  # the report's words: a self-distillation teacher's context
+            s.extra["context"] = rec.get("context")  # (its `context` field first; distill.report_context)
         return out
 
     def _release_steps(self) -> dict[str, int]:

@@ -292,11 +292,13 @@ class Releaser:
                 else:
                     self._host().load_release(key, self.candidate_folder(scenario, cid))
                     self.engine.route(scenario, key)
+                    if was is not None:  # weights after a harness (context distillation): served without it now
+                        self.serving.set(scenario, None)
                     rel = self._store.publish_candidate(scenario, cid)
                     if rel["release_id"] != key:
                         raise RuntimeError(f"release index moved to {rel['release_id']} while {key} was loading")
             except Exception as e:
-                if cand.get("kind") == "harness" or components:
+                if cand.get("kind") == "harness" or components or was is not None:
                     self.serving.set(scenario, was)
                 if cand.get("kind") != "harness" and isinstance(self.engine, ReleaseHost):
                     self.engine.route(scenario, self._weights_key(parent))

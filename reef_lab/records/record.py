@@ -23,12 +23,13 @@ import polars as pl
 from reef_lab import wire
 from reef_lab.errors import BadRequest
 
-SCHEMA_VERSION = 4  # 2 added stored_at, 3 episode, 4 caller; older segments read them as null (store.scan_segments)
+SCHEMA_VERSION = 5  # 2 added stored_at, 3 episode, 4 caller, 5 context; older segments read them as null (segments.py)
 KINDS = ("inference", "report", "train", "eval")  # eval: a held-out answer a candidate was judged on
 # ok: answered; error: failed (engine, upstream 5xx); refused: a 4xx, the request as sent and why (docs/episodes.md);
 # cancelled: the client left a stream, with what was generated until then. Only `ok` records train.
 STATUSES = ("ok", "error", "refused", "cancelled")
 DIALECTS = (*wire.DIALECTS, "")
+MAX_CONTEXT_CHARS = 32_000  # the longest teacher context a report may carry (a scenario's recipe may take less)
 
 _last_id = [0, 0]  # this process's last (milliseconds, sequence)
 _id_lock = threading.Lock()
@@ -78,6 +79,7 @@ class Record:
     error: str | None = None
     episode: str | None = None  # the agent session this call belongs to (reef_lab/gateway/episodes.py)
     caller: str | None = None  # the id of the token that made it (reef_lab/tenants.py; None: auth off), never the token
+    context: str | None = None  # a report's teacher context: words the student did not see (docs/api.md, reports)
     stored_at: float = 0.0  # server time of the write (created_at may be a client's, for imports)
     content_hash: str = ""  # set for client-chosen ids (see content_hash()); server ids never repeat
     schema_version: int = SCHEMA_VERSION
@@ -106,6 +108,7 @@ class Record:
             value = item.get(key)
             if value is not None and not fits(value):
                 raise BadRequest(f"'{key}' must be {what}, got {shown(value)}")
+        check_context(item.get("context"), item.get("kind") or "inference")
         lp, tokens = item.get("logprobs"), item.get("token_ids")
         if lp is not None and len(lp) != len(tokens or []):
             raise BadRequest("'logprobs' must have one entry per token in 'token_ids'")
@@ -118,7 +121,7 @@ class Record:
                   references=list(item.get("references") or []),
                   score=None if item.get("score") is None else float(item["score"]), feedback=item.get("feedback"),
                   metadata=item.get("metadata"), status=item.get("status") or "ok", error=item.get("error"),
-                  episode=item.get("episode"))
+                  episode=item.get("episode"), context=item.get("context"))
         rec.content_hash = content_hash(rec)
         return rec
 
@@ -159,12 +162,26 @@ CLIENT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                    "a list of receipts (x-reef-agent-record-id values)"),
     "score": (_number, "a finite number"),
     "feedback": (_is(str, dict), "a string or an object"),
+    "context": (_is(str), "a string (a report's teacher context)"),
     "metadata": (lambda v: True, "any JSON value"),
     "status": (_is(str), "a string"),
     "error": (_is(str), "a string"),
     "episode": (lambda v: isinstance(v, str) and bool(_ID_RE.match(v)),
                 "an episode id (1-128 letters, digits, '_', '.', ':' or '-')"),
 }
+
+
+def check_context(context: Any, kind: str = "report") -> None:
+    """A report's teacher context: a non-empty string of at most MAX_CONTEXT_CHARS characters, on reports only."""
+    if context is None:
+        return
+    if kind != "report":
+        raise BadRequest(f"'context' is a report's field (the words a teacher sees); this record is a {kind}")
+    if not isinstance(context, str) or not context.strip():
+        raise BadRequest(f"'context' must be a non-empty string (a correction, the right answer, a worked example), "
+                         f"got {shown(context)}")
+    if len(context) > MAX_CONTEXT_CHARS:
+        raise BadRequest(f"'context' has {len(context)} characters; a report takes at most {MAX_CONTEXT_CHARS}")
 
 
 def client_id(rid: Any) -> str:
@@ -189,6 +206,8 @@ def content_hash(r: Record) -> str:
     fields = {k: getattr(r, k) for k in _HASHED}
     if r.episode is not None:  # only when set: records hashed before episodes existed keep their hash
         fields["episode"] = r.episode
+    if r.context is not None:  # likewise for a report's context (schema 5)
+        fields["context"] = r.context
     payload = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
@@ -201,7 +220,7 @@ PARQUET_SCHEMA = {
     "prompt_token_ids": pl.List(pl.Int64), "token_ids": pl.List(pl.Int64), "logprobs": pl.List(pl.Float64),
     "release_id": pl.String, "tags": pl.String, "timing": pl.String, "references": pl.List(pl.String),
     "score": pl.Float64, "feedback": pl.String, "metadata": pl.String, "status": pl.String, "error": pl.String,
-    "episode": pl.String, "caller": pl.String, "stored_at": pl.Float64, "content_hash": pl.String,
+    "episode": pl.String, "caller": pl.String, "context": pl.String, "stored_at": pl.Float64, "content_hash": pl.String,
     "schema_version": pl.Int32,
 }
 
@@ -231,4 +250,5 @@ def frame_row_to_dict(row: dict) -> dict:
         out["references"] = []
     out.setdefault("episode", None)  # rows written before schema 3
     out.setdefault("caller", None)  # before schema 4
+    out.setdefault("context", None)  # before schema 5
     return out
