@@ -42,8 +42,8 @@ from reef_lab.trainers.samples import Sample as ReefSample
 from reef_lab.trainers import slime_hooks as hooks
 from reef_lab.trainers import make_trainer, trainer_class
 from reef_lab.trainers.base import Loss, TrainerConfig
-from reef_lab.trainers.slime import (SlimeTrainer, expected_job, launch_argv, main, read_model_args,
-                                     release_from_checkpoint)
+from reef_lab.trainers.slime import (SlimeTrainer, check_trainer_config, expected_job, launch_argv, main,
+                                     read_model_args, release_from_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -270,6 +270,10 @@ def job_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--save-interval", type=int, default=None)
     p.add_argument("--context-parallel-size", type=int, default=1)
+    p.add_argument("--use-opd", action="store_true")
+    p.add_argument("--opd-type", choices=["sglang", "megatron"], default=None)
+    p.add_argument("--opd-teacher-load", default=None)
+    p.add_argument("--opd-kl-coef", type=float, default=1.0)
     args, _ = p.parse_known_args(argv[argv.index("--") + 3:])
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
@@ -451,6 +455,49 @@ def test_a_step_without_a_saved_checkpoint_cannot_be_exported(slime_standin, tmp
     stop_waiting_hook(spool, second)
 
 
+def test_opd_runs_on_slime_as_its_on_policy_distillation(slime_standin, tmp_path, tiny_model_dir):
+    from reef_lab.learning.distill import DistillConfig, ResolvedTeacher, distill_step
+
+    teacher = tmp_path / "teacher_torch_dist"
+    teacher.mkdir()
+    spool, cfg = slime_standin, trainer_config(tmp_path, loss="distill", opd_teacher_load=str(teacher))
+    args = job_args(launch_argv(tiny_model_dir, cfg))
+    first = Thread(hooks.generate_rollout, args, 0, None)
+    trainer = SlimeTrainer(tiny_model_dir, cfg)
+    batch = reef_samples()
+    for s in batch:
+        s.advantages = None  # opd's samples carry no advantage: slime makes it from the teacher's logprobs
+    step = Thread(distill_step, trainer, batch, DistillConfig(batch_size=4), ResolvedTeacher(
+        tiny_model_dir, None, "calculator:v3"))
+    groups = first.join().result.samples
+    data = train_data_like_slime(groups)
+    assert data["rollout_log_probs"] == [s.logprobs for s in batch]  # the OPD term's log mu
+    rollout_data = {"sample_indices": data["sample_indices"],
+                    "kl": [torch.zeros(n) for n in data["response_lengths"]]}
+    hooks.advantages(args, rollout_data)  # zero: slime then subtracts opd_kl_coef * (log mu - log pi_teacher)
+    assert [a.tolist() for a in rollout_data["advantages"]] == [[0.0] * len(s.completion_ids) for s in batch]
+    spooled = json.loads(hooks.step_path(spool, 1).read_text())
+    assert spooled["teacher"] == str(tiny_model_dir) and spooled["loss"]["kind"] == "distill"
+    second = Thread(hooks.generate_rollout, args, 1, None)
+    metrics = step.join().result
+    assert step.error is None, step.error
+    assert metrics["policy_step"] and metrics["samples"] == 4 and "teacher_gap" not in metrics  # scored in the job
+
+    # what slime's OPD cannot do is refused, naming the fix
+    with pytest.raises(ValueError, match="top-K.*trainer.backend torch"):
+        distill_step(trainer, batch, DistillConfig(batch_size=4, divergence="forward_kl"),
+                     ResolvedTeacher(tiny_model_dir, None, "t"))
+    with pytest.raises(ValueError, match="self-distillation"):
+        distill_step(trainer, batch, DistillConfig(batch_size=4), None, prompts=[s.prompt_ids for s in batch])
+    with pytest.raises(ValueError, match="another context"):
+        trainer.score_teacher(batch, tiny_model_dir, prompts=[s.prompt_ids for s in batch])
+    with pytest.raises(ValueError, match="trainer.options.is_cap"):
+        trainer.step(batch, Loss("distill", is_cap=3.0))
+    with pytest.raises(ValueError, match="opd_teacher_load"):
+        check_trainer_config(trainer_config(tmp_path, loss="distill"))
+    stop_waiting_hook(spool, second)
+
+
 def test_the_reward_hook_returns_the_reports_score(slime_standin):
     batch = {"loss": {"kind": "nll"}, "samples": [
         {"record_id": "a", "prompt_ids": [1], "completion_ids": [2, 3], "score": 0.75, "temperature": 1.0},
@@ -480,8 +527,11 @@ def test_the_launch_command_uses_slimes_and_megatrons_flags(tmp_path, tiny_model
     release = tmp_path / "release"
     release.mkdir()
     (release / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes())
-    for loss, init in (("dis", None), ("nll", release)):
-        cfg = trainer_config(tmp_path, loss=loss)
+    teacher = tmp_path / "teacher_torch_dist"
+    teacher.mkdir()
+    for loss, init in (("dis", None), ("nll", release), ("distill", None)):
+        cfg = trainer_config(tmp_path, loss=loss, **({"opd_teacher_load": str(teacher), "is_cap": 3.0}
+                                                     if loss == "distill" else {}))
         argv = launch_argv(tiny_model_dir, cfg, init)
         sep = argv.index("--")
         head, train = argv[:sep], argv[sep + 1:]
@@ -504,9 +554,14 @@ def test_the_launch_command_uses_slimes_and_megatrons_flags(tmp_path, tiny_model
         assert args.global_batch_size == 4 and train[train.index("--rollout-batch-size") + 1] == "4"
         expected, summary = expected_job(tiny_model_dir, cfg, init), hooks.job_summary(args)
         assert {k: summary[k] for k in expected} == pytest.approx(expected)  # what the trainer will wait for
+        assert args.use_opd == (loss == "distill")
         if loss == "dis":
             assert args.loss_type == "policy_loss" and args.use_rollout_logprobs
             assert (args.eps_clip, args.eps_clip_high) == pytest.approx((0.7, 4.0))
+        elif loss == "distill":  # slime's OPD, the teacher in Megatron, the ratio clipped above at is_cap only
+            assert args.loss_type == "policy_loss" and args.use_rollout_logprobs and args.opd_type == "megatron"
+            assert args.opd_teacher_load == os.path.realpath(teacher) and args.opd_kl_coef == 1.0
+            assert (args.eps_clip, args.eps_clip_high) == pytest.approx((1.0, 2.0))
         else:
             assert args.loss_type == "sft_loss" and "--disable-compute-advantages-and-returns" in train
 

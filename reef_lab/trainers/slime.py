@@ -26,6 +26,16 @@ with another loss is refused):
   surrogate, DIS masks. Tokens whose ratio left [dis_low, dis_high] get no gradient under DIS; under slime's clip
   those on the side the update would push back (ratio below dis_low with a positive advantage, above dis_high with a
   negative one) still do. slime reports no per-token mask counts, so the step's metrics carry none.
+- `distill` (the opd recipe, divergence `reverse_kl`) -> slime's on-policy distillation, `--use-opd --opd-type
+  megatron --opd-teacher-load <teacher> --opd-kl-coef <c>`, on `--loss-type policy_loss` with
+  `--use-rollout-logprobs` and zero advantages from the spool: slime sets each token's advantage to
+  -c (log mu(y) - log pi_teacher(y)) (mu the engine's recorded logprob) and the policy loss weighs it by the ratio
+  pi / mu, clipped at `--eps-clip-high is_cap - 1` (no lower clip: `--eps-clip 1`). The torch trainer's reverse_kl
+  is the same estimate with log pi (the policy now) in place of log mu and the ratio truncated, not clipped: equal on
+  a fresh batch's first step, approximate after. The teacher is scored inside the job (a Megatron torch_dist
+  checkpoint of the recipe's teacher folder, converted with slime's tools/convert_hf_to_torch_dist.py), so the step's
+  metrics carry no teacher_gap. forward_kl / jsd over a top-K and self-distillation (sdft, sdpo: a teacher shown a
+  context the student did not see) have no slime counterpart and are refused.
 
 Not provided, and said so when asked: `logprobs` (slime's policy lives in the job; no recipe of reef_lab's calls it
 today), `critic` (SAO's value model; slime's own critic, `--advantage-estimator ppo`, is not reef_lab's), LoRA
@@ -52,7 +62,7 @@ from pathlib import Path
 from reef_lab import procs
 from reef_lab.trainers.samples import Sample
 from reef_lab.schema import build, check_fields
-from reef_lab.trainers.base import Critic, CriticConfig, Loss, Trainer, TrainerConfig
+from reef_lab.trainers.base import Critic, CriticConfig, DistillTrainer, Loss, TrainerConfig
 from reef_lab.trainers.slime_hooks import (FORMAT, SLIME_LOSS, SPOOL_ENV, ack_path, job_path, last_step, read_json,
                                            step_path, write_json)
 
@@ -95,9 +105,17 @@ class SlimeConfig:
     batch_size: int = field(default=16, metadata={
         "help": "samples per step: the recipe's batch size (--rollout-batch-size and --global-batch-size: one "
                 "optimizer step per batch)"})
-    loss: str = field(default="dis", metadata={"help": "the recipe's loss: dis (grpo, sao) or nll (sft)"})
+    loss: str = field(default="dis", metadata={"help": "the recipe's loss: dis (grpo, sao), nll (sft) or distill "
+                                                       "(opd, slime's --use-opd)"})
     dis_low: float = field(default=0.3, metadata={"help": "the recipe's dis_low (--eps-clip 1 - dis_low)"})
     dis_high: float = field(default=5.0, metadata={"help": "the recipe's dis_high (--eps-clip-high dis_high - 1)"})
+    opd_teacher_load: str = field(default="", metadata={
+        "help": "loss distill: the teacher as a Megatron torch_dist checkpoint (--opd-teacher-load; convert the "
+                "recipe's teacher folder with slime's tools/convert_hf_to_torch_dist.py)"})
+    opd_kl_coef: float = field(default=1.0, metadata={"help": "loss distill: --opd-kl-coef, the weight of the "
+                                                              "teacher's signal in each token's advantage"})
+    is_cap: float = field(default=2.0, metadata={"help": "loss distill: the recipe's is_cap (--eps-clip-high "
+                                                         "is_cap - 1)"})
     rollout_temperature: float = field(default=1.0, metadata={
         "help": "the temperature serving samples at; slime scores tokens at this one (--rollout-temperature)"})
     max_tokens_per_gpu: int = field(default=0, metadata={
@@ -130,6 +148,13 @@ class SlimeConfig:
                              f"{self.tensor_parallel} x pipeline_parallel {self.pipeline_parallel} groups")
         if self.rollout_temperature <= 0 or self.connect_timeout_s <= 0 or self.step_timeout_s <= 0:
             raise ValueError("rollout_temperature, connect_timeout_s and step_timeout_s must be > 0")
+        if self.loss == "distill" and not self.opd_teacher_load:
+            raise ValueError("loss distill needs trainer.options.opd_teacher_load: the teacher as a Megatron torch_dist "
+                             "checkpoint (convert the recipe's teacher folder with slime's "
+                             "tools/convert_hf_to_torch_dist.py); slime scores it in the job")
+        if not (self.is_cap >= 1 and math.isfinite(self.is_cap)) or not (self.opd_kl_coef > 0 and
+                                                                          math.isfinite(self.opd_kl_coef)):
+            raise ValueError("is_cap must be a finite number >= 1 and opd_kl_coef a finite number > 0")
         if self.model_args and self.model_args_script:
             raise ValueError("give model_args or model_args_script, not both")
 
@@ -198,9 +223,13 @@ def launch_argv(model_dir: str | Path, config: TrainerConfig, init_folder: str |
     if sc.loss == "nll":
         loss = ["--loss-type", "sft_loss", "--disable-compute-advantages-and-returns"]
     else:
+        low, high = (1.0, sc.is_cap - 1) if sc.loss == "distill" else (1 - sc.dis_low, sc.dis_high - 1)
         loss = ["--loss-type", "policy_loss", "--advantage-estimator", "grpo",
                 "--custom-advantage-function-path", f"{HOOKS}.advantages", "--disable-rewards-normalization",
-                "--use-rollout-logprobs", "--eps-clip", str(1 - sc.dis_low), "--eps-clip-high", str(sc.dis_high - 1)]
+                "--use-rollout-logprobs", "--eps-clip", str(low), "--eps-clip-high", str(high)]
+        if sc.loss == "distill":
+            loss += ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", _real(sc.opd_teacher_load),
+                     "--opd-kl-coef", str(sc.opd_kl_coef)]
     train = [
         "--actor-num-nodes", str(sc.num_nodes), "--actor-num-gpus-per-node", str(sc.gpus_per_node),
         "--debug-train-only",  # rollouts come from reef_lab's records: slime starts no SGLang engines of its own
@@ -257,10 +286,14 @@ def expected_job(model_dir: str | Path, config: TrainerConfig, init_folder: str 
     out = {"hf_checkpoint": _real(model_dir), "load": _real(init_folder if init_folder is not None else model_dir),
            "loss_type": SLIME_LOSS[sc.loss], "rollout_temperature": sc.rollout_temperature,
            "global_batch_size": sc.batch_size, "save_hf": f"{_real(sc.save_dir)}/hf/rollout_{{rollout_id}}",
-           "save_interval": sc.save_interval, "context_parallel_size": 1}
+           "save_interval": sc.save_interval, "context_parallel_size": 1, "use_opd": sc.loss == "distill"}
     if sc.loss == "dis":
         out.update(eps_clip=1 - sc.dis_low, eps_clip_high=sc.dis_high - 1, use_rollout_logprobs=True,
                    custom_advantage_function_path=f"{HOOKS}.advantages")
+    elif sc.loss == "distill":
+        out.update(eps_clip=1.0, eps_clip_high=sc.is_cap - 1, use_rollout_logprobs=True,
+                   custom_advantage_function_path=f"{HOOKS}.advantages", opd_type="megatron",
+                   opd_teacher_load=_real(sc.opd_teacher_load), opd_kl_coef=sc.opd_kl_coef)
     return out
 
 
@@ -278,7 +311,7 @@ def _same(a, b) -> bool:
     return a == b
 
 
-class SlimeTrainer(Trainer):
+class SlimeTrainer(DistillTrainer):
     """Steps run by a slime job through the spool (see the module docstring)."""
 
     @classmethod
@@ -297,6 +330,7 @@ class SlimeTrainer(Trainer):
         self.spool = Path(self.slime.spool_dir)
         self.steps = 0
         self.trained: dict | None = None  # the acknowledgement of the last step slime trained
+        self.teacher: str | None = None  # loss distill: the teacher the recipe named (scored in the job)
         self.job = self._connect()
 
     def _hint(self) -> str:
@@ -335,6 +369,10 @@ class SlimeTrainer(Trainer):
             raise ValueError(f"the recipe asks for {loss}, but the slime job was launched for loss {sc.loss!r} "
                              f"(dis_low {sc.dis_low}, dis_high {sc.dis_high}): set trainer.options.loss, dis_low and "
                              "dis_high to the recipe's and relaunch")
+        if loss.kind == "distill" and (loss.divergence != "reverse_kl" or loss.is_cap != sc.is_cap):
+            raise ValueError(f"the recipe asks for {loss}; slime's on-policy distillation is the reverse KL on the "
+                             f"sampled token with is_cap {sc.is_cap}: set the recipe's divergence reverse_kl and "
+                             "trainer.options.is_cap to its is_cap, and relaunch")
         if len(samples) != sc.batch_size:
             raise ValueError(f"the recipe's batch holds {len(samples)} samples, the slime job steps on "
                              f"trainer.options.batch_size {sc.batch_size}: set it to the recipe's batch size")
@@ -342,6 +380,8 @@ class SlimeTrainer(Trainer):
             if abs(s.temperature - sc.rollout_temperature) > 1e-6:
                 raise ValueError(f"sample {s.record_id} was sampled at temperature {s.temperature}, the slime job "
                                  f"scores at {sc.rollout_temperature}: set trainer.options.rollout_temperature")
+            if loss.kind == "distill" and s.logprobs is None:
+                raise ValueError(f"sample {s.record_id}: on-policy distillation needs the engine's logprobs")
             if loss.kind == "dis" and (s.logprobs is None or len(s.advantages or []) !=
                                        len(s.completion_ids)):
                 raise ValueError(f"sample {s.record_id}: the dis loss needs the engine's logprobs and an advantage "
@@ -360,7 +400,7 @@ class SlimeTrainer(Trainer):
                                f"spool; relaunch the job with the command printed by: {self._hint()}")
         write_json(step_path(self.spool, seq), {
             "format": FORMAT, "seq": seq, "job_id": self.job["job_id"], "trainer_step": self.steps + 1,
-            "loss": asdict(loss), "samples": [_spooled(s, loss) for s in samples]})
+            "loss": asdict(loss), "teacher": self.teacher, "samples": [_spooled(s, loss) for s in samples]})
         ack = self._wait_for_ack(seq)
         self.steps += 1
         self.trained = ack
@@ -398,7 +438,8 @@ class SlimeTrainer(Trainer):
         meta = {"trainer": "slime", "trainer_config": asdict(self.config), "trainer_step": self.steps,
                 "base_model_dir": str(self.model_dir),
                 "slime": {"job_id": self.job["job_id"], "rollout_id": self.trained["rollout_id"],
-                          "checkpoint": checkpoint, "source_read_at": SLIME_COMMIT}, **metadata}
+                          "checkpoint": checkpoint, "source_read_at": SLIME_COMMIT,
+                          **({"teacher": self.teacher} if self.teacher else {})}, **metadata}
         return release_from_checkpoint(checkpoint, folder, self.model_dir, meta)
 
     def logprobs(self, samples: list[Sample], base: bool = False) -> list[list[float]]:
@@ -406,6 +447,27 @@ class SlimeTrainer(Trainer):
             "the slime backend cannot compute logprobs: the policy lives in the slime job, which takes batches only "
             "through its rollout hook. A recipe that needs the policy's or the base's logprobs (e.g. a KL term) "
             "runs on trainer.backend torch")
+
+    def score_teacher(self, samples: list[Sample], teacher_dir: str | Path | None,
+                      teacher_release: str | Path | None = None, top_k: int = 0,
+                      prompts: list[list[int]] | None = None) -> None:
+        """Nothing is scored here: the job scores the teacher it was launched with (--opd-teacher-load) on the
+        student's own tokens in its training forward pass. What slime cannot do is refused."""
+        if self.slime.loss != "distill":
+            raise ValueError(f"this slime job was launched for loss {self.slime.loss!r}, not on-policy distillation: "
+                             "set trainer.options.loss distill and opd_teacher_load, and relaunch")
+        if top_k:
+            raise ValueError("slime's on-policy distillation is the reverse KL on the sampled token; a divergence "
+                             "over the teacher's top-K (forward_kl, jsd) needs trainer.backend torch")
+        if prompts is not None:
+            raise ValueError("slime's teacher reads the student's own prompt: a teacher shown another context "
+                             "(context distillation) needs trainer.backend torch")
+        self.teacher = str(teacher_release or teacher_dir)
+
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+        raise ValueError("self-distillation (sdft, sdpo) scores the policy with a context the student did not see; "
+                         "slime's on-policy distillation has a separate, fixed teacher: run it on trainer.backend "
+                         "torch, or opd with a teacher checkpoint on slime")
 
     def critic(self, config: CriticConfig) -> Critic:
         raise NotImplementedError(
@@ -418,7 +480,8 @@ def _spooled(s: Sample, loss: Loss) -> dict:
             "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "logprobs": list(s.logprobs) if s.logprobs is not None else None, "score": s.score,
             "temperature": s.temperature, "group": s.group, "loss_mask": list(s.mask),
-            "advantages": list(s.advantages) if loss.kind == "dis" else None}
+            "advantages": list(s.advantages) if loss.kind == "dis" else
+            [0.0] * len(s.completion_ids) if loss.kind == "distill" else None}  # distill: slime adds the teacher's
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")

@@ -41,7 +41,7 @@ FORMAT = 1
 INDEX_STRIDE = 1_000_000  # a sample's slime index: spool step * INDEX_STRIDE + position in the batch
 POLL_S = 0.2
 HEARTBEAT_S = 5.0  # a waiting job rewrites job.json this often, so reef_lab can tell a live job from a dead one
-SLIME_LOSS = {"dis": "policy_loss", "nll": "sft_loss"}  # reef_lab Loss.kind -> slime --loss-type
+SLIME_LOSS = {"dis": "policy_loss", "nll": "sft_loss", "distill": "policy_loss"}  # Loss.kind -> --loss-type
 
 
 # ---- the spool (both sides) ---------------------------------------------------------------------------------------
@@ -89,7 +89,10 @@ def job_summary(args) -> dict:
             "custom_advantage_function_path": args.custom_advantage_function_path,
             "rollout_temperature": args.rollout_temperature, "global_batch_size": args.global_batch_size,
             "save_hf": args.save_hf, "save_interval": args.save_interval,
-            "context_parallel_size": getattr(args, "context_parallel_size", 1)}
+            "context_parallel_size": getattr(args, "context_parallel_size", 1),
+            "use_opd": bool(getattr(args, "use_opd", False)), "opd_type": getattr(args, "opd_type", None),
+            "opd_teacher_load": real(getattr(args, "opd_teacher_load", None)),
+            "opd_kl_coef": getattr(args, "opd_kl_coef", None)}
 
 
 # ---- batch -> slime samples ---------------------------------------------------------------------------------------
@@ -112,9 +115,9 @@ def check_batch(args, batch: dict) -> None:
                              f"scores tokens at --rollout-temperature {args.rollout_temperature}: serve this "
                              "scenario at one temperature and set trainer.options.rollout_temperature to it")
         n = len(s["completion_ids"])
-        if kind == "dis" and (s.get("logprobs") is None or len(s["logprobs"]) != n
-                              or s.get("advantages") is None or len(s["advantages"]) != n):
-            raise ValueError(f"record {s['record_id']}: the dis loss needs a rollout logprob and an advantage per "
+        if kind in ("dis", "distill") and (s.get("logprobs") is None or len(s["logprobs"]) != n
+                                           or s.get("advantages") is None or len(s["advantages"]) != n):
+            raise ValueError(f"record {s['record_id']}: the {kind} loss needs a rollout logprob and an advantage per "
                              f"completion token ({n})")
 
 
@@ -130,7 +133,7 @@ def samples_from_batch(batch: dict, seq: int, sample_cls) -> list[list]:
             group_index=None, index=seq * INDEX_STRIDE + pos, tokens=list(s["prompt_ids"]) + completion,
             response_length=len(completion), reward=float(s["score"]) if s.get("score") is not None else 0.0,
             loss_mask=[int(m) for m in s.get("loss_mask") or [1] * len(completion)],
-            rollout_log_probs=[float(x) for x in s["logprobs"]] if batch["loss"]["kind"] == "dis" else None,
+            rollout_log_probs=[float(x) for x in s["logprobs"]] if batch["loss"]["kind"] in ("dis", "distill") else None,
             status=sample_cls.Status.COMPLETED,
             metadata={"reef_lab": {"record_id": s["record_id"], "report_id": s.get("report_id"),
                                    "release_id": s.get("release_id"), "score": s.get("score"), "step": seq,
