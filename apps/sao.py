@@ -1,4 +1,5 @@
-"""Run, follow and compare SAO / GRPO experiments: launch one, open one, or overlay several (seeds, recipes).
+"""Run, follow and compare weight experiments (SAO, GRPO, SFT, the distillation recipes): launch one, open one, or
+overlay several (seeds, recipes).
 
     marimo run apps/sao.py                                   # as an app (marimo edit: as a notebook)
     REEF_LAB_RUNS=runs/compare marimo run apps/sao.py        # list the runs under another folder
@@ -12,7 +13,8 @@ changed fields become `--set` overrides); the run is a detached child that outli
 each run's status (from its heartbeat: docs/apps.md) and progress; tick several to overlay their curves, with each group's mean and 95% band
 (a group: runs whose configs differ only in seed) and the config fields that differ. One run in detail: every
 panel against the policy step, held-out accuracy with 95% Wilson intervals, releases as dashed lines, each
-candidate's sample held-out answers next to its accuracy, links to its W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
+candidate's sample held-out answers next to its accuracy, a distillation run's divergence and teacher-student gap,
+links to its W&B folder and Hub revisions. Auto-refresh re-reads only when a run's files changed, and keeps every choice.
 """
 
 import marimo
@@ -48,6 +50,12 @@ with app.setup:
                      "report_correct": "task success (answer correct)",
                      "report_valid_calls": "valid tool calls per episode",
                      "report_invalid_calls": "invalid tool calls per episode"}
+    # What a distillation run's steps carry (reef_lab.learning.distill.distill_step; ctxd: the prompt it saves).
+    DISTILL_PANELS = {"reverse_kl": "reverse KL(student || teacher) per token",
+                      "forward_kl": "forward KL(teacher || student), teacher's top-K",
+                      "jsd": "JSD(teacher, student), teacher's top-K",
+                      "teacher_gap": "teacher - student log-prob, generated tokens",
+                      "prompt_tokens_saved": "prompt tokens saved per call (context distilled)"}
     RUN_FILES = ("config.json", "summary.json", "rollouts.jsonl", "metrics.jsonl", "index.json", "run.log",
                  "run.pid")
     # The experiment configs of the weight recipes (live.yaml is a recipe config, not an experiment); the one
@@ -103,8 +111,9 @@ def load_run(run_dir: str | Path) -> dict | None:
                             strict=False)
 
     reported = sorted({k for r in rows if r["event"] == "step" for k in r if k.startswith("report_")})
+    distilled = [k for k in DISTILL_PANELS if any(r["event"] == "step" and r.get(k) is not None for r in rows)]
     steps = frame("step", ["trainer_step", "phase", "reward_mean", "loss", "masked_fraction", "value_abs_error",
-                           "grad_norm", "staleness_mean", "step_s", "time", *reported])
+                           "grad_norm", "staleness_mean", "step_s", "time", *reported, *distilled])
     steps = steps.with_row_index("batch", offset=1)
     index_file = run_dir / "data" / "releases" / config["name"] / "index.json"
     index = orjson.loads(index_file.read_bytes()) if index_file.exists() else {"releases": [], "candidates": []}
@@ -126,6 +135,7 @@ def load_run(run_dir: str | Path) -> dict | None:
     base_kept = next((r["retention_accuracy"] for r in base_rows if r.get("retention_accuracy") is not None), None)
     done = count_lines(run_dir / "rollouts.jsonl")
     run = {"dir": str(run_dir), "config": config, "summary": summary, "steps": steps, "reported": reported,
+           "distilled": distilled,
            "candidates": candidates,
            "releases": releases, "base_accuracy": base, "eval_n": eval_n, "index": index,
            "base_retention": base_kept, "retention_n": retention_n,
@@ -212,7 +222,20 @@ def plot_reports(run: dict):
     """What the reports say, per policy step: each `report_<key>` a step's row averages over its batch (a tool
     task's tool-call validity and task success, reef_lab.tasks.tools), one panel each; None when the reports
     carry no numbers."""
-    cols = run["reported"]
+    return plot_step_panels(run, run["reported"], report_title, "sao")
+
+
+@app.function
+def plot_distill(run: dict):
+    """A distillation run's own numbers per policy step: the divergence it trains on, the teacher-student log-prob
+    gap on the generated tokens (it shrinks as the student takes the teacher's choices), and for context
+    distillation the prompt tokens the release saves; None for a run of another recipe."""
+    return plot_step_panels(run, run.get("distilled") or [], DISTILL_PANELS.get, "distill")
+
+
+@app.function
+def plot_step_panels(run: dict, cols: list[str], title, gid: str):
+    """One panel per step-row column, against the policy step, dashed where a release went live; None for none."""
     if not cols:
         return None
     ncols = min(3, len(cols))
@@ -221,11 +244,11 @@ def plot_reports(run: dict):
     for ax, col in zip(axes.flat, cols):
         data = run["steps"].filter(pl.col(col).is_not_null())
         xs, ys = data["trainer_step"].to_list(), data[col].to_list()
-        ax.plot(xs, ys, marker="o", linestyle="-", gid=f"sao-{col}")
+        ax.plot(xs, ys, marker="o", linestyle="-", gid=f"{gid}-{col}")
         fit_axes(ax, xs + released, ys)
         for step in released:
             ax.axvline(step, color="grey", linestyle="--", alpha=0.5)
-        ax.set_title(report_title(col))
+        ax.set_title(title(col))
         ax.set_xlabel(STEP)
     for ax in list(axes.flat)[len(cols):]:
         ax.set_visible(False)
@@ -585,6 +608,8 @@ def _(get_shown, run_ui):
                    "releases itself, as scripts/learn_tool_task.py does). Dashed lines: releases."),
              *([mo.md("### What the reports say, per step (mean over each training batch)"),
                 svg(plot_reports(run), "sao-reports-figure")] if run["reported"] else []),
+             *([mo.md("### Distillation, per step: the divergence trained on and the teacher-student gap"),
+                svg(plot_distill(run), "sao-distill-figure")] if run["distilled"] else []),
              mo.md("### Releases"), mo.Html(releases_html(run)),
              mo.md("### Candidates"),
              mo.ui.table(tidy(_cands), selection=None, show_column_summaries=False, show_data_types=False),

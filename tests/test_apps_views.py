@@ -96,6 +96,28 @@ def test_sao_app_plots_what_the_reports_say_per_step(tmp_path):
     assert plain["reported"] == [] and sao.plot_reports(plain) is None
 
 
+def test_sao_app_plots_a_distillation_runs_divergence_and_teacher_gap(tmp_path):
+    """The weights app opens a distillation run (opd, sdft, sdpo, ctxd: reef_lab.learning.distill.distill_step's
+    rows): one panel each for the divergence, the teacher-student gap and a context's saved prompt tokens, with each
+    step's value; a run of another recipe draws none."""
+    sao = load_module("sao")
+    steps = [{"trainer_step": k, "loss": 0.1, "forward_kl": kl, "teacher_gap": g, "prompt_tokens_saved": 41.0}
+             for k, kl, g in ((1, 0.9, -1.5), (2, 0.6, -1.0), (3, 0.4, -0.5))]
+    run = sao.load_run(sao_run(tmp_path / "run", steps))
+    assert run["distilled"] == ["forward_kl", "teacher_gap", "prompt_tokens_saved"]
+    fig = sao.plot_distill(run)
+    assert axis_problems(fig) == []
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["forward KL(teacher || student), teacher's top-K",
+                                                "teacher - student log-prob, generated tokens",
+                                                "prompt tokens saved per call (context distilled)"]
+    gap = shown[1].lines[0]
+    assert list(gap.get_xdata()) == [1, 2, 3] and list(gap.get_ydata()) == [-1.5, -1.0, -0.5]
+    assert gap.get_gid() == "distill-teacher_gap"
+    plain = sao.load_run(sao_run(tmp_path / "plain", [{"trainer_step": 1, "reward_mean": 0.3}]))
+    assert plain["distilled"] == [] and sao.plot_distill(plain) is None
+
+
 def test_ttt_charts_number_steps_as_the_metrics_rows_do(monkeypatch):
     from recipes.tttd.archive import Archive
 

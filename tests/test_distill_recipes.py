@@ -275,9 +275,9 @@ def test_sdpo_adds_the_self_teachers_token_log_ratio_to_the_group_advantage(gate
     assert step["worded"] == 4 and step["teacher_gap"] != 0
 
 
-def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_path):
-    """scripts/run_experiment.py's path (reef_lab.experiments.weights.run_experiment): the experiment's rollouts,
-    a teacher folder of the same tokenizer (the tiny model with one tensor changed), one release."""
+def opd_experiment(tiny_model_dir, tmp_path):
+    """An opd experiment through scripts/run_experiment.py's path (reef_lab.experiments.weights.run_experiment): the
+    experiment's rollouts, a teacher folder of the same tokenizer (the tiny model with one tensor changed)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -293,10 +293,46 @@ def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_pat
                            temperature=1.0, out_dir=str(tmp_path / "run"), recipe_config={
                                "teacher": {"model_path": str(teacher)}, "batch_size": 8, "steps_per_candidate": 2,
                                "trainer": {"lr": 1e-3, "micro_batch_size": 8}})
-    summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    return cfg, run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+
+
+def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_path):
+    cfg, summary = opd_experiment(tiny_model_dir, tmp_path)
     assert summary["releases"] == 1
     steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
     assert len(steps) == 2 and all(m["samples"] == 8 and m["teacher_gap"] != 0 for m in steps)
+    # the weights app opens the run and draws its divergence and teacher gap, per step
+    from tests.test_apps import load_module
+
+    sao = load_module("sao")
+    run = sao.load_run(cfg.out_dir)
+    assert run["distilled"] == ["reverse_kl", "teacher_gap"]
+    fig = sao.plot_distill(run)
+    drawn = [list(ax.lines[0].get_ydata()) for ax in fig.axes if ax.get_visible()]
+    assert drawn == [[m["reverse_kl"] for m in steps], [m["teacher_gap"] for m in steps]]
+
+
+@pytest.mark.heavy
+def test_a_distillation_experiments_wandb_run_has_its_divergence_and_teacher_gap(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
+    """W&B gets the keys the weights app draws: train/reverse_kl and train/teacher_gap per step (read back from the
+    offline run with wandb's own reader)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg, summary = opd_experiment(tiny_model_dir, tmp_path)
+    (run,) = (Path(cfg.out_dir) / "data" / "wandb").glob("offline-run-*")
+    out = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    history = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    history = [json.dumps(r) for r in history if r["type"] == "history"]
+    steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
+    for key in ("train/reverse_kl", "train/teacher_gap"):
+        assert sum(f'"{key}"' in h for h in history) == len(steps) == 2, key
 
 
 def test_the_teacher_prompt_reads_any_dialect_and_the_template_is_not_a_format_string():
