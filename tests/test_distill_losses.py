@@ -223,3 +223,42 @@ def test_the_trainer_scores_a_teacher_on_the_students_tokens_and_refuses_another
     (other / "tokenizer.json").write_text(json.dumps(vocab))
     with pytest.raises(ValueError, match="another tokenizer than the student"):
         student.score_teacher(samples, other)
+
+
+def test_the_ema_self_teacher_scores_with_the_moving_average_and_leaves_the_policy_as_it_was(tiny_model_dir):
+    """score_self with `ema`: the first call scores with the policy's weights; after a step, with decay * those +
+    (1 - decay) * the new weights (checked against a plain forward of a model holding that average); the policy's
+    own weights are bit-identical after each call; ema 0 is the policy itself."""
+    from reef_lab.trainers.base import Loss, TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", lr=1e-2))
+    vocab = trainer.model.get_input_embeddings().num_embeddings
+    samples = _samples(vocab)
+    prompts = [[5, 6] + s.prompt_ids for s in samples]  # a context the student did not see
+    first = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.score_self(samples, prompts, ema=0.75)
+    plain = [list(s.teacher_logprobs) for s in samples]
+    trainer.score_self(samples, prompts)  # no ema: the policy itself, the same weights so far
+    assert [s.teacher_logprobs for s in samples] == plain
+    trainer.step(_samples(vocab), Loss("nll"))
+    after = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    assert any(not torch.equal(first[n], after[n]) for n in first)
+    trainer.score_self(samples, prompts, ema=0.75)
+    assert all(torch.equal(p, after[n]) for n, p in trainer.model.named_parameters())  # the policy is untouched
+    reference = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    with torch.no_grad():
+        for n, p in reference.model.named_parameters():
+            p.copy_(first[n].lerp(after[n], 0.25))
+    expected = [[], [], []]
+    for i, (s, prompt) in enumerate(zip(samples, prompts)):
+        ids = torch.tensor([prompt + s.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(reference.model(input_ids=ids).logits[0, len(prompt) - 1: -1].float(), -1)
+        expected[i] = logp.gather(-1, torch.tensor(s.completion_ids)[:, None]).squeeze(-1)
+    for s, e in zip(samples, expected):
+        assert torch.allclose(torch.tensor(s.teacher_logprobs), e, atol=1e-5)
+    trainer.score_self(samples, prompts)  # the policy now: neither the first weights' numbers nor the average's
+    assert all(not torch.allclose(torch.tensor(s.teacher_logprobs), e, atol=1e-5) for s, e in zip(samples, expected))
+    with pytest.raises(ValueError, match="decay must be in"):
+        trainer.score_self(samples, prompts, ema=1.0)

@@ -159,11 +159,15 @@ def test_the_shipped_examples_configure():
 
 def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
     """The student itself, shown the report's feedback in its system prompt, teaches the student without it: the
-    release is trained and served; a report without words, or with too many, is a 400 and stores nothing."""
+    release is trained and served; a report without words, or with too many, is a 400 and stores nothing. The
+    teacher is an EMA of the policy's weights (teacher_ema); a decay outside [0, 1) is a 400."""
     from reef_lab.errors import BadRequest
 
+    with pytest.raises(BadRequest, match="teacher_ema"):
+        gateway.create_scenario({"name": "bad", "recipe": "sdft", "config": {"teacher_ema": 1.0}})
     gateway.create_scenario({"name": "s", "recipe": "sdft", "config": {
-        "batch_size": 4, "steps_per_candidate": 2, "max_context_chars": 200, "trainer": TRAINER, **EVAL}})
+        "batch_size": 4, "steps_per_candidate": 2, "max_context_chars": 200, "teacher_ema": 0.5, "trainer": TRAINER,
+        **EVAL}})
     items = make_task().items(8, seed=5)
     receipts = []
     for k, item in enumerate(items):

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.learning import rl
-from reef_lab.learning.distill import DistillConfig, distill_step
+from reef_lab.learning.distill import SelfTeacherConfig, distill_step
 from reef_lab.learning.learner import Learner, WeightRecipe
 from reef_lab.trainers.samples import Sample
 from reef_lab.wire.dialects import engine_messages, with_system
 
 
 @dataclass
-class CTXDConfig(DistillConfig):
+class CTXDConfig(SelfTeacherConfig):
     divergence: str = field(default="forward_kl", metadata={"help":
         "forward_kl (default: the teacher sampled the answers, served with its harness) or jsd over the teacher's "
         "top_k tokens; reverse_kl on the sampled token when the student sampled them"})
@@ -94,7 +94,7 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
         if not kept:
             raise ValueError(f"none of the {len(batch)} samples could be re-made without the harness (requests with "
                              "tools and multi-turn episode samples are not distilled yet)")
-        m = distill_step(trainer, kept, self.config, None, teacher)
+        m = distill_step(trainer, kept, self.config, None, teacher, self.config.teacher_ema)
         m["ctxd_skipped"] = len(batch) - len(kept)
         m["prompt_tokens_saved"] = sum(len(t) - len(s.prompt_ids) for s, t in zip(kept, teacher)) / len(kept)
         return m

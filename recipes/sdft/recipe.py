@@ -43,4 +43,4 @@ class SDFTRecipe(ContextTeacher, rl.FreshBatches, WeightRecipe):
                 and report_context(sample.extra) is not None)
 
     def train(self, trainer, batch: list[Sample]) -> dict:
-        return distill_step(trainer, batch, self.config, None, self.teacher_prompts(batch))
+        return distill_step(trainer, batch, self.config, None, self.teacher_prompts(batch), self.config.teacher_ema)

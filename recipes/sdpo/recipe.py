@@ -60,7 +60,7 @@ class SDPORecipe(ContextTeacher, rl.GroupBatches, WeightRecipe):
                              "trainer.backend torch")
         worded = [s for s in batch if report_context(s.extra) is not None]
         if worded:
-            trainer.score_self(worded, self.teacher_prompts(worded))
+            trainer.score_self(worded, self.teacher_prompts(worded), ema=self.config.teacher_ema)
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],
                                    scale=self.config.scale_by_std)
         clip, coef = self.config.gap_clip, self.config.distill_coef

@@ -84,7 +84,22 @@ class DistillConfig(LearnConfig):
 
 
 @dataclass
-class ContextDistillConfig(DistillConfig):
+class SelfTeacherConfig(DistillConfig):
+    """The self-teacher's weights (sdft, sdpo, ctxd: the policy, shown a context the student did not see)."""
+
+    teacher_ema: float = field(default=0.0, metadata={"help":
+        "0: the teacher is the policy as it is at each step's start; in (0, 1): an exponential moving average of "
+        "the policy's weights with this decay, moved once per step (a slower, steadier teacher); it starts again "
+        "from the policy when the trainer does (a restart, a rollback)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.teacher_ema < 1:
+            raise ValueError(f"teacher_ema must be 0 (the policy itself) or a decay in (0, 1), got {self.teacher_ema}")
+
+
+@dataclass
+class ContextDistillConfig(SelfTeacherConfig):
     """Self-distillation with a teacher context: where the report's words go in the teacher's prompt, and how long
     they may be."""
 
@@ -206,7 +221,7 @@ def teacher_gap(batch: list[Sample]) -> dict:
 
 
 def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: ResolvedTeacher | None,
-                 prompts: list[list[int]] | None = None) -> dict:
+                 prompts: list[list[int]] | None = None, ema: float = 0.0) -> dict:
     """Score the batch under the teacher (None: the policy itself, as it is before this step) with `prompts` in
     front of each completion when given (a teacher context), then one `distill` step; the metrics carry the
     divergence and the teacher gap."""
@@ -216,7 +231,7 @@ def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: R
     if teacher is None:
         if prompts is None:
             raise ValueError("self-distillation needs the teacher's prompts (the student's, with a context added)")
-        trainer.score_self(batch, prompts, config.scored_top_k)
+        trainer.score_self(batch, prompts, config.scored_top_k, ema)
     else:
         trainer.score_teacher(batch, teacher.model_dir, teacher.release_folder, config.scored_top_k, prompts)
     m = trainer.step(batch, config.loss)

@@ -261,9 +261,9 @@ class DistillTrainer(Trainer):
         teacher reads `prompts[i]` (default: the sample's prompt) then the sample's own completion tokens."""
 
     @abstractmethod
-    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0, ema: float = 0.0) -> None:
         """The same, with the policy as it is now as the teacher (self-distillation: `prompts` hold a context the
-        student did not see)."""
+        student did not see); `ema` in (0, 1): an exponential moving average of the policy's weights instead."""
 
 
 class SequenceLossTrainer(Trainer):

@@ -464,7 +464,7 @@ class SlimeTrainer(DistillTrainer):
                              "(context distillation) needs trainer.backend torch")
         self.teacher = str(teacher_release or teacher_dir)
 
-    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0, ema: float = 0.0) -> None:
         raise ValueError("self-distillation (sdft, sdpo) scores the policy with a context the student did not see; "
                          "slime's on-policy distillation has a separate, fixed teacher: run it on trainer.backend "
                          "torch, or opd with a teacher checkpoint on slime")

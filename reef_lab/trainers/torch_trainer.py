@@ -155,6 +155,7 @@ class TorchTrainer(SequenceLossTrainer, DistillTrainer):
         self.steps = 0
         self._frozen_base = None  # a full fine-tune's frozen copy of the base model, loaded when first asked for
         self._teacher, self._teacher_key = None, None  # a distillation teacher, loaded when first asked for
+        self._ema: tuple[float, dict[str, torch.Tensor]] | None = None  # score_self's EMA teacher: decay, weights
 
     def micro_batches(self, samples: list[Sample], group: int = 1):
         """Consecutive whole groups of samples, at most micro_batch_size of them and (micro_batch_tokens) at most
@@ -199,10 +200,34 @@ class TorchTrainer(SequenceLossTrainer, DistillTrainer):
             self._teacher_key = key
         self._score(self._teacher, samples, prompts or [s.prompt_ids for s in samples], top_k)
 
-    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+    def score_self(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0, ema: float = 0.0) -> None:
         """The policy itself as the teacher, as it is now (before the step it teaches): it reads `prompts[i]` (the
-        sample's prompt with a context the student did not see) followed by the sample's own completion tokens."""
-        self._score(self.model, samples, prompts, top_k)
+        sample's prompt with a context the student did not see) followed by the sample's own completion tokens.
+        `ema` in (0, 1): the teacher is an exponential moving average of the policy's trained weights (the LoRA
+        adapters, or every weight of a full fine-tune) with that decay: the weights at the first call, then moved
+        towards the policy by 1 - ema at each call (once per step). It lives with this trainer: a new trainer (a
+        restart, a rollback) starts it again from the policy."""
+        if not ema:
+            self._score(self.model, samples, prompts, top_k)
+            return
+        if not 0 < ema < 1:
+            raise ValueError(f"the EMA teacher's decay must be in (0, 1), got {ema}")
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        with torch.no_grad():
+            if self._ema is None or self._ema[0] != ema:
+                self._ema = (ema, {n: p.detach().clone() for n, p in trained})
+            else:
+                for n, p in trained:
+                    self._ema[1][n].lerp_(p.detach(), 1 - ema)
+            policy = {n: p.detach().clone() for n, p in trained}
+            for n, p in trained:
+                p.copy_(self._ema[1][n])
+        try:
+            self._score(self.model, samples, prompts, top_k)
+        finally:
+            with torch.no_grad():
+                for n, p in trained:
+                    p.copy_(policy[n])
 
     def _score(self, model, samples: list[Sample], prompts: list[list[int]], top_k: int) -> None:
         for s, prompt in zip(samples, prompts, strict=True):  # teacher_scores runs without gradient
