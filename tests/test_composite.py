@@ -45,9 +45,9 @@ def hub(tmp_path, monkeypatch):
     server.stop()
 
 
-def start(tmp_path, tiny_model_dir, stub_url, hub_url) -> Running:
+def start(tmp_path, tiny_model_dir, stub_url, hub_url, config: dict | None = None) -> Running:
     return Running(Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=8),
-                           default_recipe="composite", default_config=composite(stub_url),
+                           default_recipe="composite", default_config=config or composite(stub_url),
                            hub=HubConfig(repo="me/reef-{scenario}", endpoint=hub_url, retries=2, backoff_s=0.2)))
 
 
@@ -146,6 +146,50 @@ def test_a_composite_scenario_trains_both_components_releases_and_rolls_back(tmp
         assert again.gateway.engine.release_for("mix") == weights_id
     finally:
         again.stop()
+
+
+def test_gepa_then_context_distillation_drops_the_harness_as_one_manifest(tmp_path, tiny_model_dir, stub_url, hub):
+    """GEPA -> ctxd -> no harness, as one composite: the harness component's seed serves (v1); ctxd learns from the
+    answers served with it and its weights release, v2, names the harness as dropped: the manifest, GET
+    /reef/harness and the answer's headers show weights alone, the prompt is shorter by the harness; a rollback
+    to v1 serves the harness again."""
+    lm = {"kind": "openai", "base_url": stub_url, "model": "stub-model"}
+    config = {"components": {
+        "harness": {"recipe": "gepa", "config": {"mode": "manual", "task_lm": lm, "reflection_lm": lm,
+                                                 "seed_harness": SEED}},
+        "weights": {"recipe": "ctxd", "config": {"batch_size": 3, "steps_per_candidate": 1, "top_k": 8,
+                                                 "selection": "always", "trainer": {"lr": 3e-3,
+                                                                                    "micro_batch_size": 3}}}}}
+    srv = start(tmp_path, tiny_model_dir, stub_url, hub, config)
+    try:
+        u = srv.url
+        client = openai.OpenAI(base_url=f"{u}/v1", api_key="x", default_headers=H)
+        for q, _ in QUESTIONS:
+            headers = ask(client, q)
+            assert headers["x-reef-release-components"] == "harness=mix:v1,weights=base"
+            requests.post(f"{u}/reef/report", headers=H, json={
+                "feedback": "unscored", "references": [headers["x-reef-agent-record-id"]]}).raise_for_status()
+        body = wait_for(u, lambda b: len(b["releases"]) == 2)
+        v1, v2 = body["releases"]
+        assert body["serving"] == "mix:v2" and v2["component"] == "weights" and v2["dropped"] == ["harness"]
+        assert v2["components"] == {"harness": None, "weights": "mix:v2"} and v1["components"]["harness"] == "mix:v1"
+        folder = Path(v2["folder"])
+        assert json.loads((folder / "manifest.json").read_text())["dropped"] == ["harness"]
+        assert not (folder / "harness").exists() and (folder / "weights" / "model.safetensors").is_file()
+        h = requests.get(f"{u}/reef/harness", headers=H)
+        assert h.status_code == 404 and "serves no harness release" in h.text
+        now = ask(client, "Calculate 1 + 1.")
+        assert now["x-reef-release-id"] == "mix:v2" and now["x-reef-release-components"] == "weights=mix:v2"
+        served = requests.get(f"{u}/reef/scenarios/mix/records/{now['x-reef-agent-record-id']}").json()
+        r = requests.post(f"{u}/reef/scenarios/mix/rollback", json={"release_id": "v1"})
+        assert r.status_code == 200 and r.json()["serving"] == "mix:v1"
+        back = ask(client, "Calculate 1 + 1.")
+        assert back["x-reef-release-components"] == "harness=mix:v1,weights=base"
+        with_it = requests.get(f"{u}/reef/scenarios/mix/records/{back['x-reef-agent-record-id']}").json()
+        plain = srv.gateway.engine.prompt_ids([{"role": "user", "content": "Calculate 1 + 1."}])
+        assert served["prompt_token_ids"] == plain != with_it["prompt_token_ids"]  # v2 serves without the harness
+    finally:
+        srv.stop()
 
 
 def test_a_composite_config_names_what_each_component_must_evolve(tmp_path, stub_url):

@@ -42,6 +42,7 @@ class CTXDConfig(SelfTeacherConfig):
 
 class CTXDRecipe(rl.FreshBatches, WeightRecipe):
     name = "ctxd"
+    absorbs = ("harness",)  # in a composite (GEPA -> ctxd) its weights release serves without the harness
 
     def __init__(self, **config):
         self.config = CTXDConfig(**config)

@@ -62,6 +62,7 @@ class WeightRecipe(ABC):
 
     name: str
     evolves = "weights"
+    absorbs: tuple[str, ...] = ()  # components its releases make unneeded: a composite's manifest drops them
     config: LearnConfig
 
     def validate_report(self, report: dict) -> None:
@@ -400,7 +401,8 @@ class Learner(LearnerLoop, RecordHolder):
         lineage = {"recipe": self.recipe.name, "config": _jsonable(self.config), "parent": (
             serving or {}).get("release_id", BASE), "records": [rid for s in used for rid in s.record_ids],
             "reports": sorted({s.report_id for s in used if s.report_id}), "trainer_step": self._trainer.steps,
-            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}}
+            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))},
+            **({"drops": list(self.recipe.absorbs)} if self.recipe.absorbs else {})}
         cid, folder = self.releaser.start_candidate(self.scenario, lineage)
         try:
             self._trainer.export(folder, {"scenario": self.scenario, "candidate": cid, **lineage})

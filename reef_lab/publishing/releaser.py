@@ -321,6 +321,7 @@ class Releaser:
         component = cand.get("component") or "weights"
         prev = self._store.serving(scenario) or {}
         versions = {**{c: (prev.get("components") or {}).get(c) for c in components}, component: key}
+        versions.update({c: None for c in cand.get("drops") or () if c in components and c != component})
         tree = None
         if component == "weights":
             self._host().load_release(key, self.candidate_folder(scenario, cid))

@@ -134,6 +134,9 @@ class ReleaseStore:
             versions = {c: (prev or {}).get("components", {}).get(c) for c in components}
             folders = {c: (prev or {}).get("folders", {}).get(c) for c in components}
             versions[component], folders[component] = release_id, str(dst / component)
+            dropped = [c for c in cand.get("drops") or () if c in components and c != component]
+            for c in dropped:  # a release that makes a component unneeded (ctxd: the harness it distilled)
+                versions[c], folders[c] = None, None
             if dst.exists():
                 shutil.rmtree(dst)  # left by a crash before its index entry was written
             dst.mkdir(parents=True)
@@ -141,11 +144,13 @@ class ReleaseStore:
             for c, folder in folders.items():
                 if c != component and folder:
                     (dst / c).symlink_to(os.path.relpath(folder, dst))
-            manifest = {"release_id": release_id, "components": versions, "changed": component}
+            manifest = {"release_id": release_id, "components": versions, "changed": component,
+                        **({"dropped": dropped} if dropped else {})}
             write_json(dst / "manifest.json", manifest, indent=True)
             weights_new = component == "weights"
             release = {"version": version, "release_id": release_id, "kind": "composite", "component": component,
                        "components": versions, "folders": folders, "candidate": cid,
+                       **({"dropped": dropped} if dropped else {}),
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
                        "trainer_step": cand.get("trainer_step") if weights_new else (prev or {}).get("trainer_step"),
