@@ -155,6 +155,16 @@ def test_the_shipped_examples_configure():
             recipe = load_recipe(recipe_name, yaml.safe_load(path.read_text()))
             assert recipe.config.batch_size >= 4
             assert recipe_name != "opd" or recipe.config.teacher.release
+    from reef_lab.experiments.weights import ExperimentConfig
+
+    root = Path(__file__).resolve().parents[1]
+    exp = ExperimentConfig.parse(yaml.safe_load((root / "recipes/sdft/examples/arithmetic-experiment.yaml").read_text()))
+    sao = ExperimentConfig.parse(yaml.safe_load((root / "recipes/sao/examples/arithmetic.yaml").read_text()))
+    assert exp.recipe == "sdft" and "{answer}" in exp.report_context
+    for k in ("rollouts", "max_tokens", "temperature", "task"):  # equal budgets with the SAO run it is compared to
+        assert getattr(exp, k) == getattr(sao, k), k
+    for k in ("batch_size", "steps_per_candidate", "eval_task", "eval_size", "trainer"):
+        assert exp.recipe_config[k] == sao.recipe_config[k], k
 
 
 def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
@@ -314,6 +324,25 @@ def test_opd_runs_as_an_experiment_with_a_teacher_folder(tiny_model_dir, tmp_pat
     fig = sao.plot_distill(run)
     drawn = [list(ax.lines[0].get_ydata()) for ax in fig.axes if ax.get_visible()]
     assert drawn == [[m["reverse_kl"] for m in steps], [m["teacher_gap"] for m in steps]]
+
+
+def test_sdft_runs_as_an_experiment_whose_reports_name_the_answer(tiny_model_dir, tmp_path):
+    """An experiment's reports carry `report_context` with each item's answer: sdft learns from those words."""
+    from reef_lab.experiments.weights import ExperimentConfig, run_experiment
+    from reef_lab.records.store import scan_records
+
+    cfg = ExperimentConfig(name="sdft", recipe="sdft", rollouts=8, concurrency=4, max_pool=4, max_tokens=4,
+                           report_context="The correct answer is {answer}.", out_dir=str(tmp_path / "run"),
+                           recipe_config={"batch_size": 4, "steps_per_candidate": 2,
+                                          "trainer": {"lr": 1e-3, "micro_batch_size": 4}})
+    summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    assert summary["releases"] == 1
+    steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(m["reverse_kl"]) and m["teacher_gap"] != 0 for m in steps)
+    answers = {str(it["answer"]) for it in make_task().items(8, seed=0)}
+    reports = scan_records(tmp_path / "run" / "data").filter(kind="report").collect().to_dicts()
+    assert len(reports) == 8 and {r["context"].removeprefix("The correct answer is ").rstrip(".")
+                                  for r in reports} == answers
 
 
 @pytest.mark.heavy

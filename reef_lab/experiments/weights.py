@@ -53,6 +53,10 @@ class ExperimentConfig(RunConfig):
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of rollouts"})
     max_tokens: int = field(default=32, metadata={"help": "max_tokens of each rollout"})
     final_eval: bool = field(default=True, metadata={"help": "score the serving release on the held-out set"})
+    report_context: str = field(default="", metadata={
+        "help": "each report's `context`, the words a self-distillation recipe (sdft, sdpo) learns from: this "
+                "text with {answer} replaced by the item's reference answer (e.g. 'The answer is {answer}.'); "
+                "empty: reports carry none"})
     deterministic: bool = field(default=True, metadata={
         "help": "same seed, same run, bit for bit, whatever the machine's load: rollouts go in rounds of max_pool, "
                 "each round's reports in index order, learned from (steps, candidate, release) before the next round "
@@ -146,7 +150,10 @@ class WeightsExperiment(ExperimentDriver):
             report(*rollout(k))
 
         def report(k: int, item: dict, records: list[dict], score: float) -> None:
-            ctx.report({"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k}})
+            words = {"context": cfg.report_context.replace("{answer}", str(item.get("answer")))} \
+                if cfg.report_context else {}
+            ctx.report({"score": score, "references": [r["id"] for r in records], "metadata": {"exp_index": k},
+                        **words})
             with lock:
                 rollouts_log.write(orjson.dumps({"k": k, "item": item["id"], "release": records[0]["release_id"],
                                                  "calls": len(records), "score": score, "time": time.time()}) + b"\n")
