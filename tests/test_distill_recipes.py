@@ -379,7 +379,7 @@ def test_the_teacher_prompt_reads_any_dialect_and_the_template_is_not_a_format_s
     records = {"a": {"id": "a", "dialect": "anthropic.messages", "request": {
         "model": "m", "max_tokens": 5, "system": "Be brief.", "messages": [{"role": "user", "content": "2+5?"}]}}}
     seen = []
-    engine = SimpleNamespace(prompt_ids=lambda messages: seen.append(messages) or [1, 2])
+    engine = SimpleNamespace(request_ids=lambda request: seen.append(request.messages) or [1, 2])
     store = SimpleNamespace(get_many=lambda ids: [records[i] for i in ids])
     sample = Sample("a", [1], [2], [-0.5], None, "base", extra={"feedback": {"context": "It is 7."}})
     assert context_prompts([sample], store, engine, "{0} {context.__class__} {context}") == [[1, 2]]

@@ -20,6 +20,7 @@ from reef_lab.gateway import episodes as sessions
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.episodes import EpisodeConfig, samples_for_report
 from reef_lab.learning.learner import read_metrics
+from reef_lab.wire.dialects import engine_request
 from reef_lab.errors import BadRequest
 from tests.conftest import Running
 from tests.test_tool_calls import Client
@@ -292,3 +293,40 @@ def test_refusals_with_nothing_to_record_in_get_one_log_line(server, caplog):
     assert sum("(not recorded: no valid scenario) with HTTP 400" in m for m in lines) == 1, lines
     assert sum("(not recorded: refused before the gateway) with HTTP 400" in m for m in lines) == 1, lines
     assert "unlogged" not in [s.name for s in server.gateway.scenarios.list()]
+
+
+@pytest.mark.parametrize("dialect", ["chat", "anthropic"])
+def test_ctxd_distils_a_harness_into_tool_episodes(tool_model_dir, tmp_path, dialect):
+    """Context distillation on agent episodes: tool-loop episodes served with a harness (tools offered, a call, its
+    result, the answer) become whole-episode samples whose prompt is re-made without the harness, tools included,
+    token for token as serving made it with the harness; none is skipped, and the release serves without it."""
+    gw = Gateway(tmp_path / "data", EmbeddedEngine.from_path(str(tool_model_dir), max_batch=8))
+    srv = Running(gw)
+    try:
+        gw.create_scenario({"name": "cd", "recipe": "ctxd", "config": {
+            "batch_size": 2, "steps_per_candidate": 1, "top_k": 4, "trainer": {"lr": 1e-3, "micro_batch_size": 2}}})
+        harness = "Call the weather tool, then answer in one line."
+        assert gw.publish_harness("cd", {"files": {"system_prompt.md": harness}})["release_id"] == "cd:v1"
+        for i in range(2):  # two turns with the tools offered (the harness may keep the model from calling one)
+            c = session_client(srv.url, dialect, "cd", f"s{i}")
+            history = [c.user("Weather in Paris?")]
+            text, calls, _ = c.ask(history, False)
+            history += c.answered(calls, text, [TOOL_RESULT]) if calls else [
+                {"role": "assistant", "content": text}, c.user("And in Rome?")]
+            c.ask(history, False)
+            report_on_episode(srv.url, "cd", f"s{i}")
+        ln = gw.learner("cd")
+        assert ln.wait_idle(300), ln.status()
+        assert ln.last_error is None, ln.last_error
+        steps = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+        # whole episodes, or (a history the client rewrote) one sample per call: every one re-made, none skipped
+        assert all(m["ctxd_skipped"] == 0 for m in steps)
+        assert sum(m["samples"] for m in steps) == 2 * steps[-1]["episodes_episodes"] - steps[-1]["episode_samples"]
+        first = gw.list_records("cd", "inference")["records"]
+        first = min((r for r in first if r["episode"] == "s0"), key=lambda r: r["created_at"])
+        served = gw.engine.request_ids(engine_request(first["dialect"], first["request"]))
+        assert first["request"]["tools"] and steps[0]["prompt_tokens_saved"] == len(first["prompt_token_ids"]) - \
+            len(served) > 0  # the tools stay in both prompts; only the harness goes
+        assert gw.list_releases("cd")["serving"] != "cd:v1"
+    finally:
+        srv.stop()

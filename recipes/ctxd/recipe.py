@@ -8,7 +8,7 @@ The usual flow: a scenario serves a harness release (the traffic is the teacher'
 release takes the scenario's serving over from the harness release; rolling back brings the harness back). Both
 prompts are made from the client's recorded request through the engine's chat template: the teacher's with the
 harness's system text in front, exactly as serving applied it, the student's without; a sample whose re-made prompt
-does not reproduce the served one token for token (a request with tools, a multi-turn episode sample) is left out
+does not reproduce the served one token for token (a client that rewrote the served request) is left out
 of the step and counted (`ctxd_skipped`). The default divergence is forward KL over the teacher's top-K: on the
 teacher's own samples that is the loss of Snell et al.'s context distillation; reverse KL on the sampled token suits
 answers the student sampled (a configured `harness` while serving the weights alone).
@@ -22,7 +22,7 @@ from reef_lab.learning import rl
 from reef_lab.learning.distill import SelfTeacherConfig, distill_step
 from reef_lab.learning.learner import Learner, WeightRecipe
 from reef_lab.trainers.samples import Sample
-from reef_lab.wire.dialects import engine_messages, with_system
+from reef_lab.wire.dialects import engine_request, with_system
 
 
 @dataclass
@@ -78,10 +78,10 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
             rec = by_id.get(s.record_id) or {}
             request, dialect = rec.get("request"), rec.get("dialect")
             system = self._system(self.config.harness or s.release_id)
-            if not isinstance(request, dict) or not dialect or system is None or request.get("tools"):
+            if not isinstance(request, dict) or not dialect or system is None:
                 continue
-            student = engine.prompt_ids(engine_messages(dialect, request))
-            taught = engine.prompt_ids(engine_messages(dialect, with_system(dialect, request, system)))
+            student = engine.request_ids(engine_request(dialect, request))
+            taught = engine.request_ids(engine_request(dialect, with_system(dialect, request, system)))
             served_with_it = self.config.harness is None or self.config.harness == s.release_id
             if s.prompt_ids != (taught if served_with_it else student):
                 continue  # the served prompt is not what re-templating makes (an episode's sample, drift)
@@ -93,8 +93,8 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
     def train(self, trainer, batch: list[Sample]) -> dict:
         kept, teacher = self.prompts(batch)
         if not kept:
-            raise ValueError(f"none of the {len(batch)} samples could be re-made without the harness (requests with "
-                             "tools and multi-turn episode samples are not distilled yet)")
+            raise ValueError(f"none of the {len(batch)} samples could be re-made without the harness: their recorded "
+                             "requests do not reproduce the prompts they were served with")
         m = distill_step(trainer, kept, self.config, None, teacher, self.config.teacher_ema)
         m["ctxd_skipped"] = len(batch) - len(kept)
         m["prompt_tokens_saved"] = sum(len(t) - len(s.prompt_ids) for s, t in zip(kept, teacher)) / len(kept)

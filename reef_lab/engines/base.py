@@ -154,6 +154,11 @@ class ReleaseHost(ABC):
         """The token ids the engine would prompt with (its chat template), for training on demonstrations."""
 
     @abstractmethod
+    def request_ids(self, request: ChatRequest) -> list[int]:
+        """The prompt a generation request is served with: its messages, its tools and its tool choice's prefill
+        (a learner re-making a served prompt, e.g. context distillation without the harness)."""
+
+    @abstractmethod
     def completion_ids(self, text: str) -> list[int]:
         """A completion's token ids, ending as the model ends a turn."""
 

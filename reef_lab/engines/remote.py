@@ -235,6 +235,9 @@ class ServerTokens:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.chat.prompt_ids(messages)
 
+    def request_ids(self, request: ChatRequest) -> list[int]:
+        return self.chat.request_ids(request)
+
     def completion_ids(self, text: str) -> list[int]:
         return self.chat.completion_ids(text)
 

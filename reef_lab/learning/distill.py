@@ -8,7 +8,7 @@ The teacher is an operator's choice (every TeacherConfig field is operator-only)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reef_lab.errors import BadRequest
@@ -17,7 +17,7 @@ from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
 from reef_lab.trainers.samples import Sample
-from reef_lab.wire.dialects import engine_messages
+from reef_lab.wire.dialects import engine_request
 
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 
@@ -155,18 +155,18 @@ def with_context(messages: list[dict], context: str) -> list[dict]:
 
 
 def context_prompts(batch: list[Sample], records, engine, template: str) -> list[list[int]]:
-    """Each sample's request with its report's context in the system message, templated by the engine (the chat
-    template that made the student's prompt), from a request of any dialect (read by reef_lab.wire); tool
-    definitions are left out of the teacher's prompt (for now)."""
+    """Each sample's request with its report's context in the system message, templated by the engine as serving
+    templated it (the chat template that made the student's prompt, the request's tools and tool choice included),
+    from a request of any dialect (read by reef_lab.wire)."""
     by_id = {r["id"]: r for r in records.get_many([s.record_id for s in batch])}
     prompts = []
     for s in batch:
         record = by_id.get(s.record_id) or {}
         if not isinstance(record.get("request"), dict) or not record.get("dialect"):
             raise ValueError(f"sample {s.record_id}: its record holds no request to add the context to")
-        messages = engine_messages(record["dialect"], record["request"])
-        context = report_context(s.extra)
-        prompts.append(engine.prompt_ids(with_context(messages, template.replace("{context}", context))))
+        request = engine_request(record["dialect"], record["request"])
+        context = template.replace("{context}", report_context(s.extra))
+        prompts.append(engine.request_ids(replace(request, messages=with_context(request.messages, context))))
     return prompts
 
 

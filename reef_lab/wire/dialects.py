@@ -203,13 +203,13 @@ def with_system(dialect: str, body: dict, text: str) -> dict:
     return out
 
 
-def engine_messages(dialect: str, body: dict) -> list[dict]:
-    """The chat messages an engine templates for this request, exactly as generation reads it (a learner re-making
-    a served prompt, with or without a context, uses this: the relay's reader merges system messages as a provider
-    would, which changes the tokens)."""
+def engine_request(dialect: str, body: dict) -> ChatRequest:
+    """The request as generation reads it: messages, tools, tool choice (a learner re-making a served prompt, with
+    or without a context, templates this with Engine.request_ids: the relay's reader merges system messages as a
+    provider would, which changes the tokens)."""
     if dialect not in PARSERS:
         raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(PARSERS)}")
-    return PARSERS[dialect](body).messages
+    return PARSERS[dialect](body)
 
 
 def parse_count_tokens(body: dict) -> list[dict]:

@@ -161,6 +161,9 @@ class EmbeddedEngine(Generator, ReleaseHost):
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self._chat.prompt_ids(messages)
 
+    def request_ids(self, request: ChatRequest) -> list[int]:
+        return self._chat.request_ids(request)
+
     def completion_ids(self, text: str) -> list[int]:
         return self._chat.completion_ids(text)
 
