@@ -20,7 +20,7 @@ links to its W&B folder and Hub revisions. Auto-refresh re-reads only when a run
 import marimo
 
 __generated_with = "0.25.2"
-app = marimo.App(width="full", app_title="reef_lab SAO / GRPO")
+app = marimo.App(width="full", app_title="reef_lab weight experiments")
 
 with app.setup:
     import hashlib
@@ -392,7 +392,7 @@ def answers_by_candidate_html(run: dict) -> str:
 
 @app.cell
 def _():
-    mo.md("# SAO / GRPO experiments")
+    mo.md("# Weight experiments (SFT, SAO, GRPO, distillation)")
     return
 
 
