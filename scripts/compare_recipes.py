@@ -6,7 +6,10 @@
 Each (config, seed) runs with scripts/run_experiment.py's code in a child process (one at a time: they share the
 CPU) into `<out>/<name>-seed<seed>`; finished runs (summary.json present) are not run again, so the command resumes.
 The page gives held-out accuracy of the base model and of each recipe's final release with a 95% confidence
-interval over seeds (Student t), and the plot shows held-out accuracy per candidate and batch reward per step.
+interval over seeds (Student t), and beside it the retention task's (a task no run trains on: what a release lost
+elsewhere); the plot shows held-out and retention accuracy per candidate and batch reward per step. `--title` and
+`--notes FILE` (markdown: the task, the setting, what limits it) make the page of another comparison; without them
+it is the SAO-vs-GRPO page.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from reef_lab import procs  # noqa: E402
 from reef_lab.learning.learner import read_metrics  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 
+TITLE = "SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU"
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
@@ -58,6 +62,9 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true", help="write the page from finished runs only")
     p.add_argument("--long-eval-tokens", type=int, default=64,
                    help="also score base and final releases with this many answer tokens (0: skip)")
+    p.add_argument("--title", default=TITLE)
+    p.add_argument("--notes", help="a markdown file: the page's text between its command and its tables (default: "
+                                   "the SAO-vs-GRPO setting and what limits it)")
     args = p.parse_args()
     out = Path(args.out)
     runs = []
@@ -110,6 +117,19 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
     return out
 
 
+def retention(r: dict) -> tuple[float | None, float | None, list[tuple[int, float]]]:
+    """A run's retention task accuracy: the base model's, its final release's, and each candidate's by policy step
+    (from the run's release index and metrics rows; None where the run scored none)."""
+    index = Path(r["dir"]) / "data" / "releases" / r["name"] / "index.json"
+    idx = json.loads(index.read_text()) if index.exists() else {}
+    serving = next((x for x in idx.get("releases", []) if x["version"] == idx.get("serving")), None)
+    rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
+    curve = [(x["trainer_step"], x["retention_accuracy"]) for x in rows
+             if x["event"] == "candidate" and x.get("retention_accuracy") is not None]
+    return ((idx.get("base_retention") or {}).get("accuracy"), ((serving or {}).get("retention") or {}).get("accuracy"),
+            curve)
+
+
 def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None) -> None:
     import matplotlib
 
@@ -126,7 +146,9 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
     if base:
         same = len(set(base)) == 1
         m, h = ci(base)
-        lines.append(f"| base SmolLM2-135M-Instruct | greedy: one value | {m:.3f}"
+        model = json.loads((Path(runs[0]["dir"]) / "config.json").read_text()).get("model_path") or \
+            "SmolLM2-135M-Instruct"
+        lines.append(f"| base {model} | greedy: one value | {m:.3f}"
                      + (" (the same in every run: greedy answers to the same items)" if same else f" ± {h:.3f}")
                      + f" | {', '.join(f'{x:.3f}' for x in sorted(set(base)))} | |")
     for recipe, rs in by.items():
@@ -135,6 +157,21 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
         wall = sum(r["wall_s"] for r in rs) / len(rs)
         lines.append(f"| after {recipe.upper()} | {len(rs)} | {m:.3f} ± {h:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in acc)} | {wall / 60:.1f} min |")
+    kept = {r["dir"]: retention(r) for r in runs}
+    if any(v[1] is not None for v in kept.values()):
+        base_kept = sorted({v[0] for v in kept.values() if v[0] is not None})
+        lines += ["", "Retention: a task no run trains on (the recipe config's `retention_task`), scored on the base "
+                  "model and on each run's final release: what the release lost, or kept, elsewhere.", "",
+                  "| model | retention accuracy (mean ± 95% CI) | per seed | change from base |", "|---|---|---|---|",
+                  f"| base | {', '.join(f'{x:.3f}' for x in base_kept)} | | |"]
+        for recipe, rs in by.items():
+            acc = [kept[r["dir"]][1] for r in rs if kept[r["dir"]][1] is not None]
+            if not acc:
+                continue
+            m, h = ci(acc)
+            delta = m - base_kept[0] if len(base_kept) == 1 else float("nan")
+            lines.append(f"| after {recipe.upper()} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} | "
+                         f"{delta:+.3f} |")
     if long_eval:
         t = args.long_eval_tokens
         lines += ["", f"The same items with up to {t} answer tokens (greedy), base and each run's final release:", "",
@@ -144,8 +181,9 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
             acc = [long_eval[r["dir"]] for r in rs]
             m, h = ci(acc)
             lines.append(f"| after {recipe.upper()} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} |")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green", "sdft": "tab:red", "opd": "tab:purple",
+              "sdpo": "tab:brown", "ctxd": "tab:olive"}
     for r in runs:
         rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
         steps = [x for x in rows if x["event"] == "step"]
@@ -156,10 +194,16 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      marker="o", color=c, alpha=0.7, label=label)
         axes[1].plot(range(1, len(steps) + 1), [x.get("reward_mean") for x in steps], color=c, alpha=0.7,
                      label=label)
+        base_kept, _, curve = kept[r["dir"]]
+        if curve:
+            axes[2].plot([0] + [s for s, _ in curve], [base_kept] + [a for _, a in curve], marker="s", color=c,
+                         alpha=0.7, label=label)
     axes[0].set_xlabel("policy step")
     axes[0].set_ylabel("held-out accuracy (greedy)")
     axes[1].set_xlabel("training batch")
     axes[1].set_ylabel("batch reward (sampled rollouts)")
+    axes[2].set_xlabel("policy step")
+    axes[2].set_ylabel("retention accuracy (not trained on)")
     for a in axes:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
@@ -178,9 +222,29 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      f"{sum(dropped) / len(dropped):.0f} rollouts per run dropped as too stale; mean "
                      f"reward of the sampled rollouts {sum(rewards) / len(rewards):.3f} (first quarter of batches "
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
+    extra = ([] if args.title == TITLE else ["--title", args.title]) + (["--notes", args.notes] if args.notes else [])
     cmd = command_line(["scripts/compare_recipes.py", *args.configs, "--seeds", *map(str, args.seeds),
-                        "--out", args.out, "--results", args.results])
-    page = f"""# SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU
+                        "--out", args.out, "--results", args.results, *extra])
+    table = f"""{chr(10).join(lines)}
+
+![held-out accuracy, reward and retention](./{path.with_suffix('.png').name})
+
+{chr(10).join('- ' + x for x in stats)}"""
+    if args.notes:
+        page = f"""# {args.title}
+
+Command (2 CPU cores; each run in turn): `{cmd}`
+
+{Path(args.notes).read_text().strip()}
+
+{table}
+
+Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/compare_recipes.py from the runs' own files.
+"""
+        path.with_suffix(".md").write_text(page)
+        print(page)
+        return
+    page = f"""# {args.title}
 
 Command (2 CPU cores; each run in turn): `{cmd}`
 
@@ -192,11 +256,7 @@ same number of rollouts ({runs[0]['rollouts'] if runs else '?'}; SAO one per pro
 reported through the gateway, trained in the learner thread, released after every `steps_per_candidate` policy
 steps with selection `always`. Configs: {', '.join(f'`{c}`' for c in args.configs)}.
 
-{chr(10).join(lines)}
-
-![held-out accuracy and reward](./{path.with_suffix('.png').name})
-
-{chr(10).join('- ' + x for x in stats)}
+{table}
 
 ## What limits it
 

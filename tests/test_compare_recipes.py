@@ -1,0 +1,44 @@
+"""scripts/compare_recipes.py as a user runs it: two recipes' experiments (tiny model, one seed) in child processes,
+then the page: held-out accuracy and the retention task side by side, the command as run, the figure."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(tmp_path: Path, recipe: str, **extra) -> Path:
+    path = tmp_path / f"{recipe}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": f"{recipe}-tiny", "recipe": recipe, "model_path": "tiny", "rollouts": 8, "concurrency": 4,
+        "max_pool": 8, "max_tokens": 4, **extra, "recipe_config": {
+            "batch_size": 8, "steps_per_candidate": 1, "eval_task": {"name": "arithmetic"}, "eval_size": 4,
+            "eval_max_tokens": 4, "retention_size": 4, "trainer": {"lr": 1.0e-3, "micro_batch_size": 8},
+            **({"score_threshold": 0.0} if recipe == "sft" else {})}}))
+    return path
+
+
+@pytest.mark.slow
+def test_a_comparison_page_shows_held_out_and_retention_per_recipe(tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("The tiny test model: a check of the page, not a result.")
+    configs = [config(tmp_path, "sft"), config(tmp_path, "sdft", report_context="The answer is {answer}.")]
+    out = subprocess.run([sys.executable, "scripts/compare_recipes.py", *map(str, configs), "--seeds", "0",
+                          "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "page"),
+                          "--long-eval-tokens", "0", "--title", "tiny check", "--notes", str(notes)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    page = (tmp_path / "page.md").read_text()
+    assert page.startswith("# tiny check") and "a check of the page, not a result" in page
+    assert "--title 'tiny check' --notes" in page  # the command line as run
+    held, kept = page.split("Retention:")
+    assert "| after SFT | 1 |" in held and "| after SDFT | 1 |" in held
+    assert re.search(r"\| base \| \d\.\d{3} \|", kept) and "| after SFT |" in kept and "| after SDFT |" in kept
+    assert (tmp_path / "page.png").stat().st_size > 10_000
