@@ -262,3 +262,48 @@ def test_the_ema_self_teacher_scores_with_the_moving_average_and_leaves_the_poli
     assert all(not torch.allclose(torch.tensor(s.teacher_logprobs), e, atol=1e-5) for s, e in zip(samples, expected))
     with pytest.raises(ValueError, match="decay must be in"):
         trainer.score_self(samples, prompts, ema=1.0)
+
+
+def test_a_vllm_served_teacher_scores_the_students_tokens_as_the_trainer_does(tiny_model_dir):
+    """teacher.server_url: a vLLM server scores each sample (prompt_logprobs on its token ids; the double follows
+    vLLM's wire format and runs a real forward pass): the same logprobs and top-K as the trainer's own scoring of
+    that model; a server of another tokenizer, an unknown model and mixed settings are refused."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reef_lab.learning.distill import TeacherConfig, resolve_teacher
+    from reef_lab.trainers.base import TrainerConfig
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+    from tests.doubles.vllm_scoring import VLLMScoringDouble, VLLMScoringServer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    server = VLLMScoringServer(VLLMScoringDouble(model, tokenizer, "teacher-7b"))
+    other = VLLMScoringServer(VLLMScoringDouble(model, tokenizer, "other", shift_tokens=1))
+    try:
+        teacher = resolve_teacher(TeacherConfig(server_url=server.url), tiny_model_dir, releaser=None)
+        assert teacher.server is not None and teacher.server.model == "teacher-7b"
+        trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+        samples = _samples(model.get_input_embeddings().num_embeddings)
+        reference = copy.deepcopy(samples)
+        teacher.server.score(samples, [[5, 6] + s.prompt_ids for s in samples], top_k=4)
+        trainer.score_teacher(reference, None, None, top_k=4, prompts=[[5, 6] + s.prompt_ids for s in reference])
+        for s, r in zip(samples, reference):
+            assert torch.allclose(torch.tensor(s.teacher_logprobs), torch.tensor(r.teacher_logprobs), atol=1e-5)
+            assert s.teacher_top_ids == r.teacher_top_ids
+            assert torch.allclose(torch.tensor(s.teacher_top_logprobs), torch.tensor(r.teacher_top_logprobs),
+                                  atol=1e-5)
+        scored = [c for c in server.app.calls if c["path"] == "/v1/completions"]
+        assert len(scored) == 3 and all(c["max_tokens"] == 1 and c["prompt_logprobs"] == 4 for c in scored)
+        with pytest.raises(ValueError, match="tokenizes differently"):
+            resolve_teacher(TeacherConfig(server_url=other.url), tiny_model_dir, releaser=None)
+        with pytest.raises(ValueError, match="is not served at"):
+            resolve_teacher(TeacherConfig(server_url=server.url, server_model="nope"), tiny_model_dir, None)
+        with pytest.raises(ValueError, match="leave model_path and release unset"):
+            TeacherConfig(server_url=server.url, model_path=str(tiny_model_dir))
+        with pytest.raises(ValueError, match="http://host:port"):
+            TeacherConfig(server_url="ftp://x")
+    finally:
+        server.shutdown()
+        other.shutdown()

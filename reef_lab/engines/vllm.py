@@ -558,3 +558,46 @@ def _check_same_embeddings(base: Path, folder: Path) -> None:
     if a is not None and b is not None and not bool((a == b).all()):
         raise ValueError(f"release {folder} changed the token embeddings, which vLLM's in-place reload does not "
                          "apply to a tied output layer: train with trainer.lora_rank > 0 for the vllm engine")
+
+
+class PromptScorer:
+    """Log-probabilities of given token ids under a model a vLLM OpenAI server serves (a distillation teacher): one
+    `/v1/completions` call per sequence, its `prompt` the token ids, `max_tokens` 1 and `prompt_logprobs` k; vLLM
+    answers `choices[0].prompt_logprobs`, one entry per prompt token (null for the first), each mapping token ids
+    (JSON string keys) to `{logprob, rank, decoded_token}` for the k most likely tokens and the prompt's own token
+    (vllm 0.32: entrypoints/openai/completion; raw logits, its default logprobs_mode)."""
+
+    def __init__(self, url: str, model: str | None, timeout: float):
+        self.client = EngineClient(url, timeout)
+        self.url = self.client.url
+        models = [m.get("id") for m in self.client.call("GET", "/v1/models").get("data") or []]
+        if not models:
+            raise ValueError(f"the server at {url} lists no model (/v1/models)")
+        if model is not None and model not in models:
+            raise ValueError(f"model {model!r} is not served at {url} (it serves {models})")
+        self.model = model or models[0]
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.client.call("POST", "/tokenize", {"model": self.model, "prompt": text,
+                                                           "add_special_tokens": False}).get("tokens") or [])
+
+    def score(self, prompt: list[int], completion: list[int], top_k: int = 0
+              ) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """Each completion token's log-probability after everything before it, and with top_k the k most likely
+        token ids and their log-probabilities at each completion position (most likely first)."""
+        out = self.client.call("POST", "/v1/completions", {
+            "model": self.model, "prompt": prompt + completion, "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": top_k})
+        rows = (out.get("choices") or [{}])[0].get("prompt_logprobs")
+        if not isinstance(rows, list) or len(rows) != len(prompt) + len(completion):
+            raise ValueError(f"the server at {self.url} gave no prompt_logprobs for the sequence (is it vLLM's "
+                             "OpenAI server?)")
+        lps, top_ids, top_lps = [], [], []
+        for tok, row in zip(completion, rows[len(prompt):], strict=True):
+            lps.append(float(row[str(tok)]["logprob"]))
+            if top_k:
+                best = sorted((v["rank"], int(k), float(v["logprob"])) for k, v in row.items())[:top_k]
+                top_ids.append([i for _, i, _ in best])
+                top_lps.append([lp for _, _, lp in best])
+        return lps, top_ids, top_lps
+

@@ -30,6 +30,14 @@ class TeacherConfig:
     release: str | None = field(default=None, metadata={"operator": True, "help":
         "a weights release of this deployment, '<scenario>:vN' (an earlier release, another scenario's): its weights "
         "on model_path's architecture"})
+    server_url: str | None = field(default=None, metadata={"operator": True, "help":
+        "a vLLM server (http://host:port) that serves the teacher: it scores the student's token ids there "
+        "(/v1/completions with prompt_logprobs), so the teacher never loads beside the trainer (a bigger model on "
+        "its own GPUs); not the deployment's own serving engine, which stands aside while the trainer steps"})
+    server_model: str | None = field(default=None, metadata={"operator": True, "help":
+        "server_url: the teacher's model name there (default: the first of its /v1/models)"})
+    server_timeout_s: float = field(default=300.0, metadata={"operator": True, "help":
+        "server_url: how long one scoring call may take"})
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -43,10 +51,16 @@ class TeacherConfig:
         if self.release is not None and (":" not in self.release or not self.release.split(":", 1)[1]):
             raise ValueError(f"teacher.release {self.release!r} must name a release as '<scenario>:vN', e.g. "
                              "'calculator:v3'")
+        if self.server_url is not None and (self.model_path is not None or self.release is not None):
+            raise ValueError("teacher.server_url names a teacher served elsewhere: leave model_path and release unset")
+        if self.server_url is not None and not self.server_url.startswith("http://"):
+            raise ValueError(f"teacher.server_url must be http://host:port, got {self.server_url!r}")
+        if self.server_timeout_s <= 0:
+            raise ValueError("teacher.server_timeout_s must be > 0")
 
     @property
     def named(self) -> bool:
-        return self.model_path is not None or self.release is not None
+        return self.model_path is not None or self.release is not None or self.server_url is not None
 
 
 @dataclass
@@ -186,16 +200,65 @@ class ContextTeacher:
 
 @dataclass(frozen=True)
 class ResolvedTeacher:
-    """Where the teacher's weights are: the model folder and, for a release, its weights folder."""
+    """Where the teacher's weights are: the model folder and, for a release, its weights folder; or the server
+    that scores it (then the folders are unused)."""
 
     model_dir: Path
     release_folder: Path | None
-    name: str  # the release id, the folder, or "base"
+    name: str  # the release id, the folder, "base", or the server's model
+    server: ServerTeacher | None = None
+
+
+TOKENIZER_PROBE = ("The teacher's tokenizer must be the student's: 12 + 30 = 42; naïve café, 東京, emoji 🙂, "
+                   "<tool_call>{\"name\": \"add\"}</tool_call>\n\tdone.")
+
+
+class ServerTeacher:
+    """A teacher scored by a vLLM server (reef_lab.engines.vllm.PromptScorer: prompt_logprobs on the token ids, the
+    teacher's prompt then the student's own completion tokens; raw logits, temperature 1, as the trainer's loss
+    expects), checked to tokenize as the student does."""
+
+    def __init__(self, url: str, model: str | None, timeout: float):
+        from reef_lab.engines.vllm import PromptScorer  # the learner's start only
+
+        self.scorer = PromptScorer(url, model, timeout)
+        self.model = self.scorer.model
+
+    def check_tokenizer(self, student_dir: Path) -> None:
+        """Refuse a server whose tokenizer gives other ids than the student's for a probe text (the whole
+        vocabulary cannot be read from the server; a tokenizer of another family fails the probe)."""
+        from transformers import AutoTokenizer
+
+        mine = AutoTokenizer.from_pretrained(student_dir, local_files_only=True).encode(
+            TOKENIZER_PROBE, add_special_tokens=False)
+        theirs = self.scorer.tokenize(TOKENIZER_PROBE)
+        if theirs != mine:
+            raise ValueError(f"the teacher {self.model!r} at {self.scorer.url} tokenizes differently from the student "
+                             f"at {student_dir} (a probe text: {len(theirs)} vs {len(mine)} tokens): distillation "
+                             "scores the student's own token ids; serve a teacher of the same tokenizer")
+
+    def score(self, samples: list[Sample], prompts: list[list[int]], top_k: int = 0) -> None:
+        """Fill each sample's teacher_logprobs (and with top_k teacher_top_ids / teacher_top_logprobs)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(pair: tuple[Sample, list[int]]) -> None:
+            s, prompt = pair
+            lps, top_ids, top_lps = self.scorer.score(list(prompt), list(s.completion_ids), top_k)
+            s.teacher_logprobs = lps
+            if top_k:
+                s.teacher_top_ids, s.teacher_top_logprobs = top_ids, top_lps
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, zip(samples, prompts, strict=True)))
 
 
 def resolve_teacher(teacher: TeacherConfig, student_dir: Path, releaser) -> ResolvedTeacher:
     """The teacher's folders, checked now (the learner's start): a release that exists and holds weights, a model
     folder whose tokenizer is the student's. ValueError naming the field and the fix otherwise."""
+    if teacher.server_url is not None:
+        server = ServerTeacher(teacher.server_url, teacher.server_model, teacher.server_timeout_s)
+        server.check_tokenizer(Path(student_dir))
+        return ResolvedTeacher(Path(student_dir), None, f"{server.model} at {teacher.server_url}", server)
     model_dir = Path(teacher.model_path) if teacher.model_path else Path(student_dir)
     if model_dir.suffix == ".gguf":
         from reef_lab.engines.embedded.loading import gguf_folder  # dequantised once, as the engine would serve it
@@ -240,6 +303,8 @@ def distill_step(trainer, batch: list[Sample], config: DistillConfig, teacher: R
         if prompts is None:
             raise ValueError("self-distillation needs the teacher's prompts (the student's, with a context added)")
         trainer.score_self(batch, prompts, config.scored_top_k, ema)
+    elif teacher.server is not None:
+        teacher.server.score(batch, prompts or [s.prompt_ids for s in batch], config.scored_top_k)
     else:
         trainer.score_teacher(batch, teacher.model_dir, teacher.release_folder, config.scored_top_k, prompts)
     m = trainer.step(batch, config.loss)

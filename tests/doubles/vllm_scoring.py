@@ -1,0 +1,78 @@
+"""A loopback double of the part of vLLM's OpenAI server a distillation teacher is scored through (vllm 0.32's wire
+format, read from its source: entrypoints/openai/completion/protocol.py and serving.py, entrypoints/serve/tokenize):
+
+- `GET /v1/models`: `{"data": [{"id": <model>, ...}]}`;
+- `POST /tokenize` `{model, prompt, add_special_tokens}`: `{"tokens": [...], "count", "max_model_len"}`;
+- `POST /v1/completions` with a token-id `prompt` and `prompt_logprobs: k`: `choices[0].prompt_logprobs`, one entry
+  per prompt token, `null` for the first, else a mapping token id (a JSON string key) -> `{"logprob", "rank",
+  "decoded_token"}` holding the k most likely tokens at that position and always the prompt's own token (ranks from
+  1; raw logits: vLLM's default logprobs_mode `raw_logprobs`, so temperature does not change them).
+
+The logprobs are a real forward pass of a local model (torch), so a test can compare them with the trainer's.
+`shift_tokens` makes the double's tokenizer give other ids (a teacher of another tokenizer).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import torch
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+
+class VLLMScoringDouble:
+    def __init__(self, model, tokenizer, name: str, shift_tokens: int = 0):
+        self.model, self.tokenizer, self.name, self.shift = model.eval(), tokenizer, name, shift_tokens
+        self.calls: list[dict] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        req = Request(environ)
+        body = orjson.loads(req.get_data()) if req.method == "POST" else {}
+        self.calls.append({"path": req.path, **body})
+        if req.path == "/v1/models":
+            out = {"object": "list", "data": [{"id": self.name, "object": "model", "max_model_len": 2048}]}
+        elif req.path == "/tokenize":
+            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))
+            out = {"tokens": [i + self.shift for i in ids], "count": len(ids), "max_model_len": 2048}
+        elif req.path == "/v1/completions":
+            out = self._complete(body)
+        else:
+            out = {"error": {"message": f"no route {req.path}"}}
+            return Response(orjson.dumps(out), status=404, content_type="application/json")(environ, start_response)
+        return Response(orjson.dumps(out), content_type="application/json")(environ, start_response)
+
+    def _complete(self, body: dict) -> dict:
+        ids, k = body["prompt"], body.get("prompt_logprobs")
+        with self._lock, torch.no_grad():
+            logp = torch.log_softmax(self.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        rows: list = [None]
+        for pos in range(1, len(ids)):
+            dist = logp[pos - 1]
+            order = torch.argsort(dist, descending=True)
+            rank = {int(t): r + 1 for r, t in enumerate(order[: max(k or 0, 0)].tolist())}
+            own = ids[pos]
+            rank.setdefault(own, int((dist > dist[own]).sum()) + 1)
+            rows.append({str(t): {"logprob": float(dist[t]), "rank": r, "decoded_token": self.tokenizer.decode([t])}
+                         for t, r in rank.items()})
+        nxt = int(torch.argmax(logp[-1]))
+        return {"id": "cmpl-double", "object": "text_completion", "model": body["model"], "choices": [{
+            "index": 0, "text": self.tokenizer.decode([nxt]), "finish_reason": "length",
+            "prompt_logprobs": rows if k is not None else None}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}}
+
+
+class VLLMScoringServer:
+    """The double on 127.0.0.1, a thread per request."""
+
+    def __init__(self, app: VLLMScoringDouble):
+        self.app = app
+        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self.server.shutdown()
