@@ -460,3 +460,19 @@ def test_a_teacher_path_must_be_a_model_folder_or_a_gguf_file(tmp_path):
         TeacherConfig(model_path=str(tmp_path / "missing.gguf"))
     with pytest.raises(ValueError, match="not a Hugging Face model folder .* or a .gguf file"):
         TeacherConfig(model_path=str(tmp_path))
+
+
+def test_sdpo_runs_as_an_experiment_with_groups_scores_and_words(tiny_model_dir, tmp_path):
+    """sdpo as an experiment: groups of rollouts per prompt (its group_size), each report a score and the words
+    that name the answer; its steps carry the self-teacher's token log-ratio beside the group advantage."""
+    from reef_lab.experiments.weights import ExperimentConfig, run_experiment
+
+    cfg = ExperimentConfig(name="sdpo", recipe="sdpo", rollouts=8, concurrency=4, max_pool=8, max_tokens=4,
+                           report_context="The correct answer is {answer}.", out_dir=str(tmp_path / "run"),
+                           recipe_config={"group_size": 2, "batch_size": 8, "steps_per_candidate": 1,
+                                          "trainer": {"lr": 1e-3, "micro_batch_size": 4}})
+    assert cfg.group_size == 2  # the recipe's own groups
+    summary = run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    assert summary["releases"] == 1
+    [step] = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
+    assert step["samples"] == 8 and step.get("teacher_gap") is not None
