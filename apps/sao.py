@@ -205,6 +205,10 @@ def plot_run(run: dict):
             xs, ys = data["trainer_step"].to_list(), data[col].to_list()
             ax.plot(xs, ys, marker=".", linestyle="-")
             fit_axes(ax, xs + released, ys)
+            if not xs:  # e.g. a value model's error in a run of a recipe that has none
+                ax.text(0.5, 0.5, f"not measured by {run['config'].get('recipe', 'this recipe')}",
+                        transform=ax.transAxes, ha="center", va="center", color="grey")
+                ax.set_yticks([])
         for step in released:
             ax.axvline(step, color="grey", linestyle="--", alpha=0.5)
         ax.set_title(title)
