@@ -188,8 +188,19 @@ def test_gepa_then_context_distillation_drops_the_harness_as_one_manifest(tmp_pa
         with_it = requests.get(f"{u}/reef/scenarios/mix/records/{back['x-reef-agent-record-id']}").json()
         plain = srv.gateway.engine.prompt_ids([{"role": "user", "content": "Calculate 1 + 1."}])
         assert served["prompt_token_ids"] == plain != with_it["prompt_token_ids"]  # v2 serves without the harness
+        r = requests.post(f"{u}/reef/scenarios/mix/rollback", json={"release_id": "v2"})
+        assert r.status_code == 200 and r.json()["serving"] == "mix:v2"
     finally:
         srv.stop()
+    # a restart keeps the harness dropped (the harness component does not serve its seed again)
+    again = start(tmp_path, tiny_model_dir, stub_url, hub, config)
+    try:
+        client = openai.OpenAI(base_url=f"{again.url}/v1", api_key="x", default_headers=H)
+        headers = ask(client, "Calculate 2 + 2.")
+        assert headers["x-reef-release-id"] == "mix:v2" and headers["x-reef-release-components"] == "weights=mix:v2"
+        assert len(requests.get(f"{again.url}/reef/scenarios/mix/releases").json()["releases"]) == 2
+    finally:
+        again.stop()
 
 
 def test_a_composite_config_names_what_each_component_must_evolve(tmp_path, stub_url):

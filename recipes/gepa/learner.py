@@ -53,9 +53,12 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         self._new = state.get("new", 0)  # examples since the last iteration
         self._init_loop()
         serving = self._serving_files()
-        if serving is None:  # serve the seed harness first, so every example was served under a known harness
-            self.releaser.publish_harness(scenario, dict(self.config.seed_harness),
-                                          {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
+        if serving is None:
+            if not self.releaser.index(scenario)["releases"]:  # serve the seed first: every example was served
+                self.releaser.publish_harness(scenario, dict(self.config.seed_harness),  # under a known harness
+                                              {"recipe": recipe.name, "gepa": {"candidate": 0, "origin": "seed"}})
+            # else a later release dropped the harness (a composite's ctxd distilled it into the weights): it stays
+            # dropped; the search starts again from the seed without serving it
             serving = dict(self.config.seed_harness)
         task = make_task(self.config.val_task)
         val = task.items(self.config.val_size, seed=self.config.val_seed)
