@@ -476,3 +476,36 @@ def test_sdpo_runs_as_an_experiment_with_groups_scores_and_words(tiny_model_dir,
     assert summary["releases"] == 1
     [step] = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
     assert step["samples"] == 8 and step.get("teacher_gap") is not None
+
+
+@pytest.mark.parametrize("recipe", ["sdft", "sdpo"])
+def test_self_distillation_live_over_http_with_the_anthropic_sdk(gateway, recipe):
+    """sdft and sdpo live: the Anthropic SDK's answers (sdpo: in groups, x-reef-tag-group) reported over HTTP with
+    the words that name the answer (sdpo: and a score) train a release that serves the next call, no restart."""
+    import anthropic
+
+    config = {"batch_size": 4, "trainer": TRAINER, **({"group_size": 2} if recipe == "sdpo" else {})}
+    gateway.create_scenario({"name": "s", "recipe": recipe, "config": config})
+    running = Running(gateway)
+    try:
+        for k, item in enumerate(make_task().items(2, seed=3)):
+            for g in range(2):
+                client = anthropic.Anthropic(base_url=running.url, api_key="none", max_retries=0, default_headers={
+                    "x-reef-scenario": "s", "x-reef-tag-group": f"p{k}"})
+                raw = client.messages.with_raw_response.create(
+                    model="tiny", max_tokens=6,
+                    messages=[m for m in item["messages"] if m["role"] != "system"])
+                r = requests.post(f"{running.url}/reef/report", headers={"x-reef-scenario": "s"}, timeout=60, json={
+                    "references": [raw.headers["x-reef-agent-record-id"]], "score": float(g),
+                    "context": f"The correct answer is {item['answer']}."})
+                assert r.status_code == 200, r.text
+        ln = gateway.learner("s")
+        assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+        client = anthropic.Anthropic(base_url=running.url, api_key="none", default_headers={"x-reef-scenario": "s"})
+        raw = client.messages.with_raw_response.create(model="tiny", max_tokens=4,
+                                                       messages=[{"role": "user", "content": "2 + 2?"}])
+        assert raw.headers["x-reef-release-id"] == "s:v1"
+        [step] = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+        assert step["samples"] == 4 and step.get("teacher_gap") is not None
+    finally:
+        running.server.shutdown()
