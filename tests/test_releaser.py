@@ -118,3 +118,34 @@ def test_one_selection_policy():
     assert select("strict_gain", {"accuracy": 0.5}, {"accuracy": 0.5})[0] == "rejected"
     with pytest.raises(ValueError, match="selection must be one of"):
         select("sometimes", {"accuracy": 1}, {"accuracy": 0})
+
+
+@pytest.mark.parametrize("tolerance, status", [(0.1, "rejected"), (0.4, "accepted"), (None, "accepted")])
+def test_retention_gates_a_candidate_only_with_a_tolerance(gateway, monkeypatch, tolerance, status):
+    """retention_tolerance: a candidate whose retention accuracy falls more than that below the serving release's
+    is rejected (whatever the selection; here `always`), the reason naming both; without it retention never gates.
+    The evaluations are fixed numbers here (held-out 0.5 vs 0.1, retention 0.5 vs 0.8): the gate is under test."""
+    from reef_lab.publishing.releaser import Releaser
+
+    monkeypatch.setattr(Releaser, "_evaluate_candidate",
+                        lambda self, s, cid, cand, held_out, retention=None: ({"accuracy": 0.5, "n": 4},
+                                                                              {"accuracy": 0.5, "n": 4}))
+    monkeypatch.setattr(Releaser, "serving_eval", lambda self, s, held_out, log_row=None, key="eval": {
+        "accuracy": 0.8 if key == "retention" else 0.1, "n": 4})
+    ln = sft(gateway, "kept", eval_task={"name": "arithmetic"}, eval_size=2, eval_max_tokens=2,
+             retention_tolerance=tolerance)
+    [cand] = gateway.list_releases("kept")["candidates"]
+    assert cand["status"] == status, cand
+    if status == "rejected":
+        assert cand["reason"].startswith("retention 0.5000 < serving 0.8000 - tolerance 0.1")
+        assert gateway.list_releases("kept")["serving"] == "base"
+    rows = [r for r in read_metrics(ln.metrics_path) if r["event"] == "candidate"]
+    assert rows[-1]["retention_accuracy"] == 0.5 and rows[-1]["serving_retention_accuracy"] == 0.8
+
+
+def test_a_retention_tolerance_needs_a_retention_task(gateway):
+    from reef_lab.errors import BadRequest
+
+    with pytest.raises(BadRequest, match="retention_tolerance must be in"):
+        gateway.create_scenario({"name": "x", "recipe": "sft", "config": {"retention_tolerance": 0.1,
+                                                                          "retention_task": None}})

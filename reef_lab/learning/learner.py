@@ -412,7 +412,7 @@ class Learner(LearnerLoop, RecordHolder):
         self._consume(used)
         self._since_candidate = self._since_candidate[len(used):]
         self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric,
-                             retention=self._retention_set())
+                             retention=self._retention_set(), retention_tolerance=self.config.retention_tolerance)
 
     def publish(self, cid: str) -> dict:
         """Candidate -> release vN+1 through the releaser; on any failure the scenario stays on its release."""

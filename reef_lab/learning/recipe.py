@@ -129,8 +129,11 @@ class LearnConfig:
     eval_seed: int = field(default=999_983, metadata={"help": "seed of the held-out items (disjoint from training)"})
     retention_task: TaskConfig | None = field(default_factory=lambda: TaskConfig(name="colors"), metadata={
         "help": "a second held-out task every candidate is also scored on, beside the serving release: what a "
-                "release keeps (or loses) of what it was not trained on; informational, never gating. Default colors, "
-                "which the base model mostly gets right; null: off"})
+                "release keeps (or loses) of what it was not trained on; gating only with retention_tolerance. Default "
+                "colors, which the base model mostly gets right; null: off"})
+    retention_tolerance: float | None = field(default=None, metadata={"help":
+        "refuse a candidate whose retention accuracy is more than this below the serving release's (e.g. 0.1), "
+        "whatever the selection (review excepted: a person decides); none: retention never gates"})
     retention_size: int = field(default=32, metadata={"client_max": 1024, "help": "retention items per evaluation"})
     retention_max_tokens: int = field(default=12, metadata={"client_max": 4096,
         "help": "max_tokens of the greedy retention answers"})
@@ -153,6 +156,9 @@ class LearnConfig:
                              "(e.g. {name: arithmetic}) or use selection 'always' or 'review'")
         if self.steps_per_candidate < 1 or self.eval_size < 1 or self.retention_size < 1:
             raise ValueError("steps_per_candidate, eval_size and retention_size must be at least 1")
+        if self.retention_tolerance is not None and not (0 <= self.retention_tolerance <= 1 and
+                                                         self.retention_task is not None):
+            raise ValueError("retention_tolerance must be in [0, 1], with a retention_task to measure it on")
 
 
 def evolved(recipe) -> set[str]:

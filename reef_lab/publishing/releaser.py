@@ -176,10 +176,12 @@ class Releaser:
 
     def submit(self, scenario: str, cid: str, selection: str = "always", held_out: HeldOut | None = None,
                scores: dict | None = None, serving_scores: dict | None = None,
-               log_row: Log | None = None, retention: HeldOut | None = None) -> dict:
+               log_row: Log | None = None, retention: HeldOut | None = None,
+               retention_tolerance: float | None = None) -> dict:
         """Judge candidate `cid` and release it when the policy accepts: its held-out `scores` as given (a harness
         search scores its own candidates) or computed on `held_out`. `retention`: a second task the candidate and
-        what serves are both scored on (what the release keeps of what it was not trained on; never gating).
+        what serves are both scored on (what the release keeps of what it was not trained on); with
+        `retention_tolerance` a candidate more than that below the serving release there is rejected.
         Returns the candidate's entry, with `release` set when it serves. Any error: the candidate is `failed`
         with it, serving stays, and it raises."""
         try:
@@ -194,6 +196,10 @@ class Releaser:
             if retention is not None:
                 serving_kept = self.serving_eval(scenario, retention, log_row, key="retention")
             verdict, reason = select(selection, scores, serving_scores)
+            if verdict == "accepted" and retention_tolerance is not None and kept and serving_kept and \
+                    kept["accuracy"] < serving_kept["accuracy"] - retention_tolerance:
+                verdict, reason = "rejected", (f"retention {kept['accuracy']:.4f} < serving {serving_kept['accuracy']:.4f}"
+                                               f" - tolerance {retention_tolerance} ({reason})")
         except Exception as e:
             self.fail(scenario, cid, e, log_row)
             raise
