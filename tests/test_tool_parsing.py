@@ -221,6 +221,38 @@ def test_choices_and_parallel():
         ("user", "x", 0), ("assistant", "Let me", 2)]
 
 
+def test_generation_and_the_relay_read_through_one_reader():
+    """One reader per dialect (translate/): generation's strict reading and the relay's agree on the conversation's
+    turns, and differ only where an engine here cannot serve what a relay target can carry (docs/architecture.md)."""
+    from reef_lab.wire.translate import Translation
+    two = {**RESPONSES, "input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "one"},
+                                  {"role": "assistant", "content": "two"}]}
+    assert [(m["role"], m["content"]) for m in dialects.parse_openai_responses(two).messages] == [
+        ("user", "x"), ("assistant", "one"), ("assistant", "two")]
+    relayed = Translation(dialects.OPENAI_RESPONSES, dialects.OPENAI_CHAT, two).body["messages"]
+    assert [(m["role"], m["content"]) for m in relayed] == [("user", "x"), ("assistant", "one"), ("assistant", "two")]
+    # server-side state: refused by both, with the same words
+    for read in (dialects.parse_openai_responses,
+                 lambda b: Translation(dialects.OPENAI_RESPONSES, dialects.OPENAI_CHAT, b)):
+        with pytest.raises(BadRequest, match="'previous_response_id'"):
+            read({**RESPONSES, "previous_response_id": "resp_1"})
+    # an image: carried by the relay, a 400 naming the part for the engine's text-only model
+    image = {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}
+    assert Translation(dialects.OPENAI_CHAT, dialects.ANTHROPIC, image).body["messages"][0]["content"][0]["type"] == "image"
+    with pytest.raises(BadRequest, match=r"messages\[0\]: content part of type 'image_url' is not supported"):
+        dialects.parse_openai_chat(image)
+    # the seed reaches the engine; a Responses local_shell call reaches it as the function the model was offered
+    shell = {**RESPONSES, "seed": 5, "tools": [{"type": "local_shell"}], "input": [
+        {"role": "user", "content": "ls"}, {"type": "local_shell_call", "call_id": "s", "action": {
+            "type": "exec", "command": ["ls"]}}, {"type": "local_shell_call_output", "call_id": "s", "output": "a.txt"}]}
+    req = dialects.parse_openai_responses(shell)
+    assert req.params.seed == 5 and req.tool_use.wire == {"local_shell": {"type": "local_shell"}}
+    assert req.messages[1]["tool_calls"][0]["function"] == {"name": "local_shell", "arguments": {"command": ["ls"]}}
+    assert req.messages[2] == {"role": "tool", "tool_call_id": "s", "name": "local_shell", "content": "a.txt"}
+    assert "input[1] (local_shell_call)" in Translation(dialects.OPENAI_RESPONSES, dialects.OPENAI_CHAT, shell).dropped
+
+
 @pytest.mark.parametrize("dialect, change, message", [
     ("chat", {"tools": {"name": "x"}}, "'tools' must be a list"),
     ("chat", {"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),

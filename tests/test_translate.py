@@ -174,7 +174,7 @@ def test_thinking_is_left_off_when_the_last_tool_turn_has_no_signature():
         {"type": "input_audio", "input_audio": {}}]}]}, "input_audio"),
     (OPENAI_CHAT, ANTHROPIC, {"model": "m", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}, "http(s) URL"),
-    (ANTHROPIC, OPENAI_CHAT, {"model": "m", "max_tokens": 5, "messages": "hi"}, "'messages' must be a list"),
+    (ANTHROPIC, OPENAI_CHAT, {"model": "m", "max_tokens": 5, "messages": "hi"}, "'messages' must be a non-empty list"),
     (OPENAI_CHAT, ANTHROPIC, {"model": "m", "messages": [{"role": "user", "content": "x"}],
                               "tool_choice": "sometimes"}, "tool_choice"),
 ])

@@ -1,10 +1,10 @@
 """The providers' wire formats: OpenAI chat completions, OpenAI responses, Anthropic messages.
 
-Each dialect parses its request body into a `ChatRequest` for engines that generate (the embedded model), renders
-a `Generation` back into the provider's response object and streams it as the provider's server-sent events (a
-relayed stream is accumulated for its record by reef_lab/wire/accumulate.py). Tool calls: the requests' tool
-fields are read by tools.py (a Responses request's tools that are not plain functions, hosted ones dropped, by
-responses_tools.py), generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
+A request body is read by its dialect's one reader (translate/, strictly: what an engine here can serve) into a
+`ChatRequest` for engines that generate (the embedded model); a `Generation` is rendered back into the provider's
+response object and streamed as the provider's server-sent events (a relayed stream is accumulated for its record
+by reef_lab/wire/accumulate.py). Tool calls: the requests' tool fields are checked by tools.py (a Responses
+request's tools that are not plain functions, hosted ones dropped, by responses_tools.py), generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
 rendered and streamed in each dialect's shape by answers.py (docs/tools.md). The receipt rides in the final event
 of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on
 `message_stop`; responses: on `response.completed`).
@@ -13,166 +13,82 @@ of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` b
 from __future__ import annotations
 
 import copy
-import math
+import json
 import time
 from typing import Callable
 
-import orjson
-
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.errors import BadRequest
-from reef_lab.wire import responses_tools, tools
+from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, responses_tools, tools
 from reef_lab.wire.answers import call_id, new_response_id, render, sse, stream, tool_record  # noqa: F401
-from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire.translate import MODULES
+from reef_lab.wire.translate.ir import Conversation, Text, ToolCall, ToolResult
 
 
-# ---- request parsing ------------------------------------------------------------------------------------------
-def _number(body: dict, key: str, lo: float, hi: float, default, integer: bool = False):
-    v = body.get(key)
-    if v is None:
-        return default
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok or not math.isfinite(v) or not lo <= v <= hi:
-        kind = "an integer" if integer else "a number"
-        raise BadRequest(f"'{key}' must be {kind} between {lo} and {hi}, got {v!r}")
-    return v
+# ---- requests as an engine reads them --------------------------------------------------------------------------
+def chat_request(conv: Conversation) -> ChatRequest:
+    """A conversation read strictly (translate's `parse_request(body, strict=True)`) as an engine takes it: messages
+    as transformers' chat templates take them (each system text its own message, a call's arguments an object, a
+    custom tool's input as its one `input` argument, a tool result named by its call and, when the client marked it
+    an error, prefixed "Error: "), the tools and tool choice as a ToolUse, and the sampling settings."""
+    messages = [{"role": "system", "content": text} for text in conv.system]
+    names: dict[str, str] = {}
+    for turn in conv.turns:
+        text = "".join(p.text for p in turn.parts if isinstance(p, Text))
+        if turn.role == "assistant":
+            calls = []
+            for p in turn.parts:
+                if isinstance(p, ToolCall):
+                    names[p.id] = p.name
+                    args = {responses_tools.CUSTOM_INPUT: p.arguments} if p.custom else json.loads(p.arguments)
+                    calls.append({"id": p.id, "type": "function", "function": {"name": p.name, "arguments": args}})
+            messages.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+            continue
+        results = [p for p in turn.parts if isinstance(p, ToolResult)]
+        for r in results:
+            content = "".join(p.text for p in r.content)
+            messages.append({"role": "tool", "tool_call_id": r.call_id, "name": names[r.call_id],
+                             "content": "Error: " + content if r.is_error else content})
+        if text or not results:
+            messages.append({"role": turn.role, "content": text})
+    functions, wire = [], {}
+    for t in conv.tools:
+        functions.append({"type": "function", "function": {
+            "name": t.name, **({"description": t.description} if t.description is not None else {}),
+            "parameters": t.parameters}})
+        if t.local_shell:
+            wire[t.name] = {"type": responses_tools.LOCAL_SHELL}
+        elif t.custom or t.name in conv.namespaces:
+            ns, name = conv.namespaces.get(t.name, (None, t.name))
+            wire[t.name] = {"type": "custom" if t.custom else "function", "name": name,
+                            **({"namespace": ns} if ns else {})}
+    params = SamplingParams(
+        max_tokens=256 if conv.max_tokens is None else conv.max_tokens,
+        temperature=1.0 if conv.temperature is None else conv.temperature,
+        top_p=1.0 if conv.top_p is None else conv.top_p, stop=list(conv.stop), seed=conv.seed)
+    return ChatRequest(messages, params, tool_use=tools.tool_use(functions, conv.tool_choice, conv.parallel_tool_calls,
+                                                                 wire), dropped=list(conv.dropped))
 
 
-def _text_of(content, where: str) -> str:
-    """Message content as plain text: a string, or a list of text parts (other part types are refused)."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, str):
-                out.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                if not isinstance(part.get("text"), str):
-                    raise BadRequest(f"{where}: a text part needs a string 'text'")
-                out.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequest(f"{where}: content part of type {kind!r} is not supported by this model "
-                                 "(text only); send text parts or serve a multimodal upstream with --upstream-url")
-        return "".join(out)
-    raise BadRequest(f"{where}: content must be a string or a list of text parts")
-
-
-def _stop_list(v, key: str) -> list[str]:
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    if isinstance(v, list) and all(isinstance(s, str) for s in v) and len(v) <= 16:
-        return v
-    raise BadRequest(f"'{key}' must be a string or a list of at most 16 strings")
-
-
-def _check_object(body) -> dict:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
+def engine_request(dialect: str, body: dict) -> ChatRequest:
+    """The request as generation reads it: messages, tools, tool choice, sampling; a 400 naming the field when the
+    dialect's reader refuses it or the engine cannot serve it (a learner re-making a served prompt, with or without
+    a context, templates this with Engine.request_ids)."""
+    if dialect not in MODULES:
+        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(MODULES)}")
+    return chat_request(MODULES[dialect].parse_request(body, strict=True))
 
 
 def parse_openai_chat(body: dict) -> ChatRequest:
-    _check_object(body)
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-    tool_use = tools.read_tool_use(body, OPENAI_CHAT)
-    h = tools.History()
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise BadRequest(f"{where}.role must be one of system, developer, user, assistant, tool")
-        if m["role"] == "tool":
-            h.result(f"{where}.tool_call_id", m.get("tool_call_id"), _text_of(m.get("content"), where))
-        elif m["role"] == "assistant":
-            h.assistant(_text_of(m.get("content"), where), tools.chat_tool_calls(h, m, where))
-        else:
-            role = "system" if m["role"] == "developer" else m["role"]
-            h.messages.append({"role": role, "content": _text_of(m.get("content"), where)})
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    params = SamplingParams(
-        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 1, 32768, 256, integer=True),
-        temperature=_number(body, "temperature", 0, 2, 1.0),
-        top_p=_number(body, "top_p", 0, 1, 1.0),
-        stop=_stop_list(body.get("stop"), "stop"),
-        seed=_number(body, "seed", -2**63, 2**63 - 1, None, integer=True),
-    )
-    if _number(body, "n", 1, 1, 1, integer=True) != 1:
-        raise BadRequest("'n' must be 1")
-    return ChatRequest(h.messages, params, tool_use=tool_use)
+    return engine_request(OPENAI_CHAT, body)
 
 
 def parse_openai_responses(body: dict) -> ChatRequest:
-    _check_object(body)
-    offered = responses_tools.read_tools(body)
-    tool_use = tools.read_tool_use(body, OPENAI_RESPONSES, offered.functions, offered.wire)
-    h = tools.History()
-    if body.get("instructions") is not None:
-        if not isinstance(body["instructions"], str):
-            raise BadRequest("'instructions' must be a string")
-        h.messages.append({"role": "system", "content": body["instructions"]})
-    inp = body.get("input")
-    if isinstance(inp, str):
-        h.messages.append({"role": "user", "content": inp})
-    elif isinstance(inp, list) and inp:
-        for i, item in enumerate(inp):
-            where = f"input[{i}]"
-            kind = item.get("type", "message") if isinstance(item, dict) else None
-            if kind != "message":
-                if not responses_tools.read_item(h, kind, item, where, _text_of):
-                    raise BadRequest(f"{where}: an item of type {kind!r} is not supported by this engine (only "
-                                     "messages, and the calls and outputs of function, custom and local_shell tools)")
-            elif item.get("role") not in ("system", "developer", "user", "assistant"):
-                raise BadRequest(f"{where}.role must be one of system, developer, user, assistant")
-            else:
-                role = item["role"]
-                h.messages.append({"role": "system" if role == "developer" else role,
-                                   "content": _text_of(item.get("content"), where)})
-    else:
-        raise BadRequest("'input' must be a string or a non-empty list of input items")
-    params = SamplingParams(
-        max_tokens=_number(body, "max_output_tokens", 1, 32768, 256, integer=True),
-        temperature=_number(body, "temperature", 0, 2, 1.0),
-        top_p=_number(body, "top_p", 0, 1, 1.0),
-        seed=_number(body, "seed", -2**63, 2**63 - 1, None, integer=True),
-    )
-    return ChatRequest(h.messages, params, tool_use=tool_use, dropped=offered.dropped)
+    return engine_request(OPENAI_RESPONSES, body)
 
 
 def parse_anthropic(body: dict) -> ChatRequest:
-    _check_object(body)
-    if body.get("max_tokens") is None:
-        raise BadRequest("'max_tokens' is required")
-    tool_use = tools.read_tool_use(body, ANTHROPIC)
-    h = tools.History()
-    system = body.get("system")
-    if system is not None:
-        h.messages.append({"role": "system", "content": _text_of(system, "system")})
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"messages[{i}].role must be 'user' or 'assistant'")
-        content = m.get("content")
-        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")
-                                             for b in content):
-            tools.anthropic_blocks(h, m["role"], content, f"messages[{i}]", _text_of)
-        else:
-            h.messages.append({"role": m["role"], "content": _text_of(content, f"messages[{i}]")})
-    params = SamplingParams(
-        max_tokens=_number(body, "max_tokens", 1, 32768, 256, integer=True),
-        temperature=_number(body, "temperature", 0, 1, 1.0),
-        top_p=_number(body, "top_p", 0, 1, 1.0),
-        stop=_stop_list(body.get("stop_sequences"), "stop_sequences"),
-    )
-    return ChatRequest(h.messages, params, tool_use=tool_use)
+    return engine_request(ANTHROPIC, body)
 
 
 def with_system(dialect: str, body: dict, text: str) -> dict:
@@ -203,17 +119,10 @@ def with_system(dialect: str, body: dict, text: str) -> dict:
     return out
 
 
-def engine_request(dialect: str, body: dict) -> ChatRequest:
-    """The request as generation reads it: messages, tools, tool choice (a learner re-making a served prompt, with
-    or without a context, templates this with Engine.request_ids: the relay's reader merges system messages as a
-    provider would, which changes the tokens)."""
-    if dialect not in PARSERS:
-        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(PARSERS)}")
-    return PARSERS[dialect](body)
-
-
 def parse_count_tokens(body: dict) -> list[dict]:
-    return parse_anthropic({**_check_object(body), "max_tokens": 1}).messages
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return parse_anthropic({**body, "max_tokens": 1}).messages
 
 
 PARSERS: dict[str, Callable[[dict], ChatRequest]] = {

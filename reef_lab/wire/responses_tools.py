@@ -15,8 +15,9 @@ tools a Responses client offers reach it as function schemas, and its calls go b
   `computer_use_preview`, ...) is a tool the provider runs, which an engine here cannot: it is left out of what the
   model sees and listed in the record's `metadata.dropped`.
 
-The history's `custom_tool_call` and `local_shell_call` items (and their `*_output`s) are read back into function
-calls with the same arguments, so a conversation's next prompt shows each call as the model wrote it.
+The history's `custom_tool_call` and `local_shell_call` items (and their `*_output`s) are read back (by the Responses
+reader, translate/responses.py) into function calls with the same arguments, so a conversation's next prompt shows
+each call as the model wrote it.
 docs/tools.md, "Hosted and freeform tools (Codex CLI)".
 """
 
@@ -29,7 +30,7 @@ from typing import Callable
 
 from reef_lab.engines.tools import ToolCall, ToolUse
 from reef_lab.errors import BadRequest
-from reef_lab.wire.tools import History, arguments_of, function_schema
+from reef_lab.wire.tools import function_schema
 
 NS = "__"  # a namespaced tool's function name: <namespace>__<name>
 CUSTOM_INPUT = "input"  # the one argument of a custom tool's function
@@ -118,16 +119,6 @@ def _read_tool(t, where: str, ns: str | None, out: Offered) -> None:
         out.wire[flat] = {"type": kind, "name": name, **({"namespace": ns} if ns else {})}
 
 
-def _call_id(item: dict, where: str, fallback: bool = False):
-    """An item's `call_id` (a local shell item may name its call by `id` alone, as the API documents it)."""
-    cid = item.get("call_id")
-    if cid is None and fallback:
-        cid = item.get("id")
-    if not isinstance(cid, str) or not cid:
-        raise BadRequest(f"{where}.call_id must be a non-empty string")
-    return cid
-
-
 def action_arguments(action, where: str) -> dict:
     """A `local_shell_call`'s exec action as the function arguments the model wrote (the inverse of `_action`)."""
     if not isinstance(action, dict) or action.get("type") != "exec" or not isinstance(action.get("command"), list):
@@ -137,31 +128,6 @@ def action_arguments(action, where: str) -> dict:
         args["env"] = action["env"]
     args.update({k: action[k] for k in _ACTION_KEYS if action.get(k) is not None})
     return args
-
-
-def read_item(h: History, kind: str, item: dict, where: str, text_of: Callable[[object, str], str]) -> bool:
-    """A tool call or tool output item of the input into the History `h`; False for a kind that is neither.
-    `text_of` reads an output's text (and refuses other content)."""
-    if kind in ("function_call", "custom_tool_call"):
-        name = item.get("name")
-        if isinstance(name, str) and isinstance(item.get("namespace"), str):
-            name = f"{item['namespace']}{NS}{name}"
-        if kind == "function_call":
-            args = arguments_of(item.get("arguments"), f"{where}.arguments")
-        elif not isinstance(item.get("input"), str):
-            raise BadRequest(f"{where}.input must be a string (a custom tool's input)")
-        else:
-            args = {CUSTOM_INPUT: item["input"]}
-        h.assistant("", [h.call(where, item.get("call_id"), name, args, "call_id")], join=True)
-    elif kind == "local_shell_call":
-        args = action_arguments(item.get("action"), where)
-        h.assistant("", [h.call(where, _call_id(item, where, True), LOCAL_SHELL, args, "call_id")], join=True)
-    elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
-        cid = _call_id(item, where, fallback=kind == "local_shell_call_output")
-        h.result(f"{where}.call_id", cid, text_of(item.get("output"), f"{where}.output"))
-    else:
-        return False
-    return True
 
 
 # ---- answers ----------------------------------------------------------------------------------------------------

@@ -1,12 +1,11 @@
-"""The tool parts of the three dialects' requests, read into one form for the engines that generate.
+"""The checks the dialects' readers (translate/) apply to tool fields when they read a request for an engine here.
 
 OpenAI chat (`tools` of `{"type": "function", "function": {...}}`, `tool_choice`, assistant `tool_calls`,
-`role: tool` messages), OpenAI Responses (`tool_choice` here; its tools and tool items in responses_tools.py, which
-maps the kinds that are not plain functions) and Anthropic messages (`tools` with `input_schema`, `tool_choice`,
-`tool_use` and `tool_result` blocks) all become a ToolUse (reef_lab/engines/tools.py) and messages as transformers'
-chat templates take them: an assistant message with `tool_calls` [{"id", "type": "function", "function": {"name",
-"arguments": dict}}] and `tool` messages with `tool_call_id`, `name` and text `content`. Every refusal is a 400
-naming the field. The answers (calls rendered in each dialect) are in answers.py.
+`role: tool` messages), OpenAI Responses (`tool_choice` here; its tools that are not plain functions in
+responses_tools.py) and Anthropic messages (`tools` with `input_schema`, `tool_choice`, `tool_use` and
+`tool_result` blocks): a tool is a function schema an engine's template takes, a call names an id and a function,
+a result answers an earlier call, and every refusal is a 400 naming the field. dialects.py makes the engine's
+ToolUse (reef_lab/engines/tools.py); answers.py renders calls back in each dialect.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def function_schema(name, description, schema, where: str, schema_key: str) -> d
 
 def read_tools(body: dict, dialect: str) -> list[dict]:
     """An OpenAI chat or Anthropic request's `tools` as OpenAI function schemas; 400 naming the field when one is
-    malformed (a Responses request's: responses_tools.read_tools)."""
+    malformed or is not a function (a Responses request's tools: the Responses reader)."""
     tools = body.get("tools")
     if tools is None:
         return []
@@ -78,39 +77,41 @@ def read_tools(body: dict, dialect: str) -> list[dict]:
     return out
 
 
-def _choice(body: dict, dialect: str) -> tuple[str, str | None, bool]:
-    """(choice, named function, parallel calls allowed) from the dialect's own fields."""
+def choice_of(body: dict, dialect: str) -> tuple[str | dict, bool]:
+    """The request's tool choice in the neutral form (auto | none | required | {"name": ...}) and whether parallel
+    calls are allowed, from the dialect's own fields; a 400 naming the field when malformed or when it forces a tool
+    an engine cannot run."""
     tc = body.get("tool_choice")
     if dialect == ANTHROPIC:
         if tc is None:
-            return "auto", None, True
+            return "auto", True
         if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
             raise BadRequest("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"} (with "
                              "\"name\" for \"tool\")")
         off = tc.get("disable_parallel_tool_use")
         if off is not None and not isinstance(off, bool):
             raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a boolean")
-        kind = {"any": "required", "tool": "function"}.get(tc["type"], tc["type"])
-        name = tc.get("name") if kind == "function" else None
-        if kind == "function" and not isinstance(name, str):
-            raise BadRequest("'tool_choice.name' must name a tool when the type is \"tool\"")
-        return kind, name, not off
+        if tc["type"] == "tool":
+            if not isinstance(tc.get("name"), str):
+                raise BadRequest("'tool_choice.name' must name a tool when the type is \"tool\"")
+            return {"name": tc["name"]}, not off
+        return {"any": "required"}.get(tc["type"], tc["type"]), not off
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("'parallel_tool_calls' must be a boolean")
     parallel = parallel is not False
     if tc is None:
-        return "auto", None, parallel
+        return "auto", parallel
     if tc in ("none", "auto", "required"):
-        return tc, None, parallel
+        return tc, parallel
     if isinstance(tc, dict) and tc.get("type") == "function":
         fn = tc.get("function") if dialect == OPENAI_CHAT else tc
         name = fn.get("name") if isinstance(fn, dict) else None
         if isinstance(name, str):
-            return "function", name, parallel
+            return {"name": name}, parallel
     if dialect == OPENAI_RESPONSES and isinstance(tc, dict) and tc.get("type") == "custom" and isinstance(
             tc.get("name"), str):
-        return "function", tc["name"], parallel  # a custom tool is offered to the model as a function
+        return {"name": tc["name"]}, parallel  # a custom tool is offered to the model as a function
     if dialect == OPENAI_RESPONSES and isinstance(tc, dict) and isinstance(tc.get("type"), str) and tc["type"] not in (
             "function", "custom", "allowed_tools"):
         raise BadRequest(f"'tool_choice' forces a {tc['type']!r} tool, which this engine cannot run (hosted tools are "
@@ -121,25 +122,24 @@ def _choice(body: dict, dialect: str) -> tuple[str, str | None, bool]:
     raise BadRequest(f"'tool_choice' must be 'none', 'auto', 'required' or {shape}")
 
 
-def read_tool_use(body: dict, dialect: str, functions: list[dict] | None = None,
-                  wire: dict[str, dict] | None = None) -> ToolUse | None:
-    """The tools a request offers and its tool choice; None when it offers none. `functions` and `wire`: a Responses
-    request's tools as responses_tools.read_tools gives them (the others' are read here)."""
-    tools = read_tools(body, dialect) if functions is None else functions
+def tool_use(functions: list[dict], choice: str | dict | None, parallel: bool | None,
+             wire: dict[str, dict] | None = None) -> ToolUse | None:
+    """The tools a request offers and its tool choice, as an engine takes them; None when it offers none."""
     seen: set[str] = set()
-    for t in tools:
+    for t in functions:
         if t["function"]["name"] in seen:
             raise BadRequest(f"'tools' names function {t['function']['name']!r} more than once")
         seen.add(t["function"]["name"])
-    choice, name, parallel = _choice(body, dialect)
-    if not tools:
-        if choice in ("required", "function"):
+    name = choice["name"] if isinstance(choice, dict) else None
+    kind = "function" if name is not None else (choice or "auto")
+    if not functions:
+        if kind in ("required", "function"):
             raise BadRequest("'tool_choice' asks for a tool call but the request has no 'tools'")
         return None
-    if name is not None and name not in {t["function"]["name"] for t in tools}:
-        known = ", ".join(t["function"]["name"] for t in tools)
+    if name is not None and name not in seen:
+        known = ", ".join(t["function"]["name"] for t in functions)
         raise BadRequest(f"'tool_choice' names function {name!r}, which is not among 'tools' ({known})")
-    return ToolUse(tools, choice, name, parallel, dict(wire or {}))
+    return ToolUse(functions, kind, name, parallel is not False, dict(wire or {}))
 
 
 # ---- tool calls and results in the history --------------------------------------------------------------------
@@ -157,80 +157,26 @@ def arguments_of(value, where: str) -> dict:
     return value
 
 
-class History:
-    """Messages read so far, and the tool calls they made (so a tool result must answer a call made earlier)."""
-
-    def __init__(self) -> None:
-        self.messages: list[dict] = []
-        self.calls: dict[str, str] = {}  # call id -> function name
-
-    def call(self, where: str, call_id, name, arguments: dict, id_key: str = "id") -> dict:
-        if not isinstance(call_id, str) or not call_id:
-            raise BadRequest(f"{where}.{id_key} must be a non-empty string")
-        if not isinstance(name, str) or not name:
-            raise BadRequest(f"{where}.name must be the called function's name")
-        self.calls[call_id] = name
-        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-    def assistant(self, content: str, calls: list[dict], join: bool = False) -> None:
-        """An assistant turn; with `join`, calls go onto the assistant message just before when there is one."""
-        last = self.messages[-1] if self.messages else None
-        if join and last is not None and last["role"] == "assistant":
-            last.setdefault("tool_calls", []).extend(calls)
-            return
-        msg: dict = {"role": "assistant", "content": content}
-        if calls:
-            msg["tool_calls"] = calls
-        self.messages.append(msg)
-
-    def result(self, where: str, call_id, content: str) -> None:
-        if not isinstance(call_id, str) or call_id not in self.calls:
-            raise BadRequest(f"{where} {_shown(call_id)} answers no tool call of an earlier assistant turn")
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "name": self.calls[call_id],
-                              "content": content})
+def call(where: str, call_id, name, calls: set[str], id_key: str = "id") -> None:
+    """Checks a call's id and name for an engine, and notes the id (a later tool result must answer it)."""
+    if not isinstance(call_id, str) or not call_id:
+        raise BadRequest(f"{where}.{id_key} must be a non-empty string")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}.name must be the called function's name")
+    calls.add(call_id)
 
 
-def chat_tool_calls(h: History, m: dict, where: str) -> list[dict]:
-    """An OpenAI chat assistant message's `tool_calls`."""
-    tcs = m.get("tool_calls")
-    if tcs is None:
-        return []
-    if not isinstance(tcs, list):
-        raise BadRequest(f"{where}.tool_calls must be a list")
-    out = []
-    for j, tc in enumerate(tcs):
-        w = f"{where}.tool_calls[{j}]"
-        if not isinstance(tc, dict) or tc.get("type", "function") != "function" or not isinstance(
-                tc.get("function"), dict):
-            raise BadRequest(f"{w} must be {{id, type: \"function\", function: {{name, arguments}}}}")
-        fn = tc["function"]
-        out.append(h.call(w, tc.get("id"), fn.get("name"), arguments_of(fn.get("arguments"), f"{w}.function.arguments")))
-    return out
+def answers(call_id, calls: set[str], where: str) -> None:
+    """A tool result must answer a call of an earlier assistant turn (an engine's template pairs them)."""
+    if not isinstance(call_id, str) or call_id not in calls:
+        raise BadRequest(f"{where} {_shown(call_id)} answers no tool call of an earlier assistant turn")
 
 
-def anthropic_blocks(h: History, role: str, blocks: list, where: str, text_of) -> None:
-    """An Anthropic message whose content holds tool_use (assistant) or tool_result (user) blocks. `text_of` reads
-    text blocks (and refuses others)."""
-    texts, calls = [], []
-    for j, b in enumerate(blocks):
-        w = f"{where}.content[{j}]"
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "tool_use" and role == "assistant":
-            if not isinstance(b.get("input"), dict):
-                raise BadRequest(f"{w}.input must be an object")
-            calls.append(h.call(w, b.get("id"), b.get("name"), b["input"]))
-        elif kind == "tool_result" and role == "user":
-            content = text_of(b.get("content"), f"{w}.content")
-            if b.get("is_error") is True:
-                content = "Error: " + content
-            h.result(f"{w}.tool_use_id", b.get("tool_use_id"), content)
-        elif kind in ("tool_use", "tool_result"):
-            raise BadRequest(f"{w}: a {kind} block belongs in {'an assistant' if kind == 'tool_use' else 'a user'} "
-                             "message")
-        else:
-            texts.append(text_of([b], w))
-    text = "".join(texts)
-    if role == "assistant":
-        h.assistant(text, calls)
-    elif text:
-        h.messages.append({"role": "user", "content": text})
+def chat_call(tc, where: str, calls: set[str]) -> tuple[str, str, dict]:
+    """An OpenAI chat assistant message's tool call, checked: (id, name, arguments)."""
+    if not isinstance(tc, dict) or tc.get("type", "function") != "function" or not isinstance(tc.get("function"), dict):
+        raise BadRequest(f"{where} must be {{id, type: \"function\", function: {{name, arguments}}}}")
+    fn = tc["function"]
+    args = arguments_of(fn.get("arguments"), f"{where}.function.arguments")
+    call(where, tc.get("id"), fn.get("name"), calls)
+    return tc["id"], fn["name"], args

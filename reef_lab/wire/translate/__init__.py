@@ -1,6 +1,7 @@
 """Translation between the three provider dialects, for the upstream relay: a client speaking one (Claude Code:
 Anthropic messages; Codex: OpenAI Responses; most SDKs: OpenAI chat) in front of a provider speaking another
-(vLLM, SGLang, llama.cpp: OpenAI chat).
+(vLLM, SGLang, llama.cpp: OpenAI chat). The same readers, with `strict=True`, read every request generation serves
+(reef_lab/wire/dialects.py).
 
 Each dialect is read into one neutral form (ir.py) and written from it: requests, answers, event streams (translated
 event by event as they arrive) and errors. What a target dialect cannot carry is either refused with a 400 naming it

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from reef_lab.wire.translate.common import (arguments_object, as_dict, as_list, image_url, json_text, need,
-                                               new_id, number, split_data_url, stop_list)
+from reef_lab.wire import ANTHROPIC, tools
+from reef_lab.wire.translate.common import (arguments_object, as_dict, as_list, bounded, engine_stops, engine_text,
+                                               image_url, json_text, need, new_id, number, split_data_url, stop_list)
 from reef_lab.wire.translate.ir import (BUDGET_OF_EFFORT, Answer, BlockStart, BlockStop, Conversation, Delta,
                                            Failure, Finish, Image, Start, Text, Thinking, Tool, ToolCall, ToolResult,
                                            Turn, Usage, effort_from_budget)
@@ -60,19 +61,65 @@ def _blocks(content, where: str, conv: Conversation) -> list:
     return out
 
 
-def parse_request(body: dict) -> Conversation:
-    as_dict(body, "the request body")
+def _engine_turn(role: str, content, where: str, calls: set[str]) -> Turn:
+    """A message read for an engine here: text (other blocks refused), tool_use blocks in an assistant message and
+    tool_result blocks in a user message, checked; a turn's text blocks joined into one text."""
+    if not (isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")
+                                              for b in content)):
+        return Turn(role, [engine_text(content, where)])
+    texts, parts = [], []
+    for j, b in enumerate(content):
+        w = f"{where}.content[{j}]"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "tool_use" and role == "assistant":
+            need(isinstance(b.get("input"), dict), f"{w}.input must be an object")
+            tools.call(w, b.get("id"), b.get("name"), calls)
+            parts.append(ToolCall(b["id"], b["name"], json_text(b["input"])))
+        elif kind == "tool_result" and role == "user":
+            text = engine_text(b.get("content"), f"{w}.content")
+            tools.answers(b.get("tool_use_id"), calls, f"{w}.tool_use_id")
+            parts.append(ToolResult(b["tool_use_id"], [text], b.get("is_error") is True))
+        elif kind in ("tool_use", "tool_result"):
+            need(False, f"{w}: a {kind} block belongs in {'an assistant' if kind == 'tool_use' else 'a user'} message")
+        else:
+            texts.append(engine_text([b], w).text)
+    text = Text("".join(texts))
+    return Turn(role, [text] + parts if role == "assistant" else parts + ([text] if text.text else []))
+
+
+def parse_request(body: dict, strict: bool = False) -> Conversation:
+    """The request in the neutral form. `strict`: read for an engine here (text only, client tools only, `max_tokens`
+    required and the engines' sampling limits, every tool result answering an earlier call), not for a relay."""
+    need(isinstance(body, dict), "the request body must be a JSON object")
     conv = Conversation(system=[], turns=[], model=body.get("model"), stream=bool(body.get("stream")))
+    if strict:
+        need(body.get("max_tokens") is not None, "'max_tokens' is required")
+        conv.tools = [Tool(f["name"], f.get("description"), f["parameters"]) for f in
+                      (t["function"] for t in tools.read_tools(body, ANTHROPIC))]
+        conv.tool_choice, conv.parallel_tool_calls = tools.choice_of(body, ANTHROPIC)
     system = body.get("system")
-    if isinstance(system, str):
+    if strict and system is not None:
+        conv.system.append(engine_text(system, "system").text)
+    elif isinstance(system, str):
         conv.system.append(system)
     elif system is not None:
         conv.system += [p.text for p in _blocks(system, "system", conv) if isinstance(p, Text)]
-    for i, m in enumerate(as_list(body.get("messages"), "'messages'")):
-        need(isinstance(m, dict) and m.get("role") in ("user", "assistant", "system"),
+    msgs = body.get("messages")
+    need(isinstance(msgs, list) and bool(msgs), "'messages' must be a non-empty list of {role, content} objects")
+    calls: set[str] = set()
+    for i, m in enumerate(msgs):
+        need(isinstance(m, dict) and m.get("role") in ("user", "assistant", *(() if strict else ("system",))),
              f"messages[{i}].role must be 'user' or 'assistant'")
-        conv.turns.append(Turn(m["role"], _blocks(m.get("content"), f"messages[{i}]", conv)))
-    for i, t in enumerate(body.get("tools") or []):
+        conv.turns.append(_engine_turn(m["role"], m.get("content"), f"messages[{i}]", calls) if strict else
+                          Turn(m["role"], _blocks(m.get("content"), f"messages[{i}]", conv)))
+    if strict:
+        conv.max_tokens = bounded(body, "max_tokens", 1, 32768, integer=True)
+        conv.temperature, conv.top_p = bounded(body, "temperature", 0, 1), bounded(body, "top_p", 0, 1)
+        conv.stop = engine_stops(body.get("stop_sequences"), "stop_sequences")
+        return conv
+    tools_in = body.get("tools") or []
+    need(isinstance(tools_in, list), "'tools' must be a list of tool objects")
+    for i, t in enumerate(tools_in):
         w = f"tools[{i}]"
         if as_dict(t, w).get("type") not in (None, "custom"):
             conv.dropped.append(f"{w} ({t.get('type')}: an Anthropic-defined tool)")

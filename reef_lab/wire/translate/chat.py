@@ -9,8 +9,9 @@ import time
 
 import orjson
 
-from reef_lab.wire.translate.common import (as_dict, as_list, image_url, need, new_id, number, stop_list,
-                                               texts_only)
+from reef_lab.wire import OPENAI_CHAT, tools
+from reef_lab.wire.translate.common import (as_dict, as_list, bounded, engine_stops, engine_text, image_url,
+                                               json_text, need, new_id, number, stop_list, texts_only)
 from reef_lab.wire.translate.ir import (Answer, BlockStart, BlockStop, Conversation, Delta, Failure, Finish,
                                            Image, Start, Text, Thinking, Tool, ToolCall, ToolResult, Turn, Usage)
 
@@ -32,8 +33,11 @@ def _parts(content, where: str) -> list:
     out = []
     for j, p in enumerate(as_list(content, f"{where}.content")):
         w = f"{where}.content[{j}]"
+        if isinstance(p, str):
+            out.append(Text(p))
+            continue
         kind = as_dict(p, w).get("type")
-        if kind in ("text", "refusal"):
+        if kind in ("text", "refusal", "input_text", "output_text"):
             text = p.get("text", p.get("refusal"))
             need(isinstance(text, str), f"{w} needs a string '{kind}'")
             out.append(Text(text))
@@ -45,69 +49,101 @@ def _parts(content, where: str) -> list:
     return out
 
 
-def parse_request(body: dict) -> Conversation:
-    as_dict(body, "the request body")
+def parse_request(body: dict, strict: bool = False) -> Conversation:
+    """The request in the neutral form. `strict`: read for an engine here, whose model reads text: an image, a tool
+    that is not a function or a malformed call is a 400 naming the field, sampling fields are checked against the
+    engines' limits, and every tool result must answer an earlier call (a relay leaves such checks to the provider)."""
+    need(isinstance(body, dict), "the request body must be a JSON object")
     conv = Conversation(system=[], turns=[], model=body.get("model"), stream=bool(body.get("stream")))
-    need(body.get("n") in (None, 1), "'n' must be 1 when the provider speaks another dialect")
-    for i, m in enumerate(as_list(body.get("messages"), "'messages'")):
+    msgs = body.get("messages")
+    need(isinstance(msgs, list) and bool(msgs), "'messages' must be a non-empty list of {role, content} objects")
+    if strict:
+        conv.tools = [Tool(f["name"], f.get("description"), f["parameters"]) for f in
+                      (t["function"] for t in tools.read_tools(body, OPENAI_CHAT))]
+        conv.tool_choice, conv.parallel_tool_calls = tools.choice_of(body, OPENAI_CHAT)
+    calls: set[str] = set()
+    for i, m in enumerate(msgs):
         w = f"messages[{i}]"
-        role = as_dict(m, w).get("role")
+        role = m.get("role") if isinstance(m, dict) else None
         need(role in ("system", "developer", "user", "assistant", "tool"),
-             f"{w}.role must be system, developer, user, assistant or tool")
+             f"{w}.role must be one of system, developer, user, assistant, tool")
+        parts = [engine_text(m.get("content"), w)] if strict else None
         if role in ("system", "developer"):
-            text = "".join(p.text for p in _parts(m.get("content"), w) if isinstance(p, Text))
+            text = "".join(p.text for p in parts or _parts(m.get("content"), w) if isinstance(p, Text))
             if conv.turns:
                 conv.turns.append(Turn("system", [Text(text)]))
             else:
                 conv.system.append(text)
         elif role == "tool":
-            need(isinstance(m.get("tool_call_id"), str), f"{w} needs a tool_call_id")
-            result = ToolResult(m["tool_call_id"], _parts(m.get("content"), w))
+            cid = m.get("tool_call_id")
+            if strict:
+                tools.answers(cid, calls, f"{w}.tool_call_id")
+            need(isinstance(cid, str), f"{w} needs a tool_call_id")
+            result = ToolResult(cid, parts or _parts(m.get("content"), w))
             if conv.turns and conv.turns[-1].role == "user" and all(isinstance(p, ToolResult)
                                                                      for p in conv.turns[-1].parts):
                 conv.turns[-1].parts.append(result)
             else:
                 conv.turns.append(Turn("user", [result]))
         elif role == "user":
-            conv.turns.append(Turn("user", _parts(m.get("content"), w)))
+            conv.turns.append(Turn("user", parts or _parts(m.get("content"), w)))
         else:
-            parts = []
+            turn = Turn("assistant", [])
             reasoning = m.get("reasoning_content") or m.get("reasoning")
-            if isinstance(reasoning, str) and reasoning:
-                parts.append(Thinking(reasoning))
-            parts += _parts(m.get("content"), w)
-            for k, tc in enumerate(m.get("tool_calls") or []):
-                fn = as_dict(as_dict(tc, f"{w}.tool_calls[{k}]").get("function"), f"{w}.tool_calls[{k}].function")
+            if isinstance(reasoning, str) and reasoning and not strict:  # an engine's model is not shown it
+                turn.parts.append(Thinking(reasoning))
+            turn.parts += parts or _parts(m.get("content"), w)
+            tcs = m.get("tool_calls")
+            need(tcs is None or isinstance(tcs, list), f"{w}.tool_calls must be a list")
+            for k, tc in enumerate(tcs or []):
+                wk = f"{w}.tool_calls[{k}]"
+                if strict:
+                    cid, name, args = tools.chat_call(tc, wk, calls)
+                    turn.parts.append(ToolCall(cid, name, json_text(args)))
+                    continue
+                fn = as_dict(as_dict(tc, wk).get("function"), f"{wk}.function")
                 need(isinstance(fn.get("name"), str) and isinstance(tc.get("id"), str),
-                     f"{w}.tool_calls[{k}] needs an id and a function name")
+                     f"{wk} needs an id and a function name")
                 args = fn.get("arguments")
-                parts.append(ToolCall(tc["id"], fn["name"], args if isinstance(args, str) else "{}"))
-            conv.turns.append(Turn("assistant", parts))
-    for i, t in enumerate(body.get("tools") or []):
-        w = f"tools[{i}]"
-        kind = as_dict(t, w).get("type")
-        if kind == "function":
-            fn = as_dict(t.get("function"), f"{w}.function")
-            need(isinstance(fn.get("name"), str), f"{w}.function needs a name")
-            conv.tools.append(Tool(fn["name"], fn.get("description"), as_dict(fn.get("parameters") or {}, w),
-                                   strict=fn.get("strict")))
-        elif kind == "custom":
-            c = as_dict(t.get("custom"), f"{w}.custom")
-            conv.tools.append(Tool(c.get("name"), c.get("description"), {}, custom=True))
-        else:
-            conv.dropped.append(f"{w} ({kind})")
-    tc = body.get("tool_choice")
-    if isinstance(tc, str):
-        need(tc in ("auto", "none", "required"), "tool_choice must be auto, none, required or a named function")
-        conv.tool_choice = tc
-    elif tc is not None:
-        fn = (as_dict(tc, "tool_choice").get("function") or {}) if tc.get("type") == "function" else {}
-        if isinstance(fn.get("name"), str):
-            conv.tool_choice = {"name": fn["name"]}
-        else:
-            conv.dropped.append(f"tool_choice ({tc.get('type')})")
-    if isinstance(body.get("parallel_tool_calls"), bool):
-        conv.parallel_tool_calls = body["parallel_tool_calls"]
+                turn.parts.append(ToolCall(tc["id"], fn["name"], json_text(args) if args is not None else "{}"))
+            conv.turns.append(turn)
+    if not strict:
+        tools_in = body.get("tools") or []
+        need(isinstance(tools_in, list), "'tools' must be a list of tool objects")
+        for i, t in enumerate(tools_in):
+            w = f"tools[{i}]"
+            kind = as_dict(t, w).get("type")
+            if kind == "function":
+                fn = as_dict(t.get("function"), f"{w}.function")
+                need(isinstance(fn.get("name"), str), f"{w}.function needs a name")
+                conv.tools.append(Tool(fn["name"], fn.get("description"), as_dict(fn.get("parameters") or {}, w),
+                                       strict=fn.get("strict")))
+            elif kind == "custom":
+                c = as_dict(t.get("custom"), f"{w}.custom")
+                conv.tools.append(Tool(c.get("name"), c.get("description"), {}, custom=True))
+            else:
+                conv.dropped.append(f"{w} ({kind})")
+        tc = body.get("tool_choice")
+        if isinstance(tc, str):
+            need(tc in ("auto", "none", "required"), "tool_choice must be auto, none, required or a named function")
+            conv.tool_choice = tc
+        elif tc is not None:
+            fn = (as_dict(tc, "tool_choice").get("function") or {}) if tc.get("type") == "function" else {}
+            if isinstance(fn.get("name"), str):
+                conv.tool_choice = {"name": fn["name"]}
+            else:
+                conv.dropped.append(f"tool_choice ({tc.get('type')})")
+        if isinstance(body.get("parallel_tool_calls"), bool):
+            conv.parallel_tool_calls = body["parallel_tool_calls"]
+    if strict:
+        mct = body.get("max_completion_tokens", body.get("max_tokens"))
+        conv.max_tokens = bounded(body, "max_tokens", 1, 32768, integer=True, value=mct)
+        conv.temperature, conv.top_p = bounded(body, "temperature", 0, 2), bounded(body, "top_p", 0, 1)
+        conv.stop = engine_stops(body.get("stop"), "stop")
+        conv.seed = bounded(body, "seed", -2**63, 2**63 - 1, integer=True)
+        need(bounded(body, "n", 1, 1, integer=True) in (None, 1), "'n' must be 1")
+        return conv
+    need(body.get("n") in (None, 1), "'n' must be 1 when the provider speaks another dialect")
     conv.max_tokens = number(body, "max_completion_tokens", integer=True) or number(body, "max_tokens", integer=True)
     conv.temperature, conv.top_p = number(body, "temperature"), number(body, "top_p")
     conv.stop = stop_list(body.get("stop"), "stop")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
@@ -39,6 +40,47 @@ def number(body: dict, key: str, integer: bool = False):
     return v
 
 
+def bounded(body: dict, key: str, lo: float, hi: float, integer: bool = False, value=None):
+    """A sampling field an engine serves, checked against the engines' limits (None when absent). `value`: the
+    field's value when it is not `body[key]` (chat's max_completion_tokens, checked as max_tokens)."""
+    v = body.get(key) if value is None else value
+    if v is None:
+        return None
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    need(ok and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi,
+         f"'{key}' must be {'an integer' if integer else 'a number'} between {lo} and {hi}, got {v!r}"[:200])
+    return v
+
+
+def engine_stops(v, key: str) -> list[str]:
+    """Stop sequences an engine takes: at most 16."""
+    stops = stop_list(v, key) if isinstance(v, (str, list)) or v is None else None
+    need(stops is not None and len(stops) <= 16, f"'{key}' must be a string or a list of at most 16 strings")
+    return stops
+
+
+def engine_text(content, where: str) -> Text:
+    """Message content as an engine's model reads it: a string, or a list of text parts joined (an image or any other
+    part is refused: the models served here read text)."""
+    if isinstance(content, str):
+        return Text(content)
+    if content is None:
+        return Text("")
+    need(isinstance(content, list), f"{where}: content must be a string or a list of text parts")
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        need(kind in ("text", "input_text", "output_text"),
+             f"{where}: content part of type {kind!r} is not supported by this model (text only); send text parts "
+             "or serve a multimodal upstream with --upstream-url")
+        need(isinstance(part.get("text"), str), f"{where}: a text part needs a string 'text'")
+        out.append(part["text"])
+    return Text("".join(out))
+
+
 def stop_list(v, key: str) -> list[str]:
     if v is None:
         return []
@@ -74,7 +116,8 @@ def arguments_object(text: str) -> dict:
 
 
 def json_text(v) -> str:
-    return v if isinstance(v, str) else orjson.dumps(v).decode()
+    """A JSON value as compact text (json, not orjson: an integer past 64 bits is valid JSON a client may send)."""
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
 def texts_only(parts: list, where: str) -> str:

@@ -5,6 +5,10 @@ A request is a `Conversation`: system text, turns whose parts are text, images, 
 results, the tools, and the sampling settings the three APIs share. An answer is an `Answer`; a stream is a
 sequence of `Start`, `BlockStart`, `Delta`, `BlockStop`, `Finish` (or `Failure`) events, the shape of Anthropic's
 own stream, which the other two dialects map onto block by block.
+
+Two consumers read requests through the same readers: the relay's writers, and generation (reef_lab/wire/dialects.py
+`engine_request`), which reads strictly (`parse_request(body, strict=True)`: text only, function tools, the engines'
+limits; docs/architecture.md says what differs and why).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class ToolCall:
     name: str
     arguments: str  # JSON text of the arguments; a custom (freeform) tool's raw input
     custom: bool = False
+    local_shell: bool = False  # a Responses local_shell_call (read for an engine only: a relay drops them)
 
 
 @dataclass
@@ -60,6 +65,7 @@ class Tool:
     parameters: dict
     custom: bool = False  # a Responses freeform tool: its call carries one string
     strict: bool | None = None
+    local_shell: bool = False  # Responses' local_shell, offered to an engine's model as a function
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Conversation:
     temperature: float | None = None
     top_p: float | None = None
     stop: list[str] = field(default_factory=list)
+    seed: int | None = None
     stream: bool = False
     reasoning: str | None = None  # effort: minimal, low, medium, high (or what the client named)
     reasoning_budget: int | None = None  # Anthropic's thinking budget, when the client gave one

@@ -10,8 +10,10 @@ import time
 
 import orjson
 
+from reef_lab.wire import OPENAI_RESPONSES, responses_tools, tools
 from reef_lab.wire.responses_tools import NS  # <namespace>__<name>, as the engines' side writes it
-from reef_lab.wire.translate.common import arguments_object, as_dict, as_list, image_url, need, new_id, number
+from reef_lab.wire.translate.common import (arguments_object, as_dict, as_list, bounded, engine_text, image_url,
+                                               json_text, need, new_id, number)
 from reef_lab.wire.translate.ir import (Answer, Conversation, Image, Text, Thinking, Tool, ToolCall, ToolResult,
                                            Turn, Usage)
 
@@ -23,9 +25,14 @@ _HINTS = {"store", "include", "metadata", "prompt_cache_key", "client_metadata",
 def _parts(content, where: str) -> list:
     if isinstance(content, str):
         return [Text(content)]
+    if content is None:
+        return []
     out = []
     for j, p in enumerate(as_list(content, f"{where}.content")):
         w = f"{where}.content[{j}]"
+        if isinstance(p, str):
+            out.append(Text(p))
+            continue
         kind = as_dict(p, w).get("type")
         if kind in ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"):
             text = p.get("text", p.get("refusal"))
@@ -40,8 +47,11 @@ def _parts(content, where: str) -> list:
     return out
 
 
-def _assistant(conv: Conversation) -> Turn:
-    if not conv.turns or conv.turns[-1].role != "assistant":
+def _assistant(conv: Conversation, message: bool = False) -> Turn:
+    """The assistant turn a call (or, with `message`, an assistant message) joins: the last turn when it is the
+    assistant's (a message only after reasoning alone), else a new one. Two assistant messages stay two turns."""
+    last = conv.turns[-1] if conv.turns else None
+    if last is None or last.role != "assistant" or (message and not all(isinstance(p, Thinking) for p in last.parts)):
         conv.turns.append(Turn("assistant", []))
     return conv.turns[-1]
 
@@ -53,33 +63,88 @@ def _results(conv: Conversation) -> Turn:
     return conv.turns[-1]
 
 
-def parse_request(body: dict) -> Conversation:
-    as_dict(body, "the request body")
+def _call_id(item: dict, where: str, fallback: bool = False) -> str:
+    """An item's `call_id` (a local shell item may name its call by `id` alone, as the API documents it)."""
+    cid = item.get("call_id")
+    if cid is None and fallback:
+        cid = item.get("id")
+    need(isinstance(cid, str) and bool(cid), f"{where}.call_id must be a non-empty string")
+    return cid
+
+
+def _engine_item(conv: Conversation, kind: str, item: dict, w: str, calls: set[str]) -> None:
+    """A tool call or output item, read for an engine here: checked, local shell calls kept (as the function the
+    model was offered), anything else a 400."""
+    if kind in ("function_call", "custom_tool_call"):
+        name = item.get("name")
+        if isinstance(name, str) and isinstance(item.get("namespace"), str):
+            name = f"{item['namespace']}{NS}{name}"
+        if kind == "function_call":
+            args = json_text(tools.arguments_of(item.get("arguments"), f"{w}.arguments"))
+        else:
+            need(isinstance(item.get("input"), str), f"{w}.input must be a string (a custom tool's input)")
+            args = item["input"]
+        tools.call(w, item.get("call_id"), name, calls, "call_id")
+        _assistant(conv).parts.append(ToolCall(item["call_id"], name, args, kind == "custom_tool_call"))
+    elif kind == "local_shell_call":
+        args = responses_tools.action_arguments(item.get("action"), w)
+        cid = _call_id(item, w, True)
+        tools.call(w, cid, responses_tools.LOCAL_SHELL, calls, "call_id")
+        _assistant(conv).parts.append(ToolCall(cid, responses_tools.LOCAL_SHELL, json_text(args), local_shell=True))
+    elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+        cid = _call_id(item, w, fallback=kind == "local_shell_call_output")
+        tools.answers(cid, calls, f"{w}.call_id")
+        _results(conv).parts.append(ToolResult(cid, [engine_text(item.get("output"), f"{w}.output")]))
+    else:
+        need(False, f"{w}: an item of type {kind!r} is not supported by this engine (only messages, and the calls "
+                    "and outputs of function, custom and local_shell tools)")
+
+
+def parse_request(body: dict, strict: bool = False) -> Conversation:
+    """The request in the neutral form. `strict`: read for an engine here (text only; local_shell tools and calls
+    kept as functions; reasoning and hosted tools' items refused; the engines' sampling limits), not for a relay."""
+    need(isinstance(body, dict), "the request body must be a JSON object")
     need(body.get("previous_response_id") is None and body.get("conversation") is None,
-         "'previous_response_id' and 'conversation' name state kept by an OpenAI server; reef_lab translates each "
-         "request alone: send the whole conversation in 'input'")
+         "'previous_response_id' and 'conversation' name state kept by an OpenAI server; reef_lab keeps none: send "
+         "the whole conversation in 'input'")
     conv = Conversation(system=[], turns=[], model=body.get("model"), stream=bool(body.get("stream")))
+    if strict:
+        offered = responses_tools.read_tools(body)
+        for fn in (f["function"] for f in offered.functions):
+            wire = offered.wire.get(fn["name"], {})
+            conv.tools.append(Tool(fn["name"], fn.get("description"), fn["parameters"], custom=wire.get("type") ==
+                                   "custom", local_shell=wire.get("type") == responses_tools.LOCAL_SHELL))
+            if "namespace" in wire:
+                conv.namespaces[fn["name"]] = (wire["namespace"], wire["name"])
+        conv.dropped += offered.dropped
+        conv.tool_choice, conv.parallel_tool_calls = tools.choice_of(body, OPENAI_RESPONSES)
     if body.get("instructions") is not None:
         need(isinstance(body["instructions"], str), "'instructions' must be a string")
         conv.system.append(body["instructions"])
     inp = body.get("input")
-    items = [{"type": "message", "role": "user", "content": inp}] if isinstance(inp, str) else \
-        as_list(inp, "'input'")
+    need(isinstance(inp, str) or (isinstance(inp, list) and bool(inp)),
+         "'input' must be a string or a non-empty list of input items")
+    items = [{"type": "message", "role": "user", "content": inp}] if isinstance(inp, str) else inp
+    calls: set[str] = set()
     for i, item in enumerate(items):
         w = f"input[{i}]"
         kind = as_dict(item, w).get("type", "message")
         if kind == "message":
             role = item.get("role")
             need(role in ("system", "developer", "user", "assistant"),
-                 f"{w}.role must be system, developer, user or assistant")
-            parts = _parts(item.get("content"), w)
+                 f"{w}.role must be one of system, developer, user, assistant")
+            parts = [engine_text(item.get("content"), w)] if strict else _parts(item.get("content"), w)
             if role in ("system", "developer"):
                 text = "".join(p.text for p in parts if isinstance(p, Text))
                 conv.turns.append(Turn("system", [Text(text)])) if conv.turns else conv.system.append(text)
             elif role == "assistant":
-                _assistant(conv).parts += parts
+                _assistant(conv, message=True).parts += parts
             else:
                 conv.turns.append(Turn("user", parts))
+        elif kind == "item_reference":
+            need(False, f"{w}: an item_reference names an item kept by an OpenAI server; send the item itself")
+        elif strict:
+            _engine_item(conv, kind, item, w, calls)
         elif kind in ("function_call", "custom_tool_call"):
             need(isinstance(item.get("call_id"), str) and isinstance(item.get("name"), str),
                  f"{w} needs a call_id and a name")
@@ -97,11 +162,16 @@ def parse_request(body: dict) -> Conversation:
             texts = [s.get("text", "") for s in item.get("summary") or [] if isinstance(s, dict)] or \
                 [c.get("text", "") for c in item.get("content") or [] if isinstance(c, dict)]
             _assistant(conv).parts.append(Thinking("\n\n".join(texts), item.get("encrypted_content")))
-        elif kind == "item_reference":
-            need(False, f"{w}: an item_reference names an item kept by an OpenAI server; send the item itself")
-        else:  # hosted tools' records (web search, file search, ...): nothing another provider can replay
+        else:  # hosted tools' records (web search, file search, local shell, ...): nothing another provider can replay
             conv.dropped.append(f"{w} ({kind})")
-    for i, t in enumerate(body.get("tools") or []):
+    if strict:
+        conv.max_tokens = bounded(body, "max_output_tokens", 1, 32768, integer=True)
+        conv.temperature, conv.top_p = bounded(body, "temperature", 0, 2), bounded(body, "top_p", 0, 1)
+        conv.seed = bounded(body, "seed", -2**63, 2**63 - 1, integer=True)
+        return conv
+    tools_in = body.get("tools") or []
+    need(isinstance(tools_in, list), "'tools' must be a list of tool objects")
+    for i, t in enumerate(tools_in):
         w = f"tools[{i}]"
         kind = as_dict(t, w).get("type")
         if kind == "namespace":
