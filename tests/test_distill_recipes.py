@@ -165,6 +165,9 @@ def test_the_shipped_examples_configure():
         assert getattr(exp, k) == getattr(sao, k), k
     for k in ("batch_size", "steps_per_candidate", "eval_task", "eval_size", "trainer"):
         assert exp.recipe_config[k] == sao.recipe_config[k], k
+    ctxd = ExperimentConfig.parse(yaml.safe_load((root / "recipes/ctxd/examples/colors-experiment.yaml").read_text()))
+    assert ctxd.recipe == "ctxd" and ctxd.harness["system_prompt.md"] and ctxd.task.name == "colors"
+    assert load_recipe("ctxd", ctxd.recipe_config).config.retention_task.name != "colors"  # not the trained task
 
 
 def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
