@@ -151,6 +151,13 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
         lines.append(f"| base {model} | greedy: one value | {m:.3f}"
                      + (" (the same in every run: greedy answers to the same items)" if same else f" ± {h:.3f}")
                      + f" | {', '.join(f'{x:.3f}' for x in sorted(set(base)))} | |")
+    served = sorted({r["harness_accuracy"] for r in runs if r.get("harness_accuracy") is not None})
+    if served:  # a run that served a harness first (context distillation): the base with it is the teacher
+        saved = [m["prompt_tokens_saved"] for r in runs for m in read_metrics(Path(r["metrics_file"]))
+                 if m.get("event") == "step" and m.get("prompt_tokens_saved") is not None]
+        lines.append(f"| base with the run's harness (served first: the teacher) | greedy: one value | "
+                     f"{', '.join(f'{x:.3f}' for x in served)} | | releases serve without it: "
+                     + (f"{sum(saved) / len(saved):.0f} prompt tokens fewer per call |" if saved else "|"))
     for recipe, rs in by.items():
         acc = [r["final_accuracy"] for r in rs]
         m, h = ci(acc)

@@ -1,4 +1,5 @@
-"""scripts/compare_recipes.py as a user runs it: two recipes' experiments (tiny model, one seed) in child processes,
+"""scripts/compare_recipes.py as a user runs it: three recipes' experiments (tiny model, one seed;
+context distillation's serving a harness first) in child processes,
 then the page: held-out accuracy and the retention task side by side, the command as run, the figure."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def config(tmp_path: Path, recipe: str, **extra) -> Path:
 def test_a_comparison_page_shows_held_out_and_retention_per_recipe(tmp_path):
     notes = tmp_path / "notes.md"
     notes.write_text("The tiny test model: a check of the page, not a result.")
-    configs = [config(tmp_path, "sft"), config(tmp_path, "sdft", report_context="The answer is {answer}.")]
+    configs = [config(tmp_path, "sft"), config(tmp_path, "sdft", report_context="The answer is {answer}."),
+               config(tmp_path, "ctxd", harness={"system_prompt.md": "Answer with the number only."})]
     out = subprocess.run([sys.executable, "scripts/compare_recipes.py", *map(str, configs), "--seeds", "0",
                           "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "page"),
                           "--long-eval-tokens", "0", "--title", "tiny check", "--notes", str(notes)],
@@ -39,6 +41,8 @@ def test_a_comparison_page_shows_held_out_and_retention_per_recipe(tmp_path):
     assert page.startswith("# tiny check") and "a check of the page, not a result" in page
     assert "--title 'tiny check' --notes" in page  # the command line as run
     held, kept = page.split("Retention:")
-    assert "| after SFT | 1 |" in held and "| after SDFT | 1 |" in held
+    assert "| after SFT | 1 |" in held and "| after SDFT | 1 |" in held and "| after CTXD | 1 |" in held
+    assert re.search(r"\| base with the run's harness \(served first: the teacher\) \| greedy: one value \| \d\.\d{3} \| "
+                     r"\| releases serve without it: \d+ prompt tokens fewer per call \|", held)
     assert re.search(r"\| base \| \d\.\d{3} \|", kept) and "| after SFT |" in kept and "| after SDFT |" in kept
     assert (tmp_path / "page.png").stat().st_size > 10_000

@@ -165,6 +165,9 @@ def test_the_shipped_examples_configure():
         assert getattr(exp, k) == getattr(sao, k), k
     for k in ("batch_size", "steps_per_candidate", "eval_task", "eval_size", "trainer"):
         assert exp.recipe_config[k] == sao.recipe_config[k], k
+    ctxd = ExperimentConfig.parse(yaml.safe_load((root / "recipes/ctxd/examples/colors-experiment.yaml").read_text()))
+    assert ctxd.recipe == "ctxd" and ctxd.harness["system_prompt.md"] and ctxd.task.name == "colors"
+    assert load_recipe("ctxd", ctxd.recipe_config).config.retention_task.name != "colors"  # not the trained task
 
 
 def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
@@ -345,6 +348,33 @@ def test_sdft_runs_as_an_experiment_whose_reports_name_the_answer(tiny_model_dir
                                   for r in reports} == answers
 
 
+def test_ctxd_runs_as_an_experiment_that_serves_a_harness_first(tiny_model_dir, tmp_path):
+    """`harness`: the experiment publishes it before any rollout (the rollouts are served with it, the teacher's
+    context), scores the base without and with it, and the weights release is judged and served without it."""
+    from reef_lab.experiments.weights import ExperimentConfig, run_experiment
+    from reef_lab.records.store import scan_records
+
+    harness = "Answer with the number only."
+    cfg = ExperimentConfig(name="ctxd", recipe="ctxd", rollouts=8, concurrency=4, max_pool=4, max_tokens=4,
+                           harness={"system_prompt.md": harness}, out_dir=str(tmp_path / "run"),
+                           recipe_config={"batch_size": 4, "steps_per_candidate": 2, "top_k": 8,
+                                          "eval_task": {"name": "arithmetic"}, "eval_size": 4, "eval_max_tokens": 4,
+                                          "trainer": {"lr": 1e-3, "micro_batch_size": 4}})
+    engine = EmbeddedEngine.from_path(str(tiny_model_dir))
+    summary = run_experiment(cfg, engine=engine, progress=False)
+    assert summary["releases"] == 2 and summary["serving"] == "ctxd:v2"
+    assert {"base_accuracy", "harness_accuracy", "final_accuracy"} <= summary.keys()
+    records = scan_records(tmp_path / "run" / "data").filter(kind="inference").collect().to_dicts()
+    assert len(records) == 8 and all(r["release_id"] == "ctxd:v1" for r in records)
+    with_it = [engine.prompt_ids([{"role": "system", "content": harness}, *json.loads(r["request"])["messages"]])
+               for r in records]
+    assert [r["prompt_token_ids"] for r in records] == with_it  # rollouts served with the harness
+    steps = [m for m in read_metrics(summary["metrics_file"]) if m["event"] == "step"]
+    assert len(steps) == 2 and all(m["prompt_tokens_saved"] > 0 and m["ctxd_skipped"] == 0 for m in steps)
+    with pytest.raises(ValueError, match="harness"):
+        ExperimentConfig(name="ctxd", recipe="ctxd", harness={"system_prompt.md": 3})
+
+
 @pytest.mark.heavy
 def test_a_distillation_experiments_wandb_run_has_its_divergence_and_teacher_gap(tiny_model_dir, tmp_path,
                                                                                  monkeypatch):
@@ -415,6 +445,9 @@ def test_ctxd_distils_the_serving_harness_into_weights_served_without_it(gateway
     assert all(m["prompt_tokens_saved"] == len(with_it) - len(without) for m in steps)
     assert served[0]["prompt_token_ids"] == engine.prompt_ids([{"role": "system", "content": harness},
                                                                *make_task().items(8, seed=5)[0]["messages"]])
+    # the candidate was judged as it serves: its held-out answers saw no harness
+    evals = [r for r in gateway.store.get_many(gateway.store.ids("h", "eval")) if "reef.candidate" in r["tags"]]
+    assert evals and all(r["prompt_token_ids"] == engine.prompt_ids(r["request"]["messages"]) for r in evals)
     # v2 serves the next call without the harness; rolling back to v1 serves it with the harness again
     receipt, release, _ = ask(gateway, "h", item, seed=99)
     assert release == "h:v2" and gateway.get_record("h", receipt)["prompt_token_ids"] == without

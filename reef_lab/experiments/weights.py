@@ -57,6 +57,11 @@ class ExperimentConfig(RunConfig):
         "help": "each report's `context`, the words a self-distillation recipe (sdft, sdpo) learns from: this "
                 "text with {answer} replaced by the item's reference answer (e.g. 'The answer is {answer}.'); "
                 "empty: reports carry none"})
+    harness: dict = field(default_factory=dict, metadata={
+        "help": "a harness the scenario serves from the start (file name -> text, e.g. {system_prompt.md: ...}), "
+                "published as its first release before any rollout: what context distillation (ctxd) distils. The "
+                "base is then scored without it (base_accuracy) and with it (harness_accuracy); a weights release "
+                "serves, and is judged, without it"})
     deterministic: bool = field(default=True, metadata={
         "help": "same seed, same run, bit for bit, whatever the machine's load: rollouts go in rounds of max_pool, "
                 "each round's reports in index order, learned from (steps, candidate, release) before the next round "
@@ -70,6 +75,9 @@ class ExperimentConfig(RunConfig):
             raise ValueError(f"deterministic runs need the embedded engine (engine {self.engine!r} batches requests, "
                              "so a rollout's logprobs depend on what ran beside it): set engine: embedded, or "
                              "deterministic: false")
+        if not isinstance(self.harness, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in self.harness.items()):
+            raise ValueError("harness must map file names to their text, e.g. {system_prompt.md: ...}")
         if self.rollouts < 1 or self.group_size < 0 or self.concurrency < 1 or self.max_pool < 1:
             raise ValueError("rollouts, concurrency and max_pool must be at least 1, group_size at least 0")
         try:  # the recipe and its config are checked before any model loads
@@ -123,6 +131,10 @@ class WeightsExperiment(ExperimentDriver):
         done = _reported_indices(ctx.reported())
         todo = [k for k in range(cfg.rollouts) if k not in done]
         base_eval = learner.evaluate_serving() if learner.evaluates and not ctx.releases()["releases"] else None
+        if cfg.harness and not ctx.releases()["releases"]:
+            ctx.publish_harness(dict(cfg.harness), {"recipe": "experiment"})
+            if learner.evaluates:
+                learner.evaluate_serving()  # the base with the harness, kept on the harness release's entry
         rollouts_log = open(self.run_dir / "rollouts.jsonl", "ab")
         lock = threading.Lock()
         bar = tqdm(total=cfg.rollouts, initial=cfg.rollouts - len(todo), desc=f"{name} rollouts",
@@ -178,8 +190,11 @@ class WeightsExperiment(ExperimentDriver):
         final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
         releases = ctx.releases()
         base_eval = base_eval or releases.get("base_eval")
+        first = releases["releases"][0] if cfg.harness and releases["releases"] else {}
+        harness_eval = first.get("eval")  # the base with the harness, scored when it was published
         return {"name": name, "recipe": cfg.recipe, "seed": cfg.seed, "rollouts": cfg.rollouts,
                 "base_accuracy": (base_eval or {}).get("accuracy"),
+                **({"harness_accuracy": harness_eval["accuracy"]} if harness_eval else {}),
                 "final_accuracy": (final_eval or {}).get("accuracy"),
                 "serving": releases["serving"], "releases": len(releases["releases"]),
                 "candidates": len(releases["candidates"]), "wall_s": round(time.time() - started, 1),

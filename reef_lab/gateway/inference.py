@@ -56,10 +56,11 @@ class Inference:
 
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None, release: str | None = None,
-              kind: str = "inference", caller: str | None = None) -> Reply | StreamReply:
+              kind: str = "inference", caller: str | None = None, harness: bool = True) -> Reply | StreamReply:
         """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
         the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`). `caller`: the id
-        of the client's token (reef_lab/tenants.py), kept on the record; an episode is its token's own."""
+        of the client's token (reef_lab/tenants.py), kept on the record; an episode is its token's own. `harness`
+        False (in-process): the serving harness is not applied (a candidate that will serve without it, judged)."""
         try:
             name = check_name(scenario)
         except BadRequest as e:
@@ -72,12 +73,13 @@ class Inference:
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             serving = self._serving(name)
-            harness = serving.harness if serving is not None else None
+            serving_harness = serving.harness if serving is not None else None
             components = serving.components if serving is not None else None
             installed = harness_mod.installed_release(name, client_headers)  # the client carries it (harness/install)
-            sent = dialects.with_system(dialect, body, harness[1].system) if harness and not installed else body
+            sent = dialects.with_system(dialect, body, serving_harness[1].system) \
+                if serving_harness and harness and not installed else body
             label = serving.release_id if serving is not None and serving.release_id else None
-            if installed and harness and not components:  # the record names the release the client carries
+            if installed and serving_harness and not components:  # the record names the release the client carries
                 label = installed
             if self._relaying is not None:
                 return self._relaying.relay(dialect, body, name, tags or {}, client_headers or {}, sent,
@@ -91,22 +93,23 @@ class Inference:
             raise
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
-                     release: str | None = None, kind: str = "inference", session: str | None = None) -> dict:
+                     release: str | None = None, kind: str = "inference", session: str | None = None,
+                     harness: bool = True) -> dict:
         """One chat completion, not streamed, for an in-process caller: the stored record (response, token ids,
         logprobs, the release that served it). A failed generation raises, its error kept in a record too.
-        `session`: the episode the call belongs to (as the x-reef-session header would say)."""
+        `session`: the episode the call belongs to (as the x-reef-session header would say); `harness`: as infer's."""
         headers = {episodes.SESSION_HEADER: session} if session else None
         reply = self.infer(dialects.OPENAI_CHAT, {**body, "stream": False}, scenario, tags, client_headers=headers,
-                           release=release, kind=kind)
+                           release=release, kind=kind, harness=harness)
         return reply.record
 
     def answer(self, scenario: str, release: str, messages: list, max_tokens: int, tags: dict,
-               tools: list[dict] | None = None) -> dict:
+               tools: list[dict] | None = None, harness: bool = True) -> dict:
         """A greedy answer of a loaded release, recorded as kind `eval` (the releaser's held-out evaluation): the
         assistant message in OpenAI chat shape (content, and tool_calls when `tools` were offered and it calls them)."""
         body = {"model": self.engine.model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
         rec = self.infer_record({**body, **({"tools": tools} if tools else {})}, scenario, tags, release=release,
-                                kind="eval")
+                                kind="eval", harness=harness)
         return text.chat_message(rec)
 
     def count_tokens(self, body: Any, client_headers: dict[str, str] | None = None) -> Reply:

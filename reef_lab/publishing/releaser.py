@@ -44,7 +44,7 @@ SELECTIONS = ("always", "no_regression", "strict_gain", "review")
 EVAL_TAG = "reef.eval"  # on every held-out answer's record, with reef.release (and reef.candidate)
 
 # (scenario, release, messages, max_tokens, tags, tools) -> the assistant message (OpenAI chat shape)
-Answer = Callable[[str, str, list, int, dict, "list[dict] | None"], dict]
+Answer = Callable[[str, str, list, int, dict, "list[dict] | None", bool], dict]
 Log = Callable[[dict], None]
 
 
@@ -226,17 +226,22 @@ class Releaser:
         if cand.get("kind") == "harness":
             raise Conflict("a harness candidate brings its own scores (the search that made it scored it)")
         key = f"{scenario}:{cid}"
+        # judged as it would serve: weights released after a harness serve without it (a composite's keep it
+        # unless the candidate drops it: context distillation), so they are evaluated without it too
+        harness = bool(self.components(scenario)) and "harness" not in (cand.get("drops") or ())
         self.engine.load_release(key, self.candidate_folder(scenario, cid))
         try:
-            return tuple(self.evaluate(scenario, key, h, cid) if h is not None else None
+            return tuple(self.evaluate(scenario, key, h, cid, harness) if h is not None else None
                          for h in (held_out, retention))
         finally:
             self.engine.unload(key)
 
     # ---- evaluation -----------------------------------------------------------------------------------------
-    def evaluate(self, scenario: str, release: str, held_out: HeldOut, candidate: str | None = None) -> dict:
+    def evaluate(self, scenario: str, release: str, held_out: HeldOut, candidate: str | None = None,
+                 harness: bool = True) -> dict:
         """Accuracy of `release` (loaded in the engine) on the held-out items, answered greedily through the
-        gateway's inference path (records of kind `eval`); all items go in at once so the engine batches them."""
+        gateway's inference path (records of kind `eval`); all items go in at once so the engine batches them.
+        `harness`: with the scenario's serving harness in front of each prompt (False: the weights alone)."""
         if self._answer is None:
             raise Conflict("this releaser has no inference path to evaluate on")
         started = time.perf_counter()
@@ -245,7 +250,8 @@ class Releaser:
 
         def one(it: dict) -> tuple[float, str]:  # one reply, or a tool task's whole episode (Task.rollout)
             return held_out.task.rollout(
-                lambda messages, tools: self._answer(scenario, release, messages, held_out.max_tokens, tags, tools), it)
+                lambda messages, tools: self._answer(scenario, release, messages, held_out.max_tokens, tags, tools,
+                                                     harness), it)
         with ThreadPoolExecutor(max(1, min(len(items), 64)), thread_name_prefix="reef-eval") as pool:
             scores, texts = zip(*pool.map(one, items))
         return {"accuracy": sum(scores) / len(scores), "n": len(scores), "correct": int(sum(scores)),
