@@ -142,9 +142,10 @@ def sdk_client(kind: str, url: str):
         openai.APIStatusError
 
 
-def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
+def run_episodes(url: str, sdk, scenario: str, jobs: dict, report: bool = True) -> dict:
     """Every held-out episode of every task at once (the embedded engine batches them): `jobs` maps a task name to
-    (task, items, max_tokens, max_turns). Each episode is scored and reported on its receipts."""
+    (task, items, max_tokens, max_turns). Each episode is scored and reported on its receipts (`report` False: not
+    reported, for a scenario whose learner would train on the reports)."""
     def one(job):
         name, item = job
         task, _, max_tokens, max_turns = jobs[name]
@@ -152,9 +153,10 @@ def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
         chat = chat_cls(client, scenario, max_tokens)
         if not isinstance(task, ToolTask):  # a plain task (the retention task): one reply, its verifier's score
             score, text = task.rollout(chat, item)
-            _retrying("POST", f"{url}/reef/report", json={"score": score, "references": chat.receipts,
-                                                          "metadata": {"item": item["id"]}},
-                      headers={"x-reef-scenario": scenario}).raise_for_status()
+            if report:
+                _retrying("POST", f"{url}/reef/report", json={"score": score, "references": chat.receipts,
+                                                              "metadata": {"item": item["id"]}},
+                          headers={"x-reef-scenario": scenario}).raise_for_status()
             return name, {"id": item["id"], "score": score, "correct": score == 1.0, "valid_calls": 0,
                           "invalid_calls": 0, "feedback": task.feedback(item, text), "turns": 1,
                           "releases": sorted(chat.releases), "receipts": chat.receipts,
@@ -166,8 +168,9 @@ def run_episodes(url: str, sdk, scenario: str, jobs: dict) -> dict:
                           "feedback": f"server error: {e}", "turns": len(chat.receipts) + 1, "server_error": str(e),
                           "releases": sorted(chat.releases), "receipts": chat.receipts, "transcript": []}
         verdict = task.score_episode(item, ep.transcript)
-        _retrying("POST", f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
-                  headers={"x-reef-scenario": scenario}).raise_for_status()
+        if report:
+            _retrying("POST", f"{url}/reef/report", json=verdict.report(chat.receipts, item["id"]),
+                      headers={"x-reef-scenario": scenario}).raise_for_status()
         return name, {"id": item["id"], "score": verdict.score, "correct": verdict.correct,
                       "valid_calls": verdict.valid_calls, "invalid_calls": verdict.invalid_calls,
                       "feedback": verdict.feedback, "turns": ep.turns, "releases": sorted(chat.releases),
