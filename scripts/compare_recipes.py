@@ -130,6 +130,14 @@ def retention(r: dict) -> tuple[float | None, float | None, list[tuple[int, floa
             curve)
 
 
+def harness_retention(r: dict) -> float | None:
+    """The retention accuracy of the base served with the run's harness (its first release, when the run served a
+    harness first), or None."""
+    index = Path(r["dir"]) / "data" / "releases" / r["name"] / "index.json"
+    first = (json.loads(index.read_text()).get("releases") or [{}])[0] if index.exists() else {}
+    return (first.get("retention") or {}).get("accuracy") if first.get("kind") == "harness" else None
+
+
 def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None) -> None:
     import matplotlib
 
@@ -171,6 +179,9 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                   "model and on each run's final release: what the release lost, or kept, elsewhere.", "",
                   "| model | retention accuracy (mean ± 95% CI) | per seed | change from base |", "|---|---|---|---|",
                   f"| base | {', '.join(f'{x:.3f}' for x in base_kept)} | | |"]
+        with_harness = sorted({x for r in runs if (x := harness_retention(r)) is not None})
+        if with_harness:
+            lines.append(f"| base with the run's harness | {', '.join(f'{x:.3f}' for x in with_harness)} | | |")
         for recipe, rs in by.items():
             acc = [kept[r["dir"]][1] for r in rs if kept[r["dir"]][1] is not None]
             if not acc:

@@ -359,11 +359,20 @@ def test_ctxd_runs_as_an_experiment_that_serves_a_harness_first(tiny_model_dir, 
                            harness={"system_prompt.md": harness}, out_dir=str(tmp_path / "run"),
                            recipe_config={"batch_size": 4, "steps_per_candidate": 2, "top_k": 8,
                                           "eval_task": {"name": "arithmetic"}, "eval_size": 4, "eval_max_tokens": 4,
+                                          "retention_task": {"name": "colors"}, "retention_size": 4,
                                           "trainer": {"lr": 1e-3, "micro_batch_size": 4}})
     engine = EmbeddedEngine.from_path(str(tiny_model_dir))
     summary = run_experiment(cfg, engine=engine, progress=False)
     assert summary["releases"] == 2 and summary["serving"] == "ctxd:v2"
     assert {"base_accuracy", "harness_accuracy", "final_accuracy"} <= summary.keys()
+    index = json.loads((tmp_path / "run" / "data" / "releases" / "ctxd" / "index.json").read_text())
+    base_kept = index["base_retention"]  # the base alone on the retention task, scored before the harness served
+    assert base_kept["release"] == "base" and base_kept["n"] == 4
+    evals = scan_records(tmp_path / "run" / "data").filter(kind="eval").collect().to_dicts()
+    kept = [r for r in evals if json.loads(r["tags"])["reef.release"] == "base"
+            and "What color" in json.loads(r["request"])["messages"][-1]["content"]]
+    alone = [engine.prompt_ids(json.loads(r["request"])["messages"]) == r["prompt_token_ids"] for r in kept]
+    assert sorted(alone) == [False] * 4 + [True] * 4  # the base on the retention task alone, and with the harness
     records = scan_records(tmp_path / "run" / "data").filter(kind="inference").collect().to_dicts()
     assert len(records) == 8 and all(r["release_id"] == "ctxd:v1" for r in records)
     with_it = [engine.prompt_ids([{"role": "system", "content": harness}, *json.loads(r["request"])["messages"]])

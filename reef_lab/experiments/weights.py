@@ -130,7 +130,10 @@ class WeightsExperiment(ExperimentDriver):
         prompts = task.items(cfg.rollouts // group_size, seed=cfg.seed)
         done = _reported_indices(ctx.reported())
         todo = [k for k in range(cfg.rollouts) if k not in done]
-        base_eval = learner.evaluate_serving() if learner.evaluates and not ctx.releases()["releases"] else None
+        # with a harness to serve first, the base alone is scored now, on the retention task too: every later
+        # score of the base is with the harness in front (what serves then), and a release is compared with both
+        base_eval = learner.evaluate_serving(retention=bool(cfg.harness)) \
+            if learner.evaluates and not ctx.releases()["releases"] else None
         if cfg.harness and not ctx.releases()["releases"]:
             ctx.publish_harness(dict(cfg.harness), {"recipe": "experiment"})
             if learner.evaluates:

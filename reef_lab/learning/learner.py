@@ -439,10 +439,13 @@ class Learner(LearnerLoop, RecordHolder):
         """Whether the recipe names a held-out task (candidates are scored and judged on it)."""
         return self._task is not None
 
-    def evaluate_serving(self) -> dict:
-        """Held-out accuracy of what serves now (computed once per release)."""
+    def evaluate_serving(self, retention: bool = False) -> dict:
+        """Held-out accuracy of what serves now (computed once per release); `retention`: its retention task's too
+        (kept beside it in the index: the base's `base_retention`), when the recipe config names one."""
         if not self._task:
             raise Conflict(f"scenario {self.scenario!r} has no eval_task in its recipe config")
+        if retention and self._retention_task is not None:
+            self.releaser.serving_eval(self.scenario, self._retention_set(), self._metric, key="retention")
         return self.releaser.serving_eval(self.scenario, self._eval_set(), self._metric)
 
     def _metric(self, row: dict) -> None:
