@@ -240,7 +240,8 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      f"{sum(dropped) / len(dropped):.0f} rollouts per run dropped as too stale; mean "
                      f"reward of the sampled rollouts {sum(rewards) / len(rewards):.3f} (first quarter of batches "
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
-    extra = ([] if args.title == TITLE else ["--title", args.title]) + (["--notes", args.notes] if args.notes else [])
+    extra = ([] if args.long_eval_tokens == 64 else ["--long-eval-tokens", str(args.long_eval_tokens)]) + \
+        ([] if args.title == TITLE else ["--title", args.title]) + (["--notes", args.notes] if args.notes else [])
     cmd = command_line(["scripts/compare_recipes.py", *args.configs, "--seeds", *map(str, args.seeds),
                         "--out", args.out, "--results", args.results, *extra])
     table = f"""{chr(10).join(lines)}
