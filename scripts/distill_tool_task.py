@@ -38,8 +38,8 @@ import yaml  # noqa: E402
 from reef_lab.records.record import CLIENT_FIELDS  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
-from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, policy_rollouts, run_episodes,  # noqa: E402
-                                     sdk_client, start_server, t_interval, wait_releases)
+from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, merge_results, policy_rollouts,  # noqa: E402
+                                     run_episodes, sdk_client, start_server, t_interval, wait_releases)
 from tests.doubles import free_port  # noqa: E402
 
 ARMS = ("opd", "sft", "grpo")
@@ -207,11 +207,9 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: join these result files into <out>")
     args = ap.parse_args()
     if args.merge:
-        parts = [json.loads(Path(f).read_text()) for f in args.merge]
-        out = {**parts[0], "command": " ; ".join(p["command"] for p in parts), "runs": {}}
-        for p in parts:
-            out["runs"].update(p["runs"])
-            out.setdefault("reference", p.get("reference"))
+        out = merge_results(args.merge)
+        out["reference"] = next((r for f in args.merge if (r := json.loads(Path(f).read_text()).get("reference"))),
+                                None)  # the base and the teacher, from the run that scored them
         save(out, args.out)
         return
     if not args.teacher or not (Path(args.teacher) / "config.json").is_file():

@@ -372,10 +372,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.merge:
-        parts = [json.loads(Path(f).read_text()) for f in args.merge]
-        out = {**parts[0], "command": " ; ".join(p["command"] for p in parts), "runs": {}}
-        for p in parts:
-            out["runs"].update(p["runs"])
+        out = merge_results(args.merge)
         out["runs"] = {k: out["runs"][k] for k in sorted(out["runs"], key=lambda k: (k != "base", k))}
         _save(out, args.out)
         return
@@ -460,6 +457,15 @@ def main() -> None:
             _save(out, args.out)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     _save(out, args.out)
+
+
+def merge_results(files: list[str]) -> dict:
+    """Result files of runs made apart (one per seed) as one: the first's settings, every file's runs and command."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    out = {**parts[0], "command": " ; ".join(p["command"] for p in parts), "runs": {}}
+    for p in parts:
+        out["runs"].update(p["runs"])
+    return out
 
 
 def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs: set, out: dict) -> None:
