@@ -38,8 +38,9 @@ import yaml  # noqa: E402
 from reef_lab.records.record import CLIENT_FIELDS  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
-from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, merge_results, policy_rollouts,  # noqa: E402
-                                     run_episodes, sdk_client, start_server, t_interval, wait_releases)
+from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
+                                     policy_rollouts, run_episodes, sdk_client, start_server, t_interval,
+                                     wait_releases)
 from tests.doubles import free_port  # noqa: E402
 
 ARMS = ("opd", "sft", "grpo")
@@ -82,6 +83,7 @@ class Server:
 
     def __init__(self, data: Path, recipe: str, config: dict | None, model_path: str | None, max_batch: int):
         data.mkdir(parents=True, exist_ok=True)
+        self.data = data
         cfg = data / "recipe-config.yaml"
         cfg.write_text(yaml.safe_dump(config or {}, sort_keys=False))
         self.port = free_port()
@@ -102,6 +104,9 @@ def teacher_episodes(srv: Server, scenario: str, calc, items: list[dict], args) 
     keyed by episode, in the order of `items`."""
     requests.post(f"{srv.url}/reef/scenarios", json={"name": scenario, "recipe": "basic"},
                   timeout=60).raise_for_status()
+    if _retrying("GET", f"{srv.url}/reef/scenarios/{scenario}/records", params={"limit": 1}).json()["records"]:
+        raise SystemExit(f"{scenario} in {srv.data} holds an earlier run's teacher episodes: remove that folder or "
+                         "give another --data-dir")
     log = Path(args.data_dir) / "teacher" / f"{scenario}.jsonl"
     rows = policy_rollouts(srv.url, srv.sdk, scenario, calc, items, 1, args.max_tokens, args.max_turns,
                            args.temperature, args.concurrency, log)
@@ -150,7 +155,7 @@ def run_arm(arm: str, seed: int, args, jobs: dict, teacher_srv: Server | None) -
     if held & {it["expression"] for it in items}:
         raise SystemExit("training items overlap the held-out ones")
     scenario = f"{arm}-s{seed}"
-    data = Path(args.data_dir) / f"seed-{seed}" / arm
+    data = fresh_dir(Path(args.data_dir) / f"seed-{seed}" / arm)
     run = {"arm": arm, "seed": seed, "recipe_config": rc, "rounds": []}
     teacher = None
     if arm == "sft":

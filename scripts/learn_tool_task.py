@@ -266,6 +266,16 @@ def wait_releases(url: str, scenario: str, count: int, timeout: float) -> dict:
 
 
 # ---- the server --------------------------------------------------------------------------------------------------
+def fresh_dir(path: Path) -> Path:
+    """A run's server data dir, refused when an earlier run left records there: a server started on them learns from
+    the old run's records too, so the same seed would no longer give the same run."""
+    records = path / "records"
+    if records.is_dir() and any(records.iterdir()):
+        raise SystemExit(f"{path} holds an earlier run's records: remove that folder or give another --data-dir")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def start_server(data_dir: Path, port: int, recipe_config: str, max_batch: int, model_path: str | None,
                  recipe: str = "sft", engine: str = "embedded") -> Popen:
     """scripts/serve.py as a child that dies with this script; `engine` vllm: a vLLM CPU server (.venv-vllm) that
@@ -413,8 +423,7 @@ def main() -> None:
         return
     for seed in (["base"] if not (args.skip_base or args.no_base) else []) + list(args.seeds):
         # a server per seed: each starts from the base weights, and a finished trainer's memory goes with it
-        data = Path(args.data_dir) / f"seed-{seed}"
-        data.mkdir(parents=True, exist_ok=True)
+        data = fresh_dir(Path(args.data_dir) / f"seed-{seed}")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = start_server(data, port, args.recipe_config, 2 * args.n, args.model_path)
@@ -490,7 +499,7 @@ def policy_stage(args, seed: int, sft_folder: Path, calc, jobs: dict, held_exprs
     arm = f"tools-{args.policy}{'-vllm' if vllm else ''}{'-' + args.tag if args.tag else ''}"
     scenario = f"{arm}-s{seed}"
     run = Path(args.data_dir) / f"seed-{seed}" / arm.removeprefix("tools-")
-    (run / "data").mkdir(parents=True, exist_ok=True)
+    fresh_dir(run / "data")
     per_round = args.rollouts // group
     items = calc.items(args.rounds * per_round, 200 + seed)
     overlap = held_exprs & {it["expression"] for it in items}

@@ -237,3 +237,17 @@ def test_learn_tool_task_policy_stage_on_vllm(tmp_path):
         "tools-sft-vllm/calculator"]
     # vLLM served them, holding the LoRA release's merged weights at the end (the weights transport)
     assert policy["served_by"]["engine"] == "vllm" and policy["served_by"]["weights_serving"] == policy["release"]
+
+
+def test_a_run_refuses_a_data_dir_with_an_earlier_runs_records(tmp_path):
+    """Rerunning a seed into the data dir of an earlier (say, killed) run would start the server on that run's
+    records and train on them too: the learning scripts refuse such a folder and say what to do."""
+    from scripts.learn_tool_task import fresh_dir
+
+    run = tmp_path / "seed-0" / "grpo"
+    assert fresh_dir(run) == run and run.is_dir()
+    (run / "records").mkdir()
+    assert fresh_dir(run) == run  # an empty records folder: nothing learned from yet
+    (run / "records" / "grpo-s0.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match="holds an earlier run's records: remove that folder"):
+        fresh_dir(run)
