@@ -98,12 +98,18 @@ class Server:
         self.proc.stop(120)
 
 
+def records_scenario(url: str, name: str) -> None:
+    """A records-only (`basic`) scenario; one an earlier run made in the same data dir is used as it is."""
+    r = requests.post(f"{url}/reef/scenarios", json={"name": name, "recipe": "basic"}, timeout=60)
+    if r.status_code != 409:
+        r.raise_for_status()
+
+
 def teacher_episodes(srv: Server, scenario: str, calc, items: list[dict], args) -> dict[str, list[dict]]:
     """The teacher samples one episode of each item (temperature `--temperature`), each its own session, reported
     with its score in a records-only scenario; returns each episode's inference records (the teacher's token ids),
     keyed by episode, in the order of `items`."""
-    requests.post(f"{srv.url}/reef/scenarios", json={"name": scenario, "recipe": "basic"},
-                  timeout=60).raise_for_status()
+    records_scenario(srv.url, scenario)
     if _retrying("GET", f"{srv.url}/reef/scenarios/{scenario}/records", params={"limit": 1}).json()["records"]:
         raise SystemExit(f"{scenario} in {srv.data} holds an earlier run's teacher episodes: remove that folder or "
                          "give another --data-dir")
@@ -230,13 +236,11 @@ def main() -> None:
                              max(2 * args.n, args.concurrency))
     try:
         if not args.no_reference:
-            requests.post(f"{teacher_srv.url}/reef/scenarios", json={"name": "teacher", "recipe": "basic"},
-                          timeout=60).raise_for_status()
+            records_scenario(teacher_srv.url, "teacher")
             ref = {"teacher": point(0, run_episodes(teacher_srv.url, teacher_srv.sdk, "teacher", jobs,
                                                     report=False), None)}
             with Server(Path(args.data_dir) / "base", "basic", None, args.model_path, 2 * args.n) as base:
-                requests.post(f"{base.url}/reef/scenarios", json={"name": "base", "recipe": "basic"},
-                              timeout=60).raise_for_status()
+                records_scenario(base.url, "base")
                 ref["base"] = point(0, run_episodes(base.url, base.sdk, "base", jobs, report=False), "base")
             out["reference"] = ref
             save(out, args.out)

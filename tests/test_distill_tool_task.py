@@ -5,6 +5,7 @@ sft arm through its records, held-out runs are not trained on, and the page and 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,18 @@ def test_three_arms_at_equal_episodes_with_a_curve_each(tmp_path):
     page = (tmp_path / "page.md").read_text()
     assert "| opd | 0.000 | 0.000 | 0.000 |" in page and "**colors** (retention)" in page
     assert (tmp_path / "page.png").stat().st_size > 10_000
+    # the same seed again into the same data dir: refused with what to do, not trained on the first run's records
+    def again(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "scripts/distill_tool_task.py", "--model-path", "tiny", "--teacher",
+                               str(teacher), "--arms", "sft", "--episodes", "8", "--per-release", "4", "--n", "3",
+                               "--max-tokens", "8", "--concurrency", "4", "--data-dir", str(tmp_path / "data"),
+                               "--out", str(tmp_path / "again"), *extra], cwd=ROOT, capture_output=True, text=True,
+                              timeout=1200)
+
+    rerun = again()  # the reference scenarios exist already: used as they are
+    assert rerun.returncode != 0 and "seed-0/sft holds an earlier run's records: remove that folder" in rerun.stderr, \
+        rerun.stderr[-3000:]
+    shutil.rmtree(tmp_path / "data" / "seed-0" / "sft")  # the arm's folder gone, the teacher's samples still there
+    rerun = again("--no-reference")
+    assert rerun.returncode != 0 and "holds an earlier run's teacher episodes: remove that folder" in rerun.stderr, \
+        rerun.stderr[-3000:]
