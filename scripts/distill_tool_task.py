@@ -6,6 +6,9 @@ tool loop (scripts/learn_tool_task.py's), one session per episode:
 - opd: the student samples `--per-release` calculator episodes (temperature 1) from the weights it serves, reports
   them on the episode (the score is only metadata), and the opd recipe scores each whole episode under the teacher
   on the student's own token ids (tool results masked) and takes one reverse-KL step: one release per round;
+- opd-fkl (only when named in --arms): opd with the forward KL over the teacher's top 16 tokens at each position of
+  the student's episode, a signal on tokens the student did not sample (the teacher's `<tool_call>` where the
+  student wrote text), where the reverse KL sees only the sampled ones;
 - sft: the teacher samples the same number of episodes of the same items (a records-only scenario of a server
   that serves the teacher); their inference records (the teacher's own token ids) are imported into the student's
   server and reported on the episode, and the sft recipe (score_threshold 0: every sampled episode, as in sequence-
@@ -43,18 +46,20 @@ from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fres
                                      wait_releases)
 from tests.doubles import free_port  # noqa: E402
 
-ARMS = ("opd", "sft", "grpo")
+ARMS = ("opd", "opd-fkl", "sft", "grpo")
 CONFIGS = {"opd": "recipes/opd/examples/tools.yaml", "sft": "recipes/sft/examples/tools-episodes.yaml",
            "grpo": "recipes/grpo/examples/tools.yaml"}
+VARIANTS = {"opd-fkl": ("opd", {"divergence": "forward_kl", "top_k": 16})}  # arm: (its recipe, config changes)
 TABLES, TABLES_END = "<!-- tables: written by scripts/distill_tool_task.py -->", "<!-- /tables -->"
 
 
 def arm_config(arm: str, per_release: int, teacher: Path | None) -> dict:
     """The arm's recipe config, sized so one optimizer step on one round's `per_release` episodes makes a release."""
-    rc = yaml.safe_load((ROOT / CONFIGS[arm]).read_text())
-    rc.update(batch_size=per_release, steps_per_candidate=1, selection="always")
+    recipe, changes = VARIANTS.get(arm, (arm, {}))
+    rc = yaml.safe_load((ROOT / CONFIGS[recipe]).read_text())
+    rc.update(batch_size=per_release, steps_per_candidate=1, selection="always", **changes)
     rc.pop("eval_task", None)
-    if arm == "opd":
+    if recipe == "opd":
         rc["teacher"] = {"model_path": str(teacher.resolve())}
     if arm == "grpo" and per_release % rc.get("group_size", 1):
         raise SystemExit(f"--per-release {per_release} must be a multiple of grpo's group_size {rc['group_size']}")
@@ -168,7 +173,8 @@ def run_arm(arm: str, seed: int, args, jobs: dict, teacher_srv: Server | None) -
         teacher = list(teacher_episodes(teacher_srv, f"teacher-samples-s{seed}", calc, items, args).items())
         run["teacher_success"] = sum(ep["score"] or 0 for _, ep in teacher) / len(teacher)
     started = time.perf_counter()
-    with Server(data, arm, rc, args.model_path, max(2 * args.n, args.concurrency)) as srv:
+    recipe = VARIANTS.get(arm, (arm,))[0]
+    with Server(data, recipe, rc, args.model_path, max(2 * args.n, args.concurrency)) as srv:
         for r in range(rounds):
             t0 = time.perf_counter()
             part = items[r * per_round:(r + 1) * per_round]
@@ -204,7 +210,7 @@ def main() -> None:
     ap.add_argument("--model-path", default=None, help="the student (default: the embedded SmolLM2-135M-Instruct; "
                                                        "tiny: the tests' random model, a smoke run)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=["opd", "sft", "grpo"])
     ap.add_argument("--episodes", type=int, default=64, help="sampled episodes per arm and seed (the budget)")
     ap.add_argument("--per-release", type=int, default=16, help="episodes per optimizer step (= per release)")
     ap.add_argument("--n", type=int, default=20, help="held-out items per task (calculator, colors)")
@@ -284,7 +290,8 @@ def _cell(m: float, lo: float, hi: float, n: int) -> str:
 
 def write_report(out: dict, path: str) -> None:
     ref = out.get("reference") or {}
-    lines = [TABLES, "", f"Seeds per arm: {', '.join(f'{a} {n}' for a, n in _seeds(out).items())}. Held-out: "
+    seeds = ", ".join(f"{a} {n}" for a, n in _seeds(out).items())
+    lines = [TABLES, "", f"Command: `{out['command']}`", "", f"Seeds per arm: {seeds}. Held-out: "
              f"{out['args']['n']} calculator episodes (greedy) and {out['args']['n']} colors items (retention, never "
              "trained); mean over seeds with a 95% t-interval.", ""]
     for name, r in ref.items():
@@ -307,8 +314,8 @@ def write_report(out: dict, path: str) -> None:
     walls = [f"{a} {sum(r['wall_s'] for r in rs) / len(rs) / 60:.0f} min" for a, rs in steps.items() if rs]
     lines += ["", f"Wall per seed (2 CPU cores, servers included): {', '.join(walls)}.", "", TABLES_END]
     md = Path(f"{path}.md")
-    text = md.read_text() if md.is_file() else f"# OPD vs SFT vs GRPO on the calculator tool task\n\nCommand: " \
-        f"`{out['command']}`\n\n{TABLES}\n{TABLES_END}\n"
+    text = md.read_text() if md.is_file() else f"# OPD vs SFT vs GRPO on the calculator tool task\n\n{TABLES}\n" \
+        f"{TABLES_END}\n"
     head, _, rest = text.partition(TABLES)
     _, _, tail = rest.partition(TABLES_END)
     md.write_text(head + "\n".join(lines) + tail)
