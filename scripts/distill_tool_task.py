@@ -285,7 +285,8 @@ def save(out: dict, path: str) -> None:
 
 
 def _cell(m: float, lo: float, hi: float, n: int) -> str:
-    return f"{m:.3f}" + ("" if n < 2 else f" ({lo:.3f}-{hi:.3f})")
+    """An accuracy and its t-interval over seeds, the interval clipped to [0, 1] (where an accuracy can be)."""
+    return f"{m:.3f}" + ("" if n < 2 else f" ({max(0.0, lo):.2f} to {min(1.0, hi):.2f})")
 
 
 def write_report(out: dict, path: str) -> None:
@@ -293,7 +294,7 @@ def write_report(out: dict, path: str) -> None:
     seeds = ", ".join(f"{a} {n}" for a, n in _seeds(out).items())
     lines = [TABLES, "", f"Command: `{out['command']}`", "", f"Seeds per arm: {seeds}. Held-out: "
              f"{out['args']['n']} calculator episodes (greedy) and {out['args']['n']} colors items (retention, never "
-             "trained); mean over seeds with a 95% t-interval.", ""]
+             "trained); mean over seeds with a 95% t-interval (clipped to 0-1).", ""]
     for name, r in ref.items():
         c = r["calculator"]
         lo, hi = clopper_pearson(c["success"], c["n"])
