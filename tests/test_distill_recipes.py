@@ -158,13 +158,17 @@ def test_the_shipped_examples_configure():
     from reef_lab.experiments.weights import ExperimentConfig
 
     root = Path(__file__).resolve().parents[1]
-    exp = ExperimentConfig.parse(yaml.safe_load((root / "recipes/sdft/examples/arithmetic-experiment.yaml").read_text()))
     sao = ExperimentConfig.parse(yaml.safe_load((root / "recipes/sao/examples/arithmetic.yaml").read_text()))
-    assert exp.recipe == "sdft" and "{answer}" in exp.report_context
-    for k in ("rollouts", "max_tokens", "temperature", "task"):  # equal budgets with the SAO run it is compared to
-        assert getattr(exp, k) == getattr(sao, k), k
-    for k in ("batch_size", "steps_per_candidate", "eval_task", "eval_size", "trainer"):
-        assert exp.recipe_config[k] == sao.recipe_config[k], k
+    divergences = {}
+    for name in ("arithmetic-experiment", "arithmetic-topk-experiment"):
+        exp = ExperimentConfig.parse(yaml.safe_load((root / f"recipes/sdft/examples/{name}.yaml").read_text()))
+        assert exp.recipe == "sdft" and "{answer}" in exp.report_context
+        for k in ("rollouts", "max_tokens", "temperature", "task"):  # equal budgets with the SAO run it is compared to
+            assert getattr(exp, k) == getattr(sao, k), (name, k)
+        for k in ("batch_size", "steps_per_candidate", "eval_task", "eval_size", "trainer"):
+            assert exp.recipe_config[k] == sao.recipe_config[k], (name, k)
+        divergences[name] = load_recipe("sdft", exp.recipe_config).config.divergence
+    assert divergences == {"arithmetic-experiment": "reverse_kl", "arithmetic-topk-experiment": "forward_kl"}
     ctxd = ExperimentConfig.parse(yaml.safe_load((root / "recipes/ctxd/examples/colors-experiment.yaml").read_text()))
     assert ctxd.recipe == "ctxd" and ctxd.harness["system_prompt.md"] and ctxd.task.name == "colors"
     assert load_recipe("ctxd", ctxd.recipe_config).config.retention_task.name != "colors"  # not the trained task
@@ -205,6 +209,20 @@ def test_sdft_learns_from_the_words_of_reports(gateway, tiny_model_dir):
     assert len(reports) == 8 and all(r["feedback"] or r["context"] for r in reports)
     assert sorted(r["context"] for r in reports if r["context"]) == sorted(
         f"The answer is {item['answer']}." for k, item in enumerate(items) if k % 3 == 0)
+
+
+def test_sdft_forward_kl_over_the_self_teachers_top_k(gateway, tiny_model_dir):
+    """SDFT as the paper runs it (arithmetic-topk-experiment.yaml): the divergence over the top-K tokens of the
+    student shown the words, at each position of its own answer; a step trains on it and releases."""
+    gateway.create_scenario({"name": "s", "recipe": "sdft", "config": {
+        "divergence": "forward_kl", "top_k": 4, "batch_size": 4, "trainer": TRAINER, **EVAL}})
+    for k, item in enumerate(make_task().items(4, seed=6)):
+        receipt, _, _ = ask(gateway, "s", item, seed=k)
+        gateway.report("s", {"references": [receipt], "context": f"The correct answer is {item['answer']}."})
+    ln = gateway.learner("s")
+    assert ln.wait_idle(300) and ln.last_error is None, ln.status()
+    (step,) = [m for m in read_metrics(ln.metrics_path) if m["event"] == "step"]
+    assert step["forward_kl"] > 0 and math.isfinite(step["loss"]) and step["samples"] == 4
 
 
 def test_a_report_carries_its_context_over_http_and_in_imports(gateway):
