@@ -145,9 +145,17 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    names: dict[str, set] = {}
+    for r in runs:
+        names.setdefault(r["recipe"], set()).add(r["name"])
+
+    def label(r: dict) -> str:
+        """The recipe's name, or with its config's name where two configs of one recipe are compared."""
+        return r["recipe"].upper() + (f" ({r['name']})" if len(names[r["recipe"]]) > 1 else "")
+
     by: dict[str, list[dict]] = {}
     for r in runs:
-        by.setdefault(r["recipe"], []).append(r)
+        by.setdefault(label(r), []).append(r)
     base = [r["base_accuracy"] for r in runs if r.get("base_accuracy") is not None]
     lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |",
              "|---|---|---|---|---|"]
@@ -170,7 +178,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
         acc = [r["final_accuracy"] for r in rs]
         m, h = ci(acc)
         wall = sum(r["wall_s"] for r in rs) / len(rs)
-        lines.append(f"| after {recipe.upper()} | {len(rs)} | {m:.3f} ± {h:.3f} | "
+        lines.append(f"| after {recipe} | {len(rs)} | {m:.3f} ± {h:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in acc)} | {wall / 60:.1f} min |")
     kept = {r["dir"]: retention(r) for r in runs}
     if any(v[1] is not None for v in kept.values()):
@@ -188,7 +196,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                 continue
             m, h = ci(acc)
             delta = m - base_kept[0] if len(base_kept) == 1 else float("nan")
-            lines.append(f"| after {recipe.upper()} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} | "
+            lines.append(f"| after {recipe} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} | "
                          f"{delta:+.3f} |")
     if long_eval:
         t = args.long_eval_tokens
@@ -198,7 +206,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
         for recipe, rs in by.items():
             acc = [long_eval[r["dir"]] for r in rs]
             m, h = ci(acc)
-            lines.append(f"| after {recipe.upper()} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} |")
+            lines.append(f"| after {recipe} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} |")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green", "sdft": "tab:red", "opd": "tab:purple",
               "sdpo": "tab:brown", "ctxd": "tab:olive"}
@@ -206,8 +214,9 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
         rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
         steps = [x for x in rows if x["event"] == "step"]
         cands = [x for x in rows if x["event"] == "candidate" and x.get("accuracy") is not None]
-        c = colors.get(r["recipe"], None)
-        label = f"{r['recipe']} seed {r['seed']}"
+        c = colors.get(r["recipe"]) if len(names[r["recipe"]]) == 1 or r["name"] == min(names[r["recipe"]]) \
+            else "tab:pink"
+        label = f"{r['recipe'] if len(names[r['recipe']]) == 1 else r['name']} seed {r['seed']}"
         axes[0].plot([0] + [x["trainer_step"] for x in cands], [r["base_accuracy"]] + [x["accuracy"] for x in cands],
                      marker="o", color=c, alpha=0.7, label=label)
         axes[1].plot(range(1, len(steps) + 1), [x.get("reward_mean") for x in steps], color=c, alpha=0.7,
@@ -236,7 +245,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
             policy_steps.append(sum(1 for x in rows if x["event"] == "step" and x.get("policy_step")))
             dropped.append(sum(x.get("dropped_stale", 0) for x in rows if x["event"] == "step"))
         q = max(1, len(rewards) // 4)
-        stats.append(f"{recipe.upper()}: {sum(policy_steps) / len(policy_steps):.0f} policy steps per run, "
+        stats.append(f"{recipe}: {sum(policy_steps) / len(policy_steps):.0f} policy steps per run, "
                      f"{sum(dropped) / len(dropped):.0f} rollouts per run dropped as too stale; mean "
                      f"reward of the sampled rollouts {sum(rewards) / len(rewards):.3f} (first quarter of batches "
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
