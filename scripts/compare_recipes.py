@@ -149,13 +149,13 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
     for r in runs:
         names.setdefault(r["recipe"], set()).add(r["name"])
 
-    def label(r: dict) -> str:
+    def row_name(r: dict) -> str:
         """The recipe's name, or with its config's name where two configs of one recipe are compared."""
         return r["recipe"].upper() + (f" ({r['name']})" if len(names[r["recipe"]]) > 1 else "")
 
     by: dict[str, list[dict]] = {}
     for r in runs:
-        by.setdefault(label(r), []).append(r)
+        by.setdefault(row_name(r), []).append(r)
     base = [r["base_accuracy"] for r in runs if r.get("base_accuracy") is not None]
     lines = ["| model | seeds | held-out accuracy (mean ± 95% CI) | per seed | wall time per run |",
              "|---|---|---|---|---|"]
