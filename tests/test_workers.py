@@ -269,8 +269,10 @@ print("start", sorted(slices()), flush=True)
 for line in sys.stdin:  # the test says when the CPUs are busy or idle again
     want_default = line.strip() == "busy"
     share[0] = 1.0 if want_default else 0.1
+    # the governor sets one thread after another: wait for every thread, not the first, to reach the new slice
+    reached = (lambda s: 100 not in s) if want_default else (lambda s: s == {100})
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (100 in slices()) == want_default:
+    while time.monotonic() < deadline and not reached(slices()):
         time.sleep(0.02)
     print(line.strip(), sorted(slices()), flush=True)
 """
