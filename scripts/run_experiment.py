@@ -56,7 +56,10 @@ def main(argv=None) -> None:
         recipe_class(data["recipe"])
     except ReefError as e:
         p.error(e.message)
-    summary = run(data)
+    try:
+        summary = run(data)
+    except ReefError as e:  # e.g. a candidate failed: the message says what to fix, no summary.json is written
+        p.exit(1, f"run_experiment: {e.message}\n")
     print(json.dumps(summary, indent=2))
 
 

@@ -59,6 +59,23 @@ def test_sao_experiment_runs_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
     assert env["run_ui"].value == str(run) and env["run"]["config"]["name"] == cfg.name
 
 
+def test_a_run_that_lost_a_candidate_writes_no_summary(tiny_model_dir, tmp_path, monkeypatch):
+    """A candidate that fails to export (here a full disk) leaves serving as it was, and the run ends with an error
+    that names the candidate and the cause, without summary.json: compare_recipes would skip a run with one."""
+    from reef_lab.errors import ReefError
+    from reef_lab.trainers.torch_trainer import TorchTrainer
+
+    def full_disk(self, folder, metadata):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(TorchTrainer, "export", full_disk)
+    cfg = config(tmp_path, recipe="grpo", group_size=4, recipe_config={
+        "group_size": 4, "batch_size": 8, "steps_per_candidate": 2, "trainer": {"lr": 1e-3}})
+    with pytest.raises(ReefError, match=r"1 candidate\(s\) of exp failed \(c1: OSError: .*No space left.*remove "):
+        run_experiment(cfg, engine=EmbeddedEngine.from_path(str(tiny_model_dir)), progress=False)
+    assert not (Path(cfg.out_dir) / "summary.json").exists()
+    assert (Path(cfg.out_dir) / "rollouts.jsonl").read_text().count("\n") == 16  # the reports are kept
+
+
 def test_grpo_experiment_groups_rollouts(tiny_model_dir, tmp_path):
     cfg = config(tmp_path, recipe="grpo", group_size=4, recipe_config={
         "group_size": 4, "batch_size": 8, "steps_per_candidate": 2, "trainer": {"lr": 1e-3}})

@@ -192,6 +192,11 @@ class WeightsExperiment(ExperimentDriver):
         ctx.wait_published(600)
         final_eval = learner.evaluate_serving() if cfg.final_eval and learner.evaluates else None
         releases = ctx.releases()
+        failed = [c for c in releases["candidates"] if c.get("status") == "failed"]
+        if failed:  # no summary.json: a comparison must not count a run that lost a candidate as finished
+            raise ReefError(f"{len(failed)} candidate(s) of {name} failed ({failed[0]['id']}: {failed[0].get('error')}); "
+                            f"serving kept {releases['serving'] or 'the base'}, but the run is incomplete: fix the cause "
+                            f"(a full disk, say), remove {self.run_dir} and run the command again")
         base_eval = base_eval or releases.get("base_eval")
         first = releases["releases"][0] if cfg.harness and releases["releases"] else {}
         harness_eval = first.get("eval")  # the base with the harness, scored when it was published
