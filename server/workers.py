@@ -70,6 +70,30 @@ def claim_primary(data_dir: str | Path):
     return f
 
 
+def claim_or_find_primary(data_dir: str | Path, timeout: float = 600):
+    """The lock when this worker becomes the primary; None once a primary answers on the data dir's socket.
+
+    Why both, retried: a primary of the previous server on this data dir can hold the lock for a moment after its
+    server stopped; a worker that then settled for relaying would wait for a primary that never comes, and the
+    server would never answer (seen as a restart that did not start under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lock = claim_primary(data_dir)
+        if lock is not None:
+            return lock
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(socket_address(data_dir))
+            return None
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no primary worker answered for {data_dir} and its lock stayed held: is "
+                                   f"another server still running on that data dir?") from None
+            time.sleep(0.05)
+        finally:
+            s.close()
+
+
 def socket_address(data_dir: str | Path) -> str:
     """An abstract unix socket name per data dir (no file to clean up, no 108-byte path limit)."""
     key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:20]

@@ -80,7 +80,7 @@ def build():
     primary = False
     _governor = tuning.apply(cfg, _held)  # before this worker starts any thread: they inherit it
     if cfg.worker_count() > 1:
-        lock = workers.claim_primary(cfg.data_dir)
+        lock = workers.claim_or_find_primary(cfg.data_dir)
         if lock is None:
             role = "relay"
             return build_relay(cfg, tenants)

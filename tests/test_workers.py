@@ -205,6 +205,25 @@ def test_records_survive_a_restart_with_relay_logs(tmp_path, two_workers):
     store.close()
 
 
+def test_a_server_starts_while_the_last_primary_still_holds_the_lock(tmp_path, stub_url):
+    """A restart while the previous server's primary is still exiting (it holds .primary.lock for a moment): the
+    new workers must not all settle for relaying to nobody; one becomes the primary once the lock frees."""
+    import threading
+    from server.workers import claim_primary
+    data_dir = tmp_path / "data"
+    held = claim_primary(data_dir)  # this test process plays the old primary, still exiting
+    assert held is not None
+    threading.Timer(3.0, held.close).start()
+    srv = start_server("--upstream-url", stub_url, "--workers", "2", "--log-level", "warning", data_dir=data_dir,
+                       log=tmp_path / "serve.log", timeout=60)
+    try:
+        for scenario in ("a", "b", "c", "d"):  # answered, and recorded by the primary, through either worker
+            status, _, body = chat(srv.port, "hi", scenario)
+            assert status == 200, body
+    finally:
+        stop(srv)
+
+
 def test_several_workers_need_an_upstream_provider():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), "--workers", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
