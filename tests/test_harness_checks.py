@@ -108,6 +108,13 @@ EXECUTABLE = [
     ({"commands/c.md": "---\ndescription: d\nAllowed_Tools: Bash\n---\nClean up."}, "allowed-tools"),
     ({"commands/c.md": '---\n{"description": "d", "allowed-tools": "Bash"}\n---\nClean up.'}, "allowed-tools"),
     ({"skills/h.md": "---\nname: h\nhooks:\n  PreToolUse: [{command: id}]\n---\nBody."}, "hooks"),
+    # issue 50 item 5: spellings that are the key `allowed-tools` (or `hooks`) only once the YAML is parsed
+    ({"commands/c.md": "---\ndescription: d\n? allowed-tools\n: Bash\n---\nClean up."}, "allowed-tools"),
+    ({"commands/c.md": "---\ndescription: d\n&k allowed-tools: Bash\n---\nClean up."}, "allowed-tools"),
+    ({"commands/c.md": "---\ndescription: d\n!!str allowed-tools: Bash\n---\nClean up."}, "allowed-tools"),
+    ({"commands/c.md": '---\ndescription: d\n"allowed\\x2dtools": Bash\n---\nClean up.'}, "allowed-tools"),
+    ({"skills/h.md": "---\nname: h\nmeta:\n  ? hooks\n  : {PreToolUse: [{command: id}]}\n---\nBody."}, "hooks"),
+    ({"notes/n.md": "---\nx: &k allowed-tools\n*k : Bash\n---\nNot skills, still front matter."}, "not YAML"),
 ]
 
 

@@ -190,7 +190,8 @@ def check_release(files: object, allow_executable: bool = False) -> Harness:
     plain text by its name (TEXT_SUFFIXES; compared in lower case, Unicode-normalised, with trailing spaces and dots
     dropped), a `#!` first line, a Claude Code / opencode shell injection (`!` and a backtick anywhere in a line, or
     a fence opened with `!`), or front matter that grants tools or runs hooks (`allowed-tools`, `hooks`,
-    `permission`, in any case or spelling with `_` or spaces). Publishing by hand, GEPA and change requests all
+    `permission`, in any case or spelling with `_` or spaces, in its text or as a key at any depth once parsed;
+    front matter that does not parse is refused too). Publishing by hand, GEPA and change requests all
     come through here (reef_lab.publishing.releaser)."""
     tree = load(files)
     if not allow_executable:
@@ -218,7 +219,41 @@ def executable_why(path: str, text: str) -> str | None:
     if grant:
         return (f"has {grant.group(1)!r} in its front matter (allowed-tools, hooks and permission let an agent run "
                 "commands without asking)")
+    return _parsed_grant_why(path, text)
+
+
+def _parsed_grant_why(path: str, text: str) -> str | None:
+    """The text check above misses a key that is `allowed-tools` only once parsed (`? allowed-tools`, an anchor or
+    a tag before it, `"allowed\\x2dtools"`): the front matter, as written, is parsed with the bounded reader and
+    its keys at every depth compared like the text (any case, `_`, `-` or spaces). Front matter that does not parse
+    is refused, since an agent's own reader may find keys in it that this one cannot."""
+    front = _FRONT.match(text.lstrip("\ufeff"))
+    if not front:
+        return None
+    try:
+        meta = bounded_yaml.load_text(front.group(1), "its front matter", MAX_FRONT_BYTES, "front matter")
+    except ValueError as e:
+        return (f"has front matter that is not YAML within the bounded reader's limits ({e}), so no check can say "
+                "whether it grants an agent tools or runs hooks")
+    for key in _keys(meta):
+        if _GRANT_KEY.fullmatch(re.sub(r"[ \t_-]", "", unicodedata.normalize("NFKC", str(key)).casefold())):
+            return (f"has the key {key!r} in its front matter (allowed-tools, hooks and permission let an agent run "
+                    "commands without asking)")
     return None
+
+
+_GRANT_KEY = re.compile(r"allowedtools|hooks|permissions?")
+
+
+def _keys(value: object):
+    """Every mapping key in a parsed YAML value, at any depth (bounded_yaml bounds the depth)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _keys(v)
 
 
 _INSTALLED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}:v[1-9][0-9]{0,8}$")
