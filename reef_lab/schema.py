@@ -16,6 +16,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Union
 
+import orjson
+
 from reef_lab.plugins import code_paths
 
 
@@ -65,6 +67,10 @@ def build(cls: type, data: Any, where: str):
     return obj
 
 
+CLIENT_MAX_CHARS = 4096  # the longest string (keys included) a client may put in a config field without its own bound
+CLIENT_CONFIG_BYTES = 256 << 10  # the most a client's whole config may weigh, as JSON
+
+
 def check_client_fields(cls: type | None, data: Any, where: str = "config") -> None:
     """Refuse a config a client sent (POST /reef/scenarios, or a client's scenario read back at start) unless every
     key it sets, at any depth and inside any container, is on the client allow-list `client_fields` derives from the
@@ -77,9 +83,16 @@ def check_client_fields(cls: type | None, data: Any, where: str = "config") -> N
     environment variable whose value is sent to it as a key, the sandbox's limits, the device); a free-form mapping
     (`dict`, `Any`) is the operator's, so a field added later, or a container a check did not know, cannot carry a
     client past the rule. A number field may carry `client_max`: the most a client may ask for (work and memory the
-    server spends on the scenario). A mapping whose keys belong to a dataclass named by a sibling field (a
-    composite's component config, by its recipe; a task's options, by its task) says so with `schema_by`: a function
-    of the mapping that holds the field, returning the dataclass (None: untyped, the operator's)."""
+    server spends on the scenario). Sizes, by default bound: every string (keys included) holds at most
+    CLIENT_MAX_CHARS characters unless its field says more with `client_max_chars` (a harness file), and the whole
+    config weighs at most CLIENT_CONFIG_BYTES as JSON (a tenant's config is kept, read back at start and shown). A
+    mapping whose keys belong to a dataclass named by a sibling field (a composite's component config, by its recipe;
+    a task's options, by its task) says so with `schema_by`: a function of the mapping that holds the field,
+    returning the dataclass (None: untyped, the operator's)."""
+    size = len(orjson.dumps(data, default=str))
+    if size > CLIENT_CONFIG_BYTES:
+        raise ValueError(f"{where} is {size} bytes as JSON; a client's config may be at most {CLIENT_CONFIG_BYTES} "
+                         "(the server's operator may set larger ones in --recipe-config)")
     named = code_paths(data, where)
     if named:
         at, path = named[0]
@@ -123,10 +136,27 @@ def _client_field(tp: Any, meta: Any, parent: dict, value: Any, where: str) -> N
     schema = meta.get("schema")
     if schema is not None:
         return _client_mapping(schema if is_dataclass(schema) else schema(), value, where)
+    if config_class(tp) is None or not isinstance(value, dict):  # a leaf: a nested config is walked field by field
+        _client_chars(value, meta.get("client_max_chars", CLIENT_MAX_CHARS), where)
     _client_value(tp, value, where)
 
 
 _PLAIN = (bool, int, float, str, type(None))
+
+
+def _client_chars(value: Any, most: int, where: str) -> None:
+    """Every string in `value` (mapping keys too, at any depth) holds at most `most` characters."""
+    if isinstance(value, str):
+        if len(value) > most:
+            raise ValueError(f"{where} is {len(value)} characters long; a client may set at most {most} here (the "
+                             "server's operator may set longer ones in --recipe-config)")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _client_chars(key, most, f"{where} (a key)")
+            _client_chars(item, most, f"{where}.{key}"[:200])
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _client_chars(item, most, f"{where}[{i}]")
 
 
 def _client_value(tp: Any, value: Any, where: str) -> None:

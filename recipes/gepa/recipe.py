@@ -31,7 +31,7 @@ class GEPARecipeConfig:
     selection: str = field(default="strict_gain", metadata={
         "help": "release a kept candidate: always, no_regression (validation mean >= serving's) or strict_gain (>)"})
     seed_harness: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEED_HARNESS), metadata={
-        "help": "the harness served first when the scenario has none {path: text}"})
+        "client_max_chars": 200_000, "help": "the harness served first when the scenario has none {path: text}"})
     val_task: TaskConfig = field(default_factory=lambda: {"name": "arithmetic", "system_prompt": ""}, metadata={
         "help": "validation task (reef_lab.tasks.base.TaskConfig fields) candidates are scored on"})
     val_size: int = field(default=16, metadata={"client_max": 1024, "help": "validation examples"})

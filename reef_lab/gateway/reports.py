@@ -167,4 +167,7 @@ class Reports:
             scope(rec.scenario)
         self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
+        if rec.kind == "report":  # the recipe's own schema, as on the live route (the teacher's words' limit, ...)
+            self.scenarios.ensure(rec.scenario)
+            self.learners.recipe(rec.scenario).validate_report(rec.to_dict())
         return rec

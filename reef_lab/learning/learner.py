@@ -248,6 +248,9 @@ class Learner(LearnerLoop, RecordHolder):
                            completion_ids=self.engine.completion_ids(text), logprobs=None, score=rec.get("score"),
                            release_id=BASE, created_at=rec.get("created_at") or 0.0,
                            extra={"demonstration": True})]
+        # The recipe's report schema, again: a report stored by an earlier version, or by a path that skipped it,
+        # is failed with the schema's message rather than trained on (a context past max_context_chars, say).
+        self.recipe.validate_report(rec)
         refs = [r for r in rec.get("references") or [] if r not in self._consumed]
         # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
         out = episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
