@@ -15,6 +15,7 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.errors import BadRequest
 from reef_lab.learning.learner import read_metrics
 from reef_lab.tasks.base import make_task
+from reef_lab.trainers.samples import Sample
 from tests.conftest import Running
 from tests.test_learning import EVAL, TRAINER, ask, check_trained, drive, gateway  # noqa: F401 - the fixture
 
@@ -495,6 +496,25 @@ def test_ctxd_refuses_a_harness_that_is_not_one(gateway):
     receipt, _, _ = ask(gateway, "w", make_task().items(1, seed=1)[0])
     gateway.report("w", {"references": [receipt], "feedback": "x"})
     assert "is not a harness release of this deployment" in gateway.learners.errors["w"], gateway.learners.errors
+
+
+def test_ctxd_takes_a_samples_harness_only_from_its_own_scenario(gateway):
+    """An imported record's release_id is whatever the importer wrote: a sample naming another scenario's harness
+    release (`other:v1`) is not accepted, and that scenario's releases are never looked up (a scoped admin would
+    otherwise learn which of another tenant's harness releases exist)."""
+    for name in ("h", "other"):
+        gateway.create_scenario({"name": name, "recipe": "ctxd", "config": {"trainer": TRAINER}})
+        gateway.publish_harness(name, {"files": {"system_prompt.md": f"Be {name}."}})
+    recipe = gateway.learner("h").recipe
+    releaser = recipe._ctx.releaser
+    asked, harness = [], releaser.harness
+    releaser.harness = lambda scenario, release_id: asked.append(scenario) or harness(scenario, release_id)
+    sample = lambda release_id: Sample("r", [1], [2], [-0.5], None, release_id)  # noqa: E731
+
+    assert not recipe.accepts(sample("other:v1"))
+    assert not recipe.accepts(sample("h:v1:other:v1")) and not recipe.accepts(sample("other"))
+    assert "other" not in asked, asked
+    assert recipe.accepts(sample("h:v1")) and set(asked) == {"h"}  # its own scenario's harness release teaches
 
 
 @pytest.mark.heavy

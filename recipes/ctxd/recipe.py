@@ -64,10 +64,18 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
             self._systems[release_id] = found.system if found is not None and found.system else None
         return self._systems[release_id]
 
+    def _served_system(self, release_id: str) -> str | None:
+        """The system text of the harness release that served a sample, looked up in this scenario only: an
+        imported record's release_id is whatever its importer wrote, and one naming another scenario's release
+        must neither teach nor reveal whether that release exists."""
+        if release_id.split(":", 1)[0] != self._ctx.scenario:
+            return None
+        return self._system(release_id)
+
     def accepts(self, sample: Sample) -> bool:
         if sample.logprobs is None or sample.extra.get("demonstration"):
             return False
-        return self.config.harness is not None or self._system(sample.release_id) is not None
+        return self.config.harness is not None or self._served_system(sample.release_id) is not None
 
     def prompts(self, batch: list[Sample]) -> tuple[list[Sample], list[list[int]]]:
         """The samples whose prompts re-make faithfully, each with the student's prompt (no harness) in place of
@@ -77,7 +85,8 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
         for s in batch:
             rec = by_id.get(s.record_id) or {}
             request, dialect = rec.get("request"), rec.get("dialect")
-            system = self._system(self.config.harness or s.release_id)
+            system = (self._system(self.config.harness) if self.config.harness is not None
+                      else self._served_system(s.release_id))
             if not isinstance(request, dict) or not dialect or system is None:
                 continue
             student = engine.request_ids(engine_request(dialect, request))
