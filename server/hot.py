@@ -94,7 +94,7 @@ class HotRoutes:
             reached = True
             if dialect is None:  # an agent or reader token reports on its own receipts only
                 created, rid = self.gateway.report(scenario, body, tags, caller=grant.id,
-                                                   only_own=not grant.has("admin"))
+                                                   only_own=not grant.has("admin"), scoped_ids=not grant.everywhere)
                 out = orjson.dumps({"agent_record_id": rid, "scenario": scenario, "request_type": "report",
                                     "id": rid, "created": created})
                 return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})

@@ -2,7 +2,8 @@
 
 Each route's role is in server/access.py, checked before the view runs (`g.grant`, reef_lab/tenants.py); the views
 here check only what the table leaves to them (`view`): a scenario named in a body, each imported record's, a stored
-change request's, and lists cut to the token's scenarios."""
+change request's, and lists cut to the token's scenarios. Answers on releases, candidates and change requests go
+out through `gateway.for_grant`: no server path for a token of some scenarios only."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def train():
 def get_request(request_id: str):
     """A change request's state: queued, proposing, evaluating, pending_review, released or rejected (with why);
     404 when its scenario is gone (deleted, or created again since) or not the token's."""
-    return json_response(g.gateway.get_request(request_id, g.grant))
+    return json_response(g.gateway.for_grant(g.gateway.get_request(request_id, g.grant), g.grant))
 
 
 @bp.get("/scenarios/<name>/requests")
@@ -92,22 +93,23 @@ def list_requests(name: str):
     from reef_lab.harness.change_requests import RequestStore
 
     since = g.gateway.scenarios.get(name).since
-    return json_response({"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)})
+    return json_response(g.gateway.for_grant(
+        {"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)}, g.grant))
 
 
 @bp.get("/scenarios/<name>/releases")
 def releases(name: str):
-    return json_response(g.gateway.list_releases(name))
+    return json_response(g.gateway.for_grant(g.gateway.list_releases(name), g.grant))
 
 
 @bp.post("/scenarios/<name>/rollback")
 def rollback(name: str):
-    return json_response(g.gateway.rollback(name, json_body()))
+    return json_response(g.gateway.for_grant(g.gateway.rollback(name, json_body()), g.grant))
 
 
 @bp.post("/scenarios/<name>/promote")
 def promote(name: str):
-    return json_response(g.gateway.promote(name, json_body()), 201)
+    return json_response(g.gateway.for_grant(g.gateway.promote(name, json_body()), g.grant), 201)
 
 
 @bp.get("/harness")
@@ -119,7 +121,7 @@ def get_harness():
 @bp.post("/scenarios/<name>/harness")
 def publish_harness(name: str):
     """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
-    return json_response(g.gateway.publish_harness(name, json_body()), 201)
+    return json_response(g.gateway.for_grant(g.gateway.publish_harness(name, json_body()), g.grant), 201)
 
 
 INSTALL_ARGS = {"adapter", "release_id", "scenario", "base_url", "model"}

@@ -199,7 +199,8 @@ class PrimaryBridge:
     def _report(self, conn: socket.socket, header: dict, body: bytes) -> None:
         try:
             created, rid = self.gateway.report(header["scenario"], orjson.loads(body), header["tags"],
-                                               caller=header.get("caller"), only_own=header.get("only_own", False))
+                                               caller=header.get("caller"), only_own=header.get("only_own", False),
+                                               scoped_ids=header.get("scoped_ids", False))
             _send_message(conn, {"created": created, "id": rid})
         except ReefError as e:
             _send_message(conn, {"error": e.message, "status": e.status, "type": e.type})
@@ -383,13 +384,13 @@ class RelayGateway:
             raise
 
     def report(self, scenario: str | None, body, tags: dict[str, str] | None = None, caller: str | None = None,
-               only_own: bool = False) -> tuple[bool, str]:
+               only_own: bool = False, scoped_ids: bool = False) -> tuple[bool, str]:
         """Validated and stored by the primary (it holds the index of receipts); auth and scope were checked here,
-        and the primary takes `caller` and `only_own` from this worker (it takes connections only from processes of
-        its own user: PrimaryBridge)."""
+        and the primary takes `caller`, `only_own` and `scoped_ids` from this worker (it takes connections only from
+        processes of its own user: PrimaryBridge)."""
         try:
             out = self.client.call({"op": "report", "scenario": scenario, "tags": tags or {}, "caller": caller,
-                                    "only_own": only_own}, orjson.dumps(body))
+                                    "only_own": only_own, "scoped_ids": scoped_ids}, orjson.dumps(body))
         except OSError as e:
             raise ReefError(f"the primary worker is unavailable: {e}", status=503) from None
         if "error" in out:

@@ -243,9 +243,57 @@ def test_records_carry_the_token_id_never_the_token(server):
         assert rec["caller"] == digest(TOKENS["agent"])[:16]
         assert TOKENS["agent"] not in json.dumps(rec)
     imported = call(server.url, "POST", "/reef/records/batch", TOKENS["admin"],
-                    body={"records": [{"scenario": A, "kind": "inference", "id": "imp-1"}]})
+                    body={"records": [{"scenario": A, "kind": "inference", "id": f"{A}:imp-1"}]})
     assert imported.status_code == 201
-    assert server.gateway.store.get("imp-1")["caller"] == digest(TOKENS["admin"])[:16]
+    assert server.gateway.store.get(f"{A}:imp-1")["caller"] == digest(TOKENS["admin"])[:16]
+
+
+def test_a_chosen_id_tells_nothing_of_another_tenants_records(server):
+    """Issue 50 item 8: importing under an id another tenant used answered 409 (an existence test of an id one
+    knows). A scoped token's chosen ids start with its scenario's name, so the answer is the same whether the id
+    exists elsewhere or not, and two tenants' ids never meet."""
+    for rid in ("secret-1", f"{A}:secret-2"):  # ids of another scenario, one of them shaped like team-a's
+        call(server.url, "POST", "/reef/records/batch", "root",
+             body={"records": [{"scenario": "team-c-x", "kind": "inference", "id": rid}]})
+    rid = receipt(server.url, TOKENS["agent"])
+    answers = {}
+    for chosen in ("secret-1", "never-used"):
+        imp = call(server.url, "POST", "/reef/records/batch", TOKENS["admin"],
+                   body={"records": [{"scenario": A, "kind": "inference", "id": chosen}]})
+        rep = call(server.url, "POST", "/reef/report", TOKENS["agent"], A,
+                   {"score": 1, "references": [rid], "agent_record_id": chosen})
+        answers[chosen] = (imp.status_code, imp.json()["error"]["message"].replace(chosen, "ID"),
+                           rep.status_code, rep.json()["error"]["message"].replace(chosen, "ID"))
+    assert answers["secret-1"] == answers["never-used"] and answers["secret-1"][0::2] == (400, 400), answers
+    assert f"start with the scenario's name and ':' (e.g. '{A}:my-id')" in answers["secret-1"][1]
+    # under the scenario's own name: its own ids, created, repeated idempotently
+    for _ in range(2):
+        rep = call(server.url, "POST", "/reef/report", TOKENS["agent"], A,
+                   {"score": 1, "references": [rid], "agent_record_id": f"{A}:r1"})
+        assert rep.status_code == 200, rep.text
+    assert rep.json()["created"] is False
+    # the root token chooses freely (as in Reef, and with auth off)
+    root = call(server.url, "POST", "/reef/report", "root", A, {"score": 1, "references": [rid], "id": "free-1"})
+    assert root.status_code == 200, root.text
+
+
+def test_a_scoped_admin_sees_no_server_paths(server):
+    """Issue 50 item 8: publish and release answers carried `folder: <data dir>/...`, which only an admin of every
+    scenario may see."""
+    data = str(server.gateway.data_dir)
+    pub = call(server.url, "POST", f"/reef/scenarios/{A}/harness", TOKENS["admin"],
+               body={"files": {"system_prompt.md": "v1"}})
+    call(server.url, "POST", f"/reef/scenarios/{A}/harness", TOKENS["admin"],
+         body={"files": {"system_prompt.md": "v2"}})
+    back = call(server.url, "POST", f"/reef/scenarios/{A}/rollback", TOKENS["admin"], body={"release_id": "v1"})
+    seen = [pub, back, call(server.url, "GET", f"/reef/scenarios/{A}/releases", TOKENS["reader"]),
+            call(server.url, "GET", "/reef/status", TOKENS["admin"])]
+    for r in seen:
+        assert r.status_code in (200, 201), r.text
+        assert data not in r.text and '"folder"' not in r.text, r.text[:400]
+    assert pub.json()["release_id"] == f"{A}:v1" and back.json()["serving"] == f"{A}:v1"
+    whole = call(server.url, "GET", f"/reef/scenarios/{A}/releases", "root").json()
+    assert all(rel["folder"].startswith(data) for rel in whole["releases"])  # the deployment's admin sees them
 
 
 def test_a_second_token_cannot_touch_the_first_ones_scenario(server, tmp_path):

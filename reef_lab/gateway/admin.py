@@ -223,6 +223,27 @@ class Admin:
         return {"repo": self.hub.config.repo, "queued": self.hub.queued, "scenarios": scenarios}
 
 
+SERVER_PATH_KEYS = ("folder", "folders")
+
+
+def for_grant(answer: Any, grant: Grant, data_dir: Path) -> Any:
+    """An answer about releases, candidates or change requests as `grant` may see it: an admin of every scenario (and
+    auth off) sees it whole; any other token sees no server path (`folder`, `folders`, and the data dir's path
+    inside any other text, e.g. an error, shown as `<data dir>`), which docs/api.md keeps for the deployment's
+    admin."""
+    if grant.everywhere:
+        return answer
+    root = str(data_dir)
+
+    def scrub(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: scrub(x) for k, x in v.items() if k not in SERVER_PATH_KEYS}
+        if isinstance(v, list):
+            return [scrub(x) for x in v]
+        return v.replace(root, "<data dir>") if isinstance(v, str) else v
+    return scrub(answer)
+
+
 def _token(grant: Grant) -> dict | None:
     """Who the caller is, as it may know: its id on records, its role and scenarios (None: auth is off)."""
     return None if grant.id is None else {"id": grant.id, "role": grant.role, "scenarios": list(grant.scenarios)}

@@ -20,7 +20,7 @@ from typing import Any
 from reef_lab.engines.base import Engine
 from reef_lab.errors import NotFound
 from reef_lab.gateway import episodes
-from reef_lab.gateway.admin import Admin, wire_record
+from reef_lab.gateway.admin import Admin, for_grant, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
 from reef_lab.gateway.learners import Learners
 from reef_lab.gateway.reports import Reports, shown
@@ -181,9 +181,10 @@ class Gateway:
         return self.inference.models()
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
-               caller: str | None = None, only_own: bool = False) -> tuple[bool, str]:
-        """`only_own`: the references must be receipts `caller` made (agent and reader tokens)."""
-        return self.reports.report(scenario, body, tags, caller=caller, only_own=only_own)
+               caller: str | None = None, only_own: bool = False, scoped_ids: bool = False) -> tuple[bool, str]:
+        """`only_own`: the references must be receipts `caller` made (agent and reader tokens); `scoped_ids`: the
+        caller is a token of some scenarios only, whose chosen ids start with the scenario's name."""
+        return self.reports.report(scenario, body, tags, caller=caller, only_own=only_own, scoped_ids=scoped_ids)
 
     def import_records(self, body: Any, default_scenario: str | None = None, grant: Grant = OPEN) -> tuple[int, dict]:
         """Every record's scenario must be one `grant` administers (403 naming the record otherwise)."""
@@ -244,10 +245,15 @@ class Gateway:
         """A change request of a scenario that exists (and `grant` may read); 404 otherwise."""
         return self.admin.get_request(request_id, grant)
 
+    def for_grant(self, answer: Any, grant: Grant) -> Any:
+        """An answer on releases, candidates or change requests without server paths, unless `grant` is an admin of
+        every scenario (reef_lab.gateway.admin.for_grant)."""
+        return for_grant(answer, grant, self.data_dir)
+
     def status(self, grant: Grant = OPEN) -> dict:
         """The whole state for an admin of every scenario (and with auth off); a token's own scenarios' otherwise."""
         if not grant.everywhere:
-            return self.admin.status(grant)
+            return self.for_grant(self.admin.status(grant), grant)
         return {**self.admin.status(grant), "retention": None if self.retainer is None else self.retainer.status()}
 
     def close(self, close_engine: bool = True) -> None:

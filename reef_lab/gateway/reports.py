@@ -22,6 +22,17 @@ __all__ = ["Reports", "shown"]
 REPORT_KEYS = {"agent_record_id", "id", "score", "feedback", "context", "references", "metadata", "episode"}
 
 
+def check_scoped_id(scenario: str, chosen: Any) -> None:
+    """A record id chosen by a token scoped to some scenarios starts with `<scenario>:`. Record ids are one space for
+    the whole deployment, so an id taken in another tenant's scenario would be refused (409): an existence test of
+    any id one knows. Ids under the scenario's own name never meet another tenant's; a token of every scenario (and
+    auth off) chooses freely, as in Reef."""
+    if not (isinstance(chosen, str) and chosen.startswith(f"{scenario}:") and len(chosen) > len(scenario) + 1):
+        raise BadRequest(f"record id {shown(chosen)}: a token scoped to some scenarios chooses record ids that start "
+                         f"with the scenario's name and ':' (e.g. '{scenario}:my-id'), so one tenant's ids never meet "
+                         "another's; or leave the id out and use the one the answer returns")
+
+
 class Reports:
     def __init__(self, store, scenarios, learners, handing_over=None):
         """`handing_over(ids)`: a context in which retention holds the records on their way to a learner."""
@@ -29,12 +40,14 @@ class Reports:
         self.handing_over = handing_over or (lambda ids: contextlib.nullcontext())
 
     def report(self, scenario: str | None, body: Any, tags: dict[str, str] | None = None,
-               notify: bool = True, caller: str | None = None, only_own: bool = False) -> tuple[bool, str]:
+               notify: bool = True, caller: str | None = None, only_own: bool = False,
+               scoped_ids: bool = False) -> tuple[bool, str]:
         """Validate and store a report; returns (created, record id). A repeated id with the same content is
         not created again. `notify`: hand it to the scenario's learner (False for the reports a learner makes on
         its own rollouts: it already knows them). `caller`: the reporting token's id, kept on the report; its
         `episode` is that token's own; `only_own` (agent and reader tokens): every reference must be a receipt
-        that token made (reef_lab/tenants.py)."""
+        that token made (reef_lab/tenants.py); `scoped_ids` (a token that is not an admin of every scenario): a
+        client-chosen id starts with the scenario's name (`check_scoped_id`)."""
         name = check_name(scenario)
         if not isinstance(body, dict):
             raise BadRequest("the report must be a JSON object {score?, feedback?, context?, references?, metadata?}")
@@ -45,6 +58,8 @@ class Reports:
         chosen = body.get("agent_record_id", body.get("id"))
         if "agent_record_id" in body and "id" in body and body["id"] != body["agent_record_id"]:
             raise BadRequest("give the report's id once: 'agent_record_id' (Reef's name) or 'id', not both")
+        if scoped_ids and chosen is not None:
+            check_scoped_id(name, chosen)
         score = body.get("score")
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))
                                   or not math.isfinite(score)):
@@ -124,7 +139,7 @@ class Reports:
         epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
-                rec = self._import_one(item, default_scenario, pending, scope)
+                rec = self._import_one(item, default_scenario, pending, scope, scoped_ids=scope is not None)
             except BadRequest as e:
                 raise BadRequest(f"records[{i}]: {e.message}") from None
             except Forbidden as e:
@@ -161,10 +176,12 @@ class Reports:
                                  "tokenizer")
 
     def _import_one(self, item: Any, default_scenario: str | None, pending: dict,
-                    scope: Callable[[str], None] | None = None) -> Record:
+                    scope: Callable[[str], None] | None = None, scoped_ids: bool = False) -> Record:
         rec = Record.from_client(item, default_scenario)
         if scope is not None:  # before its references are looked up: nothing of another tenant's is told
             scope(rec.scenario)
+        if scoped_ids and isinstance(item, dict) and item.get("id") is not None:
+            check_scoped_id(rec.scenario, rec.id)
         self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
         if rec.kind == "report":  # the recipe's own schema, as on the live route (the teacher's words' limit, ...)
