@@ -107,7 +107,7 @@ def test_the_ttt_discover_reproduction_of_issue_28(server, bait):
 
 def test_sandbox_limits_are_the_operators(server):
     for field, value in [("cpu_seconds", 100000), ("memory_mb", 100000), ("wall_seconds", 1e9),
-                         ("output_kb", 100000), ("disk_mb", 100000), ("sandbox", "none")]:
+                         ("output_kb", 100000), ("disk_mb", 100000), ("disk_inodes", 10**9), ("sandbox", "none")]:
         r = post(server.url, "/reef/scenarios", {"name": "t", "recipe": "tttd", "config": {
             "mode": "manual", "problem": {"name": "circle_packing", field: value}}})
         assert r.status_code == 400, (field, r.text)

@@ -451,6 +451,43 @@ def test_a_candidate_that_fills_its_disk_scores_zero_with_the_error_kept():
     assert "No space left on device" in v.reason, v.reason
 
 
+EMPTY_FILES = """\
+import errno, os
+for top in ('/tmp', '/dev/shm'):
+    made, why = 0, 'none'
+    try:
+        for i in range(100_000):
+            os.close(os.open(os.path.join(top, f'e{i}'), os.O_CREAT | os.O_WRONLY, 0o600))
+            made += 1
+    except OSError as e:
+        why = errno.errorcode[e.errno]
+    print(top, made, why)
+"""
+
+
+def test_a_candidate_making_empty_files_hits_the_inode_bound():
+    """Issue 50 item 9: a tmpfs's size bounds its blocks, not its inodes: a candidate creating empty files pinned
+    about 300 MB of kernel memory (this test made 100,000 in each writable folder). Now each holds `disk_inodes`
+    files and folders at most (ENOSPC past it), and a candidate that hits it scores 0 with the error kept."""
+    from recipes.tttd.problems import make_problem
+
+    r = attack(EMPTY_FILES, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256))
+    assert r.kind == "ok", r
+    got = {top: (int(n), why) for top, n, why in (line.split() for line in r.stdout.splitlines())}
+    assert set(got) == {"/tmp", "/dev/shm"}, r.stdout
+    for top, (made, why) in got.items():
+        assert why == "ENOSPC" and 0 < made < Limits().disk_inodes <= 10_000, (top, made, why)
+
+    with pytest.raises(ValueError, match="disk_inodes must be >= 16"):
+        make_problem({"disk_inodes": 15})
+    problem = make_problem({"n": 2, "disk_inodes": 64, "wall_seconds": 60.0})
+    assert problem.limits.disk_inodes == 64
+    code = "for i in range(100_000):\n    open(f'/tmp/e{i}', 'wb').close()\n" + problem.initial_solution()
+    v = problem.verify(f"```python\n{code}\n```")
+    assert (v.reward, v.valid, v.kind) == (0.0, False, "crash"), v
+    assert "No space left on device" in v.reason, v.reason
+
+
 # --- network -------------------------------------------------------------------------------------------------------
 
 def test_a_candidate_cannot_reach_the_hosts_loopback():

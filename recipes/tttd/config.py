@@ -51,6 +51,10 @@ class ProblemConfig:
         "help": "size in MB of each of a candidate's two writable folders, /tmp (its home and working directory) and "
                 "/dev/shm; the rest of its filesystem is read-only, and a write past the size fails (ENOSPC: the "
                 "candidate scores as invalid). With sandbox none only output_kb bounds a file", "operator": True})
+    disk_inodes: int = field(default=4096, metadata={
+        "help": "files and folders each of /tmp and /dev/shm may hold (a tmpfs's size does not bound them, and each "
+                "pins kernel memory, about 1 KB); one more fails with ENOSPC and the candidate scores as invalid. "
+                "Not bounded with sandbox none", "operator": True})
     sandbox: str = field(default="bwrap", metadata={
         "help": "how candidate programs are isolated: bwrap (bubblewrap: own user, pid, network and mount namespaces, "
                 "read-only system, empty environment, no new processes; recipes/tttd/sandbox.py) or none (a plain "
@@ -71,6 +75,9 @@ class ProblemConfig:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
         if self.disk_mb < 1:
             raise ValueError(f"disk_mb must be >= 1 (MB), got {self.disk_mb}")
+        if self.disk_inodes < 16:
+            raise ValueError(f"disk_inodes must be >= 16 (the folder itself and the candidate's source count), got "
+                             f"{self.disk_inodes}")
         if self.sandbox not in ISOLATIONS:
             raise ValueError(f"sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
         from recipes.tttd.problems import problem_class  # resolved now: a wrong module:Class fails at creation

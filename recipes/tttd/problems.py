@@ -181,7 +181,8 @@ class CirclePacking(Problem):
     @classmethod
     def from_config(cls, cfg: ProblemConfig) -> CirclePacking:
         limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
-                        output_bytes=cfg.output_kb * 1024, isolation=cfg.sandbox, disk_mb=cfg.disk_mb)
+                        output_bytes=cfg.output_kb * 1024, isolation=cfg.sandbox, disk_mb=cfg.disk_mb,
+                        disk_inodes=cfg.disk_inodes)
         return cls(cfg.n, cfg.tolerance, limits, cfg.start_fill)
 
     def initial_solution(self) -> str:

@@ -16,7 +16,8 @@ bubblewrap (`apt-get install bubblewrap`):
   (not the server's, nor their environment), no network but its own loopback; `--die-with-parent`, `--new-session`;
 - a read-only filesystem: / and /dev are remounted read-only, with binds of what Python needs (/usr, /lib*, the
   interpreter's install and the venv); the only writable places are /tmp (its home and working directory) and
-  /dev/shm, tmpfs of `disk_mb` each (a write past it fails with ENOSPC); nothing else of the host;
+  /dev/shm, tmpfs of `disk_mb` and `disk_inodes` files and folders each (a write or a new file past either fails
+  with ENOSPC); nothing else of the host;
 - an empty environment (`--clearenv`, then only locale, thread counts and PATH);
 - a seccomp filter refusing new processes and threads (clone, fork, vfork) unless `allow_processes`, a clone that
   makes a namespace even then, clone3 (ENOSYS: its flags are out of a filter's reach, and glibc falls back to
@@ -27,6 +28,19 @@ bubblewrap (`apt-get install bubblewrap`):
   to a file the caller opened outside the sandbox and reads back through its own descriptor, never by name),
   RLIMIT_NPROC 0 unless `allow_processes`, RLIMIT_CORE 0, RLIMIT_NOFILE 64; and a wall-clock timeout after which
   the sandbox is killed.
+
+Why the writable folders are not bubblewrap's own `--tmpfs`: it takes a size (`--size`) but no inode count (none up
+to bubblewrap 0.11.1), and a tmpfs's size bounds its blocks, not its inodes, which default to half the RAM's pages:
+a candidate creating empty files pinned about 300 MB of kernel memory, four at once about 692 MB (issue 50). No
+rlimit counts files, the candidate has no capability to mount one itself, and a cgroup's memory limit (which would
+count the inodes) needs a delegated cgroup that a server often does not have. So util-linux's `unshare` makes a
+mount namespace for the one run (a server that is not root gets it in a user namespace where it is root, from the
+same unprivileged user namespaces bubblewrap needs; bubblewrap then makes its own inside it), `mount` puts the two
+tmpfs with `size=` and `nr_inodes=` on empty folders of the caller's private directory there, and bubblewrap,
+started in that namespace, binds them at /tmp and /dev/shm. The host never sees these mounts; they go when the run's
+last process does. Measured here: 300,000 empty files pinned 299 MB of slab before; now 4,094 fit (`disk_inodes`
+4096) and the slab did not grow by a megabyte. A setuid bubblewrap on a machine without unprivileged user
+namespaces cannot run this: `check_isolation` says so at start.
 
 `isolation="none"` runs the same bootstrap as a plain child process (`python -I`, empty environment, the limits
 above, its own temporary directory, no disk bound but RLIMIT_FSIZE per file) with the server's user and view of the
@@ -62,7 +76,10 @@ log = logging.getLogger("recipes.tttd.sandbox")
 KINDS = ("ok", "timeout", "memory", "crash", "output", "garbage")
 ISOLATIONS = ("bwrap", "none")
 INSTALL_HINT = "install bubblewrap (as root: apt-get install bubblewrap; scripts/setup.sh does)"
-SETPRIV_HINT = "install util-linux (as root: apt-get install util-linux)"
+UTIL_LINUX_HINT = "install util-linux (as root: apt-get install util-linux)"
+_UTIL_LINUX_NEEDS = {"setpriv": "to run candidates as nobody when the server is root",
+                     "unshare": "to mount the candidate's writable folders with an inode bound",
+                     "mount": "to mount the candidate's writable folders with an inode bound"}
 NOBODY = 65534  # the candidate's uid and gid, inside the sandbox and outside it
 
 # Reads the candidate from stdin into its own directory, tells the caller (through the `ready` pipe) that the
@@ -103,6 +120,7 @@ class Limits:
     allow_processes: bool = False
     isolation: str = "bwrap"  # one of ISOLATIONS
     disk_mb: int = 16  # size of the sandbox's /tmp and of its /dev/shm, each (bwrap)
+    disk_inodes: int = 4096  # files and folders the sandbox's /tmp and its /dev/shm may hold, each (bwrap)
 
     def __post_init__(self) -> None:
         if self.cpu_seconds < 1 or self.wall_seconds <= 0 or self.memory_mb < 64 or self.output_bytes < 1:
@@ -112,6 +130,9 @@ class Limits:
             raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
         if self.disk_mb < 1:
             raise ValueError(f"sandbox disk_mb must be >= 1, got {self.disk_mb}")
+        if self.disk_inodes < 16:
+            raise ValueError(f"sandbox disk_inodes must be >= 16 (the folder itself and the candidate's source "
+                             f"count), got {self.disk_inodes}")
 
 
 @dataclass(frozen=True)
@@ -195,12 +216,25 @@ def _bwrap() -> tuple[str | None, tuple[int, ...]]:
 
 
 @functools.cache
-def _setpriv() -> str:
-    path = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+def _util_linux(name: str) -> str:
+    path = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
     if path is None:
-        raise SandboxUnavailable("setpriv is not installed, which a sandbox started as root needs to run candidates "
-                                 f"as nobody: {SETPRIV_HINT}")
+        raise SandboxUnavailable(f"{name} is not installed, which the sandbox needs {_UTIL_LINUX_NEEDS[name]}: "
+                                 f"{UTIL_LINUX_HINT}")
     return path
+
+
+# Run by `sh -c` in the run's own mount namespace: mount "$1", options "$2", on "$3" and "$4", then bubblewrap.
+_MOUNT_THEN = '"$1" -t tmpfs -o "$2" tmpfs "$3" && "$1" -t tmpfs -o "$2" tmpfs "$4" && shift 4 && exec "$@"'
+
+
+def _mounts_args(limits: Limits, tmp: Path, shm: Path) -> list[str]:
+    """The command line that mounts the bounded tmpfs on `tmp` and `shm` in a mount namespace of its own (and, for
+    a server that is not root, a user namespace mapping it to root) and then runs what follows it: bubblewrap."""
+    unshare = [_util_linux("unshare"), "--mount", "--propagation", "private"]
+    unshare += [] if os.geteuid() == 0 else ["--map-root-user"]
+    options = f"mode=1777,size={limits.disk_mb << 20},nr_inodes={limits.disk_inodes},nosuid,nodev"
+    return [*unshare, "--", "/bin/sh", "-c", _MOUNT_THEN, "sh", _util_linux("mount"), options, str(tmp), str(shm)]
 
 
 def _python_dirs(python: str) -> list[str]:
@@ -210,8 +244,9 @@ def _python_dirs(python: str) -> list[str]:
     return sorted(d for d in dirs if d != "/" and not any(d == s or d.startswith(s + "/") for s in ("/usr",)))
 
 
-def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
-    """bubblewrap's command line; as root it ends in setpriv's, which makes the candidate nobody (see the docstring)."""
+def _bwrap_args(python: str, limits: Limits, seccomp_fd: int, tmp: Path, shm: Path) -> list[str]:
+    """bubblewrap's command line, after the one that mounts the writable folders on `tmp` and `shm`; as root it ends
+    in setpriv's, which makes the candidate nobody (see the docstring)."""
     bwrap, version = _bwrap()
     nobody = str(NOBODY)
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -224,10 +259,9 @@ def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
         args += ["--disable-userns"] if version >= (0, 8) else []
     for key, value in _env("/tmp").items():
         args += ["--setenv", key, value]
-    disk = str(limits.disk_mb << 20)
-    args += ["--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--chdir", "/tmp",
+    args += ["--bind", str(tmp), "/tmp", "--chdir", "/tmp",
              "--proc", "/proc", "--remount-ro", "/proc",
-             "--dev", "/dev", "--perms", "1777", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--dev", "/dev", "--bind", str(shm), "/dev/shm", "--remount-ro", "/dev",
              "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -238,9 +272,9 @@ def _bwrap_args(python: str, limits: Limits, seccomp_fd: int) -> list[str]:
         args += ["--perms", "0755", "--dir", d, "--ro-bind", d, d]
     args += ["--remount-ro", "/", "--seccomp", str(seccomp_fd), "--"]
     if as_root:
-        args += [_setpriv(), "--reuid", nobody, "--regid", nobody, "--clear-groups", "--inh-caps", "-all",
+        args += [_util_linux("setpriv"), "--reuid", nobody, "--regid", nobody, "--clear-groups", "--inh-caps", "-all",
                  "--bounding-set", "-all", "--"]
-    return args
+    return _mounts_args(limits, tmp, shm) + args
 
 
 @functools.cache
@@ -301,8 +335,8 @@ def run_python(code: str, limits: Limits | None = None, python: str | None = Non
     if limits.isolation == "bwrap":
         if _bwrap()[0] is None:
             raise SandboxUnavailable(f"bwrap is not installed: {INSTALL_HINT}")
-        if os.geteuid() == 0:
-            _setpriv()
+        for name in ("unshare", "mount") + (("setpriv",) if os.geteuid() == 0 else ()):
+            _util_linux(name)
     started = time.perf_counter()
     ready_r, ready_w = os.pipe()
     fds = [ready_w]
@@ -317,7 +351,10 @@ def run_python(code: str, limits: Limits | None = None, python: str | None = Non
             os.write(filter_w, seccomp_filter(limits.allow_processes))
             os.close(filter_w)
             fds.append(filter_r)
-            args, cwd, env = _bwrap_args(python, limits, filter_r) + boot, private, {"PATH": os.defpath}
+            (private / "tmp").mkdir()
+            (private / "shm").mkdir()
+            args = _bwrap_args(python, limits, filter_r, private / "tmp", private / "shm") + boot
+            cwd, env = private, {"PATH": os.defpath}
         else:
             (private / "work").mkdir()
             args, cwd, env = boot, private / "work", _env(str(private / "work"))
