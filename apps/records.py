@@ -5,7 +5,7 @@
     REEF_LAB_DATA_DIR=/path/to/data marimo export html apps/records.py -o out.html   # headless
 
 Read-only and safe while a server writes to the data dir: everything comes from `reef_lab.records.store.scan_records`
-(one consistent snapshot per refresh) and `scenarios.json`. By default it shows what the API shows: records of
+(one consistent snapshot per refresh) and the scenario registry. By default it shows what the API shows: records of
 registered scenarios created since the scenario was (a deleted or re-created scenario hides older records); tick
 "include hidden records" to see everything on disk. Per release: reward and held-out accuracy with the lineage, and
 sample answers (what it served, with the reports' scores, and its held-out ones) next to them. An agent's episode
@@ -37,6 +37,7 @@ with app.setup:
     from reef_lab.publishing.releases import BASE, ReleaseStore
     from reef_lab.records.record import KINDS, PARQUET_SCHEMA, frame_row_to_dict
     from reef_lab.records.store import scan_records
+    from reef_lab.scenarios import stored_scenarios
     from reef_lab.wire import text as wire_text
 
     SNIPPET = 80
@@ -46,7 +47,7 @@ with app.setup:
     LIGHT = ["id", "scenario", "kind", "dialect", "created_at", "time", "status", "error", "release_id", "score",
              "n_reports", "references", "n_tokens", "mean_logprob", "latency_ms", "visible", "episode"]
     # The files a refresh compares: record logs and segments, the scenario registry, the release indexes.
-    DATA_FILES = ("*.bin", "*.parquet", "scenarios.json", "index.json")
+    DATA_FILES = ("*.bin", "*.parquet", "*.scenario.json", "scenarios.json", "index.json")
 
 
 @app.function
@@ -289,7 +290,7 @@ def _(data_dir_input, get_data_files):
     get_data_files()
     data_dir = Path(data_dir_input.value.strip() or ".").expanduser()
     load_error = None
-    registry = None  # the scenarios.json entries; None when there is no scenarios.json
+    registry = None  # the scenarios the data dir holds (reef_lab.scenarios.stored_scenarios); None: no registry
     _reg_schema = {"scenario": pl.String, "recipe": pl.String, "scenario_created_at": pl.Float64}
     _derived = dict(
         time=pl.from_epoch((pl.col("created_at") * 1e6).cast(pl.Int64), time_unit="us")
@@ -301,8 +302,7 @@ def _(data_dir_input, get_data_files):
         latency_ms=pl.col("timing").str.json_path_match("$.total_ms").cast(pl.Float64, strict=False).round(1),
     )
     try:
-        if (data_dir / "scenarios.json").is_file():
-            registry = orjson.loads((data_dir / "scenarios.json").read_bytes())
+        registry = stored_scenarios(data_dir)
         _reg = pl.DataFrame([(s["name"], s.get("recipe"), s.get("created_at")) for s in registry or []],
                             schema=_reg_schema, orient="row")
         _lf = scan_records(data_dir)

@@ -157,3 +157,58 @@ def test_episodes_of_other_scenarios_read_after_a_deletion(proxy):
     assert requests.delete(proxy.url + "/reef/scenarios/gone", timeout=30).status_code == 200
     r = requests.get(proxy.url + "/reef/episodes/run", headers={"x-reef-scenario": "keep"}, timeout=30)
     assert r.status_code == 200 and r.json()["turns"] == 1
+
+
+# ---- one file per scenario (issue 50 item 7) ----------------------------------------------------------------------
+def test_one_tenants_change_rewrites_no_other_tenants_state(tmp_path, stub_url):
+    """One scenarios.json held every tenant's config and was rewritten whole on every change (8 large configs: 72 MB,
+    another tenant's creation 189-281 ms). Each scenario is now a file of its own: creating or deleting one leaves
+    every other scenario's file as it was."""
+    from reef_lab.scenarios import ScenarioRegistry, stored_scenarios
+
+    gw = Gateway(tmp_path / "data", UpstreamEngine(stub_url))
+    try:
+        big = {"seed_harness": {"AGENTS.md": "a" * 200_000}}
+        gw.create_scenario({"name": "tenant-a", "recipe": "gepa", "config": big})
+        files = {p.name: p for p in (tmp_path / "data" / "scenarios").iterdir()}
+        assert sorted(files) == ["tenant-a.scenario.json"]
+        before = files["tenant-a.scenario.json"].stat()
+        gw.create_scenario({"name": "tenant-b"})
+        gw.scenarios.ensure("tenant-c")
+        gw.delete_scenario("tenant-b")
+        after = files["tenant-a.scenario.json"].stat()
+        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+        assert sorted(p.name for p in (tmp_path / "data" / "scenarios").iterdir()) == \
+            ["tenant-a.scenario.json", "tenant-c.scenario.json"]
+        assert (tmp_path / "data" / "scenarios" / "tenant-c.scenario.json").stat().st_size < 1000
+    finally:
+        gw.close()
+    names = [d["name"] for d in stored_scenarios(tmp_path / "data")]
+    assert names == ["tenant-a", "tenant-c"]
+    again = ScenarioRegistry(tmp_path / "data", "basic")
+    assert again.get("tenant-a").config == big and again.get("tenant-a").origin == "client"
+
+
+def test_an_earlier_versions_one_file_is_split_once(tmp_path, stub_url):
+    from reef_lab.scenarios import stored_scenarios
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "scenarios.json").write_text(
+        '[{"name": "a", "recipe": "basic", "created_at": 1.0, "config": {}},'
+        ' {"name": "b", "recipe": "basic", "created_at": 2.0, "config": {"require_score": true}}]')
+    assert [d["name"] for d in stored_scenarios(data)] == ["a", "b"]  # read without writing
+    assert not (data / "scenarios").exists()
+    gw = Gateway(data, UpstreamEngine(stub_url))
+    try:
+        assert gw.scenarios.get("a").origin == "operator" and gw.scenarios.get("b").origin == "client"
+        assert not (data / "scenarios.json").exists() and (data / "scenarios.json.migrated").is_file()
+        assert sorted(p.name for p in (data / "scenarios").iterdir()) == ["a.scenario.json", "b.scenario.json"]
+    finally:
+        gw.close()
+    gw = Gateway(data, UpstreamEngine(stub_url))  # the next start reads the files
+    try:
+        assert [s.name for s in gw.scenarios.list()] == ["a", "b"]
+        assert gw.scenarios.get("b").config == {"require_score": True}
+    finally:
+        gw.close()

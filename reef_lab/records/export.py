@@ -21,9 +21,10 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+from reef_lab.errors import NotFound
 from reef_lab.extras import need
 from reef_lab.publishing.releases import ReleaseStore
-from reef_lab.scenarios import ScenarioRegistry
+from reef_lab.scenarios import Scenario, stored_scenarios
 from reef_lab.records.segments import collect_records
 
 TABLES = ("inferences", "reports", "training")
@@ -32,8 +33,10 @@ TABLES = ("inferences", "reports", "training")
 def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFrame]:
     """The three tables of a scenario as polars DataFrames."""
     data_dir = Path(data_dir)
-    reg = ScenarioRegistry(data_dir, "basic")
-    born = reg.get(scenario).since
+    found = [d for d in stored_scenarios(data_dir) or [] if d["name"] == scenario]
+    if not found:
+        raise NotFound(f"scenario {scenario!r} does not exist in {data_dir}")
+    born = Scenario(**found[0]).since
     # one read of the records, so inferences and reports come from the same view (a retention round may run)
     records = collect_records(data_dir, lambda lf: lf.filter((pl.col("scenario") == scenario)
                                                              & (pl.col("stored_at") >= born)).sort("created_at"))
