@@ -16,7 +16,7 @@ from flask import Response, g, request
 
 from reef_lab.errors import BadRequest, Forbidden, PayloadTooLarge, ReefError, UnsupportedMediaType
 from reef_lab.gateway.gateway import Reply, StreamReply
-from reef_lab.tenants import Grant, Tenants
+from reef_lab.tenants import Grant, Tenants, digest
 
 TAG_PREFIX = "x-reef-tag-"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -175,6 +175,19 @@ def tenants_of(tokens) -> Tenants:
     """The app's tenants from what create_app was given: a Tenants, or a list of admin tokens (REEF_TOKEN's
     meaning), or None (auth off)."""
     return tokens if isinstance(tokens, Tenants) else Tenants.load([t for t in tokens or [] if t])
+
+
+def legacy_tokens_warning(env_tokens: list[str], tenants: Tenants) -> str | None:
+    """The start log's warning when REEF_TOKEN gives tokens (documented as admins of every scenario, so each one
+    is): how many, what that lets them do, and the scoped alternative. It never names a token."""
+    admins = {h for h in map(digest, env_tokens) if tenants.grants[h].everywhere}
+    if not admins:
+        return None
+    n = len(admins)
+    return (f"REEF_TOKEN gives {n} token{'s' if n != 1 else ''}, each an admin of every scenario: it may read, "
+            "change and delete every scenario's records, releases and harness, and sees the deployment (data dir, "
+            "engine). For tokens scoped to scenarios and roles start with --tokens-file tokens.yaml, making each "
+            "with 'reef-lab token add --file tokens.yaml --role agent --scenario NAME' (docs/api.md#tokens)")
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> Response:

@@ -17,12 +17,12 @@ import time
 import orjson
 
 from reef_lab import plugins
-from reef_lab.config import ServeConfig
+from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from server import tuning, workers
 from server.app import create_app
-from server.common import limits_from
+from server.common import legacy_tokens_warning, limits_from
 from server.hot import HotRoutes
 
 _held: list = []  # lock files this worker holds for its life (its CPU slot; the primary's lock)
@@ -96,6 +96,9 @@ def build():
             "local programs only (browser pages of other sites are refused). To require a token, start with "
             "REEF_TOKEN=<secret> (or a tokens file: docs/api.md#tokens) and have clients send "
             "'Authorization: Bearer <secret>'")
+    legacy = legacy_tokens_warning(tokens_from_env(), tenants)
+    if legacy:
+        logging.getLogger("reef_lab.server").warning(legacy)
     logging.getLogger("reef_lab.server").info(
         "reef_lab ready on http://%s:%d (engine %s, recipe %s, data %s)", cfg.host, cfg.port,
         gateway.engine.info().get("model") or gateway.engine.model_name, cfg.recipe, cfg.data_dir)

@@ -25,6 +25,7 @@ from reef_lab.records.store import read_log
 from reef_lab.tenants import ROLES, Grant, Tenants, add_token, digest, read_tokens_file
 from server.access import HOT_ROUTES, ROUTES
 from server.app import create_app
+from server.common import legacy_tokens_warning
 from tests.conftest import Running
 from tests.doubles.processes import start_server
 
@@ -366,6 +367,25 @@ def test_legacy_tokens_stay_admins_of_everything_and_no_token_means_no_auth(serv
     open_server = serve(UpstreamEngine(stub_url), data_dir=legacy.gateway.data_dir.parent / "open")
     assert infer(open_server.url, None, "anything").status_code == 200
     assert call(open_server.url, "GET", "/reef/status").json()["token"] is None
+
+
+def test_the_start_log_says_legacy_tokens_are_admins_of_every_scenario(tmp_path, stub_url, tenants_file):
+    """Issue 50 item 10: REEF_TOKEN=t1,t2 makes each token an admin of every scenario, and the start log did not say
+    so. Now it does (how many, what they may do, the tokens file as the scoped alternative), never naming a token."""
+    secrets = ["legacy-sekrit-one", "legacy-sekrit-two"]
+    srv = start_server("--upstream-url", stub_url, "--log-level", "warning", data_dir=tmp_path / "data",
+                       log=tmp_path / "serve.log", env={"REEF_TOKEN": f"{secrets[0]}, {secrets[1]},{secrets[0]}"})
+    try:
+        assert infer(srv.url, secrets[1], "anything").status_code == 200
+    finally:
+        srv.stop()
+    log = (tmp_path / "serve.log").read_text()
+    assert "REEF_TOKEN gives 2 tokens, each an admin of every scenario" in log, log[-2000:]
+    assert "--tokens-file" in log and "reef-lab token add" in log, log[-2000:]
+    assert "sekrit" not in log and "is not set" not in log, log[-2000:]
+    # a tokens file alone, or one that scopes the same token, gives no such warning
+    assert legacy_tokens_warning([], Tenants.load([], tenants_file)) is None
+    assert legacy_tokens_warning([TOKENS["admin"]], Tenants.load([TOKENS["admin"]], tenants_file)) is None
 
 
 # ---- the tokens file -------------------------------------------------------------------------------------------
