@@ -16,7 +16,7 @@ from reef_lab.learning.learner import Learner
 from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
-from reef_lab.trainers.samples import Sample
+from reef_lab.trainers.samples import InvalidSamples, Sample
 from reef_lab.wire.dialects import engine_request
 
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
@@ -173,14 +173,20 @@ def context_prompts(batch: list[Sample], records, engine, template: str) -> list
     templated it (the chat template that made the student's prompt, the request's tools and tool choice included),
     from a request of any dialect (read by reef_lab.wire)."""
     by_id = {r["id"]: r for r in records.get_many([s.record_id for s in batch])}
-    prompts = []
+    prompts, errors = [], {}
     for s in batch:
         record = by_id.get(s.record_id) or {}
         if not isinstance(record.get("request"), dict) or not record.get("dialect"):
-            raise ValueError(f"sample {s.record_id}: its record holds no request to add the context to")
-        request = engine_request(record["dialect"], record["request"])
-        context = template.replace("{context}", report_context(s.extra))
-        prompts.append(engine.request_ids(replace(request, messages=with_context(request.messages, context))))
+            errors[s.record_id] = "its record holds no request to add the context to"
+            continue
+        try:
+            request = engine_request(record["dialect"], record["request"])
+            context = template.replace("{context}", report_context(s.extra))
+            prompts.append(engine.request_ids(replace(request, messages=with_context(request.messages, context))))
+        except Exception as e:  # noqa: BLE001 - a stored request that cannot be templated again: this sample's own
+            errors[s.record_id] = f"its request cannot be templated with the context: {e}"
+    if errors:  # only these fail; the batch's other samples train next round (reef_lab.learning.learner)
+        raise InvalidSamples.of(errors)
     return prompts
 
 

@@ -17,9 +17,11 @@ release's weights (optimizer state starts fresh): steps taken since the last can
 their samples count as consumed only once a candidate is made from them, and are trained again after a crash.
 Nothing acknowledged is skipped without a trace (issue 38): a round that fails before its step trained the batch gives
 the batch back to the front of the pool, and the next round (after a wait that grows with each failure in a row)
-trains it; a candidate whose export fails leaves its samples to the next candidate. A sample the trainer refuses
-(InvalidSamples: token ids outside the model's vocabulary) is failed alone at once, the others train; a sample in
-MAX_TRIES failed rounds is failed too, so one that always fails cannot stall the scenario. A failed sample is
+trains it; a candidate whose export fails leaves its samples to the next candidate. A sample the step names as one it
+cannot run (InvalidSamples: token ids outside the model's vocabulary, a stored request that cannot be templated
+again with a teacher's context, per-token values of the wrong length) is failed alone at once and the others pay no
+try for it; a sample in MAX_TRIES failed rounds whose error names no sample (the round's own: memory, disk, an
+engine) is failed too, so one that always fails cannot stall the scenario. A failed sample is
 consumed and listed with its error in `status()["failed"]`, in state.json and as a `failed` metrics row; a report
 that cannot become a sample at all is listed there too (not consumed: a restart tries it again).
 """
@@ -47,7 +49,7 @@ from reef_lab.trainers.samples import Sample
 from reef_lab.tasks.base import make_task
 from reef_lab.publishing.releaser import HeldOut
 from reef_lab.publishing.releases import BASE
-from reef_lab.trainers.base import InvalidSamples
+from reef_lab.trainers.samples import InvalidSamples
 
 log = logging.getLogger("reef_lab.learning.learner")
 MAX_TRIES = 3  # failed rounds a sample may be in before it is failed (its error kept)

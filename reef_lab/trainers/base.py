@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reef_lab.trainers.samples import Sample
+from reef_lab.trainers.samples import InvalidSamples, Sample
 from reef_lab.schema import check_fields
 
 LOSSES = ("nll", "dis", "is", "distill")
@@ -186,17 +186,6 @@ class Critic(ABC):
     @abstractmethod
     def update(self, samples: list[Sample], targets: list[list[float]]) -> dict:
         """One optimizer step towards the targets; metrics (value_loss, value_abs_error before the step)."""
-
-
-class InvalidSamples(ValueError):
-    """Samples a trainer cannot run (their token ids lie outside the model's vocabulary): the learner drops exactly
-    these, each with its own error kept (`errors`: record id -> why), and trains the rest; never a crashed round
-    that loses the whole batch."""
-
-    def __init__(self, message: str, errors: dict[str, str]):
-        super().__init__(message)
-        self.errors = errors
-        self.record_ids = list(errors)
 
 
 def check_token_ids(samples: list[Sample], vocab: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from reef_lab.extras import need
+from reef_lab.trainers.samples import InvalidSamples
 
 need("train", "the token losses")
 import torch
@@ -70,8 +71,8 @@ def per_token(chunk: list, what: str, mask: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"sample {s.record_id}: no {what} (the recipe sets Sample.advantages and the teacher's "
                              "logprobs; the trainer fills in base_logprobs when a loss asks for a reference)")
         if len(values) != len(s.completion_ids):
-            raise ValueError(f"sample {s.record_id}: {len(values)} {what} for "
-                             f"{len(s.completion_ids)} completion tokens")
+            raise InvalidSamples.of({s.record_id: f"{len(values)} {what} for {len(s.completion_ids)} completion "
+                                                  "tokens"})
         row = [float(v) if m else 0.0 for v, m in zip(values, s.mask)]
         out[i, : len(row)] = torch.tensor(row, dtype=out.dtype)
     return out
@@ -208,8 +209,8 @@ def teacher_top(chunk: list, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     logp = torch.zeros((*mask.shape, k), dtype=mask.dtype, device=mask.device)
     for i, s in enumerate(chunk):
         if len(s.teacher_top_ids) != len(s.completion_ids) or len(s.teacher_top_logprobs) != len(s.completion_ids):
-            raise ValueError(f"sample {s.record_id}: teacher top-K rows for {len(s.teacher_top_ids)} tokens, "
-                             f"{len(s.completion_ids)} completion tokens")
+            raise InvalidSamples.of({s.record_id: f"teacher top-K rows for {len(s.teacher_top_ids)} tokens, "
+                                                  f"{len(s.completion_ids)} completion tokens"})
         for t, (row_ids, row_lp, m) in enumerate(zip(s.teacher_top_ids, s.teacher_top_logprobs, s.mask)):
             if m:
                 ids[i, t] = torch.tensor(row_ids)

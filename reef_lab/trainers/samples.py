@@ -22,6 +22,24 @@ import hashlib
 from dataclasses import dataclass, field
 
 
+class InvalidSamples(ValueError):
+    """Samples a step cannot run, each for a reason of its own (token ids outside the model's vocabulary, a record
+    whose request cannot be templated again, per-token values of the wrong length): the learner fails exactly these,
+    each with its own error (`errors`: record id -> why), and trains the rest, which pay no try for them; never a
+    round that charges the whole batch for one sample (issue 50)."""
+
+    def __init__(self, message: str, errors: dict[str, str]):
+        super().__init__(message)
+        self.errors = errors
+        self.record_ids = list(errors)
+
+    @classmethod
+    def of(cls, errors: dict[str, str]) -> InvalidSamples:
+        """One error for the samples `errors` names (record id -> why), its message naming each."""
+        return cls(f"{len(errors)} sample(s) cannot be trained: " + "; ".join(
+            f"sample {rid}: {why}" for rid, why in errors.items()), errors)
+
+
 @dataclass
 class Sample:
     record_id: str
