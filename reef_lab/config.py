@@ -127,6 +127,12 @@ class ServeConfig:
     max_report_kb: float = field(default=1024.0, metadata={"help": "largest report body, in KB (413 beyond)"})
     max_import_mb: float = field(default=32.0, metadata={
         "help": "largest POST /reef/records/batch body, in MB (413 beyond)"})
+    max_scenarios: int = field(default=1000, metadata={
+        "help": "the most scenarios the deployment holds: a call, report, import or publish that would create one "
+                "more is refused with 403 naming this limit (0: no limit)"})
+    max_scenarios_per_token: int = field(default=100, metadata={
+        "help": "the most scenarios one token of some scenarios only (a tokens-file entry not an admin of '*') may "
+                "create, counted over the scenarios that exist (403 beyond; 0: no limit)"})
     max_json_depth: int = field(default=64, metadata={
         "help": "deepest nesting of objects and arrays a JSON body may have (400 beyond)"})
     retain_max_bytes: str | None = field(default=None, metadata={
@@ -201,6 +207,8 @@ class ServeConfig:
             raise ValueError(f"sched_slice_busy must be a share of CPU time in 0.5..1, got {self.sched_slice_busy}")
         if min(self.max_body_mb, self.max_report_kb, self.max_import_mb) <= 0:
             raise ValueError("max_body_mb, max_report_kb and max_import_mb must be positive")
+        if self.max_scenarios < 0 or self.max_scenarios_per_token < 0:
+            raise ValueError("max_scenarios and max_scenarios_per_token must be 0 (no limit) or more")
         if not 2 <= self.max_json_depth <= 200:
             raise ValueError(f"max_json_depth must be in 2..200 (records nest the body a few levels deeper, and "
                              f"the JSON writer stops at 254), got {self.max_json_depth}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from reef_lab.errors import BadRequest, Conflict, NotFound
+from reef_lab.errors import BadRequest, Conflict, NotFound, ReefError
 from reef_lab.files import write_json
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # any name that can be looked up
@@ -45,6 +45,9 @@ class Scenario:
     # never an operator-only field); scenarios.json of older versions has no origin: a config other than the
     # operator's current one counts as a client's.
     origin: str = "client"
+    # The id of the token that created it, when that token is scoped to some scenarios only (it counts against the
+    # token's --max-scenarios-per-token); None: the operator, auth off, or an admin of every scenario.
+    creator: str | None = None
 
     @property
     def since(self) -> float:
@@ -97,11 +100,29 @@ def stored_scenarios(data_dir: str | Path) -> list[dict] | None:
     return sorted(found.values(), key=lambda d: d.get("created_at") or 0)
 
 
+@dataclass(frozen=True)
+class ScenarioLimits:
+    """How many scenarios the deployment, and each token of some scenarios only, may create (issue 50: an agent
+    token created a scenario per name it sent, 600 in 39 s). The operator's (--max-scenarios,
+    --max-scenarios-per-token); 0: no limit."""
+
+    total: int = 1000
+    per_token: int = 100
+
+
+class QuotaExceeded(ReefError):
+    """A scenario the limits leave no room for: 403 (a permanent refusal; the SDKs retry a 429)."""
+
+    status, type = 403, "permission_error"
+
+
 class ScenarioRegistry:
-    def __init__(self, data_dir: str | Path, default_recipe: str, default_config: dict | None = None):
+    def __init__(self, data_dir: str | Path, default_recipe: str, default_config: dict | None = None,
+                 limits: ScenarioLimits | None = None):
         self.folder = Path(data_dir) / FOLDER
         self.default_recipe = default_recipe
         self.default_config = default_config or {}
+        self.limits = limits or ScenarioLimits()
         self._lock = threading.Lock()
         self._items: dict[str, Scenario] = {}
         self.on_change = None  # called after every saved change
@@ -114,6 +135,21 @@ class ScenarioRegistry:
             for s in self._items.values():
                 self._write(s)
             legacy.replace(legacy.with_name(LEGACY_FILE + ".migrated"))
+
+    def _room(self, creator: str | None, extra: int = 0) -> None:
+        """Lock held: QuotaExceeded when one more scenario (by `creator`) would pass a limit, with `extra` more
+        about to be made before it."""
+        total, per_token = self.limits.total, self.limits.per_token
+        if total and len(self._items) + extra >= total:
+            raise QuotaExceeded(f"this deployment holds {len(self._items)} scenarios, the most it takes "
+                                f"(--max-scenarios {total}): delete one (DELETE /reef/scenarios/<name>) or ask the "
+                                "operator to raise the limit")
+        if creator is not None and per_token:
+            made = sum(1 for s in self._items.values() if s.creator == creator) + extra
+            if made >= per_token:
+                raise QuotaExceeded(f"this token has created {made} scenarios, the most one token of some scenarios "
+                                    f"may (--max-scenarios-per-token {per_token}): use an existing scenario, delete "
+                                    "one, or ask the operator to raise the limit")
 
     def _file(self, name: str) -> Path:
         return self.folder / f"{name}{SUFFIX}"
@@ -132,30 +168,34 @@ class ScenarioRegistry:
             raise NotFound(f"scenario {name!r} does not exist")
         return s
 
-    def ensure(self, name: str) -> Scenario:
-        """The scenario, created with the deployment's recipe if it is new."""
+    def ensure(self, name: str, creator: str | None = None) -> Scenario:
+        """The scenario, created with the deployment's recipe if it is new (by `creator`: see Scenario.creator)."""
         s = self._items.get(name)
         if s is not None:
             return s
         with self._lock:
             if name not in self._items:
                 check_name(name, new=True)
-                s = Scenario(name, self.default_recipe, config=dict(self.default_config), origin="operator")
+                self._room(creator)
+                s = Scenario(name, self.default_recipe, config=dict(self.default_config), origin="operator",
+                             creator=creator)
                 self._write(s)
                 self._items[name] = s
                 self._saved()
             return self._items[name]
 
     def create(self, name: str, recipe: str | None = None, config: dict | None = None,
-               origin: str = "client") -> Scenario:
-        """A new scenario; `origin` says who chose `config` (the deployment's own config when none is given)."""
+               origin: str = "client", creator: str | None = None) -> Scenario:
+        """A new scenario; `origin` says who chose `config` (the deployment's own config when none is given),
+        `creator` which scoped token made it (Scenario.creator)."""
         check_name(name, new=True)
         with self._lock:
             if name in self._items:
                 raise Conflict(f"scenario {name!r} already exists")
+            self._room(creator)
             if config is None and not recipe:
                 config, origin = dict(self.default_config), "operator"
-            s = Scenario(name, recipe or self.default_recipe, config=config or {}, origin=origin)
+            s = Scenario(name, recipe or self.default_recipe, config=config or {}, origin=origin, creator=creator)
             self._write(s)
             self._items[name] = s
         self._saved()
@@ -173,6 +213,26 @@ class ScenarioRegistry:
 
     def exists(self, name: str) -> bool:
         return name in self._items
+
+    def find(self, name: str) -> Scenario | None:
+        """The scenario, or None when it does not exist (nothing is created)."""
+        return self._items.get(name)
+
+    def ensure_all(self, names: list[str], creator: str | None = None) -> None:
+        """Every named scenario exists after this, the new ones created at once: all or none, within the limits."""
+        with self._lock:
+            new = list(dict.fromkeys(n for n in names if n not in self._items))
+            for n in new:
+                check_name(n, new=True)
+            for k in range(len(new)):  # room for all of them, counted as if the ones before were made
+                self._room(creator, extra=k)
+            made = [Scenario(n, self.default_recipe, config=dict(self.default_config), origin="operator",
+                             creator=creator) for n in new]
+            for s in made:
+                self._write(s)
+                self._items[s.name] = s
+        if new:
+            self._saved()
 
     def list(self) -> list[Scenario]:
         return list(self._items.values())

@@ -13,6 +13,7 @@ from typing import Any
 
 from reef_lab.config import ServeConfig
 from reef_lab.gateway.gateway import Gateway
+from reef_lab.scenarios import ScenarioLimits
 
 log = logging.getLogger("reef_lab.service")
 
@@ -42,7 +43,8 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
                    allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
                    roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes(),
-                   harness_allow_executable=bool(cfg.harness_allow_executable))
+                   harness_allow_executable=bool(cfg.harness_allow_executable),
+                   scenario_limits=ScenarioLimits(cfg.max_scenarios, cfg.max_scenarios_per_token))
 
 
 @dataclass(frozen=True)

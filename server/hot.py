@@ -99,7 +99,7 @@ class HotRoutes:
                                     "id": rid, "created": created})
                 return self._send(start_response, 200, out, "application/json", {"x-reef-agent-record-id": rid})
             reply = self.gateway.infer(dialect, body, scenario, tags, client_headers(environ, self.tenants),
-                                       caller=grant.id)
+                                       caller=grant.id, creator=None if grant.everywhere else grant.id)
         except ReefError as e:
             if not reached and dialect is not None:  # [episodes hook] refused before the gateway: a line, no record
                 unanswered.log_unrecorded(dialect, "refused before the gateway", e)

@@ -26,7 +26,7 @@ def create_scenario():
     body = json_body()
     name = body.get("name") if isinstance(body, dict) else None
     g.grant.check("admin", name if isinstance(name, str) else None)  # a name of another type: the gateway's 400
-    return json_response(g.gateway.create_scenario(body), 201)
+    return json_response(g.gateway.create_scenario(body, creator=_creator()), 201)
 
 
 @bp.get("/scenarios/<name>")
@@ -37,6 +37,11 @@ def get_scenario(name: str):
 @bp.delete("/scenarios/<name>")
 def delete_scenario(name: str):
     return json_response(g.gateway.delete_scenario(name))
+
+
+def _creator() -> str | None:
+    """The token a scenario made by this request counts against: one of some scenarios only (ScenarioLimits)."""
+    return None if g.grant.everywhere else g.grant.id
 
 
 def _int_arg(key: str, default: int) -> int:
@@ -121,7 +126,7 @@ def get_harness():
 @bp.post("/scenarios/<name>/harness")
 def publish_harness(name: str):
     """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
-    return json_response(g.gateway.for_grant(g.gateway.publish_harness(name, json_body()), g.grant), 201)
+    return json_response(g.gateway.for_grant(g.gateway.publish_harness(name, json_body(), creator=_creator()), g.grant), 201)
 
 
 INSTALL_ARGS = {"adapter", "release_id", "scenario", "base_url", "model"}

@@ -364,7 +364,8 @@ class RelayGateway:
         return info
 
     def infer(self, dialect: str, body, scenario: str | None, tags: dict[str, str] | None = None,
-              client_headers: dict[str, str] | None = None, caller: str | None = None):
+              client_headers: dict[str, str] | None = None, caller: str | None = None, creator: str | None = None):
+        """`creator` is unused: a relay serves existing scenarios only (a new one is the primary's to create)."""
         name = check_name(scenario)
         t0, episode = time.perf_counter(), None
         try:  # [episodes hook] a 4xx is recorded as refused, as the primary does (reef_lab/gateway/unanswered.py)

@@ -27,11 +27,11 @@ class Admin:
         self.started_at = time.time()
 
     # ---- harness releases -----------------------------------------------------------------------------------
-    def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
+    def publish_harness(self, name: str, body: Any, lineage: dict | None = None, creator: str | None = None) -> dict:
         """A new harness release from a file tree (by hand: selection always); it serves the scenario's next
         requests. Checked like every harness release (reef_lab.harness.tree.check_release): 400 before anything is
         written."""
-        self.scenarios.ensure(name)
+        self.scenarios.ensure(name, creator)
         files = body.get("files") if isinstance(body, dict) else None
         return self.releaser.publish_harness(name, files, lineage)["release"]
 
@@ -145,9 +145,10 @@ class Admin:
         return {"name": s.name, "recipe": s.recipe, "config": s.config, "created_at": s.created_at,
                 "records": counts, "error": self.learners.errors.get(name)}
 
-    def create_scenario(self, body: Any, operator: bool = False) -> dict:
+    def create_scenario(self, body: Any, operator: bool = False, creator: str | None = None) -> dict:
         """A new scenario from a client's body; `operator` (in-process callers such as experiments, never HTTP)
-        may also set operator-only fields and name code (module:Class) in the recipe's config."""
+        may also set operator-only fields and name code (module:Class) in the recipe's config; `creator`: the
+        scoped token it counts against (reef_lab.scenarios.ScenarioLimits)."""
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise BadRequest("the body must be {\"name\": ..., \"recipe\"?: ..., \"config\"?: {...}}")
         config = body.get("config")
@@ -164,7 +165,7 @@ class Admin:
                 self.learners.check_client_config(spec, config)
             self.learners.check_engine_fits(load_recipe(spec, config))
         s = self.scenarios.create(body["name"], body.get("recipe"), config,
-                                  origin="operator" if operator else "client")
+                                  origin="operator" if operator else "client", creator=creator)
         if self.learners.serves_from_start(s.name):
             self.learners.start(s.name)
         return self.scenario_info(s.name)

@@ -33,7 +33,7 @@ from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.records.reader import RecordsReader
 from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
-from reef_lab.scenarios import ScenarioRegistry, check_name
+from reef_lab.scenarios import ScenarioLimits, ScenarioRegistry, check_name
 from reef_lab.tenants import OPEN, Grant
 
 __all__ = ["Gateway", "Reply", "StreamReply", "RECEIPT_HEADER", "RELEASE_HEADER", "PATHS", "shown", "wire_record"]
@@ -46,7 +46,7 @@ class Gateway:
                  default_config: dict | None = None, hub: HubConfig | None = None,
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
                  retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20,
-                 harness_allow_executable: bool = False):
+                 harness_allow_executable: bool = False, scenario_limits: ScenarioLimits | None = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -54,7 +54,7 @@ class Gateway:
         self.on_change = None  # called after scenarios or serving harnesses change (relay workers re-read them)
         # What a scenario may use: the shipped folders and what the operator named (never a client's own path).
         offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
-        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config)
+        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config, scenario_limits)
         self.learners = Learners(engine, self.scenarios, offered, tracking, self._context, self.data_dir)
         self.learners.check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start
         self.store = RecordStore(self.data_dir, roll_records, roll_bytes)
@@ -164,9 +164,11 @@ class Gateway:
 
     # ---- the data path ------------------------------------------------------------------------------------------
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
-              client_headers: dict[str, str] | None = None, caller: str | None = None) -> Reply | StreamReply:
-        """`caller`: the id of the client's token (reef_lab/tenants.py), kept on the record."""
-        return self.inference.infer(dialect, body, scenario, tags, client_headers, caller=caller)
+              client_headers: dict[str, str] | None = None, caller: str | None = None,
+              creator: str | None = None) -> Reply | StreamReply:
+        """`caller`: the id of the client's token (reef_lab/tenants.py), kept on the record; `creator`: the scoped
+        token a scenario this call creates counts against (ScenarioLimits)."""
+        return self.inference.infer(dialect, body, scenario, tags, client_headers, caller=caller, creator=creator)
 
     def infer_record(self, body: dict, scenario: str, tags: dict[str, str] | None = None,
                      session: str | None = None) -> dict:
@@ -210,8 +212,8 @@ class Gateway:
     def promote(self, name: str, body: Any) -> dict:
         return self.admin.promote(name, body)
 
-    def publish_harness(self, name: str, body: Any, lineage: dict | None = None) -> dict:
-        return self.admin.publish_harness(name, body, lineage)
+    def publish_harness(self, name: str, body: Any, lineage: dict | None = None, creator: str | None = None) -> dict:
+        return self.admin.publish_harness(name, body, lineage, creator)
 
     def get_harness(self, scenario: str | None, release_id: str | None = None) -> dict:
         return self.admin.get_harness(scenario, release_id)
@@ -235,8 +237,8 @@ class Gateway:
     def scenario_info(self, name: str) -> dict:
         return self.admin.scenario_info(name)
 
-    def create_scenario(self, body: Any, operator: bool = False) -> dict:
-        return self.admin.create_scenario(body, operator)
+    def create_scenario(self, body: Any, operator: bool = False, creator: str | None = None) -> dict:
+        return self.admin.create_scenario(body, operator, creator)
 
     def delete_scenario(self, name: str) -> dict:
         return self.admin.delete_scenario(name)

@@ -56,18 +56,20 @@ class Inference:
 
     def infer(self, dialect: str, body: Any, scenario: str | None, tags: dict[str, str] | None = None,
               client_headers: dict[str, str] | None = None, release: str | None = None,
-              kind: str = "inference", caller: str | None = None, harness: bool = True) -> Reply | StreamReply:
+              kind: str = "inference", caller: str | None = None, harness: bool = True,
+              creator: str | None = None) -> Reply | StreamReply:
         """`release` and `kind` (in-process callers only, never HTTP): answer with that loaded release instead of
         the scenario's routing, recorded as that kind (a candidate's held-out evaluation: `eval`). `caller`: the id
         of the client's token (reef_lab/tenants.py), kept on the record; an episode is its token's own. `harness`
-        False (in-process): the serving harness is not applied (a candidate that will serve without it, judged)."""
+        False (in-process): the serving harness is not applied (a candidate that will serve without it, judged).
+        `creator`: the scoped token a new scenario counts against (reef_lab.scenarios.ScenarioLimits)."""
         try:
             name = check_name(scenario)
         except BadRequest as e:
             unanswered.log_unrecorded(dialect, "no valid scenario", e)
             raise
         t0, episode = time.perf_counter(), None
-        self.scenarios.ensure(name)  # a new name creates the scenario, refused request or not
+        self.scenarios.ensure(name, creator)  # a new name creates the scenario, refused request or not
         try:  # [episodes hook] a 4xx below is recorded as refused (reef_lab/gateway/unanswered.py)
             episode = episodes.detect(client_headers, body)
             if not isinstance(body, dict):

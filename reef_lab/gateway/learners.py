@@ -33,6 +33,7 @@ class Learners:
         self.errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self._recipes: dict[str, Recipe] = {}
         self._learners: dict[str, ScenarioLearner] = {}
+        self._default: Recipe | None = None  # the deployment's recipe, for scenarios about to be created
         self._lock = threading.Lock()
 
     def check_engine_fits(self, recipe) -> None:
@@ -58,6 +59,14 @@ class Learners:
                 r = RecordOnly(self.errors[name])
             self._recipes[name] = r
         return r
+
+    def recipe_for(self, name: str) -> Recipe:
+        """The recipe of scenario `name`, or for a name not created yet the one it will have (the deployment's)."""
+        if self.scenarios.exists(name):
+            return self.recipe(name)
+        if self._default is None:
+            self._default = load_recipe(self.scenarios.default_recipe, self.scenarios.default_config)
+        return self._default
 
     def check_client_config(self, spec: str, config: dict | None) -> None:
         """BadRequest when a client's recipe config names code or sets an operator-only field (reef_lab.schema)."""

@@ -79,6 +79,7 @@ class Reports:
         if episode is not None:  # [episodes hook] a report on a whole episode references all its calls
             body = {**body, "references": episodes.episode_references(self.store, self.scenarios, name, episode,
                                                                       body.get("references"), caller)}
+        self.scenarios.ensure(name, caller if scoped_ids else None)
         refs = self.check_references(name, body.get("references"))
         if only_own and episode is None:
             self.check_own(refs, caller)
@@ -98,7 +99,7 @@ class Reports:
     def check_references(self, name: str, refs: Any, extra: dict | None = None) -> list[str]:
         if refs is None:
             return []
-        owner = self.scenarios.ensure(name)
+        owner = self.scenarios.find(name)  # None: a scenario an import is about to create
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise BadRequest("'references' must be a list of receipts (x-reef-agent-record-id values)")
         if len(set(refs)) != len(refs):
@@ -106,7 +107,7 @@ class Reports:
             raise BadRequest(f"'references' lists {dup!r} more than once")
         for r in refs:
             e = self.store.entry(r)
-            if e is not None and e.scenario == name and not owner.owns(e):
+            if e is not None and e.scenario == name and (owner is None or not owner.owns(e)):
                 e = None  # a record of a deleted earlier scenario of the same name
             e = e or (extra or {}).get(r)
             if e is None:
@@ -139,7 +140,7 @@ class Reports:
         epoch = self.store.epoch  # before the references are looked up: see RecordStore.append
         for i, item in enumerate(items):
             try:
-                rec = self._import_one(item, default_scenario, pending, scope, scoped_ids=scope is not None)
+                rec = self._import_one(item, default_scenario, pending, scope, caller)
             except BadRequest as e:
                 raise BadRequest(f"records[{i}]: {e.message}") from None
             except Forbidden as e:
@@ -147,8 +148,8 @@ class Reports:
             rec.caller = caller
             records.append(rec)
             pending[rec.id] = rec
-        for rec in records:
-            self.scenarios.ensure(rec.scenario)
+        # checked, so nothing of a refused batch is made, scenarios included (a limit refuses them all)
+        self.scenarios.ensure_all([r.scenario for r in records], caller if scope is not None else None)
         with self.handing_over([rid for r in records for rid in (r.id, *r.references)]):
             created = self.store.append(records, refs_checked_at=epoch)
             for rec, c in zip(records, created, strict=True):
@@ -176,15 +177,17 @@ class Reports:
                                  "tokenizer")
 
     def _import_one(self, item: Any, default_scenario: str | None, pending: dict,
-                    scope: Callable[[str], None] | None = None, scoped_ids: bool = False) -> Record:
+                    scope: Callable[[str], None] | None = None, caller: str | None = None) -> Record:
+        """One record checked; `scope` is set for a token of some scenarios only: its chosen ids start with the
+        scenario's name, and a scenario the import creates counts against it."""
         rec = Record.from_client(item, default_scenario)
         if scope is not None:  # before its references are looked up: nothing of another tenant's is told
             scope(rec.scenario)
-        if scoped_ids and isinstance(item, dict) and item.get("id") is not None:
-            check_scoped_id(rec.scenario, rec.id)
+            if isinstance(item, dict) and item.get("id") is not None:
+                check_scoped_id(rec.scenario, rec.id)
+        check_name(rec.scenario, new=not self.scenarios.exists(rec.scenario))
         self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
         if rec.kind == "report":  # the recipe's own schema, as on the live route (the teacher's words' limit, ...)
-            self.scenarios.ensure(rec.scenario)
-            self.learners.recipe(rec.scenario).validate_report(rec.to_dict())
+            self.learners.recipe_for(rec.scenario).validate_report(rec.to_dict())
         return rec

@@ -44,6 +44,7 @@ from reef_lab.wire.text import request_messages, response_text
 from reef_lab.engines.lm import LMSpec
 from reef_lab.schema import check_fields
 
+IDLE_EXIT_S = 10.0  # the worker thread ends after this long with no request waiting
 log = logging.getLogger("reef_lab.harness.change_requests")
 
 STATES = ("queued", "proposing", "evaluating", "pending_review", "released", "rejected")
@@ -373,8 +374,17 @@ class ChangeRequests:
             if req["state"] in OPEN:
                 self.store.move(req, "queued", "queued again after a restart")
                 self._queue.append(req["id"])
-        self._thread = threading.Thread(target=self._run, name=f"reef-requests-{scenario}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # runs only while requests wait (an idle scenario holds none)
+        with self._cv:
+            if self._queue:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Lock held: a request waits; the worker sees it, started if none runs."""
+        self._cv.notify()
+        if self._thread is None and not self._stop:
+            self._thread = threading.Thread(target=self._run, name=f"reef-requests-{self.scenario}", daemon=True)
+            self._thread.start()
 
     def submit(self, body: Any) -> dict:
         fields = check_body(body)
@@ -386,7 +396,7 @@ class ChangeRequests:
         req = self.store.create(self.scenario, fields)
         with self._cv:
             self._queue.append(req["id"])
-            self._cv.notify()
+            self._wake()
         return {"request_id": req["id"], "scenario": self.scenario, "state": req["state"],
                 "url": f"/reef/requests/{req['id']}"}
 
@@ -408,7 +418,9 @@ class ChangeRequests:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def wait_idle(self, timeout: float = 120.0) -> bool:
         deadline = time.time() + timeout
@@ -424,9 +436,10 @@ class ChangeRequests:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._stop:
-                    self._cv.wait(1.0)
-                if self._stop:
+                if not self._queue and not self._stop:
+                    self._cv.wait(IDLE_EXIT_S)
+                if self._stop or not self._queue:  # closing, or idle: `_wake` starts another when one comes
+                    self._thread = None
                     return
                 rid = self._queue.popleft()
                 self._busy = True
