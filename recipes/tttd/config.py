@@ -73,6 +73,17 @@ class ProblemConfig:
             raise ValueError(f"n must be >= 2, got {self.n}")
         if not 0 < self.start_fill <= 1:
             raise ValueError(f"start_fill must be in (0, 1], got {self.start_fill}")
+        if not 0 <= self.tolerance < 1e-3:
+            raise ValueError(f"tolerance = {self.tolerance}: the checks' slack must be in [0, 1e-3) (a larger one "
+                             "rewards overlapping circles); set tolerance to 1e-9, the default, or 0")
+        for name, least in (("cpu_seconds", 1), ("output_kb", 1), ("memory_mb", 64)):
+            if getattr(self, name) < least:
+                why = " (the interpreter itself needs tens of MB)" if name == "memory_mb" else ""
+                raise ValueError(f"{name} = {getattr(self, name)}: a candidate program cannot run with less than "
+                                 f"{least}{why}; set {name} >= {least}")
+        if not self.wall_seconds > 0:
+            raise ValueError(f"wall_seconds = {self.wall_seconds}: a candidate needs some time to run; set "
+                             "wall_seconds > 0")
         if self.disk_mb < 1:
             raise ValueError(f"disk_mb must be >= 1 (MB), got {self.disk_mb}")
         if self.disk_inodes < 16:

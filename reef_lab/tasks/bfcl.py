@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reef_lab.schema import check_fields
 from reef_lab.tasks.tools import EpisodeScore, ToolTask, call_arguments
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_simple", "live_multiple",
@@ -209,9 +210,11 @@ class BfclOptions:
         "help": f"BFCL v4 categories to draw items from, of {CATEGORIES}; default {DEFAULT_CATEGORIES}"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for c in self.categories or []:
             if c not in CATEGORIES:
-                raise ValueError(f"BFCL category {c!r} is not one of {CATEGORIES}")
+                raise ValueError(f"categories {self.categories}: {c!r} is not one of the single-turn Python BFCL "
+                                 f"categories {CATEGORIES}; pick among them")
 
 
 class BfclTask(ToolTask):

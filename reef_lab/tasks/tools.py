@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from reef_lab.engines.tools import ToolUse, parse_turn
+from reef_lab.schema import check_fields
 from reef_lab.tasks.base import Task, last_number, numbers_equal
 
 
@@ -329,13 +330,26 @@ class CalculatorOptions:
                 "(tools a release trained on add/mul never saw)"})
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.schema not in SCHEMAS:
-            raise ValueError(f"calculator schema must be one of {sorted(SCHEMAS)}, got {self.schema!r}")
-        if not 1 <= self.min_digits <= self.max_digits <= 18:
-            raise ValueError("calculator digits need 1 <= min_digits <= max_digits <= 18")
-        unknown = set(self.forms) - set(FORMS)
-        if not self.forms or unknown:
-            raise ValueError(f"calculator forms must be among {sorted(FORMS)}, got {self.forms}")
+            raise ValueError(f"schema {self.schema!r}: the calculator's tool schemas are {sorted(SCHEMAS)}; pick one")
+        if self.min_digits < 1:
+            raise ValueError(f"min_digits = {self.min_digits}: an operand has at least 1 digit; set min_digits >= 1")
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"min_digits = {self.min_digits}: more than max_digits = {self.max_digits}; set "
+                             "min_digits <= max_digits")
+        if self.max_digits > 18:
+            raise ValueError(f"max_digits = {self.max_digits}: calculator operands have at most 18 digits; set "
+                             "max_digits <= 18")
+        if not self.forms:
+            raise ValueError(f"forms []: give at least one of {sorted(FORMS)}")
+        unknown = [f for f in self.forms if f not in FORMS]
+        if unknown:
+            raise ValueError(f"forms {self.forms}: {unknown[0]!r} is not a calculator form; use those of "
+                             f"{sorted(FORMS)}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns = {self.max_turns}: an episode needs at least 1 model reply; set "
+                             "max_turns >= 1")
 
 
 FORMS = {"a + b": lambda a, b, c: a + b, "a * b": lambda a, b, c: a * b, "(a + b) * c": lambda a, b, c: (a + b) * c,
