@@ -15,6 +15,7 @@ import yaml
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning import loop
+from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.scenarios import ScenarioLimits
 from reef_lab.tenants import Tenants, digest
 from tests.conftest import Running
@@ -71,14 +72,17 @@ def test_a_scoped_token_creates_at_most_its_share_and_the_deployment_at_most_its
 
 def test_an_idle_scenario_holds_no_thread(tmp_path, stub_url, monkeypatch):
     """GEPA scenarios (their seed harness serves from the first call, so each has a learner from the start):
-    before, two threads each (the search's and the change requests'); now none until there is work."""
+    before, two threads each (the search's and the change requests'), three with W&B tracking (its run's); now none
+    until there is work."""
     monkeypatch.setattr(loop, "IDLE_EXIT_S", 0.5)
     gw = Gateway(tmp_path / "data", UpstreamEngine(stub_url, model="m", timeout=5.0), default_recipe="gepa",
-                 default_config={"mode": "manual", "search": {"minibatch_size": 1}})
+                 default_config={"mode": "manual", "search": {"minibatch_size": 1}},
+                 tracking=TrackingConfig(mode="offline"))
     r = Running(gw)
     try:
         def threads():
-            return sum(1 for t in threading.enumerate() if t.name.startswith(("reef-gepa-", "reef-requests-")))
+            return sum(1 for t in threading.enumerate()
+                       if t.name.startswith(("reef-gepa-", "reef-requests-", "reef-wandb-")))
         for i in range(40):
             assert chat(r.url, "", f"s{i}").status_code == 200
         assert len(gw.learners.built()) == 40 and threads() == 0
@@ -90,9 +94,9 @@ def test_an_idle_scenario_holds_no_thread(tmp_path, stub_url, monkeypatch):
         ln = gw.learner("s0")
         assert ln.wait_idle(30) and ln.status()["examples"] == 1
         deadline = time.time() + 30
-        while threads() and time.time() < deadline:
+        while any(t.name.startswith("reef-gepa-") for t in threading.enumerate()) and time.time() < deadline:
             time.sleep(0.1)
-        assert threads() == 0
+        assert not any(t.name.startswith("reef-gepa-") for t in threading.enumerate())
         train = requests.post(f"{r.url}/reef/train", headers={"x-reef-scenario": "s0"}, timeout=30)
         assert train.status_code == 202, train.text
         assert ln.wait_idle(60) and ln.rounds == 1, ln.status()

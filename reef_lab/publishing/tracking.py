@@ -49,7 +49,8 @@ _STOP = object()
 
 
 class Tracker:
-    """One W&B run fed through a queue by its own thread."""
+    """One W&B run fed through a queue by its own thread. The run and its thread start with the first row logged,
+    so a scenario that never learns holds neither (issue 50: idle scenarios must cost no thread)."""
 
     def __init__(self, name: str, config: dict, tracking: TrackingConfig, directory: str | Path):
         self.name, self.tracking = name, tracking
@@ -59,22 +60,35 @@ class Tracker:
         self.error: str | None = None
         self._queue: queue.Queue = queue.Queue()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(config,), name=f"reef-wandb-{name}", daemon=True)
-        self._thread.start()
+        self._config = config
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _put(self, item) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(self._config,), name=f"reef-wandb-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put(item)
 
     def log(self, row: dict) -> None:
-        self._queue.put(("log", row))
+        self._put(("log", row))
 
     def artifact(self, path: str | Path, name: str, kind: str, metadata: dict | None = None) -> None:
         """Log a file as a W&B artifact (a discovered solution, say); its name may hold only W&B's characters."""
-        self._queue.put(("artifact", (str(path), name.replace(":", "-"), kind, dict(metadata or {}))))
+        self._put(("artifact", (str(path), name.replace(":", "-"), kind, dict(metadata or {}))))
 
     def close(self, timeout: float = 60.0) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(timeout)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
-        return self._ready.wait(timeout)
+        """Whether the run started (False as well when nothing was logged yet: it has not)."""
+        return self._ready.wait(timeout) if self._thread is not None else False
 
     def _run(self, config: dict) -> None:
         try:
