@@ -266,6 +266,14 @@ def test_a_chosen_id_tells_nothing_of_another_tenants_records(server):
         answers[chosen] = (imp.status_code, imp.json()["error"]["message"].replace(chosen, "ID"),
                            rep.status_code, rep.json()["error"]["message"].replace(chosen, "ID"))
     assert answers["secret-1"] == answers["never-used"] and answers["secret-1"][0::2] == (400, 400), answers
+    # a record names releases of its own scenario only (ctxd reads the release a sample names: issue 50 item 4)
+    for release in ("team-c-x:v1", "team-c-x:v9"):
+        imp = call(server.url, "POST", "/reef/records/batch", TOKENS["admin"],
+                   body={"records": [{"scenario": A, "kind": "inference", "release_id": release}]})
+        assert imp.status_code == 400 and "names a release of another scenario" in imp.text, imp.text
+    ok = call(server.url, "POST", "/reef/records/batch", TOKENS["admin"],
+              body={"records": [{"scenario": A, "kind": "inference", "release_id": f"{A}:v1"}]})
+    assert ok.status_code == 201, ok.text
     assert f"start with the scenario's name and ':' (e.g. '{A}:my-id')" in answers["secret-1"][1]
     # under the scenario's own name: its own ids, created, repeated idempotently
     for _ in range(2):

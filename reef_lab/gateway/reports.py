@@ -186,6 +186,11 @@ class Reports:
             if isinstance(item, dict) and item.get("id") is not None:
                 check_scoped_id(rec.scenario, rec.id)
         check_name(rec.scenario, new=not self.scenarios.exists(rec.scenario))
+        if rec.release_id is not None and ":" in rec.release_id and \
+                rec.release_id.split(":", 1)[0] != rec.scenario:  # a recipe reads the release it names (ctxd)
+            raise BadRequest(f"'release_id' {shown(rec.release_id)} names a release of another scenario: a record "
+                             f"names one of its own scenario ('{rec.scenario}:vN'), 'base' or none; rewrite it "
+                             "when moving records between scenarios")
         self._check_vocabulary(rec)
         rec.references = self.check_references(rec.scenario, rec.references or None, extra=pending)
         if rec.kind == "report":  # the recipe's own schema, as on the live route (the teacher's words' limit, ...)
