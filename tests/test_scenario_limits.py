@@ -102,3 +102,10 @@ def test_an_idle_scenario_holds_no_thread(tmp_path, stub_url, monkeypatch):
         assert ln.wait_idle(60) and ln.rounds == 1, ln.status()
     finally:
         r.stop()
+    # a restart builds every scenario's learner again (their harness serves), still without a thread each
+    again = Gateway(tmp_path / "data", UpstreamEngine(stub_url, model="m", timeout=5.0), default_recipe="gepa",
+                    tracking=TrackingConfig(mode="offline"))
+    try:
+        assert len(again.learners.built()) == 40 and threads() == 0
+    finally:
+        again.close()
