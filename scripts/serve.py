@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(handoff, cfg.to_dict(), indent=True)
     os.environ["REEF_LAB_SERVE_CONFIG"] = str(handoff)
     # glibc gives every thread that allocates its own heap (up to 8 per CPU), and a heap keeps what it once held: a
-    # worker with a thread per connection crept up under steady load (results/soak-notes.md); two
+    # worker with a thread per connection crept up under steady load (results/log/soak-notes.md); two
     # heaps kept it flat. The workers are new processes, so they read this as they start.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     # No HF_HUB_OFFLINE here: local models load with local_files_only, and --hub-repo pushes need the Hub client

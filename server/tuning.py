@@ -40,7 +40,7 @@ def pin_worker(data_dir: str | Path, workers: int):
 
     Why: a request crosses several threads of one worker (granian's runtime, a WSGI thread, the record commit);
     when they share a CPU a wakeup is a run-queue insert, not an interrupt to another (virtual) CPU; pinned
-    workers serve more requests/s (results/gateway-notes.md). The slot (0..workers-1) is the first free `<data dir>/.worker-<k>.lock`.
+    workers serve more requests/s (results/log/gateway-notes.md). The slot (0..workers-1) is the first free `<data dir>/.worker-<k>.lock`.
     """
     cpus = sorted(os.sched_getaffinity(0))
     Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def ask_short_slice(us: int) -> int:
     win a CPU back from the load generator, the stub or the other worker. Linux's EEVDF scheduler (6.12+) lets a
     thread of the normal class ask for a shorter slice, which gives it an earlier deadline when it wakes, so it runs
     sooner: a trimmed latency tail, the median within noise (scripts/bench_gateway.py measures it beside the
-    kernel's default; the A/B runs are in results/gateway-notes.md). Older kernels ignore the field. SliceGovernor decides when to ask.
+    kernel's default; the A/B runs are in results/log/gateway-notes.md). Older kernels ignore the field. SliceGovernor decides when to ask.
     """
     calls = _SCHED_SYSCALLS.get(os.uname().machine)
     if calls is None:
@@ -122,7 +122,7 @@ class SliceGovernor:
 
     Why: the short slice buys latency by letting a woken thread preempt sooner; that only pays while a CPU is
     free to run it. Saturated, every thread is runnable and the short slice only multiplies preemptions: the
-    kernel's default serves more requests/s there (results/gateway-notes.md). `load` gives the busy share (0..1,
+    kernel's default serves more requests/s there (results/log/gateway-notes.md). `load` gives the busy share (0..1,
     None when unknown); tests pass their own so that the decision does not depend on how busy the test machine is.
     """
 

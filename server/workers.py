@@ -12,7 +12,7 @@ in one place.
   records to a log of its own (`reef_lab.records.store.RelayLog`: group commit, fdatasync before the receipt leaves), which the
   primary's store follows: it reads the log as it grows (on an unknown receipt, before every query, each second),
   serves those records like its own and rolls the log into Parquet once the relay has closed it. Sending each
-  record to the primary instead was no faster than one process (results/gateway-notes.md). A report is checked for
+  record to the primary instead was no faster than one process (results/log/gateway-notes.md). A report is checked for
   auth and scope and parsed here, then validated and stored by the primary (one small message, with the token's id
   and whether it may report only on its own receipts; the primary knows every receipt). Every other request
   (scenario and record routes, a scenario's first request) is passed to the primary whole and its answer

@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS segment_parts (
 
 Row = tuple[str, str, str, str, float, int, int]  # id, scenario, kind, content_hash, stored_at, segment, row
 CACHED = 16_384  # rows kept in memory, most recently asked first (~3 MB): a report names recent receipts again and
-# again, and a query of this file costs far more than a dict lookup (results/gateway-notes.md)
+# again, and a query of this file costs far more than a dict lookup (results/log/gateway-notes.md)
 
 
 class SegmentIndex:

@@ -62,7 +62,7 @@ class _Chunk:
     descriptor of the log, from which a record is read by the place its index entry names.
 
     Why not the records themselves: held in memory until their roll (20,000 records), a busy server's resident
-    memory grew steadily and fell back at each roll (results/soak-notes.md); in the log they are in the page cache.
+    memory grew steadily and fell back at each roll (results/log/soak-notes.md); in the log they are in the page cache.
     """
 
     __slots__ = ("no", "ids", "fd")
