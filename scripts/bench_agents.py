@@ -6,7 +6,7 @@ Every call is timed by the same loopback proxy in front of the agent's base URL 
 from the request's first byte to the answer's last, so a route's time per call minus the baseline's is what the
 relay adds. Needs the agents: `bash scripts/setup.sh --agents`.
 
-    .venv/bin/python scripts/bench_agents.py --rounds 5        # writes results/agents.md and results/agents.json
+    .venv/bin/python scripts/bench_agents.py --rounds 5        # writes results/agents.md and results/data/agents.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
 from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
@@ -103,13 +103,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="runs of each agent on each route")
     ap.add_argument("--agents", default="claude,codex,opencode")
-    ap.add_argument("--out", default=str(ROOT / "results" / "agents"), help="writes <out>.md and <out>.json")
-    ap.add_argument("--summarize", action="store_true", help="run nothing: summarize <out>.json's runs again")
+    ap.add_argument("--out", default=str(ROOT / "results" / "agents"), help="<out>.md (its JSON: results/data/)")
+    ap.add_argument("--summarize", action="store_true", help="run nothing: summarize the JSON's runs again")
     a = ap.parse_args()
     if a.summarize:
-        data = json.loads(Path(a.out + ".json").read_text())
+        data = json.loads(data_file(a.out).read_text())
         data["summary"] = [row for agent in data["meta"]["clients"] for row in summarize(data["runs"], agent)]
-        Path(a.out + ".json").write_text(json.dumps(data, indent=1))
+        data_file(a.out).write_text(json.dumps(data, indent=1))
         Path(a.out + ".md").write_text(render(data["meta"], data["summary"], data["runs"]))
         return
     agents = [x for x in a.agents.split(",") if installed(x)]
@@ -154,7 +154,7 @@ def main() -> None:
             "clients": {x: f"{AGENTS[x]}@{version(x)}" for x in agents},
             "serve": "scripts/serve.py --upstream-url <scripted provider> [--upstream-dialect D] (default workers)",
             "translation": translation}
-    Path(a.out + ".json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
+    data_file(a.out).write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
     Path(a.out + ".md").write_text(render(meta, rows, runs))
     print(render(meta, rows, runs))
 
@@ -163,7 +163,7 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
     lines = ["# Real agents through the relay: completion and added latency per call", "",
              f"`{meta['command']}` ({meta['when']}, {meta['cpus']} CPUs, Python {meta['python']}, load average "
              f"{meta['load_before'][0]} before and {meta['load_after'][0]} after: a machine shared with other work); "
-             "raw numbers in [agents.json](agents.json).", "",
+             "raw numbers in [data/agents.json](data/agents.json).", "",
              "Clients (npm, installed by `bash scripts/setup.sh --agents`): " +
              ", ".join(f"`{v}`" for v in meta["clients"].values()) + ".", "",
              "Each run is one headless agent on the scripted task (turn 1: the provider answers with a file-writing "

@@ -1,6 +1,6 @@
 """Generated tokens/s of the embedded engine and of vLLM CPU on the same model and prompts, side by side.
 
-    .venv/bin/python scripts/bench_engines.py            # writes results/engines.{md,json,png}
+    .venv/bin/python scripts/bench_engines.py            # writes results/engines.{md,png}, results/data/engines.json
 
 Both engines serve the embedded SmolLM2 (its converted transformers folder); vLLM runs as reef_lab's `vllm`
 engine starts it (`bash scripts/setup.sh --vllm` first). At each concurrency (1, 8, 32 by default) both engines
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 
 
 def matmul_rate(n: int = 1024, seconds: float = 3.0) -> float:
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     data = {"written": written, "machine": platform.processor() or platform.machine(), "cpus": torch.get_num_threads(),
             "params": params, "matmul_flops": rate, "limit_tokens_per_s": limit, "rows": rows, "summary": summary,
             "max_tokens": args.max_tokens}
-    out.with_suffix(".json").write_text(json.dumps(data, indent=2))
+    data_file(out).write_text(json.dumps(data, indent=2))
     _plot(out.with_suffix(".png"), summary, args.concurrency, limit)
     lines = [
         "# Engines: generated tokens/s on this machine, embedded vs vLLM CPU", "",

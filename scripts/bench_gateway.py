@@ -1,6 +1,6 @@
 """Gateway overhead benchmark: reef_lab relaying to a stub provider vs calling the stub directly, same run.
 
-    .venv/bin/python scripts/bench_gateway.py            # writes results/gateway-bench.{md,json}
+    .venv/bin/python scripts/bench_gateway.py            # results/gateway-bench.{md,png}, data/gateway-bench.json
 
 Starts the stub provider (`tests.doubles.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from tests.doubles.processes import start_server, start_stub  # noqa: E402
 from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
@@ -430,7 +430,7 @@ def main() -> None:
         "command": command_line(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    data_file(args.out).write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result))
     plot(result, zero_lat, slow_lat, args.out + ".png")
     print(render(result))

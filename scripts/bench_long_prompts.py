@@ -10,7 +10,7 @@ Everything goes through HTTP: the gateway behind reef_lab's own server (server/h
 it) in this process, SmolLM2-135M-Instruct on CPU, one engine per prefill setting on the same weights. Between
 phases the engine is left to drain, so a prompt started in one phase never lands in the next one's numbers.
 
-    .venv/bin/python scripts/bench_long_prompts.py                       # writes results/agents-fairness.*
+    .venv/bin/python scripts/bench_long_prompts.py   # results/agents-fairness.{md,png}, data/*.json
     .venv/bin/python scripts/bench_long_prompts.py --phase-s 60 --rounds 1 --arms base,chunked
 """
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model  # noqa: E402
 from reef_lab.gateway.gateway import Gateway  # noqa: E402
-from scripts.command_line import command_line, repo_path  # noqa: E402
+from scripts.command_line import command_line, data_file, repo_path  # noqa: E402
 from server.app import create_app  # noqa: E402
 from server.httpd import Server, listen  # noqa: E402
 
@@ -275,7 +275,7 @@ def report(args, arms, phases, model_name: str, prompt_tokens: int, wall_s: floa
               "settings": vars(args) | {"out": repo_path(args.out)}, "p95_s": pooled, "p50_s": p50,
               "ratio_to_base": ratios, "phases": phases}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    data_file(args.out).write_text(json.dumps(result, indent=1))
     plot(args.out.with_suffix(".png"), arms, by_arm)
     args.out.with_suffix(".md").write_text(markdown(result, arms, by_arm))
     print(json.dumps({k: result[k] for k in ("p95_s", "p50_s", "ratio_to_base", "wall_s")}, indent=1))

@@ -12,7 +12,8 @@ release v1 (`x-reef-release-id`). The learner's own metrics rows (their wall tim
 report to the step's start: the learner waking, draining its queue and, on its first round, loading the trainer),
 train (the step), candidate (export, held-out and retention evaluation, selection), release (load, route) and first
 answer (the release serving to the client's first answer from it).
-Writes results/report-to-live.{json,md,png} (or --out). Runs alternate engines within a repeat.
+Writes results/report-to-live.{md,png} and results/data/report-to-live.json (or --out). Runs alternate engines
+within a repeat.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 
 SCENARIO = "r2l"
@@ -124,7 +125,7 @@ def one(recipe: str, engine: str, k: int, work: Path, model_path: str | None, ti
 def write(rows: list[dict], out: Path, argv: list[str]) -> None:
     command = command_line(argv)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": rows}, indent=1))
+    data_file(out).write_text(json.dumps({"command": command, "runs": rows}, indent=1))
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         cells.setdefault((r["recipe"], r["engine"]), []).append(r)

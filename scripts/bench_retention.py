@@ -1,6 +1,6 @@
 """What retention costs under load: scripts/soak.py with retention off and on, alternated, on one machine.
 
-    .venv/bin/python scripts/bench_retention.py                              # results/retention.{md,json,png}
+    .venv/bin/python scripts/bench_retention.py          # results/retention.{md,png}, data/retention.json
     .venv/bin/python scripts/bench_retention.py --pairs 1 --minutes 1 --out runs/ret   # a quick look
 
 Each run is a fresh soak (stub provider, scripts/serve.py with a primary and a relay worker, `--clients` keep-alive
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from scripts.command_line import command_line, repo_path  # noqa: E402
+from scripts.command_line import command_line, data_file, repo_path  # noqa: E402
 
 
 def run(args, on: bool, out: Path) -> dict:
@@ -37,7 +37,7 @@ def run(args, on: bool, out: Path) -> dict:
            "--recent-reads", "--out", str(out), *(shlex.split(args.on) if on else [])]
     t0, load = time.time(), os.getloadavg()[0]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    r = json.loads((out / "soak.json").read_text())
+    r = json.loads(data_file(out / "soak").read_text())
     measured = [m for m in r["by_minute"] if not m["warmup"]]
     seconds = args.minutes * 60
     sizes = r["sizes"]
@@ -75,12 +75,12 @@ def main() -> None:
     ap.add_argument("--on", default="--retain-max-records 20000 --retain-max-age 1h",
                     help="soak.py's retention flags for the 'on' runs")
     ap.add_argument("--out", default=str(ROOT / "results"))
-    ap.add_argument("--render-only", action="store_true", help="only redraw retention.md/.png from retention.json")
+    ap.add_argument("--render-only", action="store_true", help="only redraw retention.md/.png from its JSON")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.render_only:
-        report = json.loads((out / "retention.json").read_text())
+        report = json.loads(data_file(out / "retention").read_text())
         (out / "retention.md").write_text(render(report))
         plot(report, out / "retention.png")
         return
@@ -100,7 +100,7 @@ def main() -> None:
     report = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": command_line(program=""), "args": vars(args) | {"out": repo_path(args.out)},
               "ratios_on_over_off": ratios, "summary": summary, "runs": runs}
-    (out / "retention.json").write_text(json.dumps(report, indent=1))
+    data_file(out / "retention").write_text(json.dumps(report, indent=1))
     (out / "retention.md").write_text(render(report))
     plot(report, out / "retention.png")
     print(render(report))

@@ -1,7 +1,7 @@
 """Cost of the TTT sandbox's isolation: bubblewrap (`isolation="bwrap"`) against a plain child process
 (`isolation="none"`, the sandbox before bubblewrap), same programs, same limits, interleaved.
 
-    .venv/bin/python scripts/bench_sandbox.py                 # writes results/sandbox-overhead.{md,json}
+    .venv/bin/python scripts/bench_sandbox.py     # results/sandbox-overhead.md, data/sandbox-overhead.json
     .venv/bin/python scripts/bench_sandbox.py --runs 60
 
 Per run: the wall time of `run_python` (temporary folder, process start, the program, its verdict). Programs: the
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from recipes.tttd.problems import CirclePacking  # noqa: E402
 from recipes.tttd.sandbox import Limits, check_isolation, run_python  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 
 PROGRAMS = {"circle program (n=6)": CirclePacking(6).initial_solution(), "pass": "pass",
             "import numpy": "import numpy\nprint(numpy.zeros(3).sum())"}
@@ -57,7 +57,7 @@ def main() -> None:
             "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    data_file(out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["# TTT sandbox: bubblewrap vs a plain child process", "",
              f"`{meta['command'].strip()}` ({meta['date']}, {meta['machine']}, Python {meta['python']}; a shared "
              "2-CPU machine). Median wall time of one `run_python` call over the rounds, both isolations "

@@ -13,7 +13,7 @@ ran before). Part `release` (b): the live command, `serve.py --recipe sao` and `
 clients asking and reporting, once per arm, interleaved: the time from the first question to the first release,
 and the learner's step times. Both record how many other sessions were using the CPUs meanwhile (Linux shares CPU
 time between sessions, "autogroups", so that count sets what a run gets on a shared machine); results are ratios
-to `embedded` within a round. Writes results/train-beside-vllm.{json,md,png} (or --out).
+to `embedded` within a round. Writes results/train-beside-vllm.{md,png}, results/data/train-beside-vllm.json (or --out).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line, shell_words  # noqa: E402
+from scripts.command_line import command_line, data_file, shell_words  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 
 SCENARIO = "arithmetic-live"  # live_client.py's default
@@ -388,7 +388,7 @@ def main() -> None:
         result["wall_s"], result["started"] = sum(x["wall_s"] for x in parts), parts[0]["started"]
         if args.notes:
             result["notes"] = Path(args.notes).read_text().strip().splitlines()
-            out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+            data_file(out).write_text(json.dumps(result, indent=2) + "\n")
     else:
         arms, release_arms = args.arms.split(","), args.release_arms.split(",")
         if unknown := set(arms + release_arms) - set(ARMS):
@@ -420,7 +420,7 @@ def main() -> None:
             result["ratios"]["release"] = {a: ratios(result["release"], a, ("first_release_s", "policy_step_s_mean"))
                                            for a in release_arms if a != "embedded"}
         result["wall_s"] = round(time.time() - began)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        data_file(out).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))
     report(result, out.with_suffix(".md"))
     print(out.with_suffix(".md").read_text())

@@ -1,6 +1,6 @@
 """Training speed per token: reef_lab's in-process TorchTrainer vs TRL's GRPOTrainer, same model, data and CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_trainer.py       # writes results/trainer-vs-trl.{md,json,png}
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_trainer.py  # results/trainer-vs-trl.{md,png}, data/*.json
     .venv/bin/python scripts/bench_trainer.py --rounds 7 --batch 16 --completion-len 32 --micro-batch 8
 
 It exists to test the claim "the reef_lab trainer is at least as fast per token as TRL's GRPOTrainer". Needs TRL:
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file, data_link  # noqa: E402
 from scripts.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a coral reef", "a lost robot", "a mountain village", "a deep-sea diver",
@@ -198,7 +198,7 @@ def main() -> None:
             "completion_len": args.completion_len, "prompt_tokens": p_tok, "completion_tokens": c_tok,
             "tokens_per_step": tokens, "trl_padded_width": padded, "generation_s": gen_s, "versions": versions}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rounds": results, "summary": summ,
+    data_file(args.out).write_text(json.dumps({"meta": meta, "rounds": results, "summary": summ,
                                                          "ratio_of_medians": ratio_of_medians,
                                                          "last_step": last}, indent=2))
 
@@ -279,7 +279,7 @@ in MB; the rise is that peak less the RSS the side started from. Both sides shar
 the other side's model and AdamW state.
 
 Versions: torch {versions['torch']}, transformers {versions['transformers']}, trl {versions['trl']}, Python
-{versions['python']}. Plot: `{args.out.with_suffix('.png').name}`; raw numbers: `{args.out.with_suffix('.json').name}`.
+{versions['python']}. Plot: `{args.out.with_suffix('.png').name}`; raw numbers: `{data_link(args.out)}`.
 
 Caveats: one tiny model on a shared 2-core CPU (other jobs may run; alternation and medians reduce, not remove,
 that noise); the same generated batch is reused for every step; the losses differ in detail (DIS mask vs TRL's

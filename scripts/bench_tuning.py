@@ -1,7 +1,7 @@
 """Server tuning on vs off, side by side: is pinning workers to CPUs and asking for a short scheduler slice worth
 being a default?
 
-    .venv/bin/python scripts/bench_tuning.py              # writes results/server-tuning.{md,json,png}
+    .venv/bin/python scripts/bench_tuning.py   # results/server-tuning.{md,png}, data/server-tuning.json
 
 Starts the instant stub provider and three real `scripts/serve.py --upstream-url <stub> --workers 2` servers at once,
 identical but for server/tuning.py: `plain` (`--pin-workers 0 --sched-slice-us 0`), `pinned` (`--pin-workers 1`) and
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from scripts.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
-from scripts.command_line import command_line
+from scripts.command_line import command_line, data_file
 from server.tuning import machine_busy
 from tests.doubles.processes import start_server, start_stub
 
@@ -158,7 +158,7 @@ def main() -> None:
                    "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
                    "command": command_line()})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    data_file(args.out).write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result, args))
     plot(result, args.out + ".png")
     print(render(result, args))

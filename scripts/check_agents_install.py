@@ -24,7 +24,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from scripts.command_line import command_line
+from scripts.command_line import command_line, data_file
 from tests.doubles import free_port
 from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
 from tests.doubles.scripted_provider import ScriptedProvider
@@ -182,7 +182,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     command = command_line()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out + ".json").write_text(json.dumps({"command": command, "agents": rows}, indent=2) + "\n")
+    data_file(a.out).write_text(json.dumps({"command": command, "agents": rows}, indent=2) + "\n")
     Path(a.out + ".md").write_text(markdown(rows, command))
     print(Path(a.out + ".md").read_text())
 

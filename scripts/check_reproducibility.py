@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 
 RUNS = Path("runs/reproducibility")
 
@@ -99,12 +99,12 @@ def run_twice(name: str) -> dict:
 def merged(results: list[dict], path: Path) -> list[dict]:
     """With --only, the page keeps the other runs' sections from its JSON (each says its own command and commit)."""
     ran = {r["name"] for r in results}
-    kept = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else []
+    kept = json.loads(data_file(path).read_text()) if data_file(path).exists() else []
     return sorted([r for r in kept if r["name"] not in ran] + results, key=lambda r: r["name"])
 
 
 def write(results: list[dict], path: Path) -> None:
-    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    data_file(path).write_text(json.dumps(results, indent=1))
     lines = ["# Same seed, same run", "",
              "Command: `python scripts/check_reproducibility.py` (or `--only NAME` for one section; each run twice, "
              "the second beside a busy loop spinning on one of the two cores).", ""]

@@ -12,6 +12,9 @@ to be corrected by hand (issue 39).
 
 Absolute paths outside the repository (`--out /tmp/x`) are kept: they are what ran. Put run folders under `runs/`
 (git ignores it); tests/test_results_pages.py fails on a page that names a machine's temporary folders.
+
+A page's raw numbers go where `data_file` says (issue 51): claim pages and their figures in results/, merge checks
+and notes in results/log/, every JSON in results/data/ at the same place (results/x.md: results/data/x.json).
 """
 
 from __future__ import annotations
@@ -58,3 +61,24 @@ def command_line(argv: Sequence[str] | None = None, program: str = "python") -> 
     if argv and os.path.isfile(argv[0]):  # started from another folder: name the script from the root
         argv[0] = os.path.abspath(argv[0])
     return f"{program} {shell_words(argv)}".strip()
+
+
+def data_file(page: str | os.PathLike, suffix: str = ".json") -> Path:
+    """Where the raw numbers of the page `page` (a path with or without `.md`) go: for a page under results/, the same
+    place under results/data/ (results/x -> results/data/x.json, results/log/x -> results/data/log/x.json), its
+    folder created; for a page anywhere else (a run folder), beside the page (runs/a/x -> runs/a/x.json)."""
+    path = os.path.abspath(os.fspath(page))
+    path = path[:-3] if path.endswith(".md") else path
+    for root in ROOTS:
+        results = os.path.join(root, "results") + os.sep
+        if path.startswith(results) and not path.startswith(os.path.join(results, "data") + os.sep):
+            target = Path(results, "data", path[len(results):] + suffix)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return target
+    return Path(path + suffix)
+
+
+def data_link(page: str | os.PathLike, suffix: str = ".json") -> str:
+    """The page's link to its raw numbers, from the page's folder (`data/x.json` on results/x.md)."""
+    path = os.path.abspath(os.fspath(page))
+    return os.path.relpath(data_file(path, suffix), os.path.dirname(path))

@@ -1,5 +1,5 @@
 """reef_lab's GEPA against the reference implementation (`gepa.optimize`, pip `gepa`) on the same task, models,
-splits, seed harness and metric-call budget; writes results/gepa-<task>.md, .json and .png.
+splits, seed harness and metric-call budget; writes results/gepa-<task>.md and .png, results/data/gepa-<task>.json.
 
     pip install -c constraints-cpu.txt -e '.[bench]'      # gepa==0.1.4
     python scripts/compare_gepa.py recipes/gepa/examples/arithmetic.yaml --seeds 0 1 2
@@ -29,7 +29,7 @@ from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_
 from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.engines.lm import make_lm  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 
 
 class ReferenceAdapter:
@@ -139,7 +139,7 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
     import importlib.metadata as md
 
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps({"config": cfg.__dict__, "rows": rows}, indent=2, default=str))
+    data_file(stem).write_text(json.dumps({"config": cfg.__dict__, "rows": rows}, indent=2, default=str))
     task = cfg.name.removeprefix("gepa-") if cfg.name else cfg.task.get("name")
     lines = [f"# GEPA on `{task}`: reef_lab vs reference `gepa.optimize` {md.version('gepa')}", "",
              "Command: `" + command_line(["scripts/compare_gepa.py", args.config, "--seeds", *map(str, args.seeds),

@@ -1,6 +1,6 @@
 """TTT-Discover against best-of-N sampling from the base policy, at the same number of samples (same model, prompts
 and verifier), over several seeds; beside them the problem's best known value and a classical optimiser (scipy
-SLSQP multistart) given each TTT run's wall time. Writes results/<name>.{md,json,png}.
+SLSQP multistart) given each TTT run's wall time. Writes results/<name>.{md,png}, results/data/<name>.json.
 
     python scripts/compare_tttd.py recipes/tttd/examples/circle_packing_cpu.yaml --seeds 0 1 2
     python scripts/compare_tttd.py recipes/tttd/examples/circle_centres_cpu.yaml --arms ttt search best_of_n \
@@ -27,7 +27,7 @@ import yaml  # noqa: E402
 
 from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
 from recipes.tttd.problems import BEST_KNOWN, make_problem, scipy_baseline  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 
 ARMS = {"ttt": {}, "search": {"policy_updates": False}, "best_of_n": {"policy_updates": False, "reuse": False}}
 LABELS = {"ttt": "TTT-Discover", "search": "PUCT search, base policy (no training)",
@@ -282,7 +282,7 @@ parent.
 {edit_rows}
 """
     Path(args.results + ".md").write_text(md)
-    Path(args.results + ".json").write_bytes(orjson.dumps({"config": base, "seeds": seeds, "stats": stats,
+    data_file(args.results).write_bytes(orjson.dumps({"config": base, "seeds": seeds, "stats": stats,
                                                            "runs": runs}, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     print(md)
 

@@ -17,7 +17,8 @@ tool loop (scripts/learn_tool_task.py's), one session per episode:
 After each round the release runs the held-out episodes (calculator, items seed 1000, greedy) and a retention task
 it is not trained on (colors), without reporting them. The teacher is a release folder (e.g. an SFT then GRPO
 release of scripts/learn_tool_task.py) and is scored on the same held-out episodes once.
-Writes <out>.json (every curve point), <out>.md and <out>.png; `--merge` joins per-seed files.
+Writes <out>.md, <out>.png and its JSON (every curve point; results/data/ for a page in results/); `--merge`
+joins per-seed files.
 
     python scripts/distill_tool_task.py --teacher runs/al/data/seed-1/grpo/data/releases/tools-grpo-s1/v2 \
         --seeds 0 --out runs/distill-tools/s0
@@ -40,7 +41,7 @@ import yaml  # noqa: E402
 
 from reef_lab.records.record import CLIENT_FIELDS  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
                                      policy_rollouts, run_episodes, sdk_client, start_server, t_interval,
                                      wait_releases)
@@ -280,7 +281,7 @@ def curves(out: dict, task: str) -> dict[str, list[tuple[int, float, float, floa
 
 def save(out: dict, path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{path}.json").write_text(json.dumps(out, indent=1))
+    data_file(path).write_text(json.dumps(out, indent=1))
     write_report(out, path)
 
 

@@ -16,7 +16,7 @@ seed starts from the base weights):
    calculator episodes (items seed 200+s), each its own session tagged with its item, reported on the episode, which
    the learner trains on as one masked sample; its releases then run the same held-out episodes. Its run folder
    opens in the SAO app (tool-call validity and task success per step).
-Writes <out>.json (every episode, with its transcript), <out>.md and <out>.png.
+Writes <out>.md, <out>.png and its JSON (every episode, with its transcript; results/data/ for a page in results/).
 
     .venv/bin/python scripts/learn_tool_task.py --seeds 0 1 2 --out results/agents-learn
 """
@@ -42,7 +42,7 @@ from reef_lab.tasks.base import make_task  # noqa: E402
 from reef_lab.tasks.demos import calculator_episode, turn_records  # noqa: E402
 from reef_lab.tasks.tools import ToolTask  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from tests.doubles import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
@@ -350,7 +350,7 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4, help="model replies per calculator episode")
     ap.add_argument("--recipe-config", default="recipes/sft/examples/tools.yaml")
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
-    ap.add_argument("--skip-base", action="store_true", help="keep the base run already in <out>.json")
+    ap.add_argument("--skip-base", action="store_true", help="keep the base run already in <out>'s JSON")
     ap.add_argument("--no-base", action="store_true", help="run the seeds only (merge the base in later)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: join the runs of these result files into <out> and write its pages")
@@ -397,7 +397,7 @@ def main() -> None:
     out = {"command": command_line(), "args": vars(args), "recipe_config": rc, "steps": steps,
            "runs": {}}
     if args.skip_base:
-        out["runs"]["base"] = json.loads(Path(f"{args.out}.json").read_text())["runs"]["base"]
+        out["runs"]["base"] = json.loads(data_file(args.out).read_text())["runs"]["base"]
     calc = make_task({"name": "calculator", "options": {"max_turns": args.max_turns}})
     tasks = {"calculator": (calc, EVAL_SEED, args.max_tokens, args.max_turns),
              "calculator-unseen": (make_task({"name": "calculator", "options": {
@@ -574,7 +574,7 @@ def model_folder(model_path: str | None) -> Path:
 
 def _save(out: dict, path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{path}.json").write_text(json.dumps(out, indent=1))
+    data_file(path).write_text(json.dumps(out, indent=1))
     write_report(out, path)
 
 
@@ -630,7 +630,7 @@ def write_report(out: dict, path: str) -> None:
     """<path>.md (tables) and <path>.png (success per release with 95% Clopper-Pearson intervals)."""
     table = summary(out)
     out["summary"] = table
-    Path(f"{path}.json").write_text(json.dumps(out, indent=1))
+    data_file(path).write_text(json.dumps(out, indent=1))
     lines = ["| run | task | success | 95% CI (Clopper-Pearson) | episodes with a valid call | tool calls (valid) | "
              "episodes ended by a server error | wall s |", "|---|---|---|---|---|---|---|---|"]
     for name, run in out["runs"].items():

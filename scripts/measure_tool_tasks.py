@@ -2,7 +2,7 @@
 
 The embedded engine takes no `tools` yet, so the tools go in the prompt in the Hermes form and the replies are parsed
 for `<tool_call>` blocks (reef_lab.tasks.tools.TextToolChat); answers are greedy. Writes
-<out>.json (every episode's transcript and verdict) and <out>.md.
+<out>.md and its JSON (every episode's transcript and verdict; results/data/ for a page in results/).
 
     .venv/bin/python scripts/measure_tool_tasks.py --n 20 --out results/tool-tasks-base
 """
@@ -19,7 +19,7 @@ from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import EmbeddedEngine  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
 from reef_lab.tasks.tools import TextToolChat, evaluate_episodes  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file, data_link  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="*", default=["bfcl", "calculator"], choices=["bfcl", "calculator"])
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--out", default="results/tool-tasks-base")
-    ap.add_argument("--append", action="store_true", help="keep the other tasks already in <out>.json")
+    ap.add_argument("--append", action="store_true", help="keep the other tasks already in <out>'s JSON")
     args = ap.parse_args()
 
     engine = EmbeddedEngine.from_path(args.model_path, max_batch=args.n)
@@ -47,8 +47,8 @@ def main() -> None:
     out = {"command": command_line(), "model": engine.model_name, "n": args.n, "seed": args.seed,
            "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tasks": {}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    if args.append and Path(f"{args.out}.json").is_file():
-        out["tasks"] = json.loads(Path(f"{args.out}.json").read_text())["tasks"]
+    if args.append and data_file(args.out).is_file():
+        out["tasks"] = json.loads(data_file(args.out).read_text())["tasks"]
     try:
         for name in args.tasks:
             task = make_task({"name": name, **({"options": {"max_turns": args.max_turns}} if name == "calculator"
@@ -61,13 +61,13 @@ def main() -> None:
             print(f"{name}: accuracy {result['accuracy']:.3f}, tool calls {result['tool_calls']} "
                   f"(valid {result['valid_call_fraction']}), episodes with calls {result['episodes_with_calls']}"
                   f"/{result['n']}, {result['wall_s']} s", flush=True)
-            Path(f"{args.out}.json").write_text(json.dumps(out, indent=1, default=str))  # each task as it ends
-            Path(f"{args.out}.md").write_text(report(out))
+            data_file(args.out).write_text(json.dumps(out, indent=1, default=str))  # each task as it ends
+            Path(f"{args.out}.md").write_text(report(out, data_link(args.out)))
     finally:
         engine.close()
 
 
-def report(out: dict) -> str:
+def report(out: dict, data: str = "data/tool-tasks-base.json") -> str:
     rows = []
     for name, r in out["tasks"].items():
         valid = "-" if r["valid_call_fraction"] is None else f"{r['valid_call_fraction']:.2f}"
@@ -85,7 +85,7 @@ def report(out: dict) -> str:
 
 Greedy, max_tokens {out['max_tokens']} per reply, at most {out['max_turns']} replies per calculator episode, items of
 seed {out['seed']}; the tools in the system prompt in the Hermes form and the replies parsed for `<tool_call>`
-blocks (the embedded engine takes no `tools` yet). Every transcript and verdict: the `.json` beside this page.
+blocks (the embedded engine takes no `tools` yet). Every transcript and verdict: [{data}]({data}).
 Commands (on 2 shared CPU cores, hence the wall times):
 
 {chr(10).join(sorted({f"    {r.get('command', out['command'])}" for r in out['tasks'].values()}))}

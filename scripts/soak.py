@@ -1,7 +1,7 @@
 """Soak test: the real server under a steady mixed load for minutes; memory, latency and errors as they go, then
 reads by id before and after a restart.
 
-    .venv/bin/python scripts/soak.py                      # 8 min warm-up + 10 measured; results/soak.{md,json,png}
+    .venv/bin/python scripts/soak.py   # 8 min warm-up + 10 measured; results/soak.{md,png}, data/soak.json
     .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out runs/soak     # a quick look
 
 Starts the stub provider (`tests.doubles.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402
 from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from scripts.command_line import command_line, data_file  # noqa: E402
 from tests.doubles import free_port  # noqa: E402
 from tests.doubles.processes import start_child  # noqa: E402
 
@@ -189,7 +189,7 @@ def main() -> None:
                     help="minutes of the same load before the measured ones: past the first roll of the primary's "
                          "own log and of a relay's (about 3.5 and 6.5 min at 120 requests/s)")
     ap.add_argument("--reads", type=int, default=500, help="records read by id before and after the restart")
-    ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.json, soak.png")
+    ap.add_argument("--out", default=str(ROOT / "results"), help="folder for soak.md, soak.png; JSON in results/data/")
     ap.add_argument("--server-args", default="", help="extra scripts/serve.py flags, e.g. '--http-server granian'")
     ap.add_argument("--retain-max-bytes", help="serve.py's retention limit; checked afterwards (see above)")
     ap.add_argument("--retain-max-age", help="serve.py's retention limit; checked afterwards")
@@ -262,7 +262,7 @@ def main() -> None:
     report = summarize(args, samples, events, t_load, before, after, pids, command_line(program=""))
     report["retention"] = retention
     report["server_cpu_s"] = server_cpu
-    (out / "soak.json").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
+    data_file(out / "soak").write_text(json.dumps({**report, "samples": samples, "sizes": sizes}, indent=1))
     (out / "soak.md").write_text(render(report))
     plot(samples, report, out / "soak.png")
     print(render(report))

@@ -1,6 +1,6 @@
 """Where a GRPO step's memory goes: the real SmolLM2-135M (fp32, CPU) on 16 tool episodes, peak RSS per phase.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/trainer_memory.py          # writes results/trainer-memory.{md,json,png}
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/trainer_memory.py  # results/trainer-memory.{md,png}, data/*.json
     .venv/bin/python scripts/trainer_memory.py --variants before after --steps 3 --out /tmp/tm
 
 It exists because the GRPO stage of scripts/learn_tool_task.py held 7.6 GB to train a 135M model on 16 episodes
@@ -321,7 +321,7 @@ def write_report(args, rows: list[dict]) -> None:
     import torch
     import transformers
 
-    from scripts.command_line import command_line
+    from scripts.command_line import command_line, data_file
 
     command = command_line(program="HF_HUB_OFFLINE=1 .venv/bin/python")
     meta = {"command": command.strip(), "model_dir": str(args.model_dir), "episodes": args.episodes,
@@ -329,14 +329,16 @@ def write_report(args, rows: list[dict]) -> None:
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version(), "cpu_count": os.cpu_count()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "variants": rows}, indent=1))
+    data_file(args.out).write_text(json.dumps({"meta": meta, "variants": rows}, indent=1))
     render(args.out)
 
 
 def render(out: Path) -> None:
     """<out>.png and the tables of <out>.md (between the TABLES markers; the rest of the page is kept) from
-    <out>.json."""
-    data = json.loads(out.with_suffix(".json").read_text())
+    its JSON."""
+    from scripts.command_line import data_file, data_link
+
+    data = json.loads(data_file(out).read_text())
     meta, rows = data["meta"], data["variants"]
     ep = rows[0]["episodes"]
 
@@ -369,7 +371,7 @@ def render(out: Path) -> None:
         lines.append(f"| {r['variant']} | {ph['load']['peak_mb']:.0f} | {ph['rollout']['peak_mb']:.0f} | "
                      + " | ".join(cells) + " |")
     lines += ["", f"AdamW state {rows[-1]['adamw_state_mb']:.0f} MB; trained weights "
-              f"{rows[-1]['phases']['load']['params_mb']:.0f} MB. Raw numbers: `{out.with_suffix('.json').name}`; "
+              f"{rows[-1]['phases']['load']['params_mb']:.0f} MB. Raw numbers: `{data_link(out)}`; "
               f"figure: `{out.with_suffix('.png').name}`.", "", TABLES_END]
     block = "\n".join(lines)
     md = out.with_suffix(".md")
