@@ -8,7 +8,7 @@ It exists to test the claim "the reef_lab trainer is at least as fast per token 
 reef_lab model cache) is saved to a temp folder and both trainers load it (fp32, CPU, 2 threads).
 TRL generates ONE batch of completions with its own `_generate_and_score_completions` (untimed); the same
 prompt/completion ids, stripped of TRL's padding, become reef_lab Samples with TRL's advantages (GRPO loss:
-`reef_lab.learning.losses.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
+`reef_lab.trainers.losses.dis_token_loss`). Then, in alternating order per round, each side does `--steps` optimizer
 steps on that batch and is timed around the update only (forward + backward over micro-batches + clip + AdamW):
   TRL:     trainer.training_step(model, chunk, n) per micro-batch, _clip_grad_norm, optimizer.step(),
            lr_scheduler.step(), model.zero_grad()   -- GRPO's generating `_prepare_inputs` is bypassed (identity).
@@ -247,7 +247,7 @@ Command: `{meta['command']}`
 
 ## What is timed
 
-- **reef_lab**: `TorchTrainer.step(samples, reef_lab.learning.losses.dis_token_loss(0.3, 5.0))`: zero_grad, per
+- **reef_lab**: `TorchTrainer.step(samples, reef_lab.trainers.losses.dis_token_loss(0.3, 5.0))`: zero_grad, per
   micro-batch packing (right padding to the micro-batch's longest sequence), forward to the last hidden states,
   the LM head on trained positions only, {reef.config.logprob_chunk} at a time (recomputed in backward; 0: full
   logits), logsumexp/gather, DIS loss, backward; grad clip; `AdamW.step()`; gradients freed, malloc_trim.
