@@ -8,6 +8,8 @@ front matter answered every request of its scenario with 500), and an alias repe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file or inline mapping (-c, --recipe-config, --engine-options)
@@ -36,6 +38,19 @@ class BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= nests
+
+
+def read_file(path: str, name: str) -> object:
+    """load_text of an operator's file (a config, a tokens file), its size checked before it is read."""
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{name} file {path!r} is {size:,} bytes; a config may be at most "
+                             f"{MAX_CONFIG_BYTES:,} bytes (1 MB)")
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{name} file {path!r} cannot be read: {e}") from None
+    return load_text(text, f"{name} file {path!r}")
 
 
 def load_text(text: str, name: str, max_bytes: int = MAX_CONFIG_BYTES, what: str = "a config") -> object:

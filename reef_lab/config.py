@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from reef_lab.bounded_yaml import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, load_text  # noqa: F401 - re-exported
+from reef_lab.bounded_yaml import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, load_text, read_file  # noqa: F401 - re-exported
 from reef_lab.engines import engine_class
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.engines.upstream import UPSTREAM_DIALECTS
@@ -279,16 +279,8 @@ def load_config_text(text: str, name: str) -> object:
 
 
 def read_config_file(path: str, name: str) -> object:
-    """load_config_text of a file, its size checked before it is read."""
-    try:
-        size = Path(path).stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{name} file {path!r} is {size:,} bytes; a config may be at most "
-                             f"{MAX_CONFIG_BYTES:,} bytes (1 MB)")
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{name} file {path!r} cannot be read: {e}") from None
-    return load_config_text(text, f"{name} file {path!r}")
+    """load_config_text of a file, its size checked before it is read (reef_lab.bounded_yaml.read_file)."""
+    return read_file(path, name)
 
 
 def _mapping(value, name: str, what: str) -> dict:

@@ -33,6 +33,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reef_lab.bounded_yaml import read_file  # the bounded YAML reader every operator file goes through
 from reef_lab.errors import Forbidden, Unauthorized
 
 ROLES = ("agent", "reader", "admin")  # each holds every right of the roles before it
@@ -137,9 +138,7 @@ class Tenants:
 
 def read_tokens_file(path: str | Path) -> dict[str, Grant]:
     """sha256 -> Grant from a tokens file (an empty file holds none)."""
-    from reef_lab.config import read_config_file  # the bounded YAML reader every operator file goes through
-
-    return parse_tokens(read_config_file(str(path), "tokens_file"), f"tokens_file {path}")
+    return parse_tokens(read_file(str(path), "tokens_file"), f"tokens_file {path}")
 
 
 def parse_tokens(data, where: str) -> dict[str, Grant]:
@@ -182,11 +181,10 @@ def add_token(path: str | Path, role: str, scenarios: list[str], name: str | Non
     The file is checked whole, with the new entry, before it is replaced (atomically)."""
     import yaml
 
-    from reef_lab.config import read_config_file
     from reef_lab.files import write_atomic
 
     path = Path(path)
-    data = (read_config_file(str(path), "tokens_file") if path.exists() else None) or {"tokens": []}
+    data = (read_file(str(path), "tokens_file") if path.exists() else None) or {"tokens": []}
     parse_tokens(data, f"tokens_file {path}")
     token = "reef-" + secrets.token_urlsafe(32)
     entry = {"sha256": digest(token), "role": role, "scenarios": list(scenarios), **({"name": name} if name else {})}

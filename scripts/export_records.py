@@ -10,7 +10,7 @@ import argparse
 import json
 
 
-from reef_lab.records.export import export_parquet, push_records  # noqa: E402
+from reef_lab.publishing.export import export_parquet, push_records  # noqa: E402
 
 
 def main() -> None:

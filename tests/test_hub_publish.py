@@ -175,7 +175,7 @@ def test_records_as_datasets_pushed_to_a_dataset_repo(live, hub, tmp_path):
     import polars as pl
     from huggingface_hub import hf_hub_download
 
-    from reef_lab.records.export import export_parquet, push_records, scenario_datasets
+    from reef_lab.publishing.export import export_parquet, push_records, scenario_datasets
 
     _, url = hub
     u, gw = live.url, live.gateway

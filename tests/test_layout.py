@@ -269,6 +269,47 @@ def test_architecture_md_is_the_import_graph():
                                        f"{missing}; listed but no longer imported {stale}")
 
 
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles between rooms: each strongly connected set of more than one room (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_rooms():
+    """Every arrow between rooms points one way (issue 51: records -> publishing -> records and config -> tenants ->
+    config closed circles): a room never imports, at any depth, one that imports it."""
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_sees_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
 def test_the_architecture_check_sees_a_new_arrow(tmp_path):
     (tmp_path / "reef_lab" / "records").mkdir(parents=True)
     (tmp_path / "reef_lab" / "records" / "store.py").write_text("def f():\n    from reef_lab.gateway import x\n")

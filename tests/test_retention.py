@@ -540,7 +540,7 @@ def tiny_engine(tiny_model_dir):
 
 
 def test_learners_keep_what_they_have_not_learned_and_lineage_keeps_what_trained_a_release(tmp_path, tiny_engine):
-    from reef_lab.records.export import export_parquet
+    from reef_lab.publishing.export import export_parquet
 
     cfg = RetentionConfig(RetentionPolicy(max_records=1), interval=3600)
     gw = Gateway(tmp_path / "data", tiny_engine, retention=cfg, roll_records=8)
