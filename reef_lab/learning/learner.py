@@ -39,6 +39,7 @@ from pathlib import Path
 
 import orjson
 
+from reef_lab._moved import sample_fields
 from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
 from reef_lab.files import write_json
@@ -47,7 +48,7 @@ from reef_lab.learning import episodes
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.trainers.samples import Sample
 from reef_lab.tasks.base import make_task
-from reef_lab.publishing.releaser import HeldOut
+from reef_lab.publishing.judge import HeldOut
 from reef_lab.publishing.releases import BASE
 from reef_lab.trainers.samples import InvalidSamples
 
@@ -289,6 +290,7 @@ class Learner(LearnerLoop, RecordHolder):
                 self._manual = max(0, self._manual - 1)
                 self._pool.sort(key=lambda s: s.content_key)  # by content, not arrival: same samples, same batches
                 batch, dropped = self.recipe.build_batch(self._pool, self._trainer_step(), self._release_steps())
+                sample_fields(batch)  # a 0.1 recipe's extra["advantages"], until 0.3.0 (reef_lab/_moved.py)
                 taken = {s.record_id for s in batch + dropped}
                 self._pool = [s for s in self._pool if s.record_id not in taken]
                 self._in_round = batch

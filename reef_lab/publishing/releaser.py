@@ -26,14 +26,13 @@ import os
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from reef_lab.harness import tree as harness_mod
 from reef_lab.engines.base import ReleaseHost
 from reef_lab.errors import BadRequest, Conflict, ReefError
+from reef_lab.publishing.judge import HeldOut, judge
 from reef_lab.publishing.releases import BASE, ReleaseStore, release_key
 from reef_lab.publishing.serving import Serving, ServingTable
 from reef_lab.records.record import new_record_id
@@ -62,15 +61,6 @@ def select(policy: str, candidate: dict | None, serving: dict | None) -> tuple[s
         return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>=' if ok else '<'} serving {s:.4f}"
     ok = c > s
     return ("accepted" if ok else "rejected"), f"held-out {c:.4f} {'>' if ok else '<='} serving {s:.4f}"
-
-
-@dataclass
-class HeldOut:
-    """A held-out task a candidate is scored on: its items, the task's verifier, the answers' max_tokens."""
-
-    task: Any  # reef_lab.tasks.base.Task
-    items: list[dict]
-    max_tokens: int
 
 
 STATUS = {"accepted": "accepted", "rejected": "rejected", "review": "pending_review"}
@@ -244,20 +234,9 @@ class Releaser:
         `harness`: with the scenario's serving harness in front of each prompt (False: the weights alone)."""
         if self._answer is None:
             raise Conflict("this releaser has no inference path to evaluate on")
-        started = time.perf_counter()
         tags = {EVAL_TAG: "1", "reef.release": release, **({"reef.candidate": candidate} if candidate else {})}
-        items = held_out.items
-
-        def one(it: dict) -> tuple[float, str]:  # one reply, or a tool task's whole episode (Task.rollout)
-            return held_out.task.rollout(
-                lambda messages, tools: self._answer(scenario, release, messages, held_out.max_tokens, tags, tools,
-                                                     harness), it)
-        with ThreadPoolExecutor(max(1, min(len(items), 64)), thread_name_prefix="reef-eval") as pool:
-            scores, texts = zip(*pool.map(one, items))
-        return {"accuracy": sum(scores) / len(scores), "n": len(scores), "correct": int(sum(scores)),
-                "release": release, "eval_s": round(time.perf_counter() - started, 2),
-                "examples": [{"id": it["id"], "answer": it.get("answer"), "text": t, "score": sc}
-                             for it, t, sc in list(zip(items, texts, scores, strict=True))[:8]]}
+        return judge(held_out.task, held_out.items, lambda messages, tools: self._answer(
+            scenario, release, messages, held_out.max_tokens, tags, tools, harness), release)
 
     def serving_eval(self, scenario: str, held_out: HeldOut, log_row: Log | None = None, key: str = "eval") -> dict:
         """Held-out accuracy of what serves now (computed once per release, kept in the index under `key`: the
