@@ -2,7 +2,7 @@
 scripted two-turn file task, straight to the scripted provider (the baseline) and through `scripts/serve.py`, in the
 agent's own dialect and translated to each other dialect, side by side (the routes take turns within every round).
 
-Every call is timed by the same loopback proxy in front of the agent's base URL (tests/doubles/timing_proxy.py),
+Every call is timed by the same loopback proxy in front of the agent's base URL (reef_lab/testing/timing_proxy.py),
 from the request's first byte to the answer's last, so a route's time per call minus the baseline's is what the
 relay adds. Needs the agents: `bash scripts/setup.sh --agents`.
 
@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from scripts.command_line import command_line, data_file  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
-from tests.doubles.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
-from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
-from tests.doubles.timing_proxy import TimingProxy  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
+from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
+from reef_lab.testing.timing_proxy import TimingProxy  # noqa: E402
 
 OWN = {"claude": "anthropic", "codex": "openai-responses", "opencode": "openai-chat"}
 INFERENCE = ("/v1/messages", "/v1/chat/completions", "/v1/responses")  # Claude Code also sends a HEAD / at start
@@ -168,7 +168,7 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
              ", ".join(f"`{v}`" for v in meta["clients"].values()) + ".", "",
              "Each run is one headless agent on the scripted task (turn 1: the provider answers with a file-writing "
              "tool call taken from the agent's own tools; turn 2: text), against the scripted provider "
-             "(tests/doubles/scripted_provider.py) straight (`direct`, the baseline), through `scripts/serve.py` "
+             "(reef_lab/testing/scripted_provider.py) straight (`direct`, the baseline), through `scripts/serve.py` "
              "in the agent's own dialect (`relay`), or translated to another dialect (`relay->D`, "
              "`--upstream-dialect D`). A loopback proxy in front of the agent times every call from the request's "
              "first byte to the answer's last (inference calls only: Claude Code's `HEAD /` at start is left out); "
@@ -191,7 +191,7 @@ def render(meta: dict, rows: list[dict], runs: list[dict]) -> str:
         lines += [f"| {t['agent']} | {t['client']} | {t['upstream']} | {t['body_kb']} | {t['median_ms']} |"
                   for t in meta["translation"]]
     commands = {r["agent"]: r["command"] for r in runs}
-    lines += ["", "Commands (base URL, home and config folders set per run by tests/doubles/agents.py):", ""]
+    lines += ["", "Commands (base URL, home and config folders set per run by reef_lab/testing/agents.py):", ""]
     lines += [f"- {agent}: `{cmd}`" for agent, cmd in commands.items()]
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_gateway.py            # results/gateway-bench.{md,png}, data/gateway-bench.json
 
-Starts the stub provider (`tests.doubles.stub_provider`, a plain WSGI app under granian) and the real
+Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
 one asking for a short time slice (opt-in, server/tuning.py), and one with its data dir in memory to split the added latency into the
 disk's flush and the rest), then measures with 16 concurrent clients:
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
-from tests.doubles.processes import start_server, start_stub  # noqa: E402
+from reef_lab.testing.processes import start_server, start_stub  # noqa: E402
 from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
@@ -557,7 +557,7 @@ def render(r: dict) -> str:
 
 Command: `{r['command'].strip()}`, started {r.get('started', '?')} ({r['machine']['cpus']} CPUs{cpu}, Python \
 {r['machine']['python']}; the host took {100 * r.get('cpu_steal_share', 0):.1f}% of the CPU time as steal); load \
-generator, stub and server share these CPUs. Stub: `tests.doubles.stub_provider` (a plain WSGI app under granian) on
+generator, stub and server share these CPUs. Stub: `reef_lab.testing.stub_provider` (a plain WSGI app under granian) on
 loopback; reef_lab: `scripts/serve.py --upstream-url <stub>` with a fresh data dir
 ({min(r['machine']['cpus'], 8)} worker processes, the default with a provider: a primary and relays, see
 server/workers.py), every record fsynced before its receipt. 16 concurrent

@@ -34,7 +34,7 @@ import requests  # noqa: E402
 from reef_lab import procs  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
 
 SCENARIO = "r2l"
 PHASES = ("queue", "train", "candidate", "release", "first_answer")

@@ -36,7 +36,7 @@ import yaml  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line, data_file, shell_words  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
 
 SCENARIO = "arithmetic-live"  # live_client.py's default
 ARMS = {"embedded": ("embedded", None), "vllm": ("vllm", True), "vllm-nopause": ("vllm", False)}

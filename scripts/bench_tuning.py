@@ -28,7 +28,7 @@ from pathlib import Path
 from scripts.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
 from scripts.command_line import command_line, data_file
 from server.tuning import machine_busy
-from tests.doubles.processes import start_server, start_stub
+from reef_lab.testing.processes import start_server, start_stub
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"plain": ["--pin-workers", "0", "--sched-slice-us", "0"],

@@ -2,7 +2,7 @@
 after a change request (evolve) and update, and after a rollback and update; with times and request counts.
 
 The same flow as tests/test_agents_harness.py (marker agents), as a user runs it: `scripts/serve.py` (a gepa
-scenario in manual mode) in front of the scripted provider (tests/doubles/scripted_provider.py: it logs every body
+scenario in manual mode) in front of the scripted provider (reef_lab/testing/scripted_provider.py: it logs every body
 and plays the change-request proposer), and `reef-lab agent <agent> install | run | report | evolve --wait | update`
 as subprocesses with their own HOME. Needs the agents: `bash scripts/setup.sh --agents`.
 
@@ -25,9 +25,9 @@ import requests
 import yaml
 
 from scripts.command_line import command_line, data_file
-from tests.doubles import free_port
-from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
-from tests.doubles.scripted_provider import ScriptedProvider
+from reef_lab.testing import free_port
+from reef_lab.testing.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
+from reef_lab.testing.scripted_provider import ScriptedProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,8 @@ import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
-from tests.doubles.processes import start_child  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing.processes import start_child  # noqa: E402
 
 SCENARIO = "arithmetic-live"
 

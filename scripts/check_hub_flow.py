@@ -2,7 +2,7 @@
 
     python scripts/check_hub_flow.py [--rollouts 96] [--out runs/hub-flow]
 
-1. starts `python -m tests.doubles.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
+1. starts `python -m reef_lab.testing.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
    `hub.repo=me/reef-{scenario}` (HF_ENDPOINT, HF_TOKEN pointed at it), two releases;
 2. `hf download me/reef-sao-arithmetic --revision v2 --local-dir <empty>`, loads it with transformers and checks
    its greedy answers on the held-out items equal those of the run's release v2;
@@ -28,8 +28,8 @@ import requests  # noqa: E402
 
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line, repo_path  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
-from tests.doubles.processes import start_child, start_server  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing.processes import start_child, start_server  # noqa: E402
 
 TOKEN = "flow-token"
 REPO = "me/reef-sao-arithmetic"
@@ -50,7 +50,7 @@ def main() -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))},
            "HF_ENDPOINT": hub_url, "HF_TOKEN": TOKEN, "HF_HOME": str(out / "hf-home"), "WANDB_MODE": "offline"}
     log = []
-    hub = start_child([py, "-m", "tests.doubles.hub_server", "--root", str(out / "hub"), "--port", str(hub_port),
+    hub = start_child([py, "-m", "reef_lab.testing.hub_server", "--root", str(out / "hub"), "--port", str(hub_port),
                        "--token", TOKEN], hub_port, out / "hub.log", ready_path="/api/whoami-v2", base_env=env)
     serve = None
     try:
@@ -136,7 +136,7 @@ def main() -> None:
                 child.stop(30)
     page = ROOT / "results" / "hub-flow.md"
     page.write_text("# Releases on a Hub, runs in W&B: the flow end to end\n\n"
-                    f"Command: `{command_line()}` (loopback Hub: `tests/doubles/hub_server.py`; "
+                    f"Command: `{command_line()}` (loopback Hub: `reef_lab/testing/hub_server.py`; "
                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n" + "\n".join(f"- {x}" for x in log)
                     + "\n")
     print(page.read_text())

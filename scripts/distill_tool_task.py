@@ -45,7 +45,7 @@ from scripts.command_line import command_line, data_file  # noqa: E402
 from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
                                      policy_rollouts, run_episodes, sdk_client, start_server, t_interval,
                                      wait_releases)
-from tests.doubles import free_port  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
 
 ARMS = ("opd", "opd-fkl", "sft", "grpo")
 CONFIGS = {"opd": "recipes/opd/examples/tools.yaml", "sft": "recipes/sft/examples/tools-episodes.yaml",

@@ -43,7 +43,7 @@ from reef_lab.tasks.demos import calculator_episode, turn_records  # noqa: E402
 from reef_lab.tasks.tools import ToolTask  # noqa: E402
 from reef_lab.procs import Popen  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
-from tests.doubles import free_port, wait_http  # noqa: E402
+from reef_lab.testing import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
 TABLES, TABLES_END = "<!-- tables: written by scripts/learn_tool_task.py -->", "<!-- /tables -->"

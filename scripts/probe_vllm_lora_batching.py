@@ -15,7 +15,7 @@ from pathlib import Path
 from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # noqa: E402
 from reef_lab.engines.vllm import VLLMEngine  # noqa: E402
-from tests.test_vllm_engine import reference_logprobs  # noqa: E402
+from reef_lab.testing.vllm_scoring import reference_logprobs  # noqa: E402
 
 
 def main(release: Path) -> None:

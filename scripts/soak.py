@@ -4,7 +4,7 @@ reads by id before and after a restart.
     .venv/bin/python scripts/soak.py   # 8 min warm-up + 10 measured; results/soak.{md,png}, data/soak.json
     .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out runs/soak     # a quick look
 
-Starts the stub provider (`tests.doubles.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
+Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
 processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
 keep-alive clients paced to `--rate` requests/s in all: each cycle is a chat completion (every fourth streamed)
 and a report that references its receipt; every tenth cycle also reads a record back by id. Every 5 s the resident
@@ -47,8 +47,8 @@ from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
-from tests.doubles import free_port  # noqa: E402
-from tests.doubles.processes import start_child  # noqa: E402
+from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.testing.processes import start_child  # noqa: E402
 
 SCENARIO = "soak"
 HEADERS = {"Content-Type": "application/json", "x-reef-scenario": SCENARIO}
@@ -211,7 +211,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="reef-soak-"))
     stub_port, port = free_port(), free_port()
     py = sys.executable
-    stub = start_child([py, "-m", "tests.doubles.stub_provider", "--port", str(stub_port)], stub_port,
+    stub = start_child([py, "-m", "reef_lab.testing.stub_provider", "--port", str(stub_port)], stub_port,
                        work / "stub.log", ready_path="/v1/models")
     serve_cmd = [py, "scripts/serve.py", "--port", str(port), "--data-dir", str(work / "data"), "--upstream-url",
                  f"http://127.0.0.1:{stub_port}", "--log-level", "warning", *retain, *args.server_args.split()]

@@ -12,7 +12,7 @@ from reef_lab.engines.embedded import default_cache_dir
 from reef_lab.engines.tiny import build_tiny_model, smollm2_tokenizer
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
-from tests.doubles.stub_provider import serve_in_thread
+from reef_lab.testing.stub_provider import serve_in_thread
 from server.app import create_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

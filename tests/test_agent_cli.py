@@ -16,8 +16,8 @@ import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from tests.conftest import Running
-from tests.doubles.scripted_provider import ScriptedProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = {"system_prompt.md": "You are careful.", "rules.md": "- RULE-ALPHA run the tests",

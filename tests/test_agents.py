@@ -1,7 +1,7 @@
 """Real agent clients through reef_lab's relay to the scripted provider, in every dialect direction.
 
 Claude Code (Anthropic messages), Codex CLI (OpenAI Responses) and opencode (OpenAI chat), the pinned npm versions
-`bash scripts/setup.sh --agents` installs, each run headless by `tests/doubles/agents.py` through
+`bash scripts/setup.sh --agents` installs, each run headless by `reef_lab/testing/agents.py` through
 `scripts/serve.py --upstream-url <scripted provider> [--upstream-dialect ...]`: against a provider of the client's own
 dialect, and against providers of the two other dialects (the relay translates). Each run must complete the
 scripted task (write a file with given content in its working folder, then answer in text), and every call must be
@@ -14,9 +14,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.doubles import free_port
-from tests.doubles.agents import RUNNERS, ReefServer, installed
-from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
+from reef_lab.testing import free_port
+from reef_lab.testing.agents import RUNNERS, ReefServer, installed
+from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider
 
 pytestmark = pytest.mark.agents
 

@@ -16,9 +16,9 @@ import pytest
 import requests
 import yaml
 
-from tests.doubles import free_port
-from tests.doubles.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper
-from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
+from reef_lab.testing import free_port
+from reef_lab.testing.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper
+from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider
 
 pytestmark = pytest.mark.agents
 

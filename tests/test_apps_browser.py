@@ -219,10 +219,10 @@ def sao_config(out: Path, recipe: str, seed: int, **kw):
 
 @pytest.fixture(scope="module")
 def hub_url(tmp_path_factory):
-    """A loopback Hub (tests.doubles.hub_server) that releases are pushed to."""
+    """A loopback Hub (reef_lab.testing.hub_server) that releases are pushed to."""
     from huggingface_hub import constants
 
-    from tests.doubles.hub_server import serve_in_thread
+    from reef_lab.testing.hub_server import serve_in_thread
 
     server, url = serve_in_thread(tmp_path_factory.mktemp("hub"))
     offline = constants.HF_HUB_OFFLINE

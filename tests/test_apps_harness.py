@@ -10,8 +10,8 @@ import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from tests.conftest import Running
-from tests.doubles.scripted_provider import ScriptedProvider
 from tests.test_apps import load_module
 
 SEED = {"system_prompt.md": "Be careful.", "rules.md": "- RULE-ONE\n"}

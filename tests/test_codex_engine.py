@@ -3,8 +3,8 @@
 Codex 0.171 (the pinned `bash scripts/setup.sh --agents`) sends, besides function tools, a `namespace` of functions
 (`multi_agent_v1`), a hosted `web_search` tool, and, for a model whose catalog entry says so, a freeform (`custom`)
 `apply_patch`. The engines refused all of them; now the model is offered functions and its calls go back as the items
-Codex expects (reef_lab/wire/responses_tools.py). Codex runs headless (`codex exec --json`, tests/doubles/agents.py)
-against reef_lab in-process over loopback, serving tests/doubles/scripted_engine.py: prompts from the engines' own
+Codex expects (reef_lab/wire/responses_tools.py). Codex runs headless (`codex exec --json`, reef_lab/testing/agents.py)
+against reef_lab in-process over loopback, serving reef_lab/testing/scripted_engine.py: prompts from the engines' own
 chat template, a scripted answer in the model's `<tool_call>` words. The task takes three model turns: write a file
 (apply_patch when offered, else the shell), read it back upper-cased through Codex's shell tool, answer with what the
 shell printed. Checked: Codex applied the patch and ran the command itself, the third turn's prompt held the
@@ -22,8 +22,8 @@ import json
 import orjson
 import pytest
 
-from tests.doubles.agents import episode_of, installed, records_of, run_codex
-from tests.doubles.scripted_engine import ScriptedEngine
+from reef_lab.testing.agents import episode_of, installed, records_of, run_codex
+from reef_lab.testing.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.agents
 

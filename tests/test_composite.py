@@ -17,8 +17,8 @@ from huggingface_hub import HfApi, constants
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.publishing.hub import HubConfig
-from tests.doubles.hub_server import serve_in_thread
-from tests.doubles.stub_provider import IMPROVED_INSTRUCTION
+from reef_lab.testing.hub_server import serve_in_thread
+from reef_lab.testing.stub_provider import IMPROVED_INSTRUCTION
 from tests.conftest import Running
 
 TOKEN = "hub-test-token"

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab.records.store import RecordStore, scan_records
-from tests.doubles import processes
-from tests.doubles import free_port
+from reef_lab.testing import free_port
+from reef_lab.testing import processes
 
 # Kill -9 of the real server under load, seconds each: not in the default run (.ci/run runs `pytest -m heavy`).
 pytestmark = pytest.mark.heavy

@@ -275,7 +275,7 @@ def test_a_vllm_served_teacher_scores_the_students_tokens_as_the_trainer_does(ti
     from reef_lab.learning.distill import TeacherConfig, resolve_teacher
     from reef_lab.trainers.base import TrainerConfig
     from reef_lab.trainers.torch_trainer import TorchTrainer
-    from tests.doubles.vllm_scoring import VLLMScoringDouble, VLLMScoringServer
+    from reef_lab.testing.vllm_scoring import VLLMScoringDouble, VLLMScoringServer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

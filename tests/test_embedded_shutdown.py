@@ -24,7 +24,7 @@ import pytest
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model
 from reef_lab.records.store import RecordStore
-from tests.doubles import free_port
+from reef_lab.testing import free_port
 
 pytestmark = pytest.mark.heavy
 

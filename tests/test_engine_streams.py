@@ -2,7 +2,7 @@
 (OpenAI completions SSE with vLLM's `token_ids` and `return_tokens_as_token_ids` logprobs): text deltas in order,
 token ids and logprobs joined, the finish and stop reasons, a weights lease given back exactly once whatever the
 end, and a connection the server drops mid-answer as EngineUnavailable. (SGLang's stream is driven end to end by
-tests/test_sglang_engine.py against tests/doubles/sglang_server.py; both share remote.ServerStream.)"""
+tests/test_sglang_engine.py against reef_lab/testing/sglang_server.py; both share remote.ServerStream.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fuzzing the real server: `scripts/serve.py --workers 2` (a primary and a relay) in front of the stub provider.
 
-Seeded requests from tests/doubles/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
+Seeded requests from reef_lab/testing/fuzz.py, well-formed and hostile, over every route: none may get a 5xx, none
 may hold its connection, none may be dropped without an answer, refusals the API promises (a recipe naming code,
 an over-size body, a body that is not JSON) must be what it says, and afterwards a well-formed inference and a
 report on it succeed. A small count runs by default; 10,000 requests with `-m slow -k 10k`. A request that stops
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from reef_lab.records.store import read_log
-from tests.doubles.processes import start_server
-from tests.doubles.fuzz import FuzzReport, generate, run, stalled_body
+from reef_lab.testing.fuzz import FuzzReport, generate, run, stalled_body
+from reef_lab.testing.processes import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 

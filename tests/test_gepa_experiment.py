@@ -73,7 +73,7 @@ def test_task_and_reflection_models_can_differ(tmp_path, stub_url, tiny_model_di
     """The embedded engine answers the tasks; the stub (an OpenAI-compatible endpoint) reflects."""
     from reef_lab.engines.embedded import EmbeddedEngine
     from recipes.gepa.search import read_events
-    from tests.doubles.stub_provider import IMPROVED_INSTRUCTION
+    from reef_lab.testing.stub_provider import IMPROVED_INSTRUCTION
 
     engine = EmbeddedEngine.from_path(str(tiny_model_dir))
     try:

@@ -1,6 +1,6 @@
 """Live GEPA: traffic and reports with feedback through the server produce a harness release that serves next.
 
-The provider is the loopback stub (tests/doubles/stub_provider.py), which is also the task and reflection model:
+The provider is the loopback stub (reef_lab/testing/stub_provider.py), which is also the task and reflection model:
 it echoes arithmetic questions (wrong) unless the system text holds REEF-SOLVE, and asked to rewrite an instruction
 file it answers with one that holds REEF-SOLVE. So every number below is computed by hand.
 """
@@ -13,7 +13,7 @@ import openai
 import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
-from tests.doubles.stub_provider import IMPROVED_INSTRUCTION
+from reef_lab.testing.stub_provider import IMPROVED_INSTRUCTION
 
 H = {"x-reef-scenario": "calc"}
 QUESTIONS = [("Calculate 12 + 30.", "42"), ("Calculate 7 - 9.", "-2"), ("Calculate ( 3 + 4 ).", "7")]

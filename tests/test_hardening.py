@@ -32,7 +32,7 @@ def test_a_client_cannot_name_code_to_import(proxy, tmp_path):
     body = {"name": "x", "recipe": "subprocess:Popen", "config": {"args": ["touch", str(marker)]}}
     r = post(proxy.url, "/reef/scenarios", body)
     assert r.status_code == 400 and "not offered" in r.json()["error"]["message"]
-    for recipe in ("os:system", "tests.doubles.stub_provider:app", "../x", "recipes.sft:Recipe"):
+    for recipe in ("os:system", "reef_lab.testing.stub_provider:app", "../x", "recipes.sft:Recipe"):
         assert post(proxy.url, "/reef/scenarios", {"name": "y", "recipe": recipe}).status_code == 400
     assert post(proxy.url, "/reef/scenarios", {"name": "z", "recipe": 1}).status_code == 400
     assert not marker.exists()

@@ -15,8 +15,8 @@ import requests
 from reef_lab.engines.upstream import UpstreamEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.harness.change_requests import RequestConfig, Rejected, RequestStore, apply_mutations, json_object
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from tests.conftest import Running
-from tests.doubles.scripted_provider import ScriptedProvider
 
 SEED = {"system_prompt.md": "You are careful.", "rules.md": "- RULE-ONE\n- RULE-TWO\n"}
 H = {"x-reef-scenario": "s"}
@@ -247,8 +247,8 @@ def test_a_request_survives_kill_9(tmp_path):
     """serve.py killed with SIGKILL while the proposer is still answering: the next serve.py finishes the request."""
     import yaml
 
-    from tests.doubles import free_port
-    from tests.doubles.agents import ReefServer
+    from reef_lab.testing import free_port
+    from reef_lab.testing.agents import ReefServer
 
     with ScriptedProvider(delay_s=8.0) as provider:
         cfg = tmp_path / "gepa.yaml"
@@ -273,7 +273,7 @@ def test_a_released_request_is_a_harness_revision_on_the_hub(tmp_path, monkeypat
     from huggingface_hub import constants, hf_hub_download
 
     from reef_lab.publishing.hub import HubConfig
-    from tests.doubles.hub_server import serve_in_thread
+    from reef_lab.testing.hub_server import serve_in_thread
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hub-token")

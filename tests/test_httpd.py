@@ -19,8 +19,8 @@ import pytest
 import requests
 
 from reef_lab import procs
-from tests.doubles.processes import start_server
-from tests.doubles import free_port
+from reef_lab.testing import free_port
+from reef_lab.testing.processes import start_server
 from server.httpd import Limits, Server, listen
 
 ROOT = Path(__file__).resolve().parents[1]

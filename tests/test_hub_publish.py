@@ -23,8 +23,8 @@ from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.publishing.hub import HubConfig
 from reef_lab.tasks.base import make_task
-from tests.doubles.hub_server import serve_in_thread
-from tests.doubles.processes import start_server
+from reef_lab.testing.hub_server import serve_in_thread
+from reef_lab.testing.processes import start_server
 from tests.conftest import Running
 
 TOKEN = "hub-test-token"

@@ -20,7 +20,7 @@ from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, c
                              snapshot_download)
 from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 
-from tests.doubles.hub_server import PARENT_MISMATCH_STATUS, serve_in_thread
+from reef_lab.testing.hub_server import PARENT_MISMATCH_STATUS, serve_in_thread
 
 TOKEN = "hf_reef_test_token"
 REPO = "reef/tiny-llama"

@@ -1,5 +1,6 @@
 """Imports flow one way (docs/architecture.md): the core imports no server, recipe, app or script; recipes import the core only,
-and never one another; the server, apps and scripts sit on top. Checked on every module's import statements."""
+and never one another; the server, apps and scripts sit on top; nothing outside tests/ imports tests/ (the doubles
+are reef_lab.testing). Checked on every module's import statements."""
 
 from __future__ import annotations
 
@@ -48,6 +49,43 @@ def test_imports_flow_one_way():
     assert violations(ROOT) == []
 
 
+def imports_of_tests(root: Path) -> list[str]:
+    """`file:line imports module` of every import of the `tests` package outside tests/: the doubles the scripts,
+    apps and plug-ins share are reef_lab.testing; a helper of one test file is not another folder's to import
+    (issue 51: twelve scripts imported tests/, one of them a test module)."""
+    return [f"{path.relative_to(root)}:{line} imports {module}" for top in TOP
+            for path in sorted((root / top).rglob("*.py")) for line, module in imports(path)
+            if module == "tests" or module.startswith("tests.")]
+
+
+def test_nothing_outside_tests_imports_tests():
+    assert imports_of_tests(ROOT) == [], "import the doubles from reef_lab.testing"
+
+
+def test_the_tests_import_check_sees_a_script_that_imports_tests(tmp_path):
+    for top in TOP:
+        (tmp_path / top).mkdir()
+    (tmp_path / "scripts" / "bench").mkdir()
+    (tmp_path / "scripts" / "bench" / "b.py").write_text("import os\nfrom tests.doubles import free_port\n")
+    (tmp_path / "reef_lab" / "x.py").write_text("def f():\n    import tests.test_vllm_engine\nimport testsuite\n")
+    assert imports_of_tests(tmp_path) == ["reef_lab/x.py:2 imports tests.test_vllm_engine",
+                                          "scripts/bench/b.py:2 imports tests.doubles"]
+
+
+def test_the_doubles_import_light():
+    """reef_lab.testing is part of the SDK (plug-in authors test against the same doubles): importing it, or any of
+    its modules, loads no torch (vllm_scoring imports it where it runs) and none of the repository's other folders."""
+    import subprocess
+    import sys
+
+    modules = sorted(p.stem for p in (ROOT / "reef_lab" / "testing").glob("*.py") if p.stem != "__init__")
+    code = ("import sys, reef_lab.testing\n" + "".join(f"import reef_lab.testing.{m}\n" for m in modules) +
+            "print(sorted(m for m in ('torch', 'transformers', 'server', 'scripts', 'recipes', 'tests', 'apps') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
 def test_the_check_fails_on_a_forbidden_import(tmp_path):
     for top in TOP:
         (tmp_path / top).mkdir()
@@ -87,12 +125,13 @@ RELEASE_OWNERS = {"reef_lab/publishing/releaser.py", "reef_lab/publishing/releas
 def release_path_violations(root: Path) -> list[str]:
     """Calls that write the release index (a ReleaseStore writer) or change what an engine serves (load, route,
     unload a release) anywhere in the core, the recipes or the server but the releaser: a candidate becomes the
-    serving release one way only. Engines implement routing."""
+    serving release one way only. Engines implement routing, and so do the doubles that play engine servers
+    (reef_lab/testing/)."""
     found = []
     for top in ("reef_lab", "recipes", "server"):
         for path in sorted((root / top).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel in RELEASE_OWNERS or rel.startswith("reef_lab/engines/"):
+            if rel in RELEASE_OWNERS or rel.startswith(("reef_lab/engines/", "reef_lab/testing/")):
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -229,7 +268,7 @@ def test_the_repository_folders_import_from_anywhere_in_its_venv(tmp_path):
     import subprocess
     import sys
 
-    code = "import recipes.sft, server.app, apps.launch, scripts.run_experiment, tests.doubles; print('ok')"
+    code = "import recipes.sft, server.app, apps.launch, scripts.run_experiment, reef_lab.testing; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
@@ -334,7 +373,8 @@ def test_one_tool_call_parser():
 
 def test_the_dialect_names_are_spelled_once():
     """reef_lab.wire names the dialects; the records' allowed values and the upstream engine's `--upstream-dialect`
-    words map onto exactly those names, and no other module spells them as string literals."""
+    words map onto exactly those names, and no other module spells them as string literals (but the doubles in
+    reef_lab/testing/, which write the wire as a client or provider does)."""
     import re
 
     from reef_lab import wire
@@ -346,6 +386,7 @@ def test_the_dialect_names_are_spelled_once():
     found = [f"{p.relative_to(ROOT)}:{n}" for top in ("reef_lab", "server", "recipes", "apps")
              for p in sorted((ROOT / top).rglob("*.py"))
              if p not in (ROOT / "reef_lab" / "wire" / "__init__.py", ROOT / "reef_lab" / "engines" / "upstream.py")
+             and not p.is_relative_to(ROOT / "reef_lab" / "testing")
              for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert found == []
 
@@ -362,12 +403,14 @@ CHAT_CHOICE = re.compile(r"""["']choices["']\]\s*\[0\]|get\(["']choices["']\)"""
 
 def dialect_readers(root: Path) -> list[str]:
     """Modules outside reef_lab/wire/ that read or write a client dialect by hand. The engines are left out: they
-    speak their model servers' own APIs (vLLM's /v1/completions, SGLang's /generate), below the wire."""
+    speak their model servers' own APIs (vLLM's /v1/completions, SGLang's /generate), below the wire. So are the
+    doubles (reef_lab/testing/): a provider double and the fuzzer write each wire format by hand from its
+    documentation, so that a test against them checks reef_lab.wire against a second, independent reading."""
     found = []
     for top in ("reef_lab", "server", "recipes", "apps"):
         for p in sorted((root / top).rglob("*.py")):
             rel = p.relative_to(root).as_posix()
-            if rel.startswith(("reef_lab/wire/", "reef_lab/engines/")):
+            if rel.startswith(("reef_lab/wire/", "reef_lab/engines/", "reef_lab/testing/")):
                 continue
             src = p.read_text()
             found += [f"{rel}:{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(src))

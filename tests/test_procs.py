@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reef_lab import procs
-from tests.doubles import free_port
+from reef_lab.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl and /proc are Linux's")

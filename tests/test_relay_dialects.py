@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
+from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from tests.doubles.scripted_provider import DONE_TEXT, ScriptedProvider
 
 SPEAKS = {ANTHROPIC: "messages", OPENAI_CHAT: "chat", OPENAI_RESPONSES: "responses"}
 PATH = {ANTHROPIC: "/v1/messages", OPENAI_CHAT: "/v1/chat/completions", OPENAI_RESPONSES: "/v1/responses"}
@@ -248,8 +248,8 @@ def test_both_workers_translate_and_record(tmp_path, provider):
     from pathlib import Path
 
     from reef_lab.records.store import read_log
-    from tests.doubles import free_port
-    from tests.doubles.agents import ReefServer
+    from reef_lab.testing import free_port
+    from reef_lab.testing.agents import ReefServer
 
     def logs_with_records() -> int:  # each worker writes its own record log
         return sum(1 for f in (Path(tmp_path) / "data" / "records").glob("log-*.bin") if read_log(f)[0])

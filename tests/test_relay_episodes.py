@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from reef_lab.engines.upstream import UpstreamEngine
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
-from tests.doubles.scripted_provider import ScriptedProvider
 from tests.test_episodes import CLAUDE_USER_ID
 
 SESSION = "3e4b03c7-93a6-4623-ad23-aca368164191"

@@ -11,8 +11,8 @@ import requests
 
 from reef_lab.engines.headers import upstream_headers
 from reef_lab.engines.upstream import UpstreamEngine
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT
-from tests.doubles.scripted_provider import ScriptedProvider
 
 CLIENT = {
     "user-agent": "claude-cli/2.1.197 (external, sdk-cli)", "x-claude-code-session-id": "sess-1",

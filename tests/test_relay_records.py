@@ -9,9 +9,9 @@ import openai
 import orjson
 
 from reef_lab.engines.upstream import UpstreamEngine
+from reef_lab.testing.scripted_provider import ScriptedProvider
 from reef_lab.wire.accumulate import StreamAccumulator
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from tests.doubles.scripted_provider import ScriptedProvider
 
 H = {"x-reef-scenario": "rec"}
 TASK = "REEF-TASK path=/tmp/reef-rec.txt content=abc"

@@ -20,9 +20,9 @@ from pydantic import TypeAdapter
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.remote import ChatTokenizer
+from reef_lab.testing.agents import records_of
+from reef_lab.testing.scripted_engine import ScriptedEngine
 from reef_lab.wire import dialects, responses_tools
-from tests.doubles.agents import records_of
-from tests.doubles.scripted_engine import ScriptedEngine
 
 GRAMMAR = {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/ "*** End Patch"'}
 TOOLS = [

@@ -1,4 +1,4 @@
-"""The SGLang engine against a loopback double of SGLang's native API (tests/doubles/sglang_server.py): traffic
+"""The SGLang engine against a loopback double of SGLang's native API (reef_lab/testing/sglang_server.py): traffic
 through the gateway with the official SDK, token ids and logprobs recorded, a trained release served as a LoRA
 adapter by name (or as full weights with pause/continue), rollback, and a release that fails to load."""
 
@@ -14,7 +14,7 @@ from reef_lab.engines.remote import EngineError
 from reef_lab.engines.sglang import SGLangEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tasks.base import make_task
-from tests.doubles.sglang_server import SGLangDouble, SGLangDoubleServer
+from reef_lab.testing.sglang_server import SGLangDouble, SGLangDoubleServer
 from tests.conftest import Running
 
 SFT = {"batch_size": 4, "score_threshold": 0.0, "trainer": {"lr": 1e-3, "micro_batch_size": 4, "lora_rank": 4}}

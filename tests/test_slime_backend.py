@@ -350,7 +350,7 @@ def test_the_stand_in_has_slimes_sample_fields():
 @pytest.fixture
 def sglang_double(tiny_model_dir):
     from reef_lab.engines.embedded import EmbeddedEngine
-    from tests.doubles.sglang_server import SGLangDouble, SGLangDoubleServer
+    from reef_lab.testing.sglang_server import SGLangDouble, SGLangDoubleServer
 
     inner = EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=2)
     server = SGLangDoubleServer(SGLangDouble(inner, tiny_model_dir))

@@ -23,11 +23,11 @@ from reef_lab.gateway.gateway import Gateway
 from reef_lab.harness.change_requests import RequestStore
 from reef_lab.records.store import read_log
 from reef_lab.tenants import ROLES, Grant, Tenants, add_token, digest, read_tokens_file
+from reef_lab.testing.processes import start_server
 from server.access import HOT_ROUTES, ROUTES
 from server.app import create_app
 from server.common import legacy_tokens_warning
 from tests.conftest import Running
-from tests.doubles.processes import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 A = "team-a-x"  # the scenario of the table's tokens

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles import free_port, wait_http
+from reef_lab.testing import free_port, wait_http
 from tests.test_tool_calls import Client
 from tests.tool_model import COPY
 

@@ -18,7 +18,7 @@ import requests
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.sglang import SGLangEngine
 from reef_lab.gateway.gateway import Gateway
-from tests.doubles.sglang_server import SGLangDouble, SGLangDoubleServer
+from reef_lab.testing.sglang_server import SGLangDouble, SGLangDoubleServer
 from tests.conftest import Running
 from tests.tool_model import PREFILL, WEATHER
 

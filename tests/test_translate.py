@@ -288,7 +288,7 @@ def run_stream(client, upstream, request, provider_events):
 
 
 def test_chat_stream_becomes_anthropic_events():
-    from tests.doubles.scripted_provider import Plan, chat_answer
+    from reef_lab.testing.scripted_provider import Plan, chat_answer
 
     req = {"model": "m", "stream": True, "reasoning_effort": "low", "stream_options": {"include_usage": True},
            "tools": [{"type": "function", "function": {"name": "Write", "parameters": {"type": "object",
@@ -313,7 +313,7 @@ def test_chat_stream_becomes_anthropic_events():
 
 
 def test_anthropic_stream_becomes_responses_events_and_the_signature_travels():
-    from tests.doubles.scripted_provider import Plan, messages_answer
+    from reef_lab.testing.scripted_provider import Plan, messages_answer
 
     req = {"model": "m", "max_tokens": 50, "stream": True, "thinking": {"type": "enabled", "budget_tokens": 2000},
            "tools": [{"name": "exec_command", "input_schema": {"type": "object", "properties": {"cmd": {}}}}],
@@ -332,7 +332,7 @@ def test_anthropic_stream_becomes_responses_events_and_the_signature_travels():
 
 
 def test_responses_stream_with_empty_completed_output_becomes_chat_chunks():
-    from tests.doubles.scripted_provider import Plan, responses_answer
+    from reef_lab.testing.scripted_provider import Plan, responses_answer
 
     req = {"model": "m", "stream": True, "tools": [{"type": "function", "name": "write_file", "parameters": {
         "type": "object", "properties": {"path": {}, "content": {}}}}], "input": "REEF-TASK path=/tmp/a content=x"}

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import requests
-import torch
 
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tasks.base import make_task
-from tests.doubles import free_port
+from reef_lab.testing import free_port
+from reef_lab.testing.vllm_scoring import reference_logprobs
 from tests.conftest import Running
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
@@ -40,15 +40,6 @@ def vllm_engine():
     engine = VLLMEngine(MODEL, port=free_port())
     yield engine
     engine.close()
-
-
-def reference_logprobs(folder: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
 
 
 def test_vllm_serves_trains_swaps_under_load_and_rolls_back(vllm_engine, tmp_path):

@@ -16,8 +16,8 @@ from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tasks.base import make_task
+from reef_lab.testing.vllm_scoring import reference_logprobs
 from tests.conftest import Running
-from tests.test_vllm_engine import reference_logprobs
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 

@@ -21,7 +21,7 @@ import pytest
 from reef_lab import procs
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON
-from tests.doubles import free_port
+from reef_lab.testing import free_port
 from tests.test_procs import alive, gone_within, start_time
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]

@@ -1,5 +1,5 @@
 """A distillation teacher scored by a real vLLM CPU server (`bash scripts/setup.sh --vllm`) on SmolLM2: the wire
-format the double (tests/doubles/vllm_scoring.py) plays, checked against the server itself: the teacher's logprobs
+format the double (reef_lab/testing/vllm_scoring.py) plays, checked against the server itself: the teacher's logprobs
 of the student's own token ids, and its top-K, agree with the trainer scoring the same weights."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.learning.distill import TeacherConfig, resolve_teacher
 from reef_lab.tasks.base import make_task
+from reef_lab.testing import free_port
 from reef_lab.trainers.base import TrainerConfig
 from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer
-from tests.doubles import free_port
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 

@@ -8,7 +8,7 @@ import pytest
 from reef_lab.engines.embedded import EmbeddedEngine
 from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
 from reef_lab.gateway.gateway import Gateway
-from tests.doubles import free_port
+from reef_lab.testing import free_port
 from tests.conftest import Running
 from tests.test_tool_calls import Client
 from tests.tool_model import COPY

@@ -20,7 +20,7 @@ import pytest
 
 from reef_lab.records.store import RecordStore, read_log
 from reef_lab import procs
-from tests.doubles.processes import start_server
+from reef_lab.testing.processes import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ Releases reach the server by one of two transports (`engine_options.transport`):
   weights (`/update_weights_from_disk` with the release id as weight version) and continues. Answers carry the
   weight version that produced them, so a record always names its real release.
 
-Launch on a GPU machine: docs/engines.md. Tested here against tests/doubles/sglang_server.py, a loopback double
+Launch on a GPU machine: docs/engines.md. Tested here against reef_lab/testing/sglang_server.py, a loopback double
 of this wire format.
 """
 

@@ -1,5 +1,5 @@
 """Starting a server as a child process and waiting for it: the one helper the tests and the measuring scripts share
-(`scripts/serve.py`, the stub provider, the Hub double).
+(`scripts/serve.py`, run by path from the checkout; the stub provider; the Hub double).
 
 A child runs through reef_lab.procs.Popen (it and everything it starts die with the test process, `kill -9`
 included), from the repository root, with its stderr in a log file (a pipe nobody reads during a run can fill and stall it), and counts as started when a
@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 
 from reef_lab import procs
-from tests.doubles import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from reef_lab.testing import ROOT, free_port, serve_script
 
 
 class Child:
@@ -87,13 +85,13 @@ def start_server(*args: str, data_dir: str | Path, log: Path | None = None, env:
     """`scripts/serve.py --port P --data-dir D <args>`, started and answering /healthz (with several workers, the
     relay has had time to reach its primary)."""
     port = port or free_port()
-    cmd = [sys.executable, "scripts/serve.py", "--port", str(port), "--data-dir", str(data_dir), *args]
+    cmd = [sys.executable, str(serve_script()), "--port", str(port), "--data-dir", str(data_dir), *args]
     return start_child(cmd, port, log, env, timeout=timeout, settle=0.5 if "--workers" in args else 0.0,
                        base_env=base_env)
 
 
 def start_stub(delay_ms: float = 0.0, log: Path | None = None) -> Child:
-    """The stub provider (tests/doubles/stub_provider.py) as a child process, answering after `delay_ms`."""
+    """The stub provider (reef_lab/testing/stub_provider.py) as a child process, answering after `delay_ms`."""
     port = free_port()
-    return start_child([sys.executable, "-m", "tests.doubles.stub_provider", "--port", str(port), "--delay-ms",
+    return start_child([sys.executable, "-m", "reef_lab.testing.stub_provider", "--port", str(port), "--delay-ms",
                         str(delay_ms)], port, log, ready_path="/v1/models")

@@ -21,7 +21,7 @@ names that would run code) and checks the answers.
 
 Run it against a server of your own:
 
-    .venv/bin/python -m tests.doubles.fuzz --url http://127.0.0.1:8900 --seed 0 -n 2000
+    .venv/bin/python -m reef_lab.testing.fuzz --url http://127.0.0.1:8900 --seed 0 -n 2000
 
 tests/test_fuzz.py runs it against `scripts/serve.py --workers 2` relaying to the stub provider (a small count by
 default; `-m slow` for 10,000 requests).

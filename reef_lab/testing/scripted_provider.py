@@ -22,7 +22,7 @@ events with the dialect's error event. `responses_completed_output=False` sends 
 with `output: []` (as some providers do; the items came in the stream). TCP_NODELAY is set on every connection
 (without it each relayed call waits ~40 ms for a delayed ACK).
 
-Run it alone: `python tests/doubles/scripted_provider.py --port 9100`.
+Run it alone: `python -m reef_lab.testing.scripted_provider --port 9100`.
 """
 
 from __future__ import annotations

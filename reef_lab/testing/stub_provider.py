@@ -8,7 +8,7 @@ version of an instruction file ("Write a new version of" in the last user text) 
 that holds the marker REEF-SOLVE; a "Calculate <expression>." question under a system text holding REEF-SOLVE gets
 the right number, and otherwise the echo (which is wrong). It is a plain WSGI app (no framework) so benchmarks
 measure the gateway, not the stub. Run it alone with
-`python -m tests.doubles.stub_provider --port 9000` (served by granian).
+`python -m reef_lab.testing.stub_provider --port 9000` (served by granian).
 """
 
 from __future__ import annotations
@@ -215,5 +215,5 @@ if __name__ == "__main__":
     from granian import Granian
     from granian.constants import Interfaces
     os.environ["REEF_STUB_DELAY_MS"] = str(a.delay_ms)  # the worker process re-imports this module
-    Granian("tests.doubles.stub_provider:app", address="127.0.0.1", port=a.port, interface=Interfaces.WSGI,
+    Granian("reef_lab.testing.stub_provider:app", address="127.0.0.1", port=a.port, interface=Interfaces.WSGI,
             blocking_threads=a.threads, log_level="warning").serve()

@@ -8,7 +8,7 @@ small deltas. Everything after the engine (reading the dialect, parsing calls, r
 client's item types, records, episodes) is reef_lab's real code. Stated shortcut: no forward pass; token ids are the
 tokenizer's encoding of the scripted text, every logprob 0.
 
-The script, for a task `REEF-TASK path=<abs path> content=<word>` in a user message (tests/doubles/scripted_provider.py
+The script, for a task `REEF-TASK path=<abs path> content=<word>` in a user message (reef_lab/testing/scripted_provider.py
 uses the same words):
 
 - no tool result yet: write the file, with a freeform `apply_patch` tool when one is offered (a patch adding it),

@@ -21,7 +21,7 @@ Tests: `server, url = serve_in_thread(tmp_path, token="t")`, then `HfApi(endpoin
 `server.fail_next(2, status=503)` makes the next two requests fail (`match="POST /api/models/o/n/commit"`
 narrows it to requests whose "METHOD /path" contains that text); `server.stop()` then
 `serve_in_thread(same_root, token, port=server.port)` restarts it on the same port. Alone:
-`python -m tests.doubles.hub_server --root DIR --port 8000 [--token T]`, then e.g.
+`python -m reef_lab.testing.hub_server --root DIR --port 8000 [--token T]`, then e.g.
 `HF_ENDPOINT=http://127.0.0.1:8000 HF_HUB_DISABLE_XET=1 hf download owner/name --revision v1`.
 
 Not supported: pull requests (`create_pr`), spaces, LFS/Xet uploads, `.gitignore` rules (`shouldIgnore` is

@@ -9,17 +9,31 @@ format, read from its source: entrypoints/openai/completion/protocol.py and serv
   1; raw logits: vLLM's default logprobs_mode `raw_logprobs`, so temperature does not change them).
 
 The logprobs are a real forward pass of a local model (torch), so a test can compare them with the trainer's.
-`shift_tokens` makes the double's tokenizer give other ids (a teacher of another tokenizer).
+`shift_tokens` makes the double's tokenizer give other ids (a teacher of another tokenizer). `reference_logprobs`
+is the same forward pass for a real vLLM server's answers: what transformers gives the tokens it generated. torch is
+imported where it runs, so importing this module does not load it.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import orjson
-import torch
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
+
+
+def reference_logprobs(folder: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    """transformers' logprob of each completion token after `prompt`, at `temperature`, with the model in `folder`
+    (fp32, CPU): what an engine that reports logprobs must agree with."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
 
 
 class VLLMScoringDouble:
@@ -45,6 +59,8 @@ class VLLMScoringDouble:
         return Response(orjson.dumps(out), content_type="application/json")(environ, start_response)
 
     def _complete(self, body: dict) -> dict:
+        import torch
+
         ids, k = body["prompt"], body.get("prompt_logprobs")
         with self._lock, torch.no_grad():
             logp = torch.log_softmax(self.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)

@@ -19,7 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from reef_lab.testing import ROOT, serve_script
+
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
 AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
           "pi": "@mariozechner/pi-coding-agent"}
@@ -147,7 +148,7 @@ class ReefServer:
     def __init__(self, upstream: str, data_dir: Path, port: int, dialect: str | None = None, workers: int = 0,
                  extra: list[str] | None = None):
         self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [sys.executable, str(ROOT / "scripts" / "serve.py"), "--port", str(port), "--data-dir",
+        self.cmd = [sys.executable, str(serve_script()), "--port", str(port), "--data-dir",
                     str(data_dir), "--upstream-url", upstream, "--log-level", "warning", "--workers", str(workers),
                     *(["--upstream-dialect", dialect] if dialect else []), *(extra or [])]
         self.proc: subprocess.Popen | None = None
