@@ -64,7 +64,7 @@ for option in "$@"; do
         $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
       fi ;;
     --agents)
-      # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench_agents.py: pinned npm versions
+      # Real agent clients for the `agents` tests (pytest -m agents) and scripts/bench/bench_agents.py: pinned npm versions
       # in .agents/node_modules (binaries in .agents/node_modules/.bin), the versions the relay was tried with.
       packages="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1"
       astamp=.agents/.installed

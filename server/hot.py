@@ -2,7 +2,7 @@
 
 These four routes carry nearly all traffic. Served through Flask's request machinery (contexts, proxies,
 signals, Response objects) they ran at half the rate of the same gateway calls made from plain WSGI on this
-machine (scripts/bench_gateway.py), so they are translated here, directly from the WSGI environ, and installed
+machine (scripts/bench/bench_gateway.py), so they are translated here, directly from the WSGI environ, and installed
 the way Flask documents middleware (`app.wsgi_app = HotRoutes(app.wsgi_app, ...)`). Every other route, and
 every error page, stays with Flask. Auth, error bodies and tag rules are the shared ones in server/common.py.
 """

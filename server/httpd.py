@@ -4,7 +4,7 @@ reads, runs and answers its own requests.
 Why not a server with an event loop in front of a thread pool (granian, which served reef_lab before, and
 likewise cheroot, waitress, gunicorn's gthread): there every request crosses threads twice (loop to pool and back),
 and on these VMs each cross-thread wakeup is a trip through the scheduler, so a thread per connection answers
-sooner (results/log/gateway-notes.md); `scripts/bench_gateway.py --compare-granian` measures both in front of reef_lab. An idle keep-alive connection holds a
+sooner (results/log/gateway-notes.md); `scripts/bench/bench_gateway.py --compare-granian` measures both in front of reef_lab. An idle keep-alive connection holds a
 thread blocked in `recv` (little memory); every socket and disk wait releases the GIL.
 
 HTTP/1.1 parsing is httptools (llhttp, the parser of Node.js and uvicorn). Supported: keep-alive, pipelining, chunked

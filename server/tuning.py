@@ -1,6 +1,6 @@
 """Server tuning for several workers on few CPUs: each worker pinned to a CPU of its own (`--pin-workers`, on by
 default), and a short scheduler time slice for its threads while the machine has idle CPU (SliceGovernor,
-`--sched-slice-us 100`, opt-in). scripts/bench_tuning.py measures both against plain settings side by side;
+`--sched-slice-us 100`, opt-in). scripts/bench/bench_tuning.py measures both against plain settings side by side;
 results/server-tuning.md holds what it found and why pinning is a default and the slice is not.
 """
 
@@ -73,7 +73,7 @@ def ask_short_slice(us: int) -> int:
     Why: on a 2-CPU machine a request's thread sleeps twice (the provider's answer, the record's flush) and must then
     win a CPU back from the load generator, the stub or the other worker. Linux's EEVDF scheduler (6.12+) lets a
     thread of the normal class ask for a shorter slice, which gives it an earlier deadline when it wakes, so it runs
-    sooner: a trimmed latency tail, the median within noise (scripts/bench_gateway.py measures it beside the
+    sooner: a trimmed latency tail, the median within noise (scripts/bench/bench_gateway.py measures it beside the
     kernel's default; the A/B runs are in results/log/gateway-notes.md). Older kernels ignore the field. SliceGovernor decides when to ask.
     """
     calls = _SCHED_SYSCALLS.get(os.uname().machine)

@@ -1,7 +1,7 @@
 """Several worker processes behind one port when reef_lab proxies a provider: one primary, the others relays.
 
 Why: a Python process runs one thread of request handling at a time (the GIL), and with an instant provider one
-process tops out near a core (scripts/bench_gateway.py). Relaying to a provider is the one job that needs
+process tops out near a core (scripts/bench/bench_gateway.py). Relaying to a provider is the one job that needs
 neither the model nor the learners in-process, so it can be spread over processes; everything with state stays
 in one place.
 

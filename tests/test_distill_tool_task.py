@@ -1,4 +1,4 @@
-"""scripts/distill_tool_task.py as a user runs it, on the tiny model (a check of the plumbing, not a result):
+"""scripts/studies/distill_tool_task.py as a user runs it, on the tiny model (a check of the plumbing, not a result):
 the four arms each take one step per round on whole episodes and release, the teacher's sampled episodes reach the
 sft arm through its records, held-out runs are not trained on, and the page and figure are written."""
 
@@ -21,7 +21,7 @@ def test_three_arms_at_equal_episodes_with_a_curve_each(tmp_path):
     from reef_lab.engines.tiny import tiny_model_dir
 
     teacher = tiny_model_dir(default_cache_dir())  # the student itself: OPD's divergence starts at zero
-    out = subprocess.run([sys.executable, "scripts/distill_tool_task.py", "--model-path", "tiny", "--teacher",
+    out = subprocess.run([sys.executable, "scripts/studies/distill_tool_task.py", "--model-path", "tiny", "--teacher",
                           str(teacher), "--episodes", "8", "--per-release", "4", "--n", "3", "--max-tokens", "8",
                           "--concurrency", "4", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "page"),
                           "--arms", "opd", "opd-fkl", "sft", "grpo"],
@@ -47,7 +47,7 @@ def test_three_arms_at_equal_episodes_with_a_curve_each(tmp_path):
     assert (tmp_path / "page.png").stat().st_size > 10_000
     # the same seed again into the same data dir: refused with what to do, not trained on the first run's records
     def again(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "scripts/distill_tool_task.py", "--model-path", "tiny", "--teacher",
+        return subprocess.run([sys.executable, "scripts/studies/distill_tool_task.py", "--model-path", "tiny", "--teacher",
                                str(teacher), "--arms", "sft", "--episodes", "8", "--per-release", "4", "--n", "3",
                                "--max-tokens", "8", "--concurrency", "4", "--data-dir", str(tmp_path / "data"),
                                "--out", str(tmp_path / "again"), *extra], cwd=ROOT, capture_output=True, text=True,

@@ -46,7 +46,7 @@ def test_the_page_check_fails_on_a_temporary_folder(tmp_path):
 def tmp_defaults(root: Path) -> list[str]:
     """`script:line` of every argparse default in scripts/ that is a temporary folder."""
     found = []
-    for path in sorted((root / "scripts").glob("*.py")):
+    for path in sorted((root / "scripts").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     node.func.attr == "add_argument":
@@ -62,7 +62,7 @@ def test_no_script_defaults_to_a_temporary_folder():
 
 
 def test_the_scripts_that_write_a_command_build_it_from_the_repository_root():
-    writers = [p for p in sorted((ROOT / "scripts").glob("*.py"))
+    writers = [p for p in sorted((ROOT / "scripts").rglob("*.py"))
                if p.name != "command_line.py" and "Command" in p.read_text(encoding="utf-8")]
     assert len(writers) >= 15
     assert [p.name for p in writers if "scripts.command_line import" not in p.read_text(encoding="utf-8")] == []
@@ -70,17 +70,17 @@ def test_the_scripts_that_write_a_command_build_it_from_the_repository_root():
 
 def test_command_line_writes_paths_inside_the_repository_from_its_root(tmp_path, monkeypatch):
     root = ROOTS[0]
-    assert command_line([f"{root}/scripts/bench_gateway.py", "--out", f"{root}/runs/b", f"--results={root}/results/x",
+    assert command_line([f"{root}/scripts/bench/bench_gateway.py", "--out", f"{root}/runs/b", f"--results={root}/results/x",
                          "--seconds", "5"]) == \
-        "python scripts/bench_gateway.py --out runs/b --results=results/x --seconds 5"
+        "python scripts/bench/bench_gateway.py --out runs/b --results=results/x --seconds 5"
     # outside the repository: kept (it is what ran); a word a shell would split: quoted
     assert shell_words(["scripts/serve.py", "--data-dir", str(tmp_path), "--engine-options", '{"port": 1}']) == \
         f"scripts/serve.py --data-dir {tmp_path} --engine-options '{{\"port\": 1}}'"
     assert repo_path(f"{root}/.venv/bin/python") == ".venv/bin/python" and repo_path(root) == "."
     assert repo_path(root + "-other/x") == root + "-other/x"
-    monkeypatch.chdir(Path(root) / "scripts")  # started from another folder: the script is still named from the root
+    monkeypatch.chdir(Path(root) / "scripts" / "bench")  # started from another folder: the script is still named from the root
     assert command_line(["soak.py", "--minutes", "1"], program=".venv/bin/python") == \
-        ".venv/bin/python scripts/soak.py --minutes 1"
+        ".venv/bin/python scripts/bench/soak.py --minutes 1"
 
 
 # --- issue 51: an index, logs apart, JSON in results/data/, names that exist ---------------------------------------
@@ -88,7 +88,7 @@ def test_command_line_writes_paths_inside_the_repository_from_its_root(tmp_path,
 PACKAGES = ("reef_lab", "recipes", "scripts", "apps", "server", "tests")
 # a dotted module path (`reef_lab.trainers.losses.dis_token_loss`), not inside a longer word or path
 DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(PACKAGES))
-# a file or folder path from the repository root (`scripts/soak.py`, `../recipes/sao/`, `results/x.{md,json}`)
+# a file or folder path from the repository root (`scripts/bench/soak.py`, `../recipes/sao/`, `results/x.{md,json}`)
 FILE = re.compile(r"(?<![\w./~-])(?:\.\./)*((?:%s|results|docs)/(?:[\w.*<>-]|/|\{[\w.,-]*\})*)" % "|".join(PACKAGES))
 EXTENSIONS = {"md", "py", "yaml", "yml", "json", "jsonl", "png", "sh", "txt", "toml", "gguf"}
 NOW = re.compile(r"[^\[\]]{0,80}\[now\b")  # what follows an old name on a log page: `[now <current name>]`

@@ -1,5 +1,5 @@
 """Retention under the soak's load: the real server (scripts/serve.py, a primary and a relay worker in front of the
-stub provider) with small segments and tight limits, driven by scripts/soak.py, which reads back every acknowledged
+stub provider) with small segments and tight limits, driven by scripts/bench/soak.py, which reads back every acknowledged
 record that is still stored and the eviction counts of /reef/status (docs/records.md#retention)."""
 
 import json
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def soak(tmp_path, *flags) -> dict:
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "scripts/soak.py", "--warmup-minutes", "0", "--minutes", "1.5", "--rate", "120",
+    p = subprocess.run([sys.executable, "scripts/bench/soak.py", "--warmup-minutes", "0", "--minutes", "1.5", "--rate", "120",
                         "--reads", "50", "--roll-records", "1000", "--out", str(out), *flags], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -126,7 +126,7 @@ def test_a_tool_demonstration_without_token_ids_is_not_trained(tiny_model_dir, t
 
 
 def run_learn_script(tmp_path, sft_lr: str, grpo: str, *args: str) -> tuple[dict, Path]:
-    """scripts/learn_tool_task.py, seed 0, 2 held-out items per task, 8 demonstration turns in 2 SFT steps, the
+    """scripts/studies/learn_tool_task.py, seed 0, 2 held-out items per task, 8 demonstration turns in 2 SFT steps, the
     GRPO config `grpo` (a YAML mapping's lines); returns the result file's content and the pages' path."""
     import subprocess
     import sys
@@ -137,7 +137,7 @@ def run_learn_script(tmp_path, sft_lr: str, grpo: str, *args: str) -> tuple[dict
                       f"trainer: {{lr: {sft_lr}, micro_batch_size: 4}}\n")
     (tmp_path / "grpo.yaml").write_text(grpo)
     out = tmp_path / "learn"
-    subprocess.run([sys.executable, str(root / "scripts" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
+    subprocess.run([sys.executable, str(root / "scripts" / "studies" / "learn_tool_task.py"), "--seeds", "0", "--n", "2",
                     "--demos", "6", "--samples", "8", "--recipe-config", str(config), "--data-dir",
                     str(tmp_path / "data"), "--out", str(out), "--policy", "grpo", "--policy-config",
                     str(tmp_path / "grpo.yaml"), "--concurrency", "8", "--max-tokens", "24", *args],
@@ -148,7 +148,7 @@ def run_learn_script(tmp_path, sft_lr: str, grpo: str, *args: str) -> tuple[dict
 @pytest.mark.heavy
 @pytest.mark.parametrize("client", ["openai", "anthropic"])
 def test_learn_tool_task_script_end_to_end(tiny_model_dir, tmp_path, client):
-    """scripts/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
+    """scripts/studies/learn_tool_task.py on the tiny model: serve.py children, base episodes, demonstrations imported and
     trained into v1 over HTTP, the release's episodes served by v1 and reported on their receipts (the script stops on
     a refused report); then the GRPO stage from that release in two rounds, the second sampled from the release the
     first made: sampled episodes reported per episode, trained as episode samples into releases, the last of which
@@ -242,7 +242,7 @@ def test_learn_tool_task_policy_stage_on_vllm(tmp_path):
 def test_a_run_refuses_a_data_dir_with_an_earlier_runs_records(tmp_path):
     """Rerunning a seed into the data dir of an earlier (say, killed) run would start the server on that run's
     records and train on them too: the learning scripts refuse such a folder and say what to do."""
-    from scripts.learn_tool_task import fresh_dir
+    from scripts.studies.learn_tool_task import fresh_dir
 
     run = tmp_path / "seed-0" / "grpo"
     assert fresh_dir(run) == run and run.is_dir()

@@ -271,7 +271,7 @@ def test_bfcl_loader_reads_the_real_files():
                 assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool["function"]["name"]), tool["function"]["name"]
                 assert tool["function"]["parameters"]["type"] == "object"
         # BFCL's own first possible answers pass the checker, but for a few whose values are not of the type their
-        # function docs declare (BFCL's checker agrees: scripts/compare_bfcl_checker.py); live_simple has the most
+        # function docs declare (BFCL's checker agrees: scripts/studies/compare_bfcl_checker.py); live_simple has the most
         passed = sum(ast_check(it["functions"], [{k.replace(".", "_"): {p: v[0] for p, v in args.items()
                                                                         if v and v[0] != ""}}
                                                  for a in it["possible_answer"] for k, args in a.items()],

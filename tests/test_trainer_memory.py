@@ -1,7 +1,7 @@
 """The torch trainer's memory bounds (issue 38 item 18) change no number: the chunked logprobs, token-bounded
 micro-batches and gradient checkpointing give the straightforward path's loss and gradients on the tiny Llama, and
 what they exist for holds (no vocabulary-wide logits of a whole micro-batch kept for the backward pass, no
-gradients held between steps). The measured case is results/trainer-memory.md (scripts/trainer_memory.py)."""
+gradients held between steps). The measured case is results/trainer-memory.md (scripts/bench/trainer_memory.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ pins); the child runs from there. Releases reach it by one of two transports (`e
   loaded, base requests go through a zero adapter (`reef-base`, every weight 0: the base's outputs): vLLM CPU 0.32
   gives requests without an adapter the wrong logprobs (off by up to 1.8 nats) when they share a batch with adapter
   requests after another adapter has served; adapters among themselves batch correctly
-  (scripts/probe_vllm_lora_batching.py shows both).
+  (scripts/studies/probe_vllm_lora_batching.py shows both).
 
 Training beside it: a server started here shares this machine's CPUs with the trainer, and its threads kept the
 cores while a step ran. So the learner holds `training_step()` around each step and the server is paused meanwhile

@@ -224,7 +224,7 @@ class _Batch:
     Each appender that does not lead parks on its own pre-acquired lock; the committer releases exactly those
     locks when the batch is durable (or releases one of them to promote its owner to leader of the next batch).
     A shared Condition instead made every woken waiter queue again for the store's lock, one after another, and
-    under the GIL that herd cost more CPU than the fsync it waited for (scripts/bench_gateway.py).
+    under the GIL that herd cost more CPU than the fsync it waited for (scripts/bench/bench_gateway.py).
     """
 
     __slots__ = ("frames", "keys", "lines", "waiters", "durable", "error")

@@ -1,6 +1,6 @@
 """How much can a harness move a task at all? Score hand-written system prompts on a GEPA experiment's test split.
 
-    python scripts/probe_harness_headroom.py recipes/gepa/examples/arithmetic.yaml \
+    python scripts/studies/probe_harness_headroom.py recipes/gepa/examples/arithmetic.yaml \
         "You are a helpful assistant." "Reply with only the final number." ""
 
 Uses the experiment's task, splits (data seed) and task model settings, with `rules.md` empty; prints the test

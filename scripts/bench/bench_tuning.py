@@ -1,13 +1,13 @@
 """Server tuning on vs off, side by side: is pinning workers to CPUs and asking for a short scheduler slice worth
 being a default?
 
-    .venv/bin/python scripts/bench_tuning.py   # results/server-tuning.{md,png}, data/server-tuning.json
+    .venv/bin/python scripts/bench/bench_tuning.py   # results/server-tuning.{md,png}, data/server-tuning.json
 
 Starts the instant stub provider and three real `scripts/serve.py --upstream-url <stub> --workers 2` servers at once,
 identical but for server/tuning.py: `plain` (`--pin-workers 0 --sched-slice-us 0`), `pinned` (`--pin-workers 1`) and
 `tuned` (`--pin-workers 1 --sched-slice-us 100`, the slice governor on). Each round measures all three, each first in
 turn (a noisy moment then hits all): throughput with `wrk -c16` (needs `apt-get install wrk`), then latency of 16
-paced clients at `--rate` requests/s (threads of a separate process, as scripts/bench_gateway.py does). The answer
+paced clients at `--rate` requests/s (threads of a separate process, as scripts/bench/bench_gateway.py does). The answer
 is each arm's per-round ratio to plain, its median and spread, and the machine's busy share and CPU steal during the
 run (a busy machine is what the governor reacts to).
 """
@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
+from scripts.bench.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
 from scripts.command_line import command_line, data_file
 from server.tuning import machine_busy
 from reef_lab.testing.processes import start_server, start_stub
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"plain": ["--pin-workers", "0", "--sched-slice-us", "0"],
             "pinned": ["--pin-workers", "1", "--sched-slice-us", "0"],
             "tuned": ["--pin-workers", "1", "--sched-slice-us", "100"]}
@@ -95,7 +95,7 @@ def summarize(rounds: list[dict]) -> dict:
 def render(result: dict, args) -> str:
     s = result["summary"]
     lines = [
-        "# Server tuning on vs off (scripts/bench_tuning.py)", "",
+        "# Server tuning on vs off (scripts/bench/bench_tuning.py)", "",
         f"Command: `{result['command']}` (started {result['started']}; {result['machine']['cpus']} CPUs, "
         f"{result['machine']['cpu']}; CPU steal {result['cpu_steal_share']:.1%} of the run; the machine was "
         f"{s['busy_share_median']:.0%} busy (median over the throughput phases), other work included).", "",

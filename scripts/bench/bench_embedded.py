@@ -1,8 +1,8 @@
 """Measure the embedded engine: load time from the converted cache, and decode throughput for one request alone
 versus N concurrent requests (continuous batching).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_embedded.py              # SmolLM2, 64 tokens, 1 vs 8
-    .venv/bin/python scripts/bench_embedded.py --concurrency 16 --max-tokens 128
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/bench_embedded.py              # SmolLM2, 64 tokens, 1 vs 8
+    .venv/bin/python scripts/bench/bench_embedded.py --concurrency 16 --max-tokens 128
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Everything goes through HTTP: the gateway behind reef_lab's own server (server/h
 it) in this process, SmolLM2-135M-Instruct on CPU, one engine per prefill setting on the same weights. Between
 phases the engine is left to drain, so a prompt started in one phase never lands in the next one's numbers.
 
-    .venv/bin/python scripts/bench_long_prompts.py   # results/agents-fairness.{md,png}, data/*.json
-    .venv/bin/python scripts/bench_long_prompts.py --phase-s 60 --rounds 1 --arms base,chunked
+    .venv/bin/python scripts/bench/bench_long_prompts.py   # results/agents-fairness.{md,png}, data/*.json
+    .venv/bin/python scripts/bench/bench_long_prompts.py --phase-s 60 --rounds 1 --arms base,chunked
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model  # noqa: E402
 from reef_lab.gateway.gateway import Gateway  # noqa: E402

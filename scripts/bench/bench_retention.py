@@ -1,7 +1,7 @@
-"""What retention costs under load: scripts/soak.py with retention off and on, alternated, on one machine.
+"""What retention costs under load: scripts/bench/soak.py with retention off and on, alternated, on one machine.
 
-    .venv/bin/python scripts/bench_retention.py          # results/retention.{md,png}, data/retention.json
-    .venv/bin/python scripts/bench_retention.py --pairs 1 --minutes 1 --out runs/ret   # a quick look
+    .venv/bin/python scripts/bench/bench_retention.py          # results/retention.{md,png}, data/retention.json
+    .venv/bin/python scripts/bench/bench_retention.py --pairs 1 --minutes 1 --out runs/ret   # a quick look
 
 Each run is a fresh soak (stub provider, scripts/serve.py with a primary and a relay worker, `--clients` keep-alive
 clients asking for `--rate` requests/s in all: more than this machine carries, so the rate reached is the
@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from scripts.command_line import command_line, data_file, repo_path  # noqa: E402
 
 
 def run(args, on: bool, out: Path) -> dict:
-    cmd = [sys.executable, "scripts/soak.py", "--warmup-minutes", "0", "--minutes", str(args.minutes), "--rate",
+    cmd = [sys.executable, "scripts/bench/soak.py", "--warmup-minutes", "0", "--minutes", str(args.minutes), "--rate",
            str(args.rate), "--clients", str(args.clients), "--reads", "50", "--roll-records", str(args.roll_records),
            "--recent-reads", "--out", str(out), *(shlex.split(args.on) if on else [])]
     t0, load = time.time(), os.getloadavg()[0]
@@ -110,7 +110,7 @@ def render(r: dict) -> str:
     a = r["args"]
     lines = [f"# Retention on and off under the soak's load ({r['started']})", "",
              f"Command: `.venv/bin/python {r['command'].strip()}` (plot: retention.png). {a['pairs']} pairs of "
-             f"{a['minutes']:g}-minute runs of `scripts/soak.py`, retention off and on, each on a fresh data dir: "
+             f"{a['minutes']:g}-minute runs of `scripts/bench/soak.py`, retention off and on, each on a fresh data dir: "
              f"{a['clients']} clients asking for {a['rate']:g} requests/s in all (more than the machine carries: "
              f"what it reaches is the throughput), {a['roll_records']:,} records per segment both ways; on: "
              f"`{a['on']}`. Pairs alternate which side runs first. A cycle is a chat completion (every fourth "

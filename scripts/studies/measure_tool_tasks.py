@@ -4,7 +4,7 @@ The embedded engine takes no `tools` yet, so the tools go in the prompt in the H
 for `<tool_call>` blocks (reef_lab.tasks.tools.TextToolChat); answers are greedy. Writes
 <out>.md and its JSON (every episode's transcript and verdict; results/data/ for a page in results/).
 
-    .venv/bin/python scripts/measure_tool_tasks.py --n 20 --out results/tool-tasks-base
+    .venv/bin/python scripts/studies/measure_tool_tasks.py --n 20 --out results/tool-tasks-base
 """
 
 from __future__ import annotations

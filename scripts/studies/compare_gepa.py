@@ -2,7 +2,7 @@
 splits, seed harness and metric-call budget; writes results/gepa-<task>.md and .png, results/data/gepa-<task>.json.
 
     pip install -c constraints-cpu.txt -e '.[bench]'      # gepa==0.1.4
-    python scripts/compare_gepa.py recipes/gepa/examples/arithmetic.yaml --seeds 0 1 2
+    python scripts/studies/compare_gepa.py recipes/gepa/examples/arithmetic.yaml --seeds 0 1 2
 
 Both searches run in this process on one embedded engine, alternating per seed, and score candidates with the same
 `TaskSystem` (greedy task answers behind the harness, the task's verifier and its feedback text). The reference gets
@@ -142,7 +142,7 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
     data_file(stem).write_text(json.dumps({"config": cfg.__dict__, "rows": rows}, indent=2, default=str))
     task = cfg.name.removeprefix("gepa-") if cfg.name else cfg.task.get("name")
     lines = [f"# GEPA on `{task}`: reef_lab vs reference `gepa.optimize` {md.version('gepa')}", "",
-             "Command: `" + command_line(["scripts/compare_gepa.py", args.config, "--seeds", *map(str, args.seeds),
+             "Command: `" + command_line(["scripts/studies/compare_gepa.py", args.config, "--seeds", *map(str, args.seeds),
                                           *(w for x in args.set for w in ("--set", x))]) + "`", "",
              f"Task model and reflection model: the embedded engine ({cfg.model_path or 'SmolLM2-135M-Instruct'}), "
              f"task answers greedy with max_tokens {cfg.task_max_tokens}, reflection sampled at temperature "

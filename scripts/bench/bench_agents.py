@@ -6,7 +6,7 @@ Every call is timed by the same loopback proxy in front of the agent's base URL 
 from the request's first byte to the answer's last, so a route's time per call minus the baseline's is what the
 relay adds. Needs the agents: `bash scripts/setup.sh --agents`.
 
-    .venv/bin/python scripts/bench_agents.py --rounds 5        # writes results/agents.md and results/data/agents.json
+    .venv/bin/python scripts/bench/bench_agents.py --rounds 5        # writes results/agents.md and results/data/agents.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from scripts.command_line import command_line, data_file  # noqa: E402
 from reef_lab.testing import free_port  # noqa: E402

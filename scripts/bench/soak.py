@@ -1,8 +1,8 @@
 """Soak test: the real server under a steady mixed load for minutes; memory, latency and errors as they go, then
 reads by id before and after a restart.
 
-    .venv/bin/python scripts/soak.py   # 8 min warm-up + 10 measured; results/soak.{md,png}, data/soak.json
-    .venv/bin/python scripts/soak.py --warmup-minutes 1 --minutes 2 --out runs/soak     # a quick look
+    .venv/bin/python scripts/bench/soak.py   # 8 min warm-up + 10 measured; results/soak.{md,png}, data/soak.json
+    .venv/bin/python scripts/bench/soak.py --warmup-minutes 1 --minutes 2 --out runs/soak     # a quick look
 
 Starts the stub provider (`reef_lab.testing.stub_provider`) and `scripts/serve.py --upstream-url <stub>` (two worker
 processes on a 2-CPU machine: a primary and a relay) with a fresh data dir. A separate load process runs `--clients`
@@ -21,7 +21,7 @@ when the load ends the script reads /reef/status's eviction counts and every ack
 checks that none the policy keeps is missing: the newest `--retain-max-records` and those younger than
 `--retain-max-age` (less a margin), in `retention` of soak.json and a section of soak.md.
 
-    .venv/bin/python scripts/soak.py --warmup-minutes 0 --minutes 2 --roll-records 1000 --retain-max-records 6000 \
+    .venv/bin/python scripts/bench/soak.py --warmup-minutes 0 --minutes 2 --roll-records 1000 --retain-max-records 6000 \
         --retain-max-age 60s --out runs/soak-retention
 """
 
@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
 from reef_lab.records.segments import collect_records  # noqa: E402

@@ -1,8 +1,8 @@
 """Report to live: how long from the report that completes a training batch to the first answer served by the
 release trained on it, and where that time goes, against the training compute itself (issue 39 item 5).
 
-    .venv/bin/python scripts/bench_report_to_live.py                             # sft, sao, grpo x embedded, vllm
-    .venv/bin/python scripts/bench_report_to_live.py --recipes sft --engines embedded --repeats 1
+    .venv/bin/python scripts/bench/bench_report_to_live.py                             # sft, sao, grpo x embedded, vllm
+    .venv/bin/python scripts/bench/bench_report_to_live.py --recipes sft --engines embedded --repeats 1
 
 Per (recipe, engine, repeat): a fresh `scripts/serve.py --recipe R` (auto mode, one batch of 8 makes one candidate,
 selection always, a 16-item held-out arithmetic evaluation and the default retention task), LoRA rank 8 on both
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import openai  # noqa: E402
 import requests  # noqa: E402

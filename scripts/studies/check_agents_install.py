@@ -6,7 +6,7 @@ scenario in manual mode) in front of the scripted provider (reef_lab/testing/scr
 and plays the change-request proposer), and `reef-lab agent <agent> install | run | report | evolve --wait | update`
 as subprocesses with their own HOME. Needs the agents: `bash scripts/setup.sh --agents`.
 
-    .venv/bin/python scripts/check_agents_install.py [--agents claude,codex,opencode,pi] [--out results/harness-install]
+    .venv/bin/python scripts/studies/check_agents_install.py [--agents claude,codex,opencode,pi] [--out results/harness-install]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from reef_lab.testing import free_port
 from reef_lab.testing.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
 from reef_lab.testing.scripted_provider import ScriptedProvider
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SEED = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- RULE-ALPHA-7 run the tests before you stop",
         "skills/tidy.md": "---\nname: tidy\ndescription: SKILL-BETA-7 sort the imports\n---\nSort them."}
@@ -129,7 +129,7 @@ def summary(rows: list[dict]) -> str:
 
 def markdown(rows: list[dict], command: str) -> str:
     lines = ["# Harness releases installed into real coding agents", "",
-             f"Command: `{command}` (scripts/check_agents_install.py; scripted provider, serve.py, `reef-lab agent`).",
+             f"Command: `{command}` (scripts/studies/check_agents_install.py; scripted provider, serve.py, `reef-lab agent`).",
              "Each run's first model request (opencode: the first with its tools) searched for the installed rule "
              "(`RULE-ALPHA-7`), the installed skill's description (`SKILL-BETA-7`), the change request's text "
              "(`REEF-EVOLVED-7`, in the evolved rule and skill) and serving's own rendering (`Rules:`, must be absent: "

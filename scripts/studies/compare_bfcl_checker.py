@@ -7,7 +7,7 @@ given, and mutations of it (each optional parameter left out, a wrong value, a n
 parameter, a required one missing, parallel calls reversed, one call dropped). Prints the agreement per category;
 exits 1 on any disagreement, listing the first ones.
 
-    .venv/bin/python scripts/compare_bfcl_checker.py [--categories simple_python multiple ...]
+    .venv/bin/python scripts/studies/compare_bfcl_checker.py [--categories simple_python multiple ...]
 """
 
 from __future__ import annotations

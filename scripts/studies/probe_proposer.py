@@ -1,7 +1,7 @@
 """Can a model be the change-request proposer? Ask it the proposer prompt for a few requests and check its answers.
 
-    .venv/bin/python scripts/probe_proposer.py                       # the embedded SmolLM2-135M (the default)
-    .venv/bin/python scripts/probe_proposer.py --base-url URL --model M   # any OpenAI-compatible endpoint
+    .venv/bin/python scripts/studies/probe_proposer.py                       # the embedded SmolLM2-135M (the default)
+    .venv/bin/python scripts/studies/probe_proposer.py --base-url URL --model M   # any OpenAI-compatible endpoint
 
 For each request: the answer (cut), the seconds it took, and whether it is a mutation list reef_lab would accept
 (reef_lab/harness/change_requests.py: json_object, apply_mutations). docs/harness.md quotes what SmolLM2 answered.

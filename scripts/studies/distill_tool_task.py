@@ -2,7 +2,7 @@
 
 Issue 41's tool-task comparison, run as a user would against `scripts/serve.py` (the embedded SmolLM2-135M), a
 fresh server per arm and seed, each starting from the base weights; every episode goes through the OpenAI SDK's
-tool loop (scripts/learn_tool_task.py's), one session per episode:
+tool loop (scripts/studies/learn_tool_task.py's), one session per episode:
 - opd: the student samples `--per-release` calculator episodes (temperature 1) from the weights it serves, reports
   them on the episode (the score is only metadata), and the opd recipe scores each whole episode under the teacher
   on the student's own token ids (tool results masked) and takes one reverse-KL step: one release per round;
@@ -16,11 +16,11 @@ tool loop (scripts/learn_tool_task.py's), one session per episode:
 - grpo: the student samples groups of 4 episodes per item, scored by the task's verifier; one GRPO step per round.
 After each round the release runs the held-out episodes (calculator, items seed 1000, greedy) and a retention task
 it is not trained on (colors), without reporting them. The teacher is a release folder (e.g. an SFT then GRPO
-release of scripts/learn_tool_task.py) and is scored on the same held-out episodes once.
+release of scripts/studies/learn_tool_task.py) and is scored on the same held-out episodes once.
 Writes <out>.md, <out>.png and its JSON (every curve point; results/data/ for a page in results/); `--merge`
 joins per-seed files.
 
-    python scripts/distill_tool_task.py --teacher runs/al/data/seed-1/grpo/data/releases/tools-grpo-s1/v2 \
+    python scripts/studies/distill_tool_task.py --teacher runs/al/data/seed-1/grpo/data/releases/tools-grpo-s1/v2 \
         --seeds 0 --out runs/distill-tools/s0
 """
 
@@ -34,7 +34,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import requests  # noqa: E402
 import yaml  # noqa: E402
@@ -42,7 +42,7 @@ import yaml  # noqa: E402
 from reef_lab.records.record import CLIENT_FIELDS  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
-from scripts.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
+from scripts.studies.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
                                      policy_rollouts, run_episodes, sdk_client, start_server, t_interval,
                                      wait_releases)
 from reef_lab.testing import free_port  # noqa: E402
@@ -51,7 +51,7 @@ ARMS = ("opd", "opd-fkl", "sft", "grpo")
 CONFIGS = {"opd": "recipes/opd/examples/tools.yaml", "sft": "recipes/sft/examples/tools-episodes.yaml",
            "grpo": "recipes/grpo/examples/tools.yaml"}
 VARIANTS = {"opd-fkl": ("opd", {"divergence": "forward_kl", "top_k": 16})}  # arm: (its recipe, config changes)
-TABLES, TABLES_END = "<!-- tables: written by scripts/distill_tool_task.py -->", "<!-- /tables -->"
+TABLES, TABLES_END = "<!-- tables: written by scripts/studies/distill_tool_task.py -->", "<!-- /tables -->"
 
 
 def arm_config(arm: str, per_release: int, teacher: Path | None) -> dict:
@@ -232,7 +232,7 @@ def main() -> None:
         return
     if not args.teacher or not (Path(args.teacher) / "config.json").is_file():
         raise SystemExit("--teacher must be a model folder (config.json, weights, tokenizer): e.g. a release folder "
-                         "of scripts/learn_tool_task.py's SFT then GRPO stage")
+                         "of scripts/studies/learn_tool_task.py's SFT then GRPO stage")
     if args.episodes % args.per_release:
         raise SystemExit(f"--episodes {args.episodes} must be a multiple of --per-release {args.per_release}")
     jobs = held_out(args)

@@ -1,6 +1,6 @@
 """Full-page screenshots of the three marimo apps on real runs, in headless Chromium (the README's apps section).
 
-    python scripts/screenshot_apps.py --runs runs/demo --sao-run runs/demo/sao-arithmetic-seed0 \
+    python scripts/studies/screenshot_apps.py --runs runs/demo --sao-run runs/demo/sao-arithmetic-seed0 \
         --gepa-run runs/demo/gepa-arithmetic-seed0 --data-dir runs/demo/sao-arithmetic-seed0/data --out apps/screenshots
 
 Each app runs as `marimo run apps/<app>.py --headless` and is opened with playwright in the system's chromium
@@ -22,7 +22,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from reef_lab import procs  # noqa: E402
 

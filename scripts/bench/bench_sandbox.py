@@ -1,8 +1,8 @@
 """Cost of the TTT sandbox's isolation: bubblewrap (`isolation="bwrap"`) against a plain child process
 (`isolation="none"`, the sandbox before bubblewrap), same programs, same limits, interleaved.
 
-    .venv/bin/python scripts/bench_sandbox.py     # results/sandbox-overhead.md, data/sandbox-overhead.json
-    .venv/bin/python scripts/bench_sandbox.py --runs 60
+    .venv/bin/python scripts/bench/bench_sandbox.py     # results/sandbox-overhead.md, data/sandbox-overhead.json
+    .venv/bin/python scripts/bench/bench_sandbox.py --runs 60
 
 Per run: the wall time of `run_python` (temporary folder, process start, the program, its verdict). Programs: the
 circle-packing initial state (what a TTT-Discover rollout runs), `pass`, and one that imports numpy. Each round runs
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from recipes.tttd.problems import CirclePacking  # noqa: E402
 from recipes.tttd.sandbox import Limits, check_isolation, run_python  # noqa: E402

@@ -1,7 +1,7 @@
 """Training speed per token: reef_lab's in-process TorchTrainer vs TRL's GRPOTrainer, same model, data and CPU.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_trainer.py  # results/trainer-vs-trl.{md,png}, data/*.json
-    .venv/bin/python scripts/bench_trainer.py --rounds 7 --batch 16 --completion-len 32 --micro-batch 8
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/bench_trainer.py  # results/trainer-vs-trl.{md,png}, data/*.json
+    .venv/bin/python scripts/bench/bench_trainer.py --rounds 7 --batch 16 --completion-len 32 --micro-batch 8
 
 It exists to test the claim "the reef_lab trainer is at least as fast per token as TRL's GRPOTrainer". Needs TRL:
 `pip install trl==1.16.0 -c constraints-cpu.txt`. A random-init tiny Llama (SmolLM2's tokenizer, read from the
@@ -15,7 +15,7 @@ steps on that batch and is timed around the update only (forward + backward over
   reef_lab: TorchTrainer.step(samples, dis_token_loss(0.3, 5.0)).
 Tokens per step = real (unpadded) prompt + completion tokens of the batch, the same count for both sides.
 Beside each side's speed: the process's peak RSS during that side's steps (the kernel's high-water mark, reset
-before them: scripts/trainer_memory.py; Linux) and how far it rose above the RSS the side started from. Both
+before them: scripts/bench/trainer_memory.py; Linux) and how far it rose above the RSS the side started from. Both
 trainers live in one process, so the peak includes the other side's model and optimizer state; the rise is the
 side's own working memory (activations, logits, gradients, memory its allocator did not hand back).
 """
@@ -34,12 +34,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import torch  # noqa: E402
 
 from scripts.command_line import command_line, data_file, data_link  # noqa: E402
-from scripts.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
+from scripts.bench.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a coral reef", "a lost robot", "a mountain village", "a deep-sea diver",
           "an old library", "a desert caravan", "a city at night", "a clockmaker", "a migrating whale",

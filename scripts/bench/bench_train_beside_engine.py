@@ -1,9 +1,9 @@
 """Training beside the engine (issue 28): does a training step get the CPUs while a vLLM server on the same machine
 serves traffic, and how soon does the live SAO loop release, against the embedded engine?
 
-    .venv/bin/python scripts/bench_train_beside_engine.py                       # both parts, arms interleaved
-    .venv/bin/python scripts/bench_train_beside_engine.py --part steps --rounds 3
-    .venv/bin/python scripts/bench_train_beside_engine.py --part release --arms embedded,vllm,vllm-nopause
+    .venv/bin/python scripts/bench/bench_train_beside_engine.py                       # both parts, arms interleaved
+    .venv/bin/python scripts/bench/bench_train_beside_engine.py --part steps --rounds 3
+    .venv/bin/python scripts/bench/bench_train_beside_engine.py --part release --arms embedded,vllm,vllm-nopause
 
 Part `steps` (a): in one process, SAO's training round (value model, then the policy step; recipes/sao with the
 live config and LoRA) on a fixed batch of 16 rollouts, while 16 client threads keep asking one engine, the arms
@@ -29,7 +29,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import requests  # noqa: E402
 import yaml  # noqa: E402
@@ -299,7 +299,7 @@ def report(result: dict, path: Path) -> None:
     lines = ["# Training beside the engine: vLLM against the embedded engine (issue 28)", "",
              f"Commands (from {result['started']}, {result['wall_s'] / 60:.0f} min in all, on {result['cpus']} CPUs "
              "shared with other engineers' test runs):", "",
-             *[f"    .venv/bin/python scripts/{c}" for c in result["commands"]], "",
+             *[f"    .venv/bin/python scripts/bench/{c}" for c in result["commands"]], "",
              f"Recipe config (recipes/sao/examples/live.yaml with LoRA, which vLLM's weight reload needs): "
              f"`{json.dumps(result['recipe_config'])}`. 'other sessions': the mean number of sessions outside the "
              "benchmark with a runnable thread while it measured (Linux shares CPU time between sessions, so with "

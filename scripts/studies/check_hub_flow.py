@@ -1,6 +1,6 @@
 """The Hub and W&B flow as a new user would run it, end to end, with a Hub-compatible server on loopback.
 
-    python scripts/check_hub_flow.py [--rollouts 96] [--out runs/hub-flow]
+    python scripts/studies/check_hub_flow.py [--rollouts 96] [--out runs/hub-flow]
 
 1. starts `python -m reef_lab.testing.hub_server` (the loopback Hub) and runs the SAO arithmetic example with
    `hub.repo=me/reef-{scenario}` (HF_ENDPOINT, HF_TOKEN pointed at it), two releases;
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import requests  # noqa: E402
 

@@ -18,7 +18,7 @@ seed starts from the base weights):
    opens in the SAO app (tool-call validity and task success per step).
 Writes <out>.md, <out>.png and its JSON (every episode, with its transcript; results/data/ for a page in results/).
 
-    .venv/bin/python scripts/learn_tool_task.py --seeds 0 1 2 --out results/agents-learn
+    .venv/bin/python scripts/studies/learn_tool_task.py --seeds 0 1 2 --out results/agents-learn
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import requests  # noqa: E402
 
@@ -46,7 +46,7 @@ from scripts.command_line import command_line, data_file  # noqa: E402
 from reef_lab.testing import free_port, wait_http  # noqa: E402
 
 EVAL_SEED, BFCL_SEED = 1000, 0
-TABLES, TABLES_END = "<!-- tables: written by scripts/learn_tool_task.py -->", "<!-- /tables -->"
+TABLES, TABLES_END = "<!-- tables: written by scripts/studies/learn_tool_task.py -->", "<!-- /tables -->"
 
 
 # ---- statistics -----------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Generated tokens/s of the embedded engine and of vLLM CPU on the same model and prompts, side by side.
 
-    .venv/bin/python scripts/bench_engines.py            # writes results/engines.{md,png}, results/data/engines.json
+    .venv/bin/python scripts/bench/bench_engines.py            # writes results/engines.{md,png}, results/data/engines.json
 
 Both engines serve the embedded SmolLM2 (its converted transformers folder); vLLM runs as reef_lab's `vllm`
 engine starts it (`bash scripts/setup.sh --vllm` first). At each concurrency (1, 8, 32 by default) both engines
@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import torch  # noqa: E402
 

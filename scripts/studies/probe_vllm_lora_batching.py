@@ -2,7 +2,7 @@
 requests without an adapter, batched with adapter requests after another adapter has served, get logprobs that are
 not the base model's; the same requests through a zero adapter get the base's.
 
-    python scripts/probe_vllm_lora_batching.py RELEASE_FOLDER   # a release with adapter/ (trainer.lora_rank > 0)
+    python scripts/studies/probe_vllm_lora_batching.py RELEASE_FOLDER   # a release with adapter/ (trainer.lora_rank > 0)
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Same seed, same run: each run below twice, the second beside a busy loop on one core, and their step losses and
 release tensors compared bit for bit (results/reproducibility.md).
 
-    .venv/bin/python scripts/check_reproducibility.py              # both: an experiment and learn_tool_task's SFT stage
-    .venv/bin/python scripts/check_reproducibility.py --only sft   # one of them
+    .venv/bin/python scripts/studies/check_reproducibility.py              # both: an experiment and learn_tool_task's SFT stage
+    .venv/bin/python scripts/studies/check_reproducibility.py --only sft   # one of them
 
 - `experiment`: scripts/run_experiment.py recipes/sao/examples/arithmetic.yaml at seed 0 with a 64-rollout budget
   (2 critic warm-up steps, 2 policy steps, one candidate released on 32 held-out items; `deterministic`, the default: rounds of max_pool, one request at a time);
-- `sft`: scripts/learn_tool_task.py's SFT stage at seed 0 (64 calculator demonstration turns imported over HTTP,
+- `sft`: scripts/studies/learn_tool_task.py's SFT stage at seed 0 (64 calculator demonstration turns imported over HTTP,
   8 steps, one release) and its held-out calculator episodes.
 Each run goes to runs/reproducibility/<name>-<a|b>; the page lists every step's loss of both runs.
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from scripts.command_line import command_line, data_file  # noqa: E402
 
@@ -33,7 +33,7 @@ COMMANDS = {
                                "--seed", "0", "--set", "rollouts=64", "--set", "recipe_config.eval_size=32",
                                "--set", "recipe_config.steps_per_candidate=2",
                                "--out", str(out)],
-    "sft": lambda out: [sys.executable, "scripts/learn_tool_task.py", "--seeds", "0", "--no-base", "--policy", "none",
+    "sft": lambda out: [sys.executable, "scripts/studies/learn_tool_task.py", "--seeds", "0", "--no-base", "--policy", "none",
                         "--tasks", "calculator", "--n", "10", "--data-dir", str(out / "data"), "--out",
                         str(out / "agents-learn")],
 }
@@ -106,7 +106,7 @@ def merged(results: list[dict], path: Path) -> list[dict]:
 def write(results: list[dict], path: Path) -> None:
     data_file(path).write_text(json.dumps(results, indent=1))
     lines = ["# Same seed, same run", "",
-             "Command: `python scripts/check_reproducibility.py` (or `--only NAME` for one section; each run twice, "
+             "Command: `python scripts/studies/check_reproducibility.py` (or `--only NAME` for one section; each run twice, "
              "the second beside a busy loop spinning on one of the two cores).", ""]
     for r in results:
         lines += [f"## {r['name']}: {'identical' if r['identical'] else 'DIFFERENT'}", "",

@@ -1,6 +1,6 @@
 """Gateway overhead benchmark: reef_lab relaying to a stub provider vs calling the stub directly, same run.
 
-    .venv/bin/python scripts/bench_gateway.py            # results/gateway-bench.{md,png}, data/gateway-bench.json
+    .venv/bin/python scripts/bench/bench_gateway.py            # results/gateway-bench.{md,png}, data/gateway-bench.json
 
 Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from reef_lab import procs  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
@@ -509,7 +509,7 @@ p50 in brackets; {sum(v['n'] for v in lw.values())} requests, {sum(v['errors'] f
 |---|---|---|---|{wrk_rows}
 
 Part of that is the disk: the record's fdatasync, probed in the same run on the data dir's disk (one ~1 KB
-pwrite + fdatasync, scripts/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
+pwrite + fdatasync, scripts/bench/bench_gateway.py `fsync_probe`), takes p50 **{x['fdatasync_ms']['paced']['p50']:.3f} ms** \
 when issued at the paced rate and {x['fdatasync_ms']['back_to_back']['p50']:.3f} ms back to back.
 
 One client, one request at a time (the floor): p50 {x['one_client_p50_ms']['direct']:.3f} ms direct, \

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The default suite with two busy loops beside it (issue 29: "the whole default suite passing while stress-like load runs").
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # each loop asks the kernel to SIGKILL it when this script dies (PR_SET_PDEATHSIG), kill -9 included
 LOOP='import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 while True: pass'

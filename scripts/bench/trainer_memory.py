@@ -1,9 +1,9 @@
 """Where a GRPO step's memory goes: the real SmolLM2-135M (fp32, CPU) on 16 tool episodes, peak RSS per phase.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/trainer_memory.py  # results/trainer-memory.{md,png}, data/*.json
-    .venv/bin/python scripts/trainer_memory.py --variants before after --steps 3 --out /tmp/tm
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/trainer_memory.py  # results/trainer-memory.{md,png}, data/*.json
+    .venv/bin/python scripts/bench/trainer_memory.py --variants before after --steps 3 --out /tmp/tm
 
-It exists because the GRPO stage of scripts/learn_tool_task.py held 7.6 GB to train a 135M model on 16 episodes
+It exists because the GRPO stage of scripts/studies/learn_tool_task.py held 7.6 GB to train a 135M model on 16 episodes
 (issue 38). Each variant (a set of TrainerConfig fields: `before` is the straightforward path, the vocabulary-wide
 logits of whole micro-batches; `after` the trainer's defaults) runs in a child process of its own, one after
 another, on the same 16 episodes: 4 calculator items (learn_tool_task.py's rollout items of seed 0) x 4 rollouts of
@@ -33,7 +33,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BEFORE = "27f3034"  # main before issue 38's trainer-memory change: its reef_lab/ is unpacked and run as it was
 VARIANTS = {  # name: (the reef_lab to run: a commit, or None for this checkout; TrainerConfig fields)
@@ -314,7 +314,7 @@ def main() -> None:
     write_report(args, rows)
 
 
-TABLES, TABLES_END = "<!-- tables: written by scripts/trainer_memory.py -->", "<!-- /tables -->"
+TABLES, TABLES_END = "<!-- tables: written by scripts/bench/trainer_memory.py -->", "<!-- /tables -->"
 
 
 def write_report(args, rows: list[dict]) -> None:

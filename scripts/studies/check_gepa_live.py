@@ -1,7 +1,7 @@
 """Live GEPA as a user runs it: `serve.py --recipe gepa` on the embedded model, traffic and reports with feedback
 from `live_client.py --feedback`, until a new harness release serves; writes results/gepa-live.md.
 
-    python scripts/check_gepa_live.py [--rollouts 96] [--out runs/gepa-live]
+    python scripts/studies/check_gepa_live.py [--rollouts 96] [--out runs/gepa-live]
 
 Steps: start the server (fresh data dir, recipes/gepa/examples/live.yaml); GET /reef/harness (the seed, v1); run
 the client (openai SDK; each answer scored by the task's verifier, reported with its feedback text and
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 import requests  # noqa: E402
 

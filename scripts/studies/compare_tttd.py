@@ -2,8 +2,8 @@
 and verifier), over several seeds; beside them the problem's best known value and a classical optimiser (scipy
 SLSQP multistart) given each TTT run's wall time. Writes results/<name>.{md,png}, results/data/<name>.json.
 
-    python scripts/compare_tttd.py recipes/tttd/examples/circle_packing_cpu.yaml --seeds 0 1 2
-    python scripts/compare_tttd.py recipes/tttd/examples/circle_centres_cpu.yaml --arms ttt search best_of_n \
+    python scripts/studies/compare_tttd.py recipes/tttd/examples/circle_packing_cpu.yaml --seeds 0 1 2
+    python scripts/studies/compare_tttd.py recipes/tttd/examples/circle_centres_cpu.yaml --arms ttt search best_of_n \
         --results results/tttd-circle-centres
 
 Each arm is an ordinary experiment of recipes/tttd, run in <out>/<arm>-seed<N>; a finished run is not run again, so
@@ -227,7 +227,7 @@ def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
         f"{late(arm)} | {statistics.fmean(stats[arm]['wall']) / 60:.1f} |"
         for arm, label in [*((a, LABELS[a]) for a in arms),
                            ("scipy", f"scipy SLSQP multistart, each TTT run's wall time (cap {args.scipy_cap:g} s)")])
-    cmd = command_line(["scripts/compare_tttd.py", args.config, "--seeds", *map(str, seeds), "--arms", *arms,
+    cmd = command_line(["scripts/studies/compare_tttd.py", args.config, "--seeds", *map(str, seeds), "--arms", *arms,
                         "--scipy-cap", f"{args.scipy_cap:g}", "--out", args.out, "--results", args.results,
                         *(w for s in args.set for w in ("--set", s))])
     md = f"""# TTT-Discover on {problem_title(cfg)}, CPU
