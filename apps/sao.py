@@ -23,7 +23,6 @@ __generated_with = "0.25.2"
 app = marimo.App(width="full", app_title="reef_lab weight experiments")
 
 with app.setup:
-    import hashlib
     import html
     import os
     from pathlib import Path
@@ -38,7 +37,8 @@ with app.setup:
     from apps.shared import (STEP, answers_html, eval_answers, figure, fit_axes, hub_cell, link, mean_ci, progress_html,
                              run_status, shown, signature, svg, tidy, utc, wandb_md, wandb_runs, wilson)
     from apps.launch import launch_detached, run_choices, yaml_value
-    from reef_lab.learning.learner import read_metrics
+    from reef_lab import read_run
+    from reef_lab.experiments.runs import config_group
 
     PANELS = [("reward_mean", "batch reward"),
               ("accuracy", "held-out and retention accuracy (95% CI)"), ("loss", "policy loss"),
@@ -98,11 +98,8 @@ def load_run(run_dir: str | Path) -> dict | None:
     if run_dir in LOADED and LOADED[run_dir][0] == sig:
         run = LOADED[run_dir][1]
         return {**run, "status": status_of(run_dir, run["config"], run["summary"] is not None)}
-    config = orjson.loads((run_dir / "config.json").read_bytes())
-    summary_file = run_dir / "summary.json"
-    summary = orjson.loads(summary_file.read_bytes()) if summary_file.exists() else None
-    metrics_file = run_dir / "data" / "learn" / config["name"] / "metrics.jsonl"
-    rows = read_metrics(metrics_file)
+    read = read_run(run_dir)  # what a notebook reads (reef_lab.experiments.runs)
+    config, summary, rows, index = read.config, read.summary, read.rows, read.index
 
     def frame(event: str, cols: list[str]) -> pl.DataFrame:
         picked = [{c: r.get(c) for c in cols} for r in rows if r["event"] == event]
@@ -115,8 +112,6 @@ def load_run(run_dir: str | Path) -> dict | None:
     steps = frame("step", ["trainer_step", "phase", "reward_mean", "loss", "masked_fraction", "value_abs_error",
                            "grad_norm", "staleness_mean", "step_s", "time", *reported, *distilled])
     steps = steps.with_row_index("batch", offset=1)
-    index_file = run_dir / "data" / "releases" / config["name"] / "index.json"
-    index = orjson.loads(index_file.read_bytes()) if index_file.exists() else {"releases": [], "candidates": []}
     # How many held-out items each accuracy is over: the evaluation's own count (a metrics row keeps only a sample
     # of its examples), else the config's eval_size (LearnConfig's default 64).
     eval_n = (config.get("recipe_config") or {}).get("eval_size", 64)
@@ -270,20 +265,13 @@ def by_step(run: dict, col: str) -> dict[float, float]:
 
 
 @app.function
-def group_key(config: dict) -> str:
-    """`<name>-<digest>`: runs in one group differ only in seed and where they write, push and log."""
-    same = {k: v for k, v in config.items() if k not in ("seed", "out_dir", "hub", "wandb")}
-    return f"{config['name']}-{hashlib.sha1(orjson.dumps(same, option=orjson.OPT_SORT_KEYS)).hexdigest()[:6]}"
-
-
-@app.function
 def plot_compare(runs: list[dict]):
     """Held-out accuracy, batch reward and policy loss of several runs against the policy step: each run thin,
     each group's mean bold with its 95% confidence band (Student t over the group's runs at that step)."""
     fig, axes = figure(1080, 330, 1, 3)
     groups: dict[str, list[dict]] = {}
     for r in runs:
-        groups.setdefault(group_key(r["config"]), []).append(r)
+        groups.setdefault(config_group(r["config"]), []).append(r)
     names = [g.rsplit("-", 1)[0] for g in groups]
     drawn: dict = {ax: [] for ax in axes.flat}  # every value drawn on each panel, for its axes
     for k, (key, members) in enumerate(groups.items()):

@@ -30,6 +30,7 @@ with app.setup:
     from recipes.tttd.archive import Archive
     from recipes.tttd.problems import make_problem
     from apps.launch import launch_detached
+    from reef_lab import read_metrics
 
     STATE_FILES = ("metrics.jsonl", "archive.json", "state.json", "best.json", "summary.json", "run.pid")
 
@@ -48,8 +49,7 @@ def load_run(run_dir: str) -> dict | None:
     if not learn:
         return None
     folder = learn[0].parent
-    rows = [orjson.loads(x) for x in (folder / "metrics.jsonl").read_bytes().splitlines() if x.strip()] \
-        if (folder / "metrics.jsonl").exists() else []
+    rows = read_metrics(folder / "metrics.jsonl")  # what a notebook reads (reef_lab.read_metrics)
     config = orjson.loads((Path(run_dir) / "config.json").read_bytes()) if (Path(run_dir) / "config.json").exists() \
         else {}
     summary_path = Path(run_dir) / "summary.json"

@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 from reef_lab import procs  # noqa: E402
-from reef_lab.learning.learner import read_metrics  # noqa: E402
+from reef_lab import read_metrics, read_run  # noqa: E402
 from scripts.command_line import command_line  # noqa: E402
 
 TITLE = "SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU"
@@ -50,7 +50,7 @@ def run(config: str, seed: int, out: Path) -> dict:
         print(f"[compare] {config} seed {seed} -> {run_dir}", flush=True)
         procs.run([sys.executable, str(ROOT / "scripts/run_experiment.py"), config, "--seed", str(seed),
                    "--out", str(run_dir)], check=True)
-    return {"config": config, "name": name, "seed": seed, "dir": str(run_dir), **json.loads(summary.read_text())}
+    return {"config": config, "name": name, "seed": seed, "dir": str(run_dir), **read_run(run_dir).summary}
 
 
 def main() -> None:
@@ -75,7 +75,7 @@ def main() -> None:
                 s = out / f"{name}-seed{seed}" / "summary.json"
                 if s.exists():
                     runs.append({"config": config, "name": name, "seed": seed, "dir": str(s.parent),
-                                 **json.loads(s.read_text())})
+                                 **read_run(s.parent).summary})
                 continue
             runs.append(run(config, seed, out))
     long_eval = reevaluate(runs, args.long_eval_tokens) if args.long_eval_tokens else None
@@ -120,10 +120,10 @@ def reevaluate(runs: list[dict], max_tokens: int) -> dict:
 def retention(r: dict) -> tuple[float | None, float | None, list[tuple[int, float]]]:
     """A run's retention task accuracy: the base model's, its final release's, and each candidate's by policy step
     (from the run's release index and metrics rows; None where the run scored none)."""
-    index = Path(r["dir"]) / "data" / "releases" / r["name"] / "index.json"
-    idx = json.loads(index.read_text()) if index.exists() else {}
+    run = read_run(r["dir"])
+    idx = run.index
     serving = next((x for x in idx.get("releases", []) if x["version"] == idx.get("serving")), None)
-    rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
+    rows = run.rows
     curve = [(x["trainer_step"], x["retention_accuracy"]) for x in rows
              if x["event"] == "candidate" and x.get("retention_accuracy") is not None]
     return ((idx.get("base_retention") or {}).get("accuracy"), ((serving or {}).get("retention") or {}).get("accuracy"),
@@ -133,8 +133,7 @@ def retention(r: dict) -> tuple[float | None, float | None, list[tuple[int, floa
 def harness_retention(r: dict) -> float | None:
     """The retention accuracy of the base served with the run's harness (its first release, when the run served a
     harness first), or None."""
-    index = Path(r["dir"]) / "data" / "releases" / r["name"] / "index.json"
-    first = (json.loads(index.read_text()).get("releases") or [{}])[0] if index.exists() else {}
+    first = (read_run(r["dir"]).index.get("releases") or [{}])[0]
     return (first.get("retention") or {}).get("accuracy") if first.get("kind") == "harness" else None
 
 
@@ -211,7 +210,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
     colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green", "sdft": "tab:red", "opd": "tab:purple",
               "sdpo": "tab:brown", "ctxd": "tab:olive"}
     for r in runs:
-        rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
+        rows = read_run(r["dir"]).rows
         steps = [x for x in rows if x["event"] == "step"]
         cands = [x for x in rows if x["event"] == "candidate" and x.get("accuracy") is not None]
         c = colors.get(r["recipe"]) if len(names[r["recipe"]]) == 1 or r["name"] == min(names[r["recipe"]]) \
@@ -240,7 +239,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
     for recipe, rs in by.items():
         rewards, policy_steps, dropped = [], [], []
         for r in rs:
-            rows = read_metrics(Path(r["dir"]) / "data" / "learn" / r["name"] / "metrics.jsonl")
+            rows = read_run(r["dir"]).rows
             rewards += [x["reward_mean"] for x in rows if x["event"] == "step" and x.get("reward_mean") is not None]
             policy_steps.append(sum(1 for x in rows if x["event"] == "step" and x.get("policy_step")))
             dropped.append(sum(x.get("dropped_stale", 0) for x in rows if x["event"] == "step"))
