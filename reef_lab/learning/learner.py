@@ -8,9 +8,10 @@ held-out task, and lets the selection policy decide; an accepted candidate becom
 routes the scenario's new requests to it (requests already running finish on their release). Anything that fails
 in a round is logged, recorded in the metrics file and leaves the serving release as it was.
 
-State under `data_dir/learn/<scenario>/`: `state.json` (consumed sample ids: those a candidate was made from, and
-those dropped, so a restart replays only the reports whose learning did not reach a candidate; and the failed ones,
-each with its error) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
+Records become samples in reef_lab.learning.intake; what training consumed and what failed is the ledger's
+(reef_lab.learning.ledger). State under `data_dir/learn/<scenario>/`: `state.json` (the ledger: consumed sample
+ids, those a candidate was made from and those dropped, so a restart replays only the reports whose learning did not
+reach a candidate; and the failed ones, each with its error) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
 the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
 as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
 release's weights (optimizer state starts fresh): steps taken since the last candidate died with the process, so
@@ -28,12 +29,9 @@ that cannot become a sample at all is listed there too (not consumed: a restart 
 
 from __future__ import annotations
 
-import math
 import logging
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -42,9 +40,9 @@ import orjson
 from reef_lab._moved import sample_fields
 from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
-from reef_lab.files import write_json
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning import episodes
+from reef_lab.learning.intake import Intake, batch_report_means
+from reef_lab.learning.ledger import Ledger
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.trainers.samples import Sample
 from reef_lab.tasks.base import make_task
@@ -56,7 +54,6 @@ log = logging.getLogger("reef_lab.learning.learner")
 MAX_TRIES = 3  # failed rounds a sample may be in before it is failed (its error kept)
 RETRY_WAIT_S = 2.0  # the wait after a failed round, doubled with each failure in a row (at most MAX_WAIT_S)
 MAX_WAIT_S = 60.0
-FAILED_SHOWN = 20  # status() lists the newest this many failed samples (state.json keeps them all)
 
 
 class WeightRecipe(ABC):
@@ -116,11 +113,8 @@ class Learner(LearnerLoop, RecordHolder):
         self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
-        self._state_path = self.dir / "state.json"
-        state = orjson.loads(self._state_path.read_bytes()) if self._state_path.exists() else {}
-        self._consumed: set[str] = set(state.get("consumed", []))
-        self._failed: dict[str, dict] = state.get("failed", {})  # record id -> its error, rounds, records, report
-        self._state_lock = threading.Lock()  # state.json is written by the learner thread and by request threads
+        self.ledger = Ledger(self.dir / "state.json", self._metric)  # consumed and failed records
+        self.intake = Intake(recipe, engine, ctx.records, self.config.episodes)  # records to samples
         self._init_loop()
         self._pool: list[Sample] = []
         self._in_round: list[Sample] = []  # taken from the pool by the round now training
@@ -136,7 +130,6 @@ class Learner(LearnerLoop, RecordHolder):
         self._task = make_task(self.config.eval_task) if self.config.eval_task else None
         self._retention_task = make_task(self.config.retention_task) if self.config.retention_task else None
         self._retention: HeldOut | None = None
-        self.episode_counts: Counter = Counter()  # [episodes hook] how reports on episodes became samples
         self._replay()
         self._start(f"reef-learner-{scenario}")
 
@@ -195,10 +188,9 @@ class Learner(LearnerLoop, RecordHolder):
             return {"recipe": self.recipe.name, "mode": self.config.mode, "phase": self.phase,
                     "pool": len(self._pool), "inbox": len(self._inbox), "rounds": self.rounds,
                     "trainer_step": self._trainer.steps if self._trainer else None,
-                    "consumed": len(self._consumed), "last_error": self.last_error,
-                    "failed_samples": len(self._failed),
-                    "failed": [{"record": rid, **f} for rid, f in list(self._failed.items())[-FAILED_SHOWN:]],
-                    "episodes": dict(self.episode_counts)}
+                    "consumed": len(self.ledger.consumed), "last_error": self.last_error,
+                    "failed_samples": len(self.ledger.failed), "failed": self.ledger.newest_failed(),
+                    "episodes": dict(self.intake.episode_counts)}
 
     # ---- the learner thread ---------------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -216,54 +208,19 @@ class Learner(LearnerLoop, RecordHolder):
                     continue
                 self._drained.add(rec["id"])
             try:
-                samples = self._samples_of(kind, rec)
+                samples = self.intake.samples(kind, rec, self.ledger.consumed.__contains__)
             except Exception as e:  # noqa: BLE001 - one bad record is data, not a reason to stop learning
                 log.warning("scenario %s: record %s cannot become a sample: %s", self.scenario, rec.get("id"), e)
-                self._fail({rec["id"]: {"error": f"cannot become a sample: {type(e).__name__}: {e}",
-                                        "rounds": 0, "records": list(rec.get("references") or [])}}, consume=[])
+                self.ledger.fail({rec["id"]: {"error": f"cannot become a sample: {type(e).__name__}: {e}",
+                                              "rounds": 0, "records": list(rec.get("references") or [])}})
                 continue
-            if rec["id"] in self._failed and rec["id"] not in self._consumed:  # it failed to become one before
-                del self._failed[rec["id"]]
-                self._save_state()
+            self.ledger.recovered(rec["id"])  # it may have failed to become one before
             for s in samples:
                 ids = s.record_ids
-                if not self._consumed.intersection(ids) and not self._seen.intersection(ids) and \
+                if not self.ledger.consumed.intersection(ids) and not self._seen.intersection(ids) and \
                         self.recipe.accepts(s):
                     self._seen.update(ids)  # a report replayed at start and delivered live counts once
                     self._pool.append(s)
-
-    def _samples_of(self, kind: str, rec: dict) -> list[Sample]:
-        if kind == "demo":
-            if rec.get("prompt_token_ids") and rec.get("token_ids"):  # templated by the client, e.g. a tool episode's
-                return [Sample(record_id=rec["id"], prompt_ids=list(rec["prompt_token_ids"]),  # turn: as given
-                               completion_ids=list(rec["token_ids"]), logprobs=None, score=rec.get("score"),
-                               release_id=BASE, created_at=rec.get("created_at") or 0.0,
-                               extra={"demonstration": True})]
-            request, response = rec.get("request") or {}, rec.get("response")
-            if isinstance(request, dict) and request.get("tools"):
-                raise ValueError("a demonstration with tools needs its prompt_token_ids and token_ids (the engine "
-                                 "templates tools; see reef_lab/tasks/demos.py)")
-            text = response.get("content") if isinstance(response, dict) else response
-            if not isinstance(request, dict) or not isinstance(request.get("messages"), list) or not isinstance(
-                    text, str):
-                return []
-            return [Sample(record_id=rec["id"], prompt_ids=self.engine.prompt_ids(request["messages"]),
-                           completion_ids=self.engine.completion_ids(text), logprobs=None, score=rec.get("score"),
-                           release_id=BASE, created_at=rec.get("created_at") or 0.0,
-                           extra={"demonstration": True})]
-        # The recipe's report schema, again: a report stored by an earlier version, or by a path that skipped it,
-        # is failed with the schema's message rather than trained on (a context past max_context_chars, say).
-        self.recipe.validate_report(rec)
-        refs = [r for r in rec.get("references") or [] if r not in self._consumed]
-        # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
-        out = episodes.samples_for_report(rec, self.records.get_many(refs), self.config.episodes,
-                                          self.episode_counts)
-        measured = report_measures(rec)
-        for s in out:
-            s.extra["report_measures"] = measured
-            s.extra["feedback"] = rec.get("feedback")  # the report's words: a self-distillation teacher's context
-            s.extra["context"] = rec.get("context")  # (its `context` field first; distill.report_context)
-        return out
 
     def _release_steps(self) -> dict[str, int]:
         idx = self.releaser.index(self.scenario)
@@ -335,30 +292,14 @@ class Learner(LearnerLoop, RecordHolder):
             else:
                 back.append(s)
         self._pool[:0] = back
-        self._fail({rid: {"error": why, "rounds": s.extra.get("failed_rounds", 0), "records": s.record_ids,
-                          "report": s.report_id} for rid, (s, why) in failed.items()},
-                   consume=[s for s, _ in failed.values()])
+        self.ledger.fail({rid: {"error": why, "rounds": s.extra.get("failed_rounds", 0), "records": s.record_ids,
+                                "report": s.report_id} for rid, (s, why) in failed.items()},
+                         consume=[rid for s, _ in failed.values() for rid in s.record_ids])
         return bool(refused)
-
-    def _fail(self, entries: dict[str, dict], consume: list[Sample]) -> None:
-        """Mark records failed, each with its error (caller holds the lock): listed in status()["failed"], kept in
-        state.json, one `failed` metrics row each. `consume`: the samples that leave for good (a restart does not
-        replay them)."""
-        if not entries:
-            return
-        at = time.time()
-        for rid, entry in entries.items():
-            self._failed.pop(rid, None)  # (re-inserted: the newest last)
-            self._failed[rid] = {**entry, "at": at}
-            self._metric({"event": "failed", "record": rid, **entry})
-        if consume:
-            self._consume(consume)  # saves the state too
-        else:
-            self._save_state()
 
     def _round(self, batch: list[Sample], dropped: list[Sample], manual: bool) -> None:
         if dropped:
-            self._consume(dropped)
+            self.ledger.consume(rid for s in dropped for rid in s.record_ids)
         if not batch:
             return
         if self._reset:
@@ -384,21 +325,13 @@ class Learner(LearnerLoop, RecordHolder):
                       "dropped_stale": len(dropped), "staleness_mean": sum(staleness) / len(staleness),
                       "staleness_max": max(staleness), "train_s": round(train_s, 3),
                       "episode_samples": sum(1 for s in batch if s.loss_mask),
-                      **{f"episodes_{k}": v for k, v in self.episode_counts.items()},
+                      **{f"episodes_{k}": v for k, v in self.intake.episode_counts.items()},
                       **batch_report_means(batch), **metrics})
         if metrics.get("policy_step"):
             self._policy_steps_since_candidate += 1
         if self._policy_steps_since_candidate >= self.config.steps_per_candidate:
             self._policy_steps_since_candidate = 0
             self._candidate(metrics)
-
-    def _consume(self, samples: list[Sample]) -> None:
-        self._consumed.update(rid for s in samples for rid in s.record_ids)
-        self._save_state()
-
-    def _save_state(self) -> None:
-        with self._state_lock:
-            write_json(self._state_path, {"consumed": sorted(self._consumed), "failed": self._failed})
 
     # ---- candidates and releases (reef_lab.publishing.releaser) ---------------------------------------------
     def _candidate(self, metrics: dict) -> None:
@@ -416,7 +349,7 @@ class Learner(LearnerLoop, RecordHolder):
         except Exception as e:  # the samples stay for the next candidate (and a restart trains them again)
             self.releaser.fail(self.scenario, cid, e, self._metric)
             raise
-        self._consume(used)
+        self.ledger.consume(rid for s in used for rid in s.record_ids)
         self._since_candidate = self._since_candidate[len(used):]
         self.releaser.submit(self.scenario, cid, self.config.selection, self._eval_set(), log_row=self._metric,
                              retention=self._retention_set(), retention_tolerance=self.config.retention_tolerance)
@@ -461,23 +394,6 @@ class Learner(LearnerLoop, RecordHolder):
             f.write(orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         if self.tracker is not None:
             self.tracker.log(row)
-
-
-def report_measures(report: dict) -> dict[str, float]:
-    """The numbers a report's `metadata` carries (booleans as 0/1), e.g. a tool task's `correct` and
-    `valid_call_fraction`: what a step's metrics average over its batch, so a run shows them per step."""
-    meta = report.get("metadata") if isinstance(report.get("metadata"), dict) else {}
-    return {k: float(v) for k, v in meta.items()
-            if isinstance(k, str) and isinstance(v, (bool, int, float)) and math.isfinite(v) and k != "exp_index"}
-
-
-def batch_report_means(batch: list[Sample]) -> dict[str, float]:
-    """`report_<key>`: the mean of each report number over the batch's samples that carry it."""
-    sums: dict[str, list[float]] = {}
-    for s in batch:
-        for k, v in (s.extra.get("report_measures") or {}).items():
-            sums.setdefault(k, []).append(v)
-    return {f"report_{k}": sum(vs) / len(vs) for k, vs in sorted(sums.items())}
 
 
 def _jsonable(config) -> dict:

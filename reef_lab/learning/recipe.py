@@ -26,7 +26,11 @@ from reef_lab.errors import BadRequest, ReefError
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.tasks.base import TaskConfig
-from reef_lab.publishing.releaser import SELECTIONS
+from reef_lab.engines.base import Engine
+from reef_lab.engines.lm import LM
+from reef_lab.publishing.releaser import SELECTIONS, Releaser
+from reef_lab.publishing.tracking import Tracker
+from reef_lab.records.reader import RecordsReader
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import TrainerConfig
 
@@ -44,11 +48,11 @@ class LearnContext:
     state_dir: Path  # the learner keeps its state here (data_dir/learn/<scenario>/; a component's below it)
     infer: Callable[..., dict]  # infer(body, tags=None) -> the stored inference record of a rollout of its own
     report: Callable[..., tuple[bool, str]]  # report(body, tags=None) -> (created, id); not handed back to it
-    releaser: Any  # reef_lab.publishing.releaser.Releaser: the one path from a candidate to the serving release
-    records: Any  # reef_lab.records.reader.RecordsReader: the scenario's records, read only
-    engine: Any  # reef_lab.engines.base.Engine: its capabilities, model and tokenizer (releases: the releaser)
-    make_lm: Callable[[dict | None], Any]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
-    tracker: Any = None  # reef_lab.publishing.tracking.Tracker (None: tracking off)
+    releaser: Releaser  # the one path from a candidate to the serving release
+    records: RecordsReader  # the scenario's records, read only
+    engine: Engine  # its capabilities, model and tokenizer (loading releases is the releaser's)
+    make_lm: Callable[[dict | None], LM]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
+    tracker: Tracker | None = None  # a W&B run mirroring the learner's metrics (None: tracking off)
 
 
 class ScenarioLearner(Protocol):
