@@ -35,16 +35,16 @@ import orjson
 import polars as pl
 
 from reef_lab.errors import BadRequest, NotFound
+from reef_lab.records.record import ID_RE
 
 SESSION_HEADER = "x-reef-session"
 EPISODE_HEADER = "x-reef-episode"  # on every answer that belongs to an episode
 CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
-_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _LEGACY_USER_ID = re.compile(r"_session_([0-9A-Za-z-]{8,})$")
 
 
 def check_episode_id(value: Any, what: str = "episode id") -> str:
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not ID_RE.match(value):
         shown = repr(value)[:60] if isinstance(value, str) else f"a {type(value).__name__}"
         raise BadRequest(f"{what} {shown} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
     return value
@@ -52,7 +52,7 @@ def check_episode_id(value: Any, what: str = "episode id") -> str:
 
 def _kept(client_id: str) -> str:
     """A client's own session id as an episode id: as is when it fits the id rules, else a hash of it."""
-    if _ID_RE.match(client_id):
+    if ID_RE.match(client_id):
         return client_id
     return "sha-" + hashlib.blake2b(client_id.encode(), digest_size=16).hexdigest()
 

@@ -40,6 +40,7 @@ import orjson
 from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
 from reef_lab.files import write_json
+from reef_lab.records.record import ID_RE
 from reef_lab.wire.text import request_messages, response_text
 from reef_lab.engines.lm import LMSpec
 from reef_lab.schema import check_fields
@@ -53,7 +54,7 @@ SELECTIONS = ("review", "evaluate", "promote", "always")
 BODY_KEYS = {"text", "session", "release_id", "scenario"}
 MAX_TEXT = 8000
 _ID = re.compile(r"^req_[0-9a-f]{20}$")
-SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # a session id (the wrapper's are uuid4)
+SESSION_ID = ID_RE  # a session id (the wrapper's are uuid4): the ids' one rule (reef_lab.records.record)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 PROPOSER_MARK, REVIEWER_MARK = "You are reef_lab's harness proposer.", "You are reef_lab's harness reviewer."
 

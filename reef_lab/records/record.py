@@ -127,7 +127,8 @@ class Record:
 
 
 _FIELDS = tuple(Record.__dataclass_fields__)
-_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# The one rule of every id a client names: a record's, an episode's or session's (1-128 letters, digits, _ . : -).
+ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
 def _number(v: Any) -> bool:
@@ -166,7 +167,7 @@ CLIENT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "metadata": (lambda v: True, "any JSON value"),
     "status": (_is(str), "a string"),
     "error": (_is(str), "a string"),
-    "episode": (lambda v: isinstance(v, str) and bool(_ID_RE.match(v)),
+    "episode": (lambda v: isinstance(v, str) and bool(ID_RE.match(v)),
                 "an episode id (1-128 letters, digits, '_', '.', ':' or '-')"),
 }
 
@@ -188,7 +189,7 @@ def client_id(rid: Any) -> str:
     """A client-chosen record id, checked (a new server id when none is given)."""
     if rid is None:
         return new_record_id()
-    if not isinstance(rid, str) or not _ID_RE.match(rid):
+    if not isinstance(rid, str) or not ID_RE.match(rid):
         raise BadRequest(f"record id {shown(rid)} is invalid: use 1-128 letters, digits, '_', '.', ':' or '-'")
     return rid
 
