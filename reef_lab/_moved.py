@@ -159,6 +159,23 @@ def old_name(package: str, name: str):
     raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
 
+# module -> {old class name: its name now}: one name means one class (issue 51: ToolCall, Turn and Limits each named
+# two or three); the module's `__getattr__` calls `renamed`.
+RENAMED: dict[str, dict[str, str]] = {
+    "reef_lab.engines.tools": {"ToolCall": "ParsedCall", "Turn": "ParsedTurn"},
+}
+
+
+def renamed(module: str, name: str):
+    """The class `module` now names otherwise (RENAMED), with a warning naming it; AttributeError for any other."""
+    new = RENAMED.get(module, {}).get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is now {module}.{new} (one name, one class); the old name is removed in reef_lab "
+                  f"{REMOVED_IN} (CHANGELOG.md)", DeprecationWarning, stacklevel=3)
+    return getattr(sys.modules[module], new)
+
+
 def sample_fields(samples: list) -> None:
     """A 0.1 recipe put a sample's per-token advantages in `extra["advantages"]`; they are `Sample.advantages` now
     (the losses read them there). Moves them, with a warning, where a recipe's build_batch left them in extra."""

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     body = limits_from(cfg)
-    code = httpd.run("server.wsgi:app", cfg.host, cfg.port, cfg.worker_count(), httpd.Limits(
+    code = httpd.run("server.wsgi:app", cfg.host, cfg.port, cfg.worker_count(), httpd.ConnectionLimits(
         max_requests=cfg.threads, body_bytes=max(body.body_bytes, body.report_bytes, body.import_bytes),
         header_timeout=cfg.read_timeout, read_timeout=cfg.read_timeout))
     httpd.exit_now(code)  # the workers are gone; the interpreter's teardown would only delay the exit

@@ -17,7 +17,7 @@ from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tenants import Tenants
 from server.access import check_route
-from server.common import DEFAULT_LIMITS, Limits, admit, error_body, tenants_of
+from server.common import DEFAULT_LIMITS, RequestLimits, admit, error_body, tenants_of
 from server.hot import HotRoutes, whole_bodies
 from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
@@ -25,7 +25,8 @@ from server.reef import bp as reef_bp
 log = logging.getLogger("reef_lab.server")
 
 
-def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None, limits: Limits = DEFAULT_LIMITS) -> Flask:
+def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None,
+               limits: RequestLimits = DEFAULT_LIMITS) -> Flask:
     """`tokens`: the deployment's Tenants, or a list of admin tokens of every scenario (REEF_TOKEN's meaning); none:
     auth off."""
     app = Flask("reef_lab")

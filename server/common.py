@@ -24,7 +24,7 @@ REPORT_PATH, IMPORT_PATH = "/reef/report", "/reef/records/batch"
 
 
 @dataclass(frozen=True)
-class Limits:
+class RequestLimits:
     """What one request may hold. Defaults fit chat traffic: long conversations and tool schemas pass, a body
     that would cost the server hundreds of MB to parse and record does not."""
 
@@ -38,12 +38,12 @@ class Limits:
             else self.body_bytes
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = RequestLimits()
 
 
-def limits_from(cfg) -> Limits:
+def limits_from(cfg) -> RequestLimits:
     """The limits a ServeConfig sets."""
-    return Limits(body_bytes=int(cfg.max_body_mb * (1 << 20)), report_bytes=int(cfg.max_report_kb * 1024),
+    return RequestLimits(body_bytes=int(cfg.max_body_mb * (1 << 20)), report_bytes=int(cfg.max_report_kb * 1024),
                   import_bytes=int(cfg.max_import_mb * (1 << 20)), json_depth=cfg.max_json_depth)
 
 
@@ -51,7 +51,7 @@ def _mb(n: int) -> str:
     return f"{n / (1 << 20):g} MB" if n >= 1 << 20 else f"{n / 1024:g} KB"
 
 
-def admit(environ, tenants: Tenants, limits: Limits) -> Grant:
+def admit(environ, tenants: Tenants, limits: RequestLimits) -> Grant:
     """The caller's grant (reef_lab/tenants.py), once the request passed what is judged before its body is read: a
     missing or unknown token (401); with auth off, a browser page of another site (403, so no web page can drive a
     loopback server); a body that is not JSON (415); a declared length over the route's limit (413)."""
@@ -159,7 +159,7 @@ def error_body(path: str, err: ReefError) -> bytes:
 
 def json_body():
     """The request's JSON body within the app's limits (`admit` ran in before_request)."""
-    limits: Limits = g.limits
+    limits: RequestLimits = g.limits
     return parse_json(read_body(request.environ, limits.for_path(request.path)), limits.json_depth)
 
 

@@ -20,7 +20,7 @@ from reef_lab.errors import ReefError
 from reef_lab.gateway.gateway import Gateway, StreamReply
 from reef_lab.tenants import Tenants
 from server.access import HOT_ROUTES
-from server.common import (DEFAULT_LIMITS, SSE_HEADERS, Limits, admit, client_headers, error_body, parse_json,
+from server.common import (DEFAULT_LIMITS, SSE_HEADERS, RequestLimits, admit, client_headers, error_body, parse_json,
                            read_body)
 
 log = logging.getLogger("reef_lab.server")
@@ -71,7 +71,7 @@ class HotRoutes:
     `flask_wsgi` (a relay worker passes them to its primary, see server/workers.py)."""
 
     def __init__(self, flask_wsgi, gateway: Gateway, tenants: Tenants, local=None,
-                 limits: Limits = DEFAULT_LIMITS):
+                 limits: RequestLimits = DEFAULT_LIMITS):
         self.flask_wsgi, self.gateway, self.tenants, self.local = flask_wsgi, gateway, tenants, local
         self.limits = limits
 

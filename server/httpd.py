@@ -57,7 +57,7 @@ _NO_BODY = {204, 304}
 
 
 @dataclass
-class Limits:
+class ConnectionLimits:
     """What one connection may send and how long it may take (sizes in bytes, times in seconds)."""
 
     header_bytes: int = 64 * 1024  # request line and headers
@@ -87,7 +87,7 @@ class _Request:
 class _Reader:
     """httptools' callbacks for one connection: complete requests queue up in `done`, in order."""
 
-    def __init__(self, limits: Limits, send_continue):
+    def __init__(self, limits: ConnectionLimits, send_continue):
         self.limits, self.send_continue = limits, send_continue
         self.parser = httptools.HttpRequestParser(self)
         self.done: collections.deque[_Request] = collections.deque()
@@ -262,8 +262,8 @@ class Server:
     """Serve a WSGI `app` on a bound, listening socket `sock` until `stop()` (or a signal handler raising in the
     thread that runs `serve_forever`)."""
 
-    def __init__(self, app, sock: socket.socket, limits: Limits | None = None, multiprocess: bool = False):
-        self.app, self.sock, self.limits, self.multiprocess = app, sock, limits or Limits(), multiprocess
+    def __init__(self, app, sock: socket.socket, limits: ConnectionLimits | None = None, multiprocess: bool = False):
+        self.app, self.sock, self.limits, self.multiprocess = app, sock, limits or ConnectionLimits(), multiprocess
         addr = sock.getsockname()
         self.server_name, self.server_port = str(addr[0]), str(addr[1])
         self.stopping = False
@@ -580,7 +580,7 @@ def worker_main(spec: dict) -> None:
         return
     serving = False
     try:  # a stop signal may come at any moment, also between the app's import and serving (a restart of all)
-        server = Server(getattr(mod, attr), sock, Limits(**spec.get("limits", {})),
+        server = Server(getattr(mod, attr), sock, ConnectionLimits(**spec.get("limits", {})),
                         multiprocess=spec.get("workers", 1) > 1)
         if ready is not None:  # P: the app's primary (its module says role = "primary"), see run()
             os.write(ready, b"P" if getattr(mod, "role", None) == "primary" else b"1")
@@ -612,10 +612,10 @@ def exit_now(code: int = 0) -> None:
     os._exit(code)
 
 
-def run(app: str, host: str, port: int, workers: int = 1, limits: Limits | None = None) -> int:
+def run(app: str, host: str, port: int, workers: int = 1, limits: ConnectionLimits | None = None) -> int:
     """Serve `app` ("module:attribute", built on import in each worker) from `workers` processes; returns the exit
     code once stopped (SIGINT/SIGTERM: 0; a worker that could not start: 1)."""
-    limits = limits or Limits()
+    limits = limits or ConnectionLimits()
     sock = listen(host, port)
     stop = threading.Event()
 

@@ -126,7 +126,8 @@ def get_harness():
 @bp.post("/scenarios/<name>/harness")
 def publish_harness(name: str):
     """Publish a harness release {files: {path: text}} by hand (a seed harness, or an edit)."""
-    return json_response(g.gateway.for_grant(g.gateway.publish_harness(name, json_body(), creator=_creator()), g.grant), 201)
+    release = g.gateway.publish_harness(name, json_body(), creator=_creator())
+    return json_response(g.gateway.for_grant(release, g.grant), 201)
 
 
 INSTALL_ARGS = {"adapter", "release_id", "scenario", "base_url", "model"}

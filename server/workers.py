@@ -49,7 +49,7 @@ from reef_lab.scenarios import check_name
 from reef_lab.records.store import RelayLog
 from reef_lab.wire import dialects
 from reef_lab.tenants import Tenants
-from server.common import DEFAULT_LIMITS, Limits, admit, error_body, read_body
+from server.common import DEFAULT_LIMITS, RequestLimits, admit, error_body, read_body
 
 log = logging.getLogger("reef_lab.server")
 
@@ -240,7 +240,7 @@ class PrimaryBridge:
 class PrimaryClient:
     """A relay's keep-alive connections to its primary, reused last-in first-out by any thread."""
 
-    def __init__(self, data_dir: str | Path, tenants: Tenants | None = None, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, data_dir: str | Path, tenants: Tenants | None = None, limits: RequestLimits = DEFAULT_LIMITS):
         self.address = socket_address(data_dir)
         self._idle: list[socket.socket] = []
         self.tenants, self.limits = tenants or Tenants(), limits

@@ -21,7 +21,7 @@ import requests
 from reef_lab import procs
 from reef_lab.testing import free_port
 from reef_lab.testing.processes import start_server
-from server.httpd import Limits, Server, listen
+from server.httpd import ConnectionLimits, Server, listen
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def server():
 
     def start(**limits):
         sock = listen("127.0.0.1", 0)
-        srv = Server(app, sock, Limits(**limits))
+        srv = Server(app, sock, ConnectionLimits(**limits))
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         running.append((srv, sock))
         return sock.getsockname()[1], srv

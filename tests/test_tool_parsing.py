@@ -10,7 +10,7 @@ import pytest
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.remote import ChatTokenizer
-from reef_lab.engines.tools import SHIPPED_TEMPLATE, ToolCall, ToolCallParser, ToolUse, parse_turn
+from reef_lab.engines.tools import SHIPPED_TEMPLATE, ParsedCall, ToolCallParser, ToolUse, parse_turn
 from reef_lab.errors import BadRequest
 from reef_lab.wire import dialects
 from tests.tool_model import PREFILL, WEATHER, call
@@ -85,7 +85,7 @@ def test_text_is_held_back_only_while_it_may_open_a_call():
     parser = ToolCallParser(USE)
     assert parser.feed("Hello <tool") == ["Hello"]  # " <tool" might start a call
     assert parser.feed("box> ok ") == [" <toolbox> ok"]  # it did not; trailing space waits for what follows
-    assert parser.feed(call("Paris")) == [ToolCall(0, "get_weather", {"city": "Paris"}, call("Paris"))]
+    assert parser.feed(call("Paris")) == [ParsedCall(0, "get_weather", {"city": "Paris"}, call("Paris"))]
     assert parser.feed("\n") == [] and parser.close() == []
 
 

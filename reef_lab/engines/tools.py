@@ -104,7 +104,7 @@ def resolve_tool_template(own, setting: str | None) -> tuple[str, str]:
 
 # ---- parsing generated text -----------------------------------------------------------------------------------
 @dataclass
-class ToolCall:
+class ParsedCall:
     """One call the model made: `index` counts calls within the answer (the dialects derive call ids from it)."""
 
     index: int
@@ -167,7 +167,7 @@ class ToolCallParser:
 
     tool_use: ToolUse | None
     errors: list[dict] = field(default_factory=list)
-    dropped: list[ToolCall] = field(default_factory=list)
+    dropped: list[ParsedCall] = field(default_factory=list)
     calls: int = 0
 
     def __post_init__(self) -> None:
@@ -238,7 +238,7 @@ class ToolCallParser:
             self.errors.append({"text": raw, "error": str(e)})
             self._text(raw, out)
             return
-        call = ToolCall(self.calls, name, args, raw)
+        call = ParsedCall(self.calls, name, args, raw)
         self._found += 1
         self._held, self._after_call = "", True
         if self._found > 1 and not self.tool_use.parallel:
@@ -249,23 +249,23 @@ class ToolCallParser:
 
 
 @dataclass
-class Turn:
+class ParsedTurn:
     """A whole parsed answer: `parts` are text segments and ToolCalls in order (adjacent text merged)."""
 
     parts: list
     errors: list[dict]
-    dropped: list[ToolCall]
+    dropped: list[ParsedCall]
 
     @property
-    def calls(self) -> list[ToolCall]:
-        return [p for p in self.parts if isinstance(p, ToolCall)]
+    def calls(self) -> list[ParsedCall]:
+        return [p for p in self.parts if isinstance(p, ParsedCall)]
 
     @property
     def texts(self) -> list[str]:
         return [p for p in self.parts if isinstance(p, str)]
 
 
-def parse_turn(tool_use: ToolUse | None, text: str) -> Turn:
+def parse_turn(tool_use: ToolUse | None, text: str) -> ParsedTurn:
     """The answer `text` (the prefill, if the prompt had one, in front) as text segments and calls."""
     parser = ToolCallParser(tool_use)
     parts: list = []
@@ -274,4 +274,10 @@ def parse_turn(tool_use: ToolUse | None, text: str) -> Turn:
             parts[-1] += p
         else:
             parts.append(p)
-    return Turn(parts, parser.errors, parser.dropped)
+    return ParsedTurn(parts, parser.errors, parser.dropped)
+
+
+def __getattr__(name: str):  # 0.1's class names, until 0.3.0 (reef_lab/_moved.py)
+    from reef_lab._moved import renamed
+
+    return renamed(__name__, name)

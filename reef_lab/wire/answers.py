@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 import orjson
 
 from reef_lab.engines.base import Generation
-from reef_lab.engines.tools import ToolCall, ToolCallParser, ToolUse, parse_turn
+from reef_lab.engines.tools import ParsedCall, ToolCallParser, ToolUse, parse_turn
 from reef_lab.wire import responses_tools
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 
@@ -133,7 +133,7 @@ def _stop_reason(gen: Generation, called: bool) -> str:
     return {"length": "max_tokens"}.get(gen.finish_reason, "stop_sequence" if gen.stop_sequence else "end_turn")
 
 
-def _tool_use_block(rid: str, tc: ToolCall) -> dict:
+def _tool_use_block(rid: str, tc: ParsedCall) -> dict:
     return {"type": "tool_use", "id": call_id(ANTHROPIC, rid, tc.index), "name": tc.name, "input": tc.arguments}
 
 
@@ -146,7 +146,7 @@ def _responses_message(item_id: str, text: str, status: str) -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def _call_item(rid: str, tc: ToolCall, tool_use: ToolUse | None) -> dict:
+def _call_item(rid: str, tc: ParsedCall, tool_use: ToolUse | None) -> dict:
     """A call as the Responses item of the client's own tool kind (function, custom, local shell: responses_tools)."""
     return responses_tools.call_item(tc, tool_use, rid[5:], call_id(OPENAI_RESPONSES, rid, tc.index), "completed")
 
@@ -188,7 +188,7 @@ def stream(dialect: str, deltas: Iterable[str], finish: Callable[[], tuple[Gener
     return fn(parts, finish, model, rid, created, tool_use)
 
 
-def _parts(deltas: Iterable[str], tool_use: ToolUse | None) -> Iterator[str | ToolCall]:
+def _parts(deltas: Iterable[str], tool_use: ToolUse | None) -> Iterator[str | ParsedCall]:
     parser = ToolCallParser(tool_use)
     if tool_use is not None and tool_use.prefill():
         yield from parser.feed(tool_use.prefill())

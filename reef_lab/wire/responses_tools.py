@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from reef_lab.engines.tools import ToolCall, ToolUse
+from reef_lab.engines.tools import ParsedCall, ToolUse
 from reef_lab.errors import BadRequest
 from reef_lab.wire.tools import function_schema
 
@@ -135,7 +135,7 @@ def _wire(tool_use: ToolUse | None, name: str) -> dict:
     return (tool_use.wire.get(name) if tool_use else None) or {"type": "function", "name": name}
 
 
-def call_item(tc: ToolCall, tool_use: ToolUse | None, rid_tail: str, call_id: str, status: str) -> dict:
+def call_item(tc: ParsedCall, tool_use: ToolUse | None, rid_tail: str, call_id: str, status: str) -> dict:
     """A call as the output item of the client's tool kind. In progress, its arguments/input are still empty."""
     wire = _wire(tool_use, tc.name)
     kind, done = wire["type"], status == "completed"
