@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import pytest
 import requests
-import yaml
 
-from reef_lab.testing import free_port
-from reef_lab.testing.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper
+from reef_lab.testing.agents import BIN, HEADLESS, first_model_request, harness_server, installed, run_wrapper
 from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider
 
 pytestmark = pytest.mark.agents
@@ -31,12 +29,10 @@ def bodies(provider: ScriptedProvider, since: int) -> list[str]:
 
 
 def first_agent_request(agent: str, provider: ScriptedProvider, since: int) -> str:
-    """The run's first model request; for opencode the first that carries its tools (its title call comes first)."""
-    posts = [r for r in provider.requests[since:] if r["method"] == "POST"]
-    if agent == "opencode":
-        posts = [r for r in posts if (r["body"] or {}).get("tools")]
-    assert posts, "the agent made no model request"
-    return json.dumps(posts[0]["body"])
+    """The run's first model request (for opencode the first that carries its tools)."""
+    first = first_model_request(agent, provider.requests[since:])
+    assert first, "the agent made no model request"
+    return json.dumps(first["body"])
 
 
 @pytest.mark.parametrize("agent", ["claude", "codex", "opencode", "pi"])
@@ -45,11 +41,7 @@ def test_installed_harness_reaches_the_model_and_evolves(tmp_path, agent):
         pytest.skip(f"{agent} is not installed: bash scripts/setup.sh --agents")
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     with ScriptedProvider() as provider:
-        config = tmp_path / "gepa.yaml"
-        config.write_text(yaml.safe_dump({"mode": "manual", "seed_harness": SEED, "requests": {
-            "proposer_lm": {"kind": "openai", "base_url": provider.url, "model": "scripted"}}}))
-        extra = ["--upstream-model", "scripted-model", "--recipe", "gepa", "--recipe-config", str(config)]
-        with ReefServer(provider.url, tmp_path / "data", free_port(), extra=extra) as reef:
+        with harness_server(provider.url, tmp_path, SEED) as reef:
             requests.post(reef.url + "/reef/scenarios", json={"name": "s"}).raise_for_status()  # its seed: s:v1
 
             def wrapper(*args: str):

@@ -15,11 +15,11 @@ import pytest
 import requests
 
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
-from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
+from reef_lab.engines.vllm import VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tasks.base import make_task
 from reef_lab.testing import free_port
-from reef_lab.testing.vllm_scoring import reference_logprobs
+from reef_lab.testing.vllm_scoring import reference_logprobs, vllm_model
 from tests.conftest import Running
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
@@ -31,11 +31,8 @@ SAO = {"batch_size": 4, "critic_warmup_steps": 0, "critic_updates": 1, "selectio
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    if not DEFAULT_PYTHON.is_file():
+    if vllm_model() is None:
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    if not (MODEL / "config.json").is_file():
-        from reef_lab.engines.embedded import EmbeddedEngine
-        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
     # a free port: a fixed one met another worktree's vLLM test server, which answered this engine's calls
     engine = VLLMEngine(MODEL, port=free_port())
     yield engine

@@ -13,10 +13,10 @@ import requests
 
 from reef_lab.engines.base import ChatRequest, SamplingParams
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
-from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
+from reef_lab.engines.vllm import VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.tasks.base import make_task
-from reef_lab.testing.vllm_scoring import reference_logprobs
+from reef_lab.testing.vllm_scoring import reference_logprobs, vllm_model
 from tests.conftest import Running
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
@@ -28,11 +28,8 @@ SFT = {"batch_size": 4, "score_threshold": 0.0, "selection": "always",
 
 @pytest.fixture(scope="module")
 def lora_engine():
-    if not DEFAULT_PYTHON.is_file():
+    if vllm_model() is None:
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    if not (MODEL / "config.json").is_file():
-        from reef_lab.engines.embedded import EmbeddedEngine
-        EmbeddedEngine.from_path(None).close()
     engine = VLLMEngine(MODEL, port=8952, transport="lora", max_loras=2, max_lora_rank=8)
     yield engine
     engine.close()

@@ -20,8 +20,8 @@ import pytest
 
 from reef_lab import procs
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
-from reef_lab.engines.vllm import DEFAULT_PYTHON
 from reef_lab.testing import free_port
+from reef_lab.testing.vllm_scoring import vllm_model
 from tests.test_procs import alive, gone_within, start_time
 
 pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
@@ -54,11 +54,8 @@ def ask(port: int, max_tokens: int, stop: threading.Event, answered: list) -> No
 
 @pytest.mark.parametrize("how", ["kill-9", "sigterm-group-then-sigkill-15s"])
 def test_no_process_of_the_vllm_server_outlives_serve_py(tmp_path, how):
-    if not DEFAULT_PYTHON.is_file():
+    if vllm_model() is None:
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    if not (MODEL / "config.json").is_file():
-        from reef_lab.engines.embedded import EmbeddedEngine
-        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     serve = subprocess.Popen([sys.executable, "scripts/serve.py", "--engine", "vllm", "--port", str(port),

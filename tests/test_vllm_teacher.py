@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
-from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
+from reef_lab.engines.vllm import VLLMEngine
 from reef_lab.learning.distill import TeacherConfig, resolve_teacher
 from reef_lab.tasks.base import make_task
 from reef_lab.testing import free_port
+from reef_lab.testing.vllm_scoring import vllm_model
 from reef_lab.trainers.base import TrainerConfig
 from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.torch_trainer import TorchTrainer
@@ -24,11 +25,8 @@ MODEL = default_cache_dir() / DEFAULT_MODEL_NAME
 
 
 def test_a_real_vllm_server_scores_a_teacher_as_the_trainer_does():
-    if not DEFAULT_PYTHON.is_file():
+    if vllm_model() is None:
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    if not (MODEL / "config.json").is_file():
-        from reef_lab.engines.embedded import EmbeddedEngine
-        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
     engine = VLLMEngine(MODEL, port=free_port())
     try:
         teacher = resolve_teacher(TeacherConfig(server_url=engine.url), MODEL, releaser=None)

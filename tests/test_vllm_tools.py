@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.engines.vllm import DEFAULT_PYTHON, VLLMEngine
+from reef_lab.engines.vllm import VLLMEngine
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.testing import free_port
+from reef_lab.testing.vllm_scoring import vllm_model
 from tests.conftest import Running
 from tests.test_tool_calls import Client
 from tests.tool_model import COPY
@@ -19,10 +20,8 @@ pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    if not DEFAULT_PYTHON.is_file():
+    if vllm_model() is None:
         pytest.skip("vLLM is not installed: bash scripts/setup.sh --vllm")
-    if not (MODEL / "config.json").is_file():
-        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
     vllm = Running(Gateway(tmp_path_factory.mktemp("vllm-tools"), VLLMEngine(MODEL, port=free_port())))
     embedded = Running(Gateway(tmp_path_factory.mktemp("emb-tools"), EmbeddedEngine.from_path(max_batch=4)))
     yield vllm, embedded

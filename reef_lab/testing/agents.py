@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from reef_lab.testing import ROOT, serve_script
+from reef_lab.testing import ROOT, free_port, serve_script
 
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
 AGENTS = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
@@ -142,6 +142,16 @@ def run_wrapper(agent: str, args: list[str], home: Path, cwd: Path, timeout: flo
     return AgentRun(agent, rc, secs, out, err, cmd)
 
 
+def first_model_request(agent: str, logged: list[dict]) -> dict | None:
+    """The first model request of an agent's run among what a provider logged meanwhile (ScriptedProvider.requests
+    since the run began), or None: the first POST, for opencode the first that carries its tools (its title call
+    comes first)."""
+    posts = [r for r in logged if r["method"] == "POST"]
+    if agent == "opencode":
+        posts = [r for r in posts if (r["body"] or {}).get("tools")]
+    return posts[0] if posts else None
+
+
 class ReefServer:
     """`scripts/serve.py --upstream-url <provider>` as a child process group, killed on exit."""
 
@@ -187,6 +197,19 @@ class ReefServer:
 
     def records(self, scenario: str) -> list[dict]:
         return records_of(self.url, scenario)
+
+
+def harness_server(provider_url: str, work: Path, seed_harness: dict) -> ReefServer:
+    """`scripts/serve.py` in front of the scripted provider at `provider_url`, new scenarios on GEPA in manual mode
+    from `seed_harness`, their change requests proposed by the same provider (it plays the proposer model); its
+    data and recipe config under `work`. Enter it to start the server."""
+    import yaml
+
+    config = work / "gepa.yaml"
+    config.write_text(yaml.safe_dump({"mode": "manual", "seed_harness": seed_harness, "requests": {
+        "proposer_lm": {"kind": "openai", "base_url": provider_url, "model": "scripted"}}}))
+    extra = ["--upstream-model", "scripted-model", "--recipe", "gepa", "--recipe-config", str(config)]
+    return ReefServer(provider_url, work / "data", free_port(), extra=extra)
 
 
 def episode_of(url: str, scenario: str, episode: str) -> dict:

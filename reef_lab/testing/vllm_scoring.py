@@ -24,6 +24,20 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 
+def vllm_model() -> Path | None:
+    """The model a real vLLM CPU server serves in the tests: the embedded SmolLM2's transformers folder (converted
+    from its GGUF the first time), or None where vLLM is not installed (`bash scripts/setup.sh --vllm`)."""
+    from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir
+    from reef_lab.engines.vllm import DEFAULT_PYTHON
+
+    if not DEFAULT_PYTHON.is_file():
+        return None
+    model = default_cache_dir() / DEFAULT_MODEL_NAME
+    if not (model / "config.json").is_file():
+        EmbeddedEngine.from_path(None).close()  # converts the embedded model's GGUF once
+    return model
+
+
 def reference_logprobs(folder: Path, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     """transformers' logprob of each completion token after `prompt`, at `temperature`, with the model in `folder`
     (fp32, CPU): what an engine that reports logprobs must agree with."""

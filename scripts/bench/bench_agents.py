@@ -23,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from scripts.command_line import command_line, data_file  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
-from reef_lab.testing.agents import AGENTS, RUNNERS, ReefServer, installed, version  # noqa: E402
-from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider  # noqa: E402
-from reef_lab.testing.timing_proxy import TimingProxy  # noqa: E402
+from reef_lab.testing import free_port
+from reef_lab.testing.agents import AGENTS, RUNNERS, ReefServer, installed, version
+from reef_lab.testing.scripted_provider import DONE_TEXT, ScriptedProvider
+from reef_lab.testing.timing_proxy import TimingProxy
+from scripts.common import ROOT
+from scripts.command_line import command_line, data_file
 
 OWN = {"claude": "anthropic", "codex": "openai-responses", "opencode": "openai-chat"}
 INFERENCE = ("/v1/messages", "/v1/chat/completions", "/v1/responses")  # Claude Code also sends a HEAD / at start

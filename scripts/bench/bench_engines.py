@@ -20,14 +20,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import torch
 
-import torch  # noqa: E402
-
-from reef_lab.engines.base import ChatRequest, SamplingParams  # noqa: E402
-from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir  # noqa: E402
-from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
+from reef_lab.engines.base import ChatRequest, SamplingParams
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, EmbeddedEngine, default_cache_dir
+from reef_lab.tasks.base import make_task
+from scripts.common import ROOT, pyplot
+from scripts.command_line import command_line, data_file
 
 
 def matmul_rate(n: int = 1024, seconds: float = 3.0) -> float:
@@ -124,11 +123,7 @@ def main(argv=None) -> None:
 
 
 def _plot(path: Path, summary: dict, levels: list[int], limit: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.38
     xs = range(len(levels))

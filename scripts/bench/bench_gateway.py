@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import multiprocessing as mp
 import os
-import platform
 import random
 import re
 import shutil
@@ -37,33 +35,24 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from reef_lab import procs
+from reef_lab.testing.processes import start_server, start_stub
+from scripts.common import ROOT, RunInfo, in_threads, pace, pyplot, quantile, spawn
+from scripts.command_line import command_line, data_file
 
-from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
-from reef_lab.testing.processes import start_server, start_stub  # noqa: E402
-from server.tuning import cpu_ticks  # noqa: E402
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there, how are you?"}]}
 
 
 # ---- paced latency clients (run in a child process so their CPU use does not share the server's GIL) -----------
-def _paced_clients(port: int, clients: int, rate: float, seconds: float, q) -> None:
-    procs.die_with_parent()  # a multiprocessing child: gone with the benchmark, kill -9 included
+def _paced_clients(port: int, clients: int, rate: float, seconds: float) -> tuple[list[float], int]:
     body = json.dumps(CHAT).encode()
     headers = {"Content-Type": "application/json", "x-reef-scenario": "bench-latency"}
-    interval = clients / rate
     lat, errors, lock = [], [0], threading.Lock()
 
     def run(i: int) -> None:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        mine, nxt = [], time.perf_counter() + random.Random(i).uniform(0, interval)
-        end = time.perf_counter() + seconds
-        while True:
-            now = time.perf_counter()
-            if nxt > now:
-                time.sleep(nxt - now)
-            if time.perf_counter() > end:
-                break
+        mine = []
+        for _ in pace(clients / rate, seconds, random.Random(i)):
             t0 = time.perf_counter()
             c.request("POST", "/v1/chat/completions", body, headers)
             r = c.getresponse()
@@ -72,21 +61,17 @@ def _paced_clients(port: int, clients: int, rate: float, seconds: float, q) -> N
                 mine.append(time.perf_counter() - t0)
             else:
                 errors[0] += 1
-            nxt += interval
         with lock:
             lat.extend(mine)
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    q.put((lat, errors[0]))
+    in_threads(run, clients)
+    return lat, errors[0]
 
 
 def paced(port: int, clients: int, rate: float, seconds: float) -> tuple[list[float], int]:
-    q = mp.get_context("spawn").Queue()
-    p = mp.get_context("spawn").Process(target=_paced_clients, args=(port, clients, rate, seconds, q))
-    p.start()
-    out = q.get()
-    p.join()
+    """Latencies (s) of the answered requests and the count of failed ones, `clients` paced to `rate` in all."""
+    process, queue = spawn(_paced_clients, port, clients, rate, seconds)
+    out = queue.get()
+    process.join()
     return out
 
 
@@ -131,41 +116,16 @@ def fsync_probe(folder: Path, rate: float, n: int = 1000) -> dict:
                 os.pwrite(fd, rec, i * 1024)
                 os.fdatasync(fd)
                 lat.append(time.perf_counter() - t0)
-            out[name] = {"p50": round(pct(lat, 50), 3), "p90": round(pct(lat, 90), 3)}
+            out[name] = {"p50": round(ms(lat, 50), 3), "p90": round(ms(lat, 90), 3)}
         return out
     finally:
         os.close(fd)
         path.unlink()
 
 
-def steal_ticks() -> tuple[int, int]:
-    """(steal, total) CPU ticks of the machine so far ((0, 0) where /proc/stat is missing).
-
-    Why: on a VM the host can take CPU time away (steal); the bench prints the share taken during its run, since
-    the same code measures very differently on a busy host.
-    """
-    f = cpu_ticks()
-    return (f[7] if len(f) > 7 else 0), sum(f)
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("" where it is missing).
-
-    Why: the same VM image lands on different hosts; their disks and CPUs measured this gateway's added latency
-    at 0.46 ms on one and 0.7-1.8 ms on another, so each run names its CPU (the fsync probe covers the disk).
-    """
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
+def ms(xs: list[float], p: float) -> float:
+    """The `p`th percentile (0 to 100) of latencies `xs` in seconds, in ms."""
+    return quantile(xs, p / 100) * 1e3
 
 
 # ---- wrk -------------------------------------------------------------------------------------------------------
@@ -222,6 +182,12 @@ def paced_wrk(port: int, clients: int, rate: float, seconds: int) -> dict:
                                                         out).groups())
     return {"n": n, "rps": round(n / dur * 1e6, 1), "p50": p50 / 1e3, "p90": p90 / 1e3, "p99": p99 / 1e3,
             "errors": errors}
+
+
+def need_wrk() -> None:
+    """Stop, saying how to install it, where wrk (the throughput phases' client) is missing."""
+    if not shutil.which("wrk"):
+        sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
 
 
 def run_wrk(url: str, script: str, seconds: int, conns: int = 16) -> str:
@@ -338,7 +304,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
             for name, port in rotated(paths, r):
                 print(f"[bench] {tag}: latency round {r + 1}/{args.rounds}, {name}, wrk as the client", flush=True)
                 wrk_rounds[name].append(paced_wrk(port, 16, args.rate, args.seconds))
-        latency = {name: {f"p{p}": round(pct(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
+        latency = {name: {f"p{p}": round(ms(xs, p), 3) for p in (50, 90, 99)} | {"n": len(xs),
                                                                                "errors": errors[name]}
                    for name, xs in lat.items()}
         added_by = {name: {k: round(latency[name][k] - latency["direct"][k], 3) for k in ("p50", "p90", "p99")}
@@ -354,7 +320,7 @@ def measure(delay_ms: float, args, with_reports: bool, variants: dict | None = N
         print(f"[bench] {tag}: fdatasync probe", flush=True)
         fsync_ms = fsync_probe(Path(data_dir), args.rate)
         print(f"[bench] {tag}: one client, sequential", flush=True)
-        one = {name: round(pct(xs, 50), 3)
+        one = {name: round(ms(xs, 50), 3)
                for name, xs in sequential({"direct": stub_port, "reef_lab": reef_port}).items()}
         thr_paths = {"direct": stub_port, "reef_lab": reef_port,
                      **{name: servers[name][0] for name, v in (variants or {}).items()
@@ -415,17 +381,12 @@ def main() -> None:
     ap.add_argument("--sweep-seconds", type=int, default=5, help="length of each round of --sweep")
     ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
     args = ap.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("wrk is needed for the throughput phases: apt-get install wrk")
-    (steal0, total0), started = steal_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    need_wrk()
+    run = RunInfo()
     zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
-    steal1, total1 = steal_ticks()
     result = {
-        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
-        "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
+        **run.fields(), "clients": 16, "paced_rate_per_s": args.rate, "seconds_per_phase": args.seconds,
         "instant_stub": zero, "provider_stub": slow,
         "command": command_line(),
     }
@@ -437,9 +398,7 @@ def main() -> None:
 
 
 def plot(r: dict, zero_lat: dict, slow_lat: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, lat, title in ((axes[0], zero_lat, "instant stub"),
                            (axes[1], slow_lat, f"stub answering in {r['provider_stub']['provider_delay_ms']:g} ms")):

@@ -30,13 +30,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model  # noqa: E402
-from reef_lab.gateway.gateway import Gateway  # noqa: E402
-from scripts.command_line import command_line, data_file, repo_path  # noqa: E402
-from server.app import create_app  # noqa: E402
-from server.httpd import Server, listen  # noqa: E402
+from reef_lab.engines.embedded import EmbeddedEngine, default_cache_dir, load_model
+from reef_lab.gateway.gateway import Gateway
+from scripts.common import ROOT, pyplot
+from scripts.command_line import command_line, data_file, repo_path
+from server.app import create_app
+from server.httpd import Server, listen
 
 ARMS = {"base": None, "chunked": 512, "whole": 0}  # arm -> prefill_chunk of its engine (base uses chunked's)
 
@@ -314,11 +313,7 @@ def markdown(result: dict, arms, by_arm) -> str:
 
 
 def plot(path: Path, arms, by_arm) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for a in arms:
         xs = sorted(x for p in by_arm[a] for x in p["short_latencies_s"])

@@ -26,15 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import openai
+import requests
 
-import openai  # noqa: E402
-import requests  # noqa: E402
-
-from reef_lab import procs  # noqa: E402
-from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab import procs
+from reef_lab.tasks.base import make_task
+from reef_lab.testing import free_port
+from scripts.common import ROOT, pyplot, wait_answering
+from scripts.command_line import command_line, data_file
 
 SCENARIO = "r2l"
 PHASES = ("queue", "train", "candidate", "release", "first_answer")
@@ -55,20 +54,6 @@ def serve_cmd(recipe: str, engine: str, port: int, data_dir: Path, model_path: s
     return cmd + (["--model-path", model_path] if model_path else [])
 
 
-def wait_answering(client: openai.OpenAI, server: procs.Popen, log: Path, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"serve.py exited with {server.returncode}: {log.read_text()[-3000:]}")
-        try:
-            client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}],
-                                           extra_headers={"x-reef-scenario": "warmup"})
-            return
-        except openai.APIError:
-            time.sleep(2)
-    raise RuntimeError(f"serve.py did not answer within {timeout:.0f} s")
-
-
 def one(recipe: str, engine: str, k: int, work: Path, model_path: str | None, timeout: float) -> dict:
     folder = work / f"{recipe}-{engine}-{k}"
     folder.mkdir(parents=True)
@@ -78,7 +63,7 @@ def one(recipe: str, engine: str, k: int, work: Path, model_path: str | None, ti
     server = procs.Popen(cmd, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
     try:
-        wait_answering(client, server, log)
+        wait_answering(url, server, log)
         group = 4 if recipe == "grpo" else 1
         items = make_task({"name": "arithmetic"}).items(8 // group, seed=100 + k)
         task = make_task({"name": "arithmetic"})
@@ -146,9 +131,7 @@ def write(rows: list[dict], out: Path, argv: list[str]) -> None:
               + " | ".join(str(r["phases_s"][p]) for p in PHASES) + " |" for r in rows]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     keys = sorted(cells)

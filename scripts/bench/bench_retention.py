@@ -26,9 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from scripts.command_line import command_line, data_file, repo_path  # noqa: E402
+from scripts.common import ROOT, pyplot
+from scripts.command_line import command_line, data_file, repo_path
 
 
 def run(args, on: bool, out: Path) -> dict:
@@ -156,11 +155,7 @@ def render(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for i, run_ in enumerate(r["runs"]):
         on = run_["retention"]

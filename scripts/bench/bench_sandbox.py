@@ -19,11 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from recipes.tttd.problems import CirclePacking  # noqa: E402
-from recipes.tttd.sandbox import Limits, check_isolation, run_python  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
+from recipes.tttd.problems import CirclePacking
+from recipes.tttd.sandbox import Limits, check_isolation, run_python
+from scripts.common import ROOT
+from scripts.command_line import command_line, data_file
 
 PROGRAMS = {"circle program (n=6)": CirclePacking(6).initial_solution(), "pass": "pass",
             "import numpy": "import numpy\nprint(numpy.zeros(3).sum())"}

@@ -29,14 +29,12 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import yaml
 
-import requests  # noqa: E402
-import yaml  # noqa: E402
-
-from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line, data_file, shell_words  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab import procs
+from reef_lab.testing import free_port
+from scripts.common import ROOT, pyplot, quantile, wait_answering
+from scripts.command_line import command_line, data_file, shell_words
 
 SCENARIO = "arithmetic-live"  # live_client.py's default
 ARMS = {"embedded": ("embedded", None), "vllm": ("vllm", True), "vllm-nopause": ("vllm", False)}
@@ -166,23 +164,6 @@ def serve_cmd(arm: str, port: int, data_dir: Path, cfg: Path) -> list[str]:
     return cmd
 
 
-def wait_answering(url: str, server: procs.Popen, log: Path, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"serve.py exited with {server.returncode}: {log.read_text()[-3000:]}")
-        try:
-            r = requests.post(url + "/v1/chat/completions", json=body, headers={"x-reef-scenario": "warmup"},
-                              timeout=600)
-            if r.status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"serve.py did not answer within {timeout:.0f} s")
-
-
 def metrics(data_dir: Path) -> list[dict]:
     path = data_dir / "learn" / SCENARIO / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
@@ -199,7 +180,7 @@ def inference_records(data_dir: Path) -> dict:
     ms = sorted(json.loads(t or "{}").get("total_ms", 0.0) for t in df["timing"].to_list())
 
     def pct(q: float) -> float | None:
-        return round(ms[min(len(ms) - 1, int(q * len(ms)))] / 1e3, 2) if ms else None
+        return round(quantile(ms, q) / 1e3, 2) if ms else None
     return {"answers": df.height, "failed": int((df["status"] != "ok").sum()), "latency_p50_s": pct(0.5),
             "latency_p95_s": pct(0.95), "latency_max_s": pct(1.0)}
 
@@ -268,11 +249,7 @@ def ratios(rows: list[dict], arm: str, keys: tuple[str, ...], base: str = "embed
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = []
     if result.get("steps"):
         panels += [(result["steps"], "train_s", "(a) training round beside the engine, s"),

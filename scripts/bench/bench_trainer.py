@@ -34,10 +34,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[2]
 
 import torch  # noqa: E402
 
+from scripts.common import ROOT, pyplot  # noqa: E402
 from scripts.command_line import command_line, data_file, data_link  # noqa: E402
 from scripts.bench.trainer_memory import peak_mb, reset_peak, rss_mb  # noqa: E402
 
@@ -202,9 +202,7 @@ def main() -> None:
                                                          "ratio_of_medians": ratio_of_medians,
                                                          "last_step": last}, indent=2))
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [row["round"] for row in timed]
     ax.plot(xs, [row["reef_lab_tok_s"] for row in timed], "o-", label="reef_lab TorchTrainer.step")

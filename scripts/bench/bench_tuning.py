@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from scripts.bench.bench_gateway import cpu_model, paced, pct, steal_ticks, wrk, WRK_CHAT
+from reef_lab.testing.processes import start_server, start_stub
+from scripts.bench.bench_gateway import WRK_CHAT, ms, need_wrk, paced, wrk
+from scripts.common import ROOT, RunInfo, pyplot
 from scripts.command_line import command_line, data_file
 from server.tuning import machine_busy
-from reef_lab.testing.processes import start_server, start_stub
 
-ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"plain": ["--pin-workers", "0", "--sched-slice-us", "0"],
             "pinned": ["--pin-workers", "1", "--sched-slice-us", "0"],
             "tuned": ["--pin-workers", "1", "--sched-slice-us", "100"]}
@@ -62,7 +58,7 @@ def measure(args) -> dict:
                 print(f"[tuning] round {r + 1}/{args.rounds}: {name} latency", flush=True)
                 lat, errors = paced(port, 16, args.rate, args.seconds)
                 row[name] = {"rps": thr["rps"], "errors": thr["non_2xx"] + errors, "busy_share": busy,
-                             **{f"p{p}_ms": round(pct(lat, p), 3) for p in (50, 90, 99)}}
+                             **{f"p{p}_ms": round(ms(lat, p), 3) for p in (50, 90, 99)}}
             for arm in ARMS:
                 row[arm]["rps_ratio"] = round(row[arm]["rps"] / row["plain"]["rps"], 4)
                 row[arm]["p50_ratio"] = round(row[arm]["p50_ms"] / row["plain"]["p50_ms"], 4)
@@ -122,11 +118,7 @@ def render(result: dict, args) -> str:
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     xs = range(1, len(result["rounds"]) + 1)
     for name, color in zip(SETTINGS, ("#888", "#27a", "#2a7")):
@@ -149,14 +141,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=400, help="total paced request rate of the latency phase")
     ap.add_argument("--out", default=str(ROOT / "results" / "server-tuning"), help="results path prefix")
     args = ap.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("wrk is needed for the throughput phase: apt-get install wrk")
-    (steal0, total0), started = steal_ticks(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    need_wrk()
+    run = RunInfo()
     result = measure(args)
-    steal1, total1 = steal_ticks()
-    result.update({"started": started, "cpu_steal_share": round((steal1 - steal0) / max(1, total1 - total0), 4),
-                   "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
-                   "command": command_line()})
+    result.update({**run.fields(), "command": command_line()})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     data_file(args.out).write_text(json.dumps(result, indent=2) + "\n")
     Path(args.out + ".md").write_text(render(result, args))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -41,14 +40,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from reef_lab.records.retention import parse_bytes, parse_duration  # noqa: E402
-from reef_lab.records.segments import collect_records  # noqa: E402
-from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
-from reef_lab.testing.processes import start_child  # noqa: E402
+from reef_lab.records.retention import parse_bytes, parse_duration
+from reef_lab.records.segments import collect_records
+from reef_lab import procs
+from reef_lab.testing import free_port
+from reef_lab.testing.processes import start_child
+from scripts.common import ROOT, in_threads, pace, pyplot, quantile, spawn
+from scripts.command_line import command_line, data_file
 
 SCENARIO = "soak"
 HEADERS = {"Content-Type": "application/json", "x-reef-scenario": SCENARIO}
@@ -95,8 +93,7 @@ def rss_mb(pid: int) -> dict | None:
 
 
 # ---- the load (a child process, so its CPU use does not share a GIL with the sampler) ------------------------
-def _load(port: int, clients: int, rate: float, seconds: float, q, recent_reads: bool = False) -> None:
-    procs.die_with_parent()  # a multiprocessing child: gone with the soak, kill -9 included
+def _load(port: int, clients: int, rate: float, seconds: float, recent_reads: bool = False) -> tuple[list, list, list]:
     interval = clients * 2 / rate  # each cycle is two requests (a chat and its report), or three
     lock, events, receipts, acknowledged = threading.Lock(), [], [], []
 
@@ -108,16 +105,8 @@ def _load(port: int, clients: int, rate: float, seconds: float, q, recent_reads:
     def run(i: int) -> None:
         rng = random.Random(i)
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        t_start = time.perf_counter()
-        nxt, end, cycle, mine, got = t_start + rng.uniform(0, interval), t_start + seconds, 0, [], []
-        reported = []
-        while True:
-            now = time.perf_counter()
-            if nxt > now:
-                time.sleep(nxt - now)
-            if time.perf_counter() > end:
-                break
-            cycle += 1
+        mine, got, reported = [], [], []
+        for cycle in pace(interval, seconds, rng):
             stream = cycle % 4 == 0
             body = {"model": "m", "stream": stream,
                     "messages": [{"role": "user", "content": f"soak {i}-{cycle}: " + "words " * rng.randint(5, 60)}]}
@@ -147,15 +136,12 @@ def _load(port: int, clients: int, rate: float, seconds: float, q, recent_reads:
                 mine.append((time.perf_counter(), 0.0, f"error {type(e).__name__}", False))
                 c.close()
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            nxt += interval
         with lock:
             events.extend(mine)
             receipts.extend(got)
             acknowledged.extend(got + reported)
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    q.put((events, receipts, acknowledged))
+    in_threads(run, clients)
+    return events, receipts, acknowledged
 
 
 def read_latencies(port: int, ids: list[str], rounds: int = 2) -> list[float]:
@@ -173,11 +159,6 @@ def read_latencies(port: int, ids: list[str], rounds: int = 2) -> list[float]:
                 raise RuntimeError(f"reading {rid} answered {r.status}")
             out.append(time.perf_counter() - t0)
     return out
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
 def main() -> None:
@@ -223,11 +204,8 @@ def main() -> None:
         total = args.warmup_minutes + args.minutes
         print(f"[soak] server ready, workers {pids}; {args.warmup_minutes:g} + {args.minutes:g} min at {args.rate:g} "
               f"requests/s, {args.clients} clients", file=sys.stderr, flush=True)
-        q = mp.get_context("spawn").Queue()
-        load = mp.get_context("spawn").Process(target=_load, args=(port, args.clients, args.rate, total * 60, q,
-                                                                   args.recent_reads or limits))
         t0, cpu0 = time.time(), {p: cpu_s(p) for p in pids}
-        load.start()
+        load, q = spawn(_load, port, args.clients, args.rate, total * 60, args.recent_reads or limits)
         samples = []  # (seconds since start, {pid: rss MB})
         sizes = []  # (seconds since start, records_size)
         while load.is_alive() and time.time() - t0 < total * 60:  # not the load's wind-down
@@ -330,13 +308,14 @@ def summarize(args, samples, events, t_load, before, after, pids, command) -> di
         errs = [e for e in events if m * 60 <= e[0] - t_load < (m + 1) * 60 and not e[3]]
         minutes.append({"minute": m + 1, "warmup": m < args.warmup_minutes, "requests": len(lat) + len(errs),
                         "errors": len(errs),
-                        "p50_ms": round(pct(lat, 0.5) * 1e3, 2), "p99_ms": round(pct(lat, 0.99) * 1e3, 2)})
+                        "p50_ms": round(quantile(lat, 0.5) * 1e3, 2),
+                        "p99_ms": round(quantile(lat, 0.99) * 1e3, 2)})
     rss = memory_table(samples, pids, args.warmup_minutes * 60)
     by_kind = {}
     for kind in ("chat", "report", "read"):
         lat = [e[1] for e in events if e[2] == kind and e[3]]
-        by_kind[kind] = {"n": len(lat), "p50_ms": round(pct(lat, 0.5) * 1e3, 2),
-                         "p99_ms": round(pct(lat, 0.99) * 1e3, 2)}
+        by_kind[kind] = {"n": len(lat), "p50_ms": round(quantile(lat, 0.5) * 1e3, 2),
+                         "p99_ms": round(quantile(lat, 0.99) * 1e3, 2)}
     errors = [e for e in events if not e[3]]
     measured = [m for m in minutes if not m["warmup"]]
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command,
@@ -345,11 +324,11 @@ def summarize(args, samples, events, t_load, before, after, pids, command) -> di
             "error_kinds": sorted({e[2] for e in errors}), "by_kind": by_kind, "by_minute": minutes, "rss": rss,
             "measured_p99_ms": [min(m["p99_ms"] for m in measured), max(m["p99_ms"] for m in measured)]
             if measured else None,
-            "reads": {"n": len(before), "before_p50_ms": round(pct(before, 0.5) * 1e3, 3),
-                      "before_p99_ms": round(pct(before, 0.99) * 1e3, 3),
-                      "after_p50_ms": round(pct(after, 0.5) * 1e3, 3),
-                      "after_p99_ms": round(pct(after, 0.99) * 1e3, 3),
-                      "ratio_p50": round(pct(after, 0.5) / pct(before, 0.5), 3)}}
+            "reads": {"n": len(before), "before_p50_ms": round(quantile(before, 0.5) * 1e3, 3),
+                      "before_p99_ms": round(quantile(before, 0.99) * 1e3, 3),
+                      "after_p50_ms": round(quantile(after, 0.5) * 1e3, 3),
+                      "after_p99_ms": round(quantile(after, 0.99) * 1e3, 3),
+                      "ratio_p50": round(quantile(after, 0.5) / quantile(before, 0.5), 3)}}
 
 
 def render(r: dict) -> str:
@@ -396,11 +375,7 @@ def render(r: dict) -> str:
 
 
 def plot(samples, r, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for key in r["rss"]:
         p, part = key.split()

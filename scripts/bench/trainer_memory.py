@@ -33,7 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[2]
+
+from scripts.common import ROOT, pyplot  # noqa: E402
 
 BEFORE = "27f3034"  # main before issue 38's trainer-memory change: its reef_lab/ is unpacked and run as it was
 VARIANTS = {  # name: (the reef_lab to run: a commit, or None for this checkout; TrainerConfig fields)
@@ -379,9 +380,7 @@ def render(out: Path) -> None:
     head, rest = text.split(TABLES, 1)
     md.write_text(head + block + rest.split(TABLES_END, 1)[1])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["peak_mb"] / 1024 for r in rows], 0.4, label="peak during a step")

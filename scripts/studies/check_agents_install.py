@@ -22,14 +22,11 @@ import time
 from pathlib import Path
 
 import requests
-import yaml
 
-from scripts.command_line import command_line, data_file
-from reef_lab.testing import free_port
-from reef_lab.testing.agents import BIN, HEADLESS, ReefServer, installed, run_wrapper, version
+from reef_lab.testing.agents import BIN, HEADLESS, first_model_request, harness_server, installed, run_wrapper, version
 from reef_lab.testing.scripted_provider import ScriptedProvider
-
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.common import ROOT
+from scripts.command_line import command_line, data_file
 
 SEED = {"system_prompt.md": "You are a careful engineer.", "rules.md": "- RULE-ALPHA-7 run the tests before you stop",
         "skills/tidy.md": "---\nname: tidy\ndescription: SKILL-BETA-7 sort the imports\n---\nSort them."}
@@ -38,21 +35,11 @@ MARKS = {"installed rule": "RULE-ALPHA-7", "installed skill": "SKILL-BETA-7", "e
          "serving's own rendering (must be absent)": "Rules:"}
 
 
-def first_request(agent: str, posts: list[dict]) -> dict | None:
-    if agent == "opencode":  # its title call comes first; the task's call carries the tools
-        posts = [r for r in posts if (r["body"] or {}).get("tools")]
-    return posts[0] if posts else None
-
-
 def one_agent(agent: str, work: Path) -> dict:
     home, cwd = work / "home", work / "cwd"
     phases: list[dict] = []
     with ScriptedProvider() as provider:
-        config = work / "gepa.yaml"
-        config.write_text(yaml.safe_dump({"mode": "manual", "seed_harness": SEED, "requests": {
-            "proposer_lm": {"kind": "openai", "base_url": provider.url, "model": "scripted"}}}))
-        extra = ["--upstream-model", "scripted-model", "--recipe", "gepa", "--recipe-config", str(config)]
-        with ReefServer(provider.url, work / "data", free_port(), extra=extra) as reef:
+        with harness_server(provider.url, work, SEED) as reef:
             requests.post(reef.url + "/reef/scenarios", json={"name": "s"}).raise_for_status()
 
             def step(name: str, *args: str) -> dict:
@@ -71,7 +58,7 @@ def one_agent(agent: str, work: Path) -> dict:
                 row = step(name, "--bin", str(BIN / agent), "--", *HEADLESS[agent](
                     f"REEF-TASK path={target} content={word}"))
                 posts = [r for r in provider.requests[since:] if r["method"] == "POST"]
-                first = first_request(agent, posts)
+                first = first_model_request(agent, provider.requests[since:])
                 body = json.dumps(first["body"]) if first else ""
                 row.update({"model_requests": len(posts), "first_request_path": first and first["path"],
                             "first_request_bytes": len(body), "file_written": target.exists()

@@ -22,14 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import requests
 
-import requests  # noqa: E402
-
-from reef_lab import procs  # noqa: E402
-from scripts.command_line import command_line, repo_path  # noqa: E402
-from reef_lab.testing import free_port  # noqa: E402
-from reef_lab.testing.processes import start_child, start_server  # noqa: E402
+from reef_lab import procs
+from reef_lab.testing import free_port
+from reef_lab.testing.processes import start_child, start_server
+from scripts.common import ROOT
+from scripts.command_line import command_line, repo_path
 
 TOKEN = "flow-token"
 REPO = "me/reef-sao-arithmetic"

@@ -22,9 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from scripts.command_line import command_line, data_file  # noqa: E402
+from scripts.common import ROOT
+from scripts.command_line import command_line, data_file
 
 RUNS = Path("runs/reproducibility")
 

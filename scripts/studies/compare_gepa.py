@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from recipes.gepa.experiment import GEPAExperimentConfig, make_splits, run_gepa_
 from recipes.gepa.search import TaskSystem  # noqa: E402
 from reef_lab.engines.lm import make_lm  # noqa: E402
 from reef_lab.tasks.base import make_task  # noqa: E402
+from scripts.common import mean_ci, pyplot  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
 
 
@@ -82,11 +82,6 @@ def run_reference(cfg: GEPAExperimentConfig, engine, progress: bool) -> dict:
             "seed_val": result.val_aggregate_scores[0], "best_val": result.val_aggregate_scores[result.best_idx],
             "seed_test": seed_test, "best_test": best_test, "best_harness": best, "reflections": calls["n"],
             "wall_s": round(time.time() - started, 1)}
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    return m, (1.96 * statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0)
 
 
 def main(argv=None) -> None:
@@ -158,7 +153,7 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
         for r in rs:
             lines.append(f"| {name} | {r['seed']} | {r['metric_calls']} | {r['candidates']} | "
                          f"{r['seed_val']:.3f} → {r['best_val']:.3f} | {r['seed_test']:.3f} → {r['best_test']:.3f} |")
-    lines += ["", "| system | test score of the best harness (mean ± 95% CI over seeds) | gain over the seed harness |",
+    lines += ["", "| system | test score of the best harness (mean ± 95% t-interval over seeds) | gain over the seed harness |",
               "|---|---|---|"]
     summary = {}
     for name, rs in rows.items():
@@ -179,11 +174,7 @@ def write_report(stem: Path, cfg: GEPAExperimentConfig, rows: dict, args) -> Non
 
 
 def plot(stem: Path, rows: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for k, (name, rs) in enumerate(rows.items()):
         xs = [k * 3 + i * 0.25 for i in range(len(rs))]

@@ -27,24 +27,13 @@ import yaml  # noqa: E402
 
 from recipes.tttd.experiment import TTTDExperimentConfig, run_tttd_experiment  # noqa: E402
 from recipes.tttd.problems import BEST_KNOWN, make_problem, scipy_baseline  # noqa: E402
+from scripts.common import mean_ci, pyplot  # noqa: E402
 from scripts.command_line import command_line, data_file  # noqa: E402
 
 ARMS = {"ttt": {}, "search": {"policy_updates": False}, "best_of_n": {"policy_updates": False, "reuse": False}}
 LABELS = {"ttt": "TTT-Discover", "search": "PUCT search, base policy (no training)",
           "best_of_n": "best-of-N from the base policy"}
 COLOURS = {"ttt": "tab:blue", "search": "tab:purple", "best_of_n": "tab:orange"}
-
-
-def t95(n: int) -> float:
-    """Two-sided 95% Student t quantile for n - 1 degrees of freedom."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) if n > 1 else float("nan")
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    return m, (t95(len(xs)) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
 
 def curve(run_dir: Path, name: str) -> list[dict]:
@@ -157,11 +146,7 @@ def problem_title(cfg) -> str:
 
 
 def write(args, base: dict, cfg, runs: dict, seconds: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     seeds = args.seeds
     n, per_step = cfg.problem_config.n, cfg.groups * cfg.rollouts_per_group
     best_known = BEST_KNOWN.get(n, (None, ""))

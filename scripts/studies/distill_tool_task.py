@@ -34,18 +34,16 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import requests
+import yaml
 
-import requests  # noqa: E402
-import yaml  # noqa: E402
-
-from reef_lab.records.record import CLIENT_FIELDS  # noqa: E402
-from reef_lab.tasks.base import make_task  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
-from scripts.studies.learn_tool_task import (EVAL_SEED, _retrying, clopper_pearson, fresh_dir, merge_results,  # noqa: E402
-                                     policy_rollouts, run_episodes, sdk_client, start_server, t_interval,
-                                     wait_releases)
-from reef_lab.testing import free_port  # noqa: E402
+from reef_lab.records.record import CLIENT_FIELDS
+from reef_lab.tasks.base import make_task
+from reef_lab.testing import free_port
+from scripts.common import ROOT, clopper_pearson, pyplot, t_interval
+from scripts.command_line import command_line, data_file
+from scripts.studies.learn_tool_task import (EVAL_SEED, _retrying, fresh_dir, merge_results,
+                                             policy_rollouts, run_episodes, sdk_client, start_server, wait_releases)
 
 ARMS = ("opd", "opd-fkl", "sft", "grpo")
 CONFIGS = {"opd": "recipes/opd/examples/tools.yaml", "sft": "recipes/sft/examples/tools-episodes.yaml",
@@ -322,9 +320,7 @@ def write_report(out: dict, path: str) -> None:
     _, _, tail = rest.partition(TABLES_END)
     md.write_text(head + "\n".join(lines) + tail)
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))

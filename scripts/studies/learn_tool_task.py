@@ -32,52 +32,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import requests
 
-import requests  # noqa: E402
-
-from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir  # noqa: E402
-from reef_lab.engines.remote import ChatTokenizer  # noqa: E402
-from reef_lab.tasks.base import make_task  # noqa: E402
-from reef_lab.tasks.demos import calculator_episode, turn_records  # noqa: E402
-from reef_lab.tasks.tools import ToolTask  # noqa: E402
-from reef_lab.procs import Popen  # noqa: E402
-from scripts.command_line import command_line, data_file  # noqa: E402
-from reef_lab.testing import free_port, wait_http  # noqa: E402
+from reef_lab.engines.embedded import DEFAULT_MODEL_NAME, default_cache_dir
+from reef_lab.engines.remote import ChatTokenizer
+from reef_lab.tasks.base import make_task
+from reef_lab.tasks.demos import calculator_episode, turn_records
+from reef_lab.tasks.tools import ToolTask
+from reef_lab.procs import Popen
+from reef_lab.testing import free_port, wait_http
+from scripts.common import ROOT, clopper_pearson, pyplot, t_interval
+from scripts.command_line import command_line, data_file
 
 EVAL_SEED, BFCL_SEED = 1000, 0
 TABLES, TABLES_END = "<!-- tables: written by scripts/studies/learn_tool_task.py -->", "<!-- /tables -->"
-
-
-# ---- statistics -----------------------------------------------------------------------------------------------
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
-
-
-def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    """Exact 95% interval of k successes in n (bisection on the binomial tails)."""
-    def solve(f):
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) else (lo, mid)
-        return (lo + hi) / 2
-    lower = 0.0 if k == 0 else solve(lambda p: 1 - _binom_cdf(k - 1, n, p) < 0.025)
-    upper = 1.0 if k == n else solve(lambda p: _binom_cdf(k, n, p) > 0.025)
-    return lower, upper
-
-
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): 95% t-interval of the mean over seeds."""
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    h = T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
-    return m, m - h, m + h
 
 
 # ---- the client: an SDK's tool loop, receipts, reports --------------------------------------------------------------
@@ -658,9 +626,7 @@ def write_report(out: dict, path: str) -> None:
     head, _, rest = text.partition(TABLES)
     md.write_text(head + block + rest.partition(TABLES_END)[2])
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     tasks = [t for t in out["args"]["tasks"] if any(t in r.get("eval", {}) for r in out["runs"].values())]

@@ -14,35 +14,26 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from reef_lab import procs  # noqa: E402
+from reef_lab import procs
+from reef_lab.testing import free_port, wait_http
+from scripts.common import ROOT
 
 
 @contextmanager
 def app_server(name: str, env: dict):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = procs.Popen([sys.executable, "-m", "marimo", "run", f"apps/{name}.py", "--headless", "--port",
                         str(port), "--no-token"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     url = f"http://127.0.0.1:{port}/"
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except OSError:
-                time.sleep(0.3)
+        wait_http(url, timeout=120)
         yield url
     finally:
         proc.stop(30)
