@@ -597,7 +597,7 @@ def _(get_shown, run_ui):
              mo.md("Held-out accuracy: base model at step 0, then each candidate; bars: 95% Wilson intervals over "
                    f"the {run['eval_n']} held-out items. Dashed lines: releases." if accuracy_points(run)[0] else
                    "No held-out evaluation in this run (its recipe config names no `eval_task`; a client may score "
-                   "releases itself, as scripts/learn_tool_task.py does). Dashed lines: releases."),
+                   "releases itself, as scripts/studies/learn_tool_task.py does). Dashed lines: releases."),
              *([mo.md("### What the reports say, per step (mean over each training batch)"),
                 svg(plot_reports(run), "sao-reports-figure")] if run["reported"] else []),
              *([mo.md("### Distillation, per step: the divergence trained on and the teacher-student gap"),

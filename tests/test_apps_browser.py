@@ -474,7 +474,7 @@ def test_records_app_renders_an_episode_as_a_conversation(browser, episode_data,
 def published_command() -> tuple[str, list[int]]:
     """The example config and seeds of the command behind results/sao-arithmetic.md."""
     page = (ROOT / "results" / "sao-arithmetic.md").read_text()
-    m = re.search(r"scripts/compare_recipes\.py (\S+\.yaml).*?--seeds ([\d ]+)", page)
+    m = re.search(r"scripts/studies/compare_recipes\.py (\S+\.yaml).*?--seeds ([\d ]+)", page)
     return m.group(1), [int(s) for s in m.group(2).split()]
 
 

@@ -1,4 +1,4 @@
-"""scripts/compare_recipes.py as a user runs it: four experiments of three recipes (tiny model, one seed;
+"""scripts/studies/compare_recipes.py as a user runs it: four experiments of three recipes (tiny model, one seed;
 context distillation's serving a harness first) in child processes,
 then the page: held-out accuracy and the retention task side by side, the command as run, the figure."""
 
@@ -35,7 +35,7 @@ def test_a_comparison_page_shows_held_out_and_retention_per_recipe(tmp_path):
                config(tmp_path, "sdft", "sdft-topk-tiny", {"divergence": "forward_kl", "top_k": 4},
                       report_context="The answer is {answer}."),
                config(tmp_path, "ctxd", harness={"system_prompt.md": "Answer with the number only."})]
-    out = subprocess.run([sys.executable, "scripts/compare_recipes.py", *map(str, configs), "--seeds", "0",
+    out = subprocess.run([sys.executable, "scripts/studies/compare_recipes.py", *map(str, configs), "--seeds", "0",
                           "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "page"),
                           "--long-eval-tokens", "0", "--title", "tiny check", "--notes", str(notes)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -1,7 +1,7 @@
 """The SDK (`import reef_lab`, docs/extending.md's "The SDK"): the public names, frozen here, each the object at its
 home; the old import paths of 0.1 working for a release with a DeprecationWarning naming the new home, a plug-in
 written against 0.1's documented imports running an experiment; `import reef_lab` staying light; and the run
-readers a notebook, the apps and scripts/compare_recipes.py share."""
+readers a notebook, the apps and scripts/studies/compare_recipes.py share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reading run folders: one run, and several side by side. A notebook, the apps (apps/sao.py) and
-scripts/compare_recipes.py read runs through these functions, so they agree on what a run says.
+scripts/studies/compare_recipes.py read runs through these functions, so they agree on what a run says.
 
     from reef_lab import compare_runs, read_run
     run = read_run("runs/compare/sao-arithmetic-seed0")

@@ -1,5 +1,5 @@
 """Held-out evaluation straight on an engine: a release's greedy answers to a task's held-out items, scored by the
-task's verifier, for offline re-scoring of finished runs (scripts/compare_recipes.py). The same judge as a live
+task's verifier, for offline re-scoring of finished runs (scripts/studies/compare_recipes.py). The same judge as a live
 candidate's (reef_lab.publishing.judge), which answers through the gateway's inference path instead and keeps
 each answer as a record."""
 

@@ -1,6 +1,6 @@
 """Compare recipes at equal rollout budget over several seeds; write a results page with a plot.
 
-    python scripts/compare_recipes.py recipes/sao/examples/arithmetic.yaml recipes/grpo/examples/arithmetic.yaml \
+    python scripts/studies/compare_recipes.py recipes/sao/examples/arithmetic.yaml recipes/grpo/examples/arithmetic.yaml \
         --seeds 0 1 2 --out runs/compare --results results/sao-arithmetic
 
 Each (config, seed) runs with scripts/run_experiment.py's code in a child process (one at a time: they share the
@@ -16,30 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from reef_lab import procs  # noqa: E402
-from reef_lab import read_metrics, read_run  # noqa: E402
-from scripts.command_line import command_line  # noqa: E402
+from reef_lab import procs
+from reef_lab import read_metrics, read_run
+from scripts.common import ROOT, mean_ci, pyplot
+from scripts.command_line import command_line
 
 TITLE = "SAO vs GRPO on arithmetic: SmolLM2-135M-Instruct on CPU"
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def ci(xs: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% confidence interval (t distribution; 0 for one value)."""
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    return m, T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
 
 
 def run(config: str, seed: int, out: Path) -> dict:
@@ -138,10 +126,7 @@ def harness_retention(r: dict) -> float | None:
 
 
 def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     path.parent.mkdir(parents=True, exist_ok=True)
     names: dict[str, set] = {}
@@ -160,7 +145,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
              "|---|---|---|---|---|"]
     if base:
         same = len(set(base)) == 1
-        m, h = ci(base)
+        m, h = mean_ci(base)
         model = json.loads((Path(runs[0]["dir"]) / "config.json").read_text()).get("model_path") or \
             "SmolLM2-135M-Instruct"
         lines.append(f"| base {model} | greedy: one value | {m:.3f}"
@@ -175,7 +160,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      + (f"{sum(saved) / len(saved):.0f} prompt tokens fewer per call |" if saved else "|"))
     for recipe, rs in by.items():
         acc = [r["final_accuracy"] for r in rs]
-        m, h = ci(acc)
+        m, h = mean_ci(acc)
         wall = sum(r["wall_s"] for r in rs) / len(rs)
         lines.append(f"| after {recipe} | {len(rs)} | {m:.3f} ± {h:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in acc)} | {wall / 60:.1f} min |")
@@ -193,7 +178,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
             acc = [kept[r["dir"]][1] for r in rs if kept[r["dir"]][1] is not None]
             if not acc:
                 continue
-            m, h = ci(acc)
+            m, h = mean_ci(acc)
             delta = m - base_kept[0] if len(base_kept) == 1 else float("nan")
             lines.append(f"| after {recipe} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} | "
                          f"{delta:+.3f} |")
@@ -204,7 +189,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                   f"| base SmolLM2-135M-Instruct | {long_eval['base']:.3f} | |"]
         for recipe, rs in by.items():
             acc = [long_eval[r["dir"]] for r in rs]
-            m, h = ci(acc)
+            m, h = mean_ci(acc)
             lines.append(f"| after {recipe} | {m:.3f} ± {h:.3f} | {', '.join(f'{x:.3f}' for x in acc)} |")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     colors = {"sao": "tab:blue", "grpo": "tab:orange", "sft": "tab:green", "sdft": "tab:red", "opd": "tab:purple",
@@ -250,7 +235,7 @@ def write_page(runs: list[dict], args, path: Path, long_eval: dict | None = None
                      f"{sum(rewards[:q]) / q:.3f}, last quarter {sum(rewards[-q:]) / q:.3f})")
     extra = ([] if args.long_eval_tokens == 64 else ["--long-eval-tokens", str(args.long_eval_tokens)]) + \
         ([] if args.title == TITLE else ["--title", args.title]) + (["--notes", args.notes] if args.notes else [])
-    cmd = command_line(["scripts/compare_recipes.py", *args.configs, "--seeds", *map(str, args.seeds),
+    cmd = command_line(["scripts/studies/compare_recipes.py", *args.configs, "--seeds", *map(str, args.seeds),
                         "--out", args.out, "--results", args.results, *extra])
     table = f"""{chr(10).join(lines)}
 
@@ -266,7 +251,7 @@ Command (2 CPU cores; each run in turn): `{cmd}`
 
 {table}
 
-Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/compare_recipes.py from the runs' own files.
+Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/studies/compare_recipes.py from the runs' own files.
 """
         path.with_suffix(".md").write_text(page)
         print(page)
@@ -307,7 +292,7 @@ steps with selection `always`. Configs: {', '.join(f'`{c}`' for c in args.config
   not the sampling of held-out items. The learning rate was picked from two tries (1e-5 moved the held-out
   accuracy of SAO seed 0 from 0.016 to 0.078; the runs above use 3e-5); nothing else was tuned.
 
-Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/compare_recipes.py from the runs' own files.
+Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by scripts/studies/compare_recipes.py from the runs' own files.
 """
     path.with_suffix(".md").write_text(page)
     print(page)
