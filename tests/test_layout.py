@@ -66,10 +66,10 @@ def test_the_tests_import_check_sees_a_script_that_imports_tests(tmp_path):
     for top in TOP:
         (tmp_path / top).mkdir()
     (tmp_path / "scripts" / "bench").mkdir()
-    (tmp_path / "scripts" / "bench" / "b.py").write_text("import os\nfrom tests.doubles import free_port\n")
+    (tmp_path / "scripts" / "bench" / "b.py").write_text("import os\nfrom tests.conftest import Running\n")
     (tmp_path / "reef_lab" / "x.py").write_text("def f():\n    import tests.test_vllm_engine\nimport testsuite\n")
     assert imports_of_tests(tmp_path) == ["reef_lab/x.py:2 imports tests.test_vllm_engine",
-                                          "scripts/bench/b.py:2 imports tests.doubles"]
+                                          "scripts/bench/b.py:2 imports tests.conftest"]
 
 
 def test_the_doubles_import_light():
