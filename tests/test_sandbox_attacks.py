@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from recipes.tttd.sandbox import Limits, run_python
+from recipes.tttd.sandbox import SandboxLimits, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMITS = Limits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, output_bytes=64 * 1024)
+LIMITS = SandboxLimits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, output_bytes=64 * 1024)
 
 
-def attack(code: str, limits: Limits = LIMITS):
+def attack(code: str, limits: SandboxLimits = LIMITS):
     r = run_python(code, limits)
     assert r.kind in ("ok", "crash", "timeout", "memory", "output", "garbage"), r
     return r
@@ -81,9 +81,9 @@ def marker():
 
 HELPER = """\
 import json, sys
-from recipes.tttd.sandbox import Limits, run_python
+from recipes.tttd.sandbox import SandboxLimits, run_python
 code, limits = json.loads(sys.stdin.read())
-r = run_python(code, Limits(**limits))
+r = run_python(code, SandboxLimits(**limits))
 print(json.dumps({"kind": r.kind, "stdout": r.stdout, "detail": r.detail}))
 """
 
@@ -147,7 +147,7 @@ else:
 def test_no_process_of_a_candidate_outlives_its_verdict(marker, allow_processes):
     """fork + setsid escapes a kill of the process group; the sandbox must take it down with the verdict, also when
     processes are allowed."""
-    limits = Limits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, allow_processes=allow_processes)
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, allow_processes=allow_processes)
     attack(SURVIVOR.replace("{marker}", marker), limits)
     deadline = time.time() + 10  # the kernel tears a namespace down asynchronously; a busy machine needs time
     while procs_with(marker) and time.time() < deadline:
@@ -290,7 +290,7 @@ def test_a_candidate_cannot_open_a_kernel_setting_for_writing():
     """Issue 38: run as root, bubblewrap mapped the candidate's uid to root outside and left /proc/sys writable, so a
     candidate could set kernel.core_pattern (a program the kernel runs as root at the next crash), vm.drop_caches,
     user.max_user_namespaces, ... (765 files of /proc/sys opened for writing here)."""
-    r = attack(KERNEL_KNOBS, Limits(cpu_seconds=20, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024))
+    r = attack(KERNEL_KNOBS, SandboxLimits(cpu_seconds=20, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024))
     assert r.kind == "ok", r
     count, *rest = r.stdout.split(maxsplit=1)
     assert count == "0", f"the candidate opened {count} kernel settings for writing: {r.stdout[:2000]}"
@@ -370,7 +370,7 @@ def test_no_new_user_namespace_even_where_processes_are_allowed():
             "print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
     if os.uname().machine != "x86_64":
         pytest.skip("the syscall numbers in this test are x86_64's")
-    r = attack(code, Limits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, allow_processes=True))
+    r = attack(code, SandboxLimits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, allow_processes=True))
     assert r.kind == "ok", r
     assert "made one" not in r.stdout and "clone3 ENOSYS" in r.stdout, r.stdout
     assert r.stdout.endswith("thread ran\nfork 7\n"), r.stdout
@@ -396,7 +396,7 @@ for top in ('/tmp', '/dev/shm', '/', '/dev'):
 def test_every_writable_mount_is_bounded():
     """Issue 38: /, /dev and /dev/shm were tmpfs of half the RAM (64 MB written in 0.07 s): now /tmp and /dev/shm
     hold `disk_mb` each and the rest is read-only."""
-    r = attack(FILL, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024, disk_mb=2))
+    r = attack(FILL, SandboxLimits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, output_bytes=64 * 1024, disk_mb=2))
     assert r.kind == "ok", r
     got = {top: (int(n), why) for top, n, why in (line.split() for line in r.stdout.splitlines())}
     assert set(got) == {"/tmp", "/dev/shm", "/", "/dev"}, r.stdout
@@ -428,7 +428,7 @@ except OSError as e:
 def test_no_memory_outside_the_limits_memfd_sysv_or_many_files():
     """Memory outside RLIMIT_AS and the bounded mounts: a memfd (bounded only by the output cap times the open-file
     limit), SysV shared memory and message queues are refused; at most 64 files are open at once."""
-    r = attack(MEMORY_ELSEWHERE, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, disk_mb=2))
+    r = attack(MEMORY_ELSEWHERE, SandboxLimits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256, disk_mb=2))
     assert r.kind == "ok", r
     got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert got["memfd_create"] == got["shmget"] == got["msgget"] == "EPERM", got
@@ -471,12 +471,12 @@ def test_a_candidate_making_empty_files_hits_the_inode_bound():
     files and folders at most (ENOSPC past it), and a candidate that hits it scores 0 with the error kept."""
     from recipes.tttd.problems import make_problem
 
-    r = attack(EMPTY_FILES, Limits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256))
+    r = attack(EMPTY_FILES, SandboxLimits(cpu_seconds=10, wall_seconds=60.0, memory_mb=256))
     assert r.kind == "ok", r
     got = {top: (int(n), why) for top, n, why in (line.split() for line in r.stdout.splitlines())}
     assert set(got) == {"/tmp", "/dev/shm"}, r.stdout
     for top, (made, why) in got.items():
-        assert why == "ENOSPC" and 0 < made < Limits().disk_inodes <= 10_000, (top, made, why)
+        assert why == "ENOSPC" and 0 < made < SandboxLimits().disk_inodes <= 10_000, (top, made, why)
 
     with pytest.raises(ValueError, match="disk_inodes must be >= 16"):
         make_problem({"disk_inodes": 15})
@@ -584,5 +584,5 @@ def test_without_isolation_only_by_the_operators_choice_and_logged(no_bwrap, tmp
     assert "candidate programs run as this server's user" in caplog.text
     p = make_problem({"sandbox": "none", "n": 2})
     assert p.verify(f"```python\n{p.initial_solution()}\n```").valid  # candidates still run, with the limits
-    r = run_python("while True:\n    pass\n", Limits(cpu_seconds=1, wall_seconds=60.0, isolation="none"))
+    r = run_python("while True:\n    pass\n", SandboxLimits(cpu_seconds=1, wall_seconds=60.0, isolation="none"))
     assert r.kind == "timeout"

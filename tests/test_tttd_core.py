@@ -15,7 +15,7 @@ from recipes.tttd.archive import Archive
 from recipes.tttd.config import ProblemConfig, TTTDConfig
 from recipes.tttd.problems import (BEST_KNOWN, CircleCentres, CirclePacking, check_circles, extract_code,
                                    make_problem, program_for, scipy_baseline, solve_radii)
-from recipes.tttd.sandbox import Limits, run_python
+from recipes.tttd.sandbox import SandboxLimits, run_python
 from reef_lab.trainers.base import TrainerConfig
 
 LN2 = math.log(2)
@@ -158,7 +158,7 @@ def test_archive_resumes_from_json():
 
 # --- the sandbox ---------------------------------------------------------------------------------------------------
 
-FAST = Limits(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096)
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, memory_mb=256, output_bytes=4096)
 
 
 def test_sandbox_runs_a_good_program():
@@ -168,7 +168,7 @@ def test_sandbox_runs_a_good_program():
 
 def test_sandbox_kills_an_infinite_loop_within_its_cpu_limit():
     """A generous wall clock, so only the CPU limit can stop it (on a loaded machine 1 s of CPU takes longer)."""
-    r = run_python("while True:\n    pass\n", Limits(cpu_seconds=1, wall_seconds=60.0))
+    r = run_python("while True:\n    pass\n", SandboxLimits(cpu_seconds=1, wall_seconds=60.0))
     assert r.kind == "timeout" and not r.ok and "CPU time" in r.detail and r.seconds < 60.0
 
 

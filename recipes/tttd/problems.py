@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from reef_lab.extras import need
 
 from recipes.tttd.config import PROBLEMS, ProblemConfig
-from recipes.tttd.sandbox import Limits, check_isolation, run_python
+from recipes.tttd.sandbox import SandboxLimits, check_isolation, run_python
 
 # Best sums of radii we know for n circles in the unit square. For n >= 5 we found no published table (Packomania
 # lists equal circles; AlphaEvolve and TTT-Discover report n = 26 and 32), so these are our own: the best of
@@ -166,7 +166,8 @@ def program_for(circles: list[tuple[float, float, float]], digits: int = 6) -> s
 class CirclePacking(Problem):
     invalid_reward = 0.0
 
-    def __init__(self, n: int = 6, tolerance: float = 1e-9, limits: Limits | None = None, start_fill: float = 0.5):
+    def __init__(self, n: int = 6, tolerance: float = 1e-9, limits: SandboxLimits | None = None,
+                 start_fill: float = 0.5):
         if n < 2:
             raise ValueError(f"circle packing needs n >= 2 circles, got {n}")
         if not 0 <= tolerance < 1e-3:
@@ -174,13 +175,13 @@ class CirclePacking(Problem):
         if not 0 < start_fill <= 1:
             raise ValueError(f"start_fill must be in (0, 1], got {start_fill}")
         self.n, self.tolerance, self.start_fill = n, tolerance, start_fill
-        self.limits = limits or Limits(cpu_seconds=5, wall_seconds=10.0, memory_mb=256, output_bytes=16 * 1024)
+        self.limits = limits or SandboxLimits(cpu_seconds=5, wall_seconds=10.0, memory_mb=256, output_bytes=16 * 1024)
         check_isolation(self.limits)  # a machine that cannot sandbox candidates fails here, naming the fix
         self.name = f"circle_packing_{n}"
 
     @classmethod
     def from_config(cls, cfg: ProblemConfig) -> CirclePacking:
-        limits = Limits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
+        limits = SandboxLimits(cpu_seconds=cfg.cpu_seconds, wall_seconds=cfg.wall_seconds, memory_mb=cfg.memory_mb,
                         output_bytes=cfg.output_kb * 1024, isolation=cfg.sandbox, disk_mb=cfg.disk_mb,
                         disk_inodes=cfg.disk_inodes)
         return cls(cfg.n, cfg.tolerance, limits, cfg.start_fill)

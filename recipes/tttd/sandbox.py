@@ -112,7 +112,7 @@ class SandboxUnavailable(ValueError):
 
 
 @dataclass(frozen=True)
-class Limits:
+class SandboxLimits:
     cpu_seconds: int = 10
     wall_seconds: float = 20.0
     memory_mb: int = 512
@@ -228,7 +228,7 @@ def _util_linux(name: str) -> str:
 _MOUNT_THEN = '"$1" -t tmpfs -o "$2" tmpfs "$3" && "$1" -t tmpfs -o "$2" tmpfs "$4" && shift 4 && exec "$@"'
 
 
-def _mounts_args(limits: Limits, tmp: Path, shm: Path) -> list[str]:
+def _mounts_args(limits: SandboxLimits, tmp: Path, shm: Path) -> list[str]:
     """The command line that mounts the bounded tmpfs on `tmp` and `shm` in a mount namespace of its own (and, for
     a server that is not root, a user namespace mapping it to root) and then runs what follows it: bubblewrap."""
     unshare = [_util_linux("unshare"), "--mount", "--propagation", "private"]
@@ -244,7 +244,7 @@ def _python_dirs(python: str) -> list[str]:
     return sorted(d for d in dirs if d != "/" and not any(d == s or d.startswith(s + "/") for s in ("/usr",)))
 
 
-def _bwrap_args(python: str, limits: Limits, seccomp_fd: int, tmp: Path, shm: Path) -> list[str]:
+def _bwrap_args(python: str, limits: SandboxLimits, seccomp_fd: int, tmp: Path, shm: Path) -> list[str]:
     """bubblewrap's command line, after the one that mounts the writable folders on `tmp` and `shm`; as root it ends
     in setpriv's, which makes the candidate nobody (see the docstring)."""
     bwrap, version = _bwrap()
@@ -286,7 +286,7 @@ def _probe(python: str) -> str:
     if platform.machine() not in _ARCHES:
         return f"its seccomp filter knows x86_64 and aarch64, not {platform.machine()}"
     try:
-        r = run_python("print('ok')", Limits(cpu_seconds=10, wall_seconds=60.0), python)
+        r = run_python("print('ok')", SandboxLimits(cpu_seconds=10, wall_seconds=60.0), python)
     except SandboxUnavailable as e:
         return str(e)
     return "" if r.stdout == "ok\n" else f"a test program gave {r.kind}: {r.detail[-300:]}"
@@ -298,7 +298,7 @@ def _warn_unisolated() -> None:
                 "with its view of the machine, limited only in CPU, memory, output and time")
 
 
-def check_isolation(limits: Limits, python: str | None = None) -> None:
+def check_isolation(limits: SandboxLimits, python: str | None = None) -> None:
     """Raise SandboxUnavailable naming the fix when `limits.isolation` cannot run here (probed once per process);
     log once that candidates run without isolation when the operator chose `none`."""
     if limits.isolation == "none":
@@ -327,10 +327,10 @@ def _kill_group(pgid: int) -> None:
         return
 
 
-def run_python(code: str, limits: Limits | None = None, python: str | None = None) -> SandboxResult:
+def run_python(code: str, limits: SandboxLimits | None = None, python: str | None = None) -> SandboxResult:
     """Run `code` as a script under `limits`; never raises for anything the candidate does (SandboxUnavailable when
     the sandbox itself cannot start)."""
-    limits = limits or Limits()
+    limits = limits or SandboxLimits()
     python = python or sys.executable
     if limits.isolation == "bwrap":
         if _bwrap()[0] is None:
@@ -400,7 +400,7 @@ def run_python(code: str, limits: Limits | None = None, python: str | None = Non
     return SandboxResult(kind, "", detail, returncode, seconds)
 
 
-def _classify(returncode: int, timed_out: bool, out_bytes: int, err: str, limits: Limits) -> tuple[str, str]:
+def _classify(returncode: int, timed_out: bool, out_bytes: int, err: str, limits: SandboxLimits) -> tuple[str, str]:
     if timed_out:
         return "timeout", f"killed after {limits.wall_seconds:g} s of wall time"
     if returncode in (-signal.SIGXCPU, -signal.SIGKILL):

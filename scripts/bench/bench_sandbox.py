@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from recipes.tttd.problems import CirclePacking
-from recipes.tttd.sandbox import Limits, check_isolation, run_python
+from recipes.tttd.sandbox import SandboxLimits, check_isolation, run_python
 from scripts.common import ROOT
 from scripts.command_line import command_line, data_file
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30, help="rounds (each runs every program under both isolations)")
     ap.add_argument("--out", default=str(ROOT / "results" / "sandbox-overhead"))
     args = ap.parse_args()
-    limits = {iso: Limits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, output_bytes=16 * 1024, isolation=iso)
+    limits = {iso: SandboxLimits(cpu_seconds=5, wall_seconds=30.0, memory_mb=256, output_bytes=16 * 1024, isolation=iso)
               for iso in ("none", "bwrap")}
     check_isolation(limits["bwrap"])
     times = {name: {iso: [] for iso in limits} for name in PROGRAMS}
