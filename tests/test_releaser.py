@@ -9,12 +9,11 @@ import json
 
 import pytest
 
-from reef_lab.engines.embedded import EmbeddedEngine
-from reef_lab.gateway.gateway import Gateway
 from reef_lab.learning.learner import read_metrics
 from reef_lab.tasks.base import Task, make_task
 from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.releaser import select
+from tests.test_learning import gateway  # noqa: F401 - the fixture
 
 TRAINER = {"lr": 1e-3, "micro_batch_size": 4}
 WRITERS = ("new_candidate", "update_candidate", "publish_candidate", "set_serving", "update_release", "update_index")
@@ -29,14 +28,6 @@ class BrokenVerifier(Task):
 
     def score(self, item, text):
         raise RuntimeError("the verifier broke")
-
-
-@pytest.fixture
-def gateway(tiny_model_dir, tmp_path):
-    engine = EmbeddedEngine.from_path(str(tiny_model_dir), max_batch=8)
-    gw = Gateway(tmp_path / "data", engine)
-    yield gw
-    gw.close()
 
 
 @pytest.fixture
