@@ -17,7 +17,7 @@ from reef_lab.engines.base import GenerationStream, Generator
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.gateway import episodes, unanswered
 from reef_lab.wire import dialects
-from reef_lab.gateway.relay import inference_record
+from reef_lab.records.record import inference_record
 from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
 
 

@@ -22,7 +22,8 @@ from reef_lab.errors import BadRequest, NotFound, ReefError
 from reef_lab.gateway import episodes, unanswered
 from reef_lab.gateway.generation import GenerationCall
 from reef_lab.wire import dialects, text
-from reef_lab.gateway.relay import PATHS, RelayCall, inference_record
+from reef_lab.gateway.relay import PATHS, RelayCall
+from reef_lab.records.record import inference_record
 from reef_lab.gateway.replies import COMPONENTS_HEADER, RECEIPT_HEADER, RELEASE_HEADER, Reply, StreamReply, \
     release_header_values
 from reef_lab.scenarios import check_name

@@ -10,8 +10,7 @@ events through untouched, as before.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import orjson
 
@@ -20,17 +19,9 @@ from reef_lab.gateway import episodes, unanswered
 from reef_lab.wire import PATHS, answers, dialects
 from reef_lab.wire.accumulate import StreamAccumulator
 from reef_lab.gateway.replies import RECEIPT_HEADER, Reply, StreamReply, release_header_values
-from reef_lab.records.record import Record, new_record_id
+from reef_lab.records.record import inference_record
 from reef_lab.wire.translate import Translation, error_object
 
-
-
-def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
-                     kind: str = "inference", **kw) -> Record:
-    """The record of one call, timed from `t0` (time.perf_counter) to now."""
-    return Record(id=new_record_id(), scenario=name, kind=kind, dialect=dialect, request=body,
-                  response=response, tags=tags,
-                  timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
 
 
 def encode(name: str | None, obj) -> bytes:

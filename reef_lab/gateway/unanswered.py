@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from reef_lab.errors import ReefError
+from reef_lab.records.record import inference_record
 
 log = logging.getLogger("reef_lab.gateway.unanswered")
 
@@ -31,8 +32,6 @@ def is_refusal(err: ReefError) -> bool:
 def record_refused(store, name: str, dialect: str, body: Any, tags: dict, t0: float, err: ReefError,
                    episode: str | None, release: str | None = None, caller: str | None = None) -> str:
     """Store the refused call in `store` (the primary's RecordStore or a relay worker's log)."""
-    from reef_lab.gateway.relay import inference_record
-
     rec = inference_record(name, dialect, body, tags, None, t0, status="refused", error=err.message,
                            release_id=release, episode=episode, metadata={"refused_status": err.status},
                            caller=caller)

@@ -126,6 +126,15 @@ class Record:
         return rec
 
 
+def inference_record(name: str, dialect: str, body: Any, tags: dict, response: Any, t0: float,
+                     kind: str = "inference", **kw) -> Record:
+    """The record of one call, whichever path served it (generation, the relay, a refusal), timed from `t0`
+    (time.perf_counter) to now."""
+    return Record(id=new_record_id(), scenario=name, kind=kind, dialect=dialect, request=body,
+                  response=response, tags=tags,
+                  timing={"total_ms": round((time.perf_counter() - t0) * 1e3, 3), **kw.pop("timing", {})}, **kw)
+
+
 _FIELDS = tuple(Record.__dataclass_fields__)
 # The one rule of every id a client names: a record's, an episode's or session's (1-128 letters, digits, _ . : -).
 ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
