@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
 
+from reef_lab.experiments import stats  # noqa: E402
 from reef_lab.learning import heartbeat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,6 @@ STYLE = {"font.size": 12, "axes.titlesize": 13, "axes.labelsize": 12, "xtick.lab
          "legend.fontsize": 11, "svg.fonttype": "none", "axes.grid": True, "grid.alpha": 0.3}
 PX_PER_INCH = 72  # matplotlib writes SVG in points; the figure is shown with 1 pt = 1 px
 matplotlib.rcParams.update(STYLE)  # every artist, legends and annotations made later included
-
-# Student t quantiles (two-sided 95%) by degrees of freedom; beyond 30 the normal 1.96 is within 2%.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
-       25: 2.060, 30: 2.042}
-
 
 def figure(width_px: int, height_px: int, rows: int = 1, cols: int = 1):
     """A matplotlib figure of the given on-screen size (px) in the apps' style, and its axes."""
@@ -114,20 +109,10 @@ def svg(fig, fig_id: str):
     return mo.Html(f"<div style='overflow-x: auto; max-width: 100%'>{text}</div>")
 
 
-def t95(n: int) -> float:
-    """The two-sided 95% t quantile for the mean of n values (at a df between table rows, the smaller df's)."""
-    df = max(n - 1, 1)
-    return 1.96 if df > 30 else T95[max(k for k in T95 if k <= df)]
-
-
 def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% confidence interval (Student t; 0 for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t95(n) * sd / math.sqrt(n)
+    """Mean and the half-width of its 95% confidence interval (reef_lab.experiments.stats; 0 for a single value,
+    so a bar of one seed draws no whisker)."""
+    return stats.mean_ci(values, single=0.0)
 
 
 def wilson(k: float, n: int) -> tuple[float, float]:

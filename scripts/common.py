@@ -3,7 +3,7 @@ same t-interval, percentile, pacing loop, machine probe and plotting set-up stoo
 different). Not an entry point. A results page's command line and where its JSON goes are scripts/command_line.py's.
 
 - `ROOT`: the repository root (the scripts run from it, as their relative defaults assume);
-- statistics: `quantile`, `mean_ci` and `t_interval` (Student t over seeds), `clopper_pearson` (a proportion);
+- statistics: `quantile`, `clopper_pearson` (a proportion); `mean_ci`, `t_interval` (reef_lab.experiments.stats);
 - the machine a run measured on: `cpu_model`, `steal_ticks`, `RunInfo` (when, where, the CPU time the host took);
 - load: `pace` (one client's paced cycles), `in_threads`, `spawn` (a load generator in a process of its own);
 - servers: `wait_answering` (a started scripts/serve.py answers a chat: its model is loaded);
@@ -22,37 +22,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from reef_lab.experiments.stats import mean_ci, t_interval  # noqa: F401 - shared by the scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # ---- statistics ---------------------------------------------------------------------------------------------------
-# Student t quantiles (two-sided 95%) by degrees of freedom; beyond 30 the normal 1.96 is within 2%.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
-       21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
-
-
 def quantile(xs: list[float], q: float) -> float:
     """The `q` quantile (0 to 1) of `xs` as the value at rank floor(q * n) of the sorted values (no interpolation:
     p99 of 100 values is the largest); nan for none."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
-def mean_ci(xs: list[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95% confidence interval (Student t with n - 1 degrees of freedom: a few
-    seeds make a wide interval, which the normal 1.96 would hide); nan for a single value."""
-    n = len(xs)
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return m, T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-
-
-def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the 95% t-interval of the mean over seeds (nan bounds for a single value)."""
-    m, h = mean_ci(xs)
-    return m, m - h, m + h
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:

@@ -234,7 +234,8 @@ def test_sao_app_default_launch_is_the_published_config(tmp_path, monkeypatch):
 
 
 def test_shared_statistics_and_tables():
-    from apps.shared import mean_ci, t95, tidy, wilson
+    from apps.shared import mean_ci, tidy, wilson
+    from reef_lab.experiments.stats import t95
 
     assert mean_ci([0.094, 0.141, 0.141]) == pytest.approx((0.1253, 0.0674), abs=1e-3)  # results/sao-arithmetic.md
     assert mean_ci([0.5]) == (0.5, 0.0) and t95(2) == 12.706 and t95(100) == 1.96
