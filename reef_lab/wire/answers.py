@@ -2,6 +2,11 @@
 its server-sent events, with the tool calls parsed out of the text (reef_lab/engines/tools.py) in each dialect's
 shape (docs/tools.md). dialects.py re-exports what the gateway uses (render, stream, tool_record, new_response_id).
 
+A generation is said in the neutral form (translate/ir.py: an Answer, or a stream's events) and written by the
+dialect's own writer in translate/, the one the relay writes with, so each dialect is written once (issue 51):
+OpenAI chat and Anthropic messages so far; the Responses writer below still holds what translate/'s does not yet
+(the client's own tool kinds, its tools and choice echoed, item ids a stream and its record share).
+
 Call ids are derived from the response id and the call's index, so a stream and its record (rendered once the
 stream ends) name each call alike.
 """
@@ -17,6 +22,10 @@ from reef_lab.engines.base import Generation
 from reef_lab.engines.tools import ParsedCall, ToolCallParser, ToolUse, parse_turn
 from reef_lab.wire import responses_tools
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from reef_lab.wire.translate import anthropic as anthropic_wire
+from reef_lab.wire.translate import chat as chat_wire
+from reef_lab.wire.translate.ir import Answer, BlockStart, BlockStop, Delta, Finish, Start, Text, Usage
+from reef_lab.wire.translate.ir import ToolCall as WireCall
 
 
 def sse(data: dict | str, event: str | None = None) -> bytes:
@@ -73,39 +82,54 @@ def _answer(gen: Generation, tool_use: ToolUse | None) -> str:
     return (tool_use.prefill() if tool_use else "") + gen.text
 
 
+def _stop(gen: Generation, called: bool) -> str:
+    """The neutral stop reason (translate/ir.py STOPS) of a generation."""
+    if called:
+        return "tool_calls"
+    if gen.finish_reason == "length":
+        return "length"
+    return "stop_sequence" if gen.stop_sequence else "end"
+
+
+def _wire_call(dialect: str, rid: str, tc: ParsedCall, arguments: str | None = None) -> WireCall:
+    return WireCall(call_id(dialect, rid, tc.index), tc.name, tc.arguments_json() if arguments is None else arguments)
+
+
+def neutral_answer(dialect: str, gen: Generation, model: str, rid: str, created: int,
+                   tool_use: ToolUse | None) -> Answer:
+    """A generation in the neutral form: its text segments and parsed calls in order (chat's one content: the
+    segments joined by a newline, before the calls), the stop, the usage."""
+    turn = parse_turn(tool_use, _answer(gen, tool_use))
+    calls = [_wire_call(dialect, rid, tc) for tc in turn.calls]
+    if dialect == OPENAI_CHAT:
+        parts = ([Text("\n".join(turn.texts))] if turn.texts else []) + calls
+    else:
+        parts = [Text(p) if isinstance(p, str) else _wire_call(dialect, rid, p) for p in turn.parts] or [Text("")]
+    p, c = _usage(gen)
+    return Answer(rid, model, parts, _stop(gen, bool(calls)), gen.stop_sequence, Usage(input=p, output=c), created)
+
+
+WRITERS = {OPENAI_CHAT: chat_wire, ANTHROPIC: anthropic_wire}  # the dialects written by translate/'s writers
+
+
 def render(dialect: str, gen: Generation, model: str, rid: str, created: int,
            tool_use: ToolUse | None = None) -> dict:
     """The provider's response object. With tools, the text is parsed for calls (reef_lab/engines/tools.py)."""
+    if dialect in WRITERS:
+        return WRITERS[dialect].build_answer(neutral_answer(dialect, gen, model, rid, created, tool_use), None)
     p, c = _usage(gen)
     turn = parse_turn(tool_use, _answer(gen, tool_use))
     calls = turn.calls
-    if dialect == OPENAI_CHAT:
-        texts = turn.texts
-        empty = None if tool_use is not None else ""  # with tools, null as the stream starts it
-        msg = {"role": "assistant", "content": "\n".join(texts) if texts else empty, "refusal": None}
-        if calls:
-            msg["tool_calls"] = [{"id": call_id(dialect, rid, tc.index), "type": "function",
-                                  "function": {"name": tc.name, "arguments": tc.arguments_json()}} for tc in calls]
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": msg, "logprobs": None,
-                             "finish_reason": "tool_calls" if calls else gen.finish_reason}],
-                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
-    if dialect == OPENAI_RESPONSES:
-        output, m = [], 0
-        for part in turn.parts:
-            if isinstance(part, str):
-                output.append(_responses_message(_message_id(rid, m), part, "completed"))
-                m += 1
-            else:
-                output.append(_call_item(rid, part, tool_use))
-        return _responses_object(rid, model, created, "completed",
-                                 output or [_responses_message(_message_id(rid, 0), "", "completed")], (p, c),
-                                 incomplete=gen.finish_reason == "length" and not calls, tool_use=tool_use)
-    content = [{"type": "text", "text": part} if isinstance(part, str) else _tool_use_block(rid, part)
-               for part in turn.parts]
-    return {"id": rid, "type": "message", "role": "assistant", "model": model,
-            "content": content or [{"type": "text", "text": ""}], "stop_reason": _stop_reason(gen, bool(calls)),
-            "stop_sequence": gen.stop_sequence, "usage": {"input_tokens": p, "output_tokens": c}}
+    output, m = [], 0
+    for part in turn.parts:
+        if isinstance(part, str):
+            output.append(_responses_message(_message_id(rid, m), part, "completed"))
+            m += 1
+        else:
+            output.append(_call_item(rid, part, tool_use))
+    return _responses_object(rid, model, created, "completed",
+                             output or [_responses_message(_message_id(rid, 0), "", "completed")], (p, c),
+                             incomplete=gen.finish_reason == "length" and not calls, tool_use=tool_use)
 
 
 def tool_record(dialect: str, gen: Generation, rid: str, tool_use: ToolUse | None) -> dict | None:
@@ -125,16 +149,6 @@ def tool_record(dialect: str, gen: Generation, rid: str, tool_use: ToolUse | Non
     if tool_use.prefill():
         out["prefill"] = tool_use.prefill()
     return out
-
-
-def _stop_reason(gen: Generation, called: bool) -> str:
-    if called:
-        return "tool_use"
-    return {"length": "max_tokens"}.get(gen.finish_reason, "stop_sequence" if gen.stop_sequence else "end_turn")
-
-
-def _tool_use_block(rid: str, tc: ParsedCall) -> dict:
-    return {"type": "tool_use", "id": call_id(ANTHROPIC, rid, tc.index), "name": tc.name, "input": tc.arguments}
 
 
 def _message_id(rid: str, n: int) -> str:
@@ -182,10 +196,9 @@ def stream(dialect: str, deltas: Iterable[str], finish: Callable[[], tuple[Gener
     the receipt of its record (written durably by then), which rides in the final event. With tools, text is held
     back while it may be the start of a `<tool_call>`, and a call is streamed once it is complete and parses."""
     parts = _parts(deltas, tool_use)
-    if dialect == ANTHROPIC:
-        return _stream_anthropic(parts, finish, model, rid, created, prompt_tokens, tool_use)
-    fn = {OPENAI_CHAT: _stream_chat, OPENAI_RESPONSES: _stream_responses}[dialect]
-    return fn(parts, finish, model, rid, created, tool_use)
+    if dialect in WRITERS:
+        return _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, tool_use)
+    return _stream_responses(parts, finish, model, rid, created, tool_use)
 
 
 def _parts(deltas: Iterable[str], tool_use: ToolUse | None) -> Iterator[str | ParsedCall]:
@@ -202,75 +215,56 @@ def _pieces(text: str, size: int = 32) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def _stream_chat(parts, finish, model, rid, created, tool_use):
-    def chunk(delta, finish_reason=None):
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-    # with tools the content starts null, as OpenAI's does for answers that may be only calls (render's null)
-    yield sse(chunk({"role": "assistant", "content": None if tool_use is not None else ""}))
-    calls, texted, separate = 0, False, False
-    for part in parts:
-        if isinstance(part, str):  # text segments around calls are joined by a newline, as render joins them
-            yield sse(chunk({"content": ("\n" if separate else "") + part}))
-            texted, separate = True, False
-            continue
-        head = {"index": part.index, "id": call_id(OPENAI_CHAT, rid, part.index), "type": "function",
-                "function": {"name": part.name, "arguments": ""}}
-        yield sse(chunk({"tool_calls": [head]}))
-        for piece in _pieces(part.arguments_json()):
-            yield sse(chunk({"tool_calls": [{"index": part.index, "function": {"arguments": piece}}]}))
-        calls, separate = calls + 1, texted
-    gen, receipt = finish()
-    yield sse(chunk({}, "tool_calls" if calls else gen.finish_reason))
-    p, c = _usage(gen)
-    yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-               "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
-               "reef": {"agent_record_id": receipt, "release_id": gen.release_id}})
-    yield b"data: [DONE]\n\n"
-
-
-def _stream_anthropic(parts, finish, model, rid, created, prompt_tokens, tool_use):
-    def block_start(index, block):
-        return sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start")
-
-    def block_stop(index):
-        return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-
-    def block_delta(index, delta):
-        return sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
-    yield sse({"type": "message_start", "message": {
-        "id": rid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-        "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}}, "message_start")
-    index, text_open = -1, False
-    if tool_use is None:  # without tools the text block opens at once, as it always did
+def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None):
+    """A generation's parts as the neutral stream's blocks: text blocks around calls (chat: one content, a segment
+    after a call starting with a newline, as the rendered answer joins them), each call's arguments in pieces.
+    Without tools the text block opens at once, as it always did; an answer with nothing in it is one empty text."""
+    index, text_open, texted, separate = -1, False, False, False
+    if tool_use is None:
         index, text_open = 0, True
-        yield block_start(0, {"type": "text", "text": ""})
+        yield BlockStart(0, Text(""))
     for part in parts:
         if isinstance(part, str):
             if not text_open:
                 index, text_open = index + 1, True
-                yield block_start(index, {"type": "text", "text": ""})
-            yield block_delta(index, {"type": "text_delta", "text": part})
+                yield BlockStart(index, Text(""))
+            joined = "\n" if dialect == OPENAI_CHAT and separate else ""
+            yield Delta(index, joined + part)
+            texted, separate = True, False
             continue
         if text_open:
-            yield block_stop(index)
+            yield BlockStop(index)
         index, text_open = index + 1, False
-        yield block_start(index, {**_tool_use_block(rid, part), "input": {}})
+        yield BlockStart(index, _wire_call(dialect, rid, part, ""))
         for piece in _pieces(part.arguments_json()):
-            yield block_delta(index, {"type": "input_json_delta", "partial_json": piece})
-        yield block_stop(index)
-    gen, receipt = finish()
-    final = render(ANTHROPIC, gen, model, rid, created, tool_use)
-    if index < 0:  # nothing at all was generated: one empty text block, as the rendered answer has
+            yield Delta(index, piece)
+        yield BlockStop(index)
+        separate = texted
+    if index < 0:
         index, text_open = 0, True
-        yield block_start(0, {"type": "text", "text": ""})
+        yield BlockStart(0, Text(""))
     if text_open:
-        yield block_stop(index)
-    yield sse({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
-                                                  "stop_sequence": final["stop_sequence"]},
-               "usage": final["usage"]}, "message_delta")
-    yield sse({"type": "message_stop", "reef": {"agent_record_id": receipt, "release_id": gen.release_id}},
-              "message_stop")
+        yield BlockStop(index)
+
+
+def _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, tool_use):
+    """The stream through the dialect's writer (translate/); the receipt rides on its last event (chat: the usage
+    chunk before `[DONE]`; Anthropic: `message_stop`)."""
+    writer = WRITERS[dialect].Writer(None)
+    writer.created = created  # chat's chunks carry these two; the other writers ignore them
+    writer.first_content = None if tool_use is not None else ""
+    for name, obj in writer.write(Start(rid, model, Usage(input=prompt_tokens))):
+        yield sse(obj, name)
+    for ev in _events(dialect, parts, rid, tool_use):
+        for name, obj in writer.write(ev):
+            yield sse(obj, name)
+    gen, receipt = finish()
+    ans = neutral_answer(dialect, gen, model, rid, created, tool_use)
+    for name, obj in writer.write(Finish(ans.stop, ans.stop_sequence, ans.usage)):
+        yield sse(obj, name)
+    reef = {"agent_record_id": receipt, "release_id": gen.release_id}
+    for name, obj in writer.close():
+        yield b"data: [DONE]\n\n" if obj == "[DONE]" else sse({**obj, "reef": reef}, name)
 
 
 def _stream_responses(parts, finish, model, rid, created, tool_use):

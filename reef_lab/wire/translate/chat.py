@@ -258,7 +258,9 @@ def parse_answer(obj: dict) -> Answer:
 
 def build_answer(ans: Answer, conv: Conversation) -> dict:
     text = "".join(p.text for p in ans.parts if isinstance(p, Text))
-    msg: dict = {"role": "assistant", "content": text or None, "refusal": None}
+    called = any(isinstance(p, ToolCall) for p in ans.parts)
+    # as OpenAI answers: null content beside calls, "" for an empty answer without any
+    msg: dict = {"role": "assistant", "content": text or (None if called else ""), "refusal": None}
     thinking = "".join(p.text for p in ans.parts if isinstance(p, Thinking))
     if thinking:
         msg["reasoning_content"] = thinking
@@ -348,8 +350,10 @@ class Writer:
     """Neutral events in, chat chunks out as (None, object) pairs; `close` gives the usage chunk (the receipt
     rides on it) and `[DONE]`."""
 
-    def __init__(self, conv: Conversation):
+    def __init__(self, conv: Conversation | None):
         self.id, self.model, self.created = new_id("chatcmpl-"), None, int(time.time())
+        # with tools offered the content starts null, as OpenAI's does for answers that may be only calls
+        self.first_content = None if conv is not None and conv.tools else ""
         self.kind: dict[int, str] = {}
         self.tool_index: dict[int, int] = {}
         self.usage = Usage()
@@ -361,7 +365,7 @@ class Writer:
     def write(self, ev) -> list:
         if isinstance(ev, Start):
             self.id, self.model = ev.id, ev.model
-            return [self._chunk({"role": "assistant", "content": ""})]
+            return [self._chunk({"role": "assistant", "content": self.first_content})]
         if isinstance(ev, BlockStart):
             p = ev.part
             if isinstance(p, ToolCall):
