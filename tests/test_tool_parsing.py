@@ -342,7 +342,7 @@ def test_answers_without_calls_render_as_before():
         an = dialects.render(dialects.ANTHROPIC, gen(""), "m", "msg_" + "0" * 32, 0, use)
         assert an["content"] == [{"type": "text", "text": ""}] and an["stop_reason"] == "end_turn"
         empty = dialects.render(dialects.OPENAI_CHAT, gen(""), "m", "chatcmpl-" + "0" * 32, 0, use)
-        assert empty["choices"][0]["message"]["content"] == ("" if use is None else None)
+        assert empty["choices"][0]["message"]["content"] == ""  # as OpenAI: null only beside calls
         resp = dialects.render(dialects.OPENAI_RESPONSES, gen("x", "length"), "m", "resp_" + "0" * 32, 0, use)
         assert resp["status"] == "incomplete" and [o["type"] for o in resp["output"]] == ["message"]
     assert dialects.tool_record(dialects.OPENAI_CHAT, gen("hi"), "chatcmpl-x", None) is None

@@ -215,10 +215,12 @@ def _pieces(text: str, size: int = 32) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None):
+def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None, ended: Callable[[], None]):
     """A generation's parts as the neutral stream's blocks: text blocks around calls (chat: one content, a segment
     after a call starting with a newline, as the rendered answer joins them), each call's arguments in pieces.
-    Without tools the text block opens at once, as it always did; an answer with nothing in it is one empty text."""
+    Without tools the text block opens at once, as it always did; an answer with nothing in it is one empty text.
+    `ended()` runs as soon as the last part is read, before anything more is sent: the generation is recorded then,
+    whether or not the client is still there for the stream's last events."""
     index, text_open, texted, separate = -1, False, False, False
     if tool_use is None:
         index, text_open = 0, True
@@ -240,6 +242,7 @@ def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None):
             yield Delta(index, piece)
         yield BlockStop(index)
         separate = texted
+    ended()
     if index < 0:
         index, text_open = 0, True
         yield BlockStart(0, Text(""))
@@ -255,10 +258,11 @@ def _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, 
     writer.first_content = None if tool_use is not None else ""
     for name, obj in writer.write(Start(rid, model, Usage(input=prompt_tokens))):
         yield sse(obj, name)
-    for ev in _events(dialect, parts, rid, tool_use):
+    done: list = []
+    for ev in _events(dialect, parts, rid, tool_use, lambda: done.extend(finish())):
         for name, obj in writer.write(ev):
             yield sse(obj, name)
-    gen, receipt = finish()
+    gen, receipt = done
     ans = neutral_answer(dialect, gen, model, rid, created, tool_use)
     for name, obj in writer.write(Finish(ans.stop, ans.stop_sequence, ans.usage)):
         yield sse(obj, name)
