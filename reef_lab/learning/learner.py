@@ -41,7 +41,7 @@ from reef_lab._moved import sample_fields
 from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.intake import Intake, batch_report_means
+from reef_lab.learning.intake import Intake, batch_report_means, report_measures  # noqa: F401 - report_measures lived here
 from reef_lab.learning.ledger import Ledger
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.trainers.samples import Sample
