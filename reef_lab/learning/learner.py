@@ -11,8 +11,8 @@ in a round is logged, recorded in the metrics file and leaves the serving releas
 Records become samples in reef_lab.learning.intake; what training consumed and what failed is the ledger's
 (reef_lab.learning.ledger). State under `data_dir/learn/<scenario>/`: `state.json` (the ledger: consumed sample
 ids, those a candidate was made from and those dropped, so a restart replays only the reports whose learning did not
-reach a candidate; and the failed ones, each with its error) and `metrics.jsonl` (one line per step, evaluation, candidate and release: the source
-the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
+reach a candidate; and the failed ones, each with its error) and `metrics.jsonl` (one line per step, evaluation,
+candidate and release: the source the apps and trackers read; a step's row also averages the numbers its batch's reports carry in `metadata`,
 as `report_<key>`, e.g. a tool task's `report_valid_call_fraction`). A restart resumes from the serving
 release's weights (optimizer state starts fresh): steps taken since the last candidate died with the process, so
 their samples count as consumed only once a candidate is made from them, and are trained again after a crash.
@@ -41,7 +41,7 @@ from reef_lab._moved import sample_fields
 from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
 from reef_lab.learning.loop import LearnerLoop
-from reef_lab.learning.intake import Intake, batch_report_means, report_measures  # noqa: F401 - report_measures lived here
+from reef_lab.learning.intake import Intake, batch_report_means, report_measures  # noqa: F401 - its old home
 from reef_lab.learning.ledger import Ledger
 from reef_lab.learning.recipe import LearnConfig, LearnContext, RecordHolder
 from reef_lab.trainers.samples import Sample
