@@ -95,8 +95,8 @@ def test_tools_are_offered_as_functions_and_hosted_ones_dropped(tokenizer):
 
 
 def test_calls_come_back_as_the_items_the_client_offered():
-    use = dialects.parse_openai_responses(BODY).tool_use
-    obj = dialects.render(dialects.OPENAI_RESPONSES, gen(written(CALLS)), "m", RID, 0, use)
+    use, conv = dialects.parse_openai_responses(BODY).tool_use, dialects.read_request(dialects.OPENAI_RESPONSES, BODY)
+    obj = dialects.render(dialects.OPENAI_RESPONSES, gen(written(CALLS)), "m", RID, 0, use, conv)
     resp = sdk_response(obj)  # the SDK's own model of a Responses answer reads it
     kinds = [type(o) for o in resp.output]
     assert kinds == [ResponseOutputMessage, ResponseCustomToolCall, LocalShellCall, ResponseFunctionToolCall,
@@ -127,11 +127,11 @@ def sse_events(chunks) -> list[dict]:
 
 
 def test_the_stream_carries_each_item_as_the_api_streams_it():
-    use = dialects.parse_openai_responses(BODY).tool_use
+    use, conv = dialects.parse_openai_responses(BODY).tool_use, dialects.read_request(dialects.OPENAI_RESPONSES, BODY)
     g = gen(written(CALLS))
     text = written(CALLS)
     raw = dialects.stream(dialects.OPENAI_RESPONSES, (text[i:i + 5] for i in range(0, len(text), 5)),
-                          lambda: (g, "rec_1"), "m", RID, 0, 5, use)
+                          lambda: (g, "rec_1"), "m", RID, 0, 5, use, conv)
     events = sse_events(raw)
     adapter = TypeAdapter(ResponseStreamEvent)
     for e in events:  # every event is one the SDK knows, with the fields it needs
@@ -156,14 +156,14 @@ def test_the_stream_carries_each_item_as_the_api_streams_it():
     final = events[-1]
     assert final["type"] == "response.completed" and final["reef"]["agent_record_id"] == "rec_1"
     assert final["response"]["output"] == done == dialects.render(
-        dialects.OPENAI_RESPONSES, g, "m", RID, 0, use)["output"]
+        dialects.OPENAI_RESPONSES, g, "m", RID, 0, use, conv)["output"]
 
 
 def test_the_items_sent_back_read_as_the_calls_the_model_wrote():
     """The next request holds the answer's items and their outputs (as Codex sends them): each call reads back into
     the function call the model wrote, so the next prompt shows it as generated, and each output answers it."""
-    use = dialects.parse_openai_responses(BODY).tool_use
-    output = dialects.render(dialects.OPENAI_RESPONSES, gen(written(CALLS)), "m", RID, 0, use)["output"]
+    use, conv = dialects.parse_openai_responses(BODY).tool_use, dialects.read_request(dialects.OPENAI_RESPONSES, BODY)
+    output = dialects.render(dialects.OPENAI_RESPONSES, gen(written(CALLS)), "m", RID, 0, use, conv)["output"]
     calls = output[1:]
     results = [{"type": "custom_tool_call_output", "call_id": calls[0]["call_id"], "output": "Success."},
                {"type": "local_shell_call_output", "id": calls[1]["call_id"], "output": "hi"},

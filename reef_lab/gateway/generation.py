@@ -34,7 +34,8 @@ class GenerationCall:
         self.engine, self.store, self.caller = engine, store, caller
         self.dialect, self.body, self.name, self.tags, self.kind = dialect, body, name, tags, kind
         self.components, self.episode = components, episode
-        self.req = dialects.PARSERS[dialect](sent)
+        self.conv = dialects.read_request(dialect, sent)  # the answer is written from it too (wire/answers.py)
+        self.req = dialects.chat_request(self.conv)
         self.req.scenario = name
         if release is not None:
             self.req.release, label = release, release
@@ -94,7 +95,7 @@ class GenerationCall:
                 err.status, err.type, err.headers = e.status, e.type, e.headers
             raise err from e
         req = self.req
-        resp = dialects.render(self.dialect, gen, self.model, self.rid, self.created, req.tool_use)
+        resp = dialects.render(self.dialect, gen, self.model, self.rid, self.created, req.tool_use, self.conv)
         rec = inference_record(self.name, self.dialect, self.body, self.tags, resp, self.t0, self.kind,
                                release_id=self.label or gen.release_id, prompt_token_ids=gen.prompt_token_ids,
                                token_ids=gen.token_ids, logprobs=gen.logprobs, episode=self.episode,
@@ -122,7 +123,7 @@ class GenerationCall:
         try:
             prompt_tokens = len(self.handle.prompt_ids)
             yield from dialects.stream(self.dialect, self._deltas(), self._receipt, self.model, self.rid, self.created,
-                                       prompt_tokens, self.req.tool_use)
+                                       prompt_tokens, self.req.tool_use, self.conv)
             done = True
         except ReefError as e:  # generation failed mid-stream: the record holds the error, the client too
             done = True

@@ -3,9 +3,9 @@ its server-sent events, with the tool calls parsed out of the text (reef_lab/eng
 shape (docs/tools.md). dialects.py re-exports what the gateway uses (render, stream, tool_record, new_response_id).
 
 A generation is said in the neutral form (translate/ir.py: an Answer, or a stream's events) and written by the
-dialect's own writer in translate/, the one the relay writes with, so each dialect is written once (issue 51):
-OpenAI chat and Anthropic messages so far; the Responses writer below still holds what translate/'s does not yet
-(the client's own tool kinds, its tools and choice echoed, item ids a stream and its record share).
+dialect's own writer in translate/, the one the relay writes with, so each dialect is written once (issue 51). What
+is generation's own stays here: calls parsed out of the text, call ids (and Responses item ids) derived from the
+response id, chat's text segments joined by a newline, the stream recorded as soon as its last part is read.
 
 Call ids are derived from the response id and the call's index, so a stream and its record (rendered once the
 stream ends) name each call alike.
@@ -20,11 +20,12 @@ import orjson
 
 from reef_lab.engines.base import Generation
 from reef_lab.engines.tools import ParsedCall, ToolCallParser, ToolUse, parse_turn
-from reef_lab.wire import responses_tools
 from reef_lab.wire import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from reef_lab.wire.translate import anthropic as anthropic_wire
 from reef_lab.wire.translate import chat as chat_wire
-from reef_lab.wire.translate.ir import Answer, BlockStart, BlockStop, Delta, Finish, Start, Text, Usage
+from reef_lab.wire.translate import responses as responses_wire
+from reef_lab.wire.translate import responses_stream
+from reef_lab.wire.translate.ir import Answer, BlockStart, BlockStop, Conversation, Delta, Finish, Start, Text, Usage
 from reef_lab.wire.translate.ir import ToolCall as WireCall
 
 
@@ -91,8 +92,8 @@ def _stop(gen: Generation, called: bool) -> str:
     return "stop_sequence" if gen.stop_sequence else "end"
 
 
-def _wire_call(dialect: str, rid: str, tc: ParsedCall, arguments: str | None = None) -> WireCall:
-    return WireCall(call_id(dialect, rid, tc.index), tc.name, tc.arguments_json() if arguments is None else arguments)
+def _wire_call(dialect: str, rid: str, tc: ParsedCall) -> WireCall:
+    return WireCall(call_id(dialect, rid, tc.index), tc.name, tc.arguments_json())
 
 
 def neutral_answer(dialect: str, gen: Generation, model: str, rid: str, created: int,
@@ -109,27 +110,34 @@ def neutral_answer(dialect: str, gen: Generation, model: str, rid: str, created:
     return Answer(rid, model, parts, _stop(gen, bool(calls)), gen.stop_sequence, Usage(input=p, output=c), created)
 
 
-WRITERS = {OPENAI_CHAT: chat_wire, ANTHROPIC: anthropic_wire}  # the dialects written by translate/'s writers
+def _item_ids(rid: str) -> responses_wire.ItemIds:
+    """A Responses answer's item ids, derived from its response id: a stream and its record name each alike."""
+    def ids(kind: str, n: int) -> str:
+        if kind == "message":
+            return "msg_" + rid[5:] + (f"_{n}" if n else "")
+        return f"{ITEM_PREFIX.get(kind, 'rs')}_{rid[5:]}_{n}"
+    return ids
+
+
+ITEM_PREFIX = {"function_call": "fc", "custom_tool_call": "ctc", "local_shell_call": "lsh"}
+NO_CONVERSATION = Conversation([], [])
+
+
+def _writer(dialect: str, conv: Conversation, rid: str):
+    if dialect == OPENAI_RESPONSES:
+        return responses_stream.Writer(conv, _item_ids(rid))
+    return {OPENAI_CHAT: chat_wire, ANTHROPIC: anthropic_wire}[dialect].Writer(conv)
 
 
 def render(dialect: str, gen: Generation, model: str, rid: str, created: int,
-           tool_use: ToolUse | None = None) -> dict:
-    """The provider's response object. With tools, the text is parsed for calls (reef_lab/engines/tools.py)."""
-    if dialect in WRITERS:
-        return WRITERS[dialect].build_answer(neutral_answer(dialect, gen, model, rid, created, tool_use), None)
-    p, c = _usage(gen)
-    turn = parse_turn(tool_use, _answer(gen, tool_use))
-    calls = turn.calls
-    output, m = [], 0
-    for part in turn.parts:
-        if isinstance(part, str):
-            output.append(_responses_message(_message_id(rid, m), part, "completed"))
-            m += 1
-        else:
-            output.append(_call_item(rid, part, tool_use))
-    return _responses_object(rid, model, created, "completed",
-                             output or [_responses_message(_message_id(rid, 0), "", "completed")], (p, c),
-                             incomplete=gen.finish_reason == "length" and not calls, tool_use=tool_use)
+           tool_use: ToolUse | None = None, conv: Conversation | None = None) -> dict:
+    """The provider's response object, written by the dialect's writer (translate/). With tools, the text is parsed
+    for calls (reef_lab/engines/tools.py); `conv` (the request as read) gives the client's tool kinds and what a
+    Responses answer echoes (its tools, tool choice, parallel calls)."""
+    ans, conv = neutral_answer(dialect, gen, model, rid, created, tool_use), conv or NO_CONVERSATION
+    if dialect == OPENAI_RESPONSES:
+        return responses_wire.build_answer(ans, conv, _item_ids(rid))
+    return {OPENAI_CHAT: chat_wire, ANTHROPIC: anthropic_wire}[dialect].build_answer(ans, conv)
 
 
 def tool_record(dialect: str, gen: Generation, rid: str, tool_use: ToolUse | None) -> dict | None:
@@ -151,54 +159,15 @@ def tool_record(dialect: str, gen: Generation, rid: str, tool_use: ToolUse | Non
     return out
 
 
-def _message_id(rid: str, n: int) -> str:
-    return "msg_" + rid[5:] + (f"_{n}" if n else "")
-
-
-def _responses_message(item_id: str, text: str, status: str) -> dict:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
-
-
-def _call_item(rid: str, tc: ParsedCall, tool_use: ToolUse | None) -> dict:
-    """A call as the Responses item of the client's own tool kind (function, custom, local shell: responses_tools)."""
-    return responses_tools.call_item(tc, tool_use, rid[5:], call_id(OPENAI_RESPONSES, rid, tc.index), "completed")
-
-
-def _responses_object(rid, model, created, status, output, usage, incomplete=False, tool_use=None) -> dict:
-    obj = {"id": rid, "object": "response", "created_at": created, "model": model, "output": output,
-           "status": "incomplete" if incomplete else status, "error": None,
-           "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-           "parallel_tool_calls": tool_use.parallel if tool_use else False,
-           "tool_choice": _responses_choice(tool_use), "tools": responses_tools.listed_tools(tool_use),
-           "instructions": None,
-           "metadata": {}, "temperature": None, "top_p": None}
-    if usage is not None:
-        p, c = usage
-        obj["usage"] = {"input_tokens": p, "output_tokens": c, "total_tokens": p + c,
-                        "input_tokens_details": {"cached_tokens": 0},
-                        "output_tokens_details": {"reasoning_tokens": 0}}
-    return obj
-
-
-def _responses_choice(tool_use: ToolUse | None):
-    if tool_use is None:
-        return "auto"
-    if tool_use.choice == "function":
-        return {"type": "function", "name": tool_use.function}
-    return tool_use.choice
-
-
 # ---- streaming a Generation -----------------------------------------------------------------------------------
 def stream(dialect: str, deltas: Iterable[str], finish: Callable[[], tuple[Generation, str]], model: str,
-           rid: str, created: int, prompt_tokens: int = 0, tool_use: ToolUse | None = None) -> Iterator[bytes]:
+           rid: str, created: int, prompt_tokens: int = 0, tool_use: ToolUse | None = None,
+           conv: Conversation | None = None) -> Iterator[bytes]:
     """Server-sent events for a generation. `finish()` runs after the last delta: it returns the Generation and
     the receipt of its record (written durably by then), which rides in the final event. With tools, text is held
     back while it may be the start of a `<tool_call>`, and a call is streamed once it is complete and parses."""
-    parts = _parts(deltas, tool_use)
-    if dialect in WRITERS:
-        return _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, tool_use)
-    return _stream_responses(parts, finish, model, rid, created, tool_use)
+    return _stream(dialect, _parts(deltas, tool_use), finish, model, rid, created, prompt_tokens, tool_use,
+                   conv or NO_CONVERSATION)
 
 
 def _parts(deltas: Iterable[str], tool_use: ToolUse | None) -> Iterator[str | ParsedCall]:
@@ -237,7 +206,7 @@ def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None, ended: Call
         if text_open:
             yield BlockStop(index)
         index, text_open = index + 1, False
-        yield BlockStart(index, _wire_call(dialect, rid, part, ""))
+        yield BlockStart(index, _wire_call(dialect, rid, part))  # whole: a local shell call is sent with its start
         for piece in _pieces(part.arguments_json()):
             yield Delta(index, piece)
         yield BlockStop(index)
@@ -250,12 +219,11 @@ def _events(dialect: str, parts, rid: str, tool_use: ToolUse | None, ended: Call
         yield BlockStop(index)
 
 
-def _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, tool_use):
+def _stream(dialect, parts, finish, model, rid, created, prompt_tokens, tool_use, conv):
     """The stream through the dialect's writer (translate/); the receipt rides on its last event (chat: the usage
-    chunk before `[DONE]`; Anthropic: `message_stop`)."""
-    writer = WRITERS[dialect].Writer(None)
-    writer.created = created  # chat's chunks carry these two; the other writers ignore them
-    writer.first_content = None if tool_use is not None else ""
+    chunk before `[DONE]`; Anthropic: `message_stop`; Responses: `response.completed`)."""
+    writer = _writer(dialect, conv, rid)
+    writer.created = created
     for name, obj in writer.write(Start(rid, model, Usage(input=prompt_tokens))):
         yield sse(obj, name)
     done: list = []
@@ -269,59 +237,3 @@ def _stream_neutral(dialect, parts, finish, model, rid, created, prompt_tokens, 
     reef = {"agent_record_id": receipt, "release_id": gen.release_id}
     for name, obj in writer.close():
         yield b"data: [DONE]\n\n" if obj == "[DONE]" else sse({**obj, "reef": reef}, name)
-
-
-def _stream_responses(parts, finish, model, rid, created, tool_use):
-    seq = iter(range(1 << 30))
-
-    def ev(kind, **fields):
-        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
-    head = _responses_object(rid, model, created, "in_progress", [], None, tool_use=tool_use)
-    yield ev("response.created", response=head)
-    yield ev("response.in_progress", response=head)
-    index, messages, open_msg = -1, 0, None  # open_msg: [item id, output index, text so far]
-    part0 = {"type": "output_text", "text": "", "annotations": []}
-
-    def open_message():
-        nonlocal index, messages, open_msg
-        index, messages = index + 1, messages + 1
-        open_msg = [_message_id(rid, messages - 1), index, []]
-        item = {"type": "message", "id": open_msg[0], "status": "in_progress", "role": "assistant", "content": []}
-        return [ev("response.output_item.added", output_index=index, item=item),
-                ev("response.content_part.added", item_id=open_msg[0], output_index=index, content_index=0,
-                   part=part0)]
-
-    def close_message():
-        nonlocal open_msg
-        mid, i, text = open_msg[0], open_msg[1], "".join(open_msg[2])
-        open_msg = None
-        return [ev("response.output_text.done", item_id=mid, output_index=i, content_index=0, text=text, logprobs=[]),
-                ev("response.content_part.done", item_id=mid, output_index=i, content_index=0,
-                   part={**part0, "text": text}),
-                ev("response.output_item.done", output_index=i, item=_responses_message(mid, text, "completed"))]
-    if tool_use is None:  # without tools the message item opens at once, as it always did
-        yield from open_message()
-    for part in parts:
-        if isinstance(part, str):
-            if open_msg is None:
-                yield from open_message()
-            open_msg[2].append(part)
-            yield ev("response.output_text.delta", item_id=open_msg[0], output_index=open_msg[1], content_index=0,
-                     delta=part, logprobs=[])
-            continue
-        if open_msg is not None:
-            yield from close_message()
-        index += 1
-        item = _call_item(rid, part, tool_use)
-        yield ev("response.output_item.added", output_index=index, item=responses_tools.started(item))
-        for kind, fields in responses_tools.input_events(item, _pieces):
-            yield ev(kind, item_id=item["id"], output_index=index, **fields)
-        yield ev("response.output_item.done", output_index=index, item=item)
-    gen, receipt = finish()
-    if index < 0:
-        yield from open_message()
-    if open_msg is not None:
-        yield from close_message()
-    final = render(OPENAI_RESPONSES, gen, model, rid, created, tool_use)
-    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    yield ev(kind, response=final, reef={"agent_record_id": receipt, "release_id": gen.release_id})

@@ -4,10 +4,11 @@ A request body is read by its dialect's one reader (translate/, strictly: what a
 `ChatRequest` for engines that generate (the embedded model); a `Generation` is rendered back into the provider's
 response object and streamed as the provider's server-sent events (a relayed stream is accumulated for its record
 by reef_lab/wire/accumulate.py). Tool calls: the requests' tool fields are checked by tools.py (a Responses
-request's tools that are not plain functions, hosted ones dropped, by responses_tools.py), generated text is parsed for calls by reef_lab/engines/tools.py, and the calls are
-rendered and streamed in each dialect's shape by answers.py (docs/tools.md). The receipt rides in the final event
-of a stream (OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on
-`message_stop`; responses: on `response.completed`).
+request's tools that are not plain functions, hosted ones dropped, by responses_tools.py), generated text is parsed
+for calls by reef_lab/engines/tools.py, and the calls are rendered and streamed in each dialect's shape by
+answers.py through translate/'s writers (docs/tools.md). The receipt rides in the final event of a stream
+(OpenAI chat: a last chunk with `"reef": {"agent_record_id": ...}` before `[DONE]`; Anthropic: on `message_stop`;
+responses: on `response.completed`).
 """
 
 from __future__ import annotations
@@ -70,13 +71,19 @@ def chat_request(conv: Conversation) -> ChatRequest:
                                                                  wire), dropped=list(conv.dropped))
 
 
+def read_request(dialect: str, body: dict) -> Conversation:
+    """The request read strictly by its dialect's reader (what an engine here can serve): a 400 naming the field
+    otherwise. Generation keeps it: the answer is written from it (the client's tool kinds, what Responses echoes)."""
+    if dialect not in MODULES:
+        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(MODULES)}")
+    return MODULES[dialect].parse_request(body, strict=True)
+
+
 def engine_request(dialect: str, body: dict) -> ChatRequest:
     """The request as generation reads it: messages, tools, tool choice, sampling; a 400 naming the field when the
     dialect's reader refuses it or the engine cannot serve it (a learner re-making a served prompt, with or without
     a context, templates this with Engine.request_ids)."""
-    if dialect not in MODULES:
-        raise ValueError(f"unknown dialect {dialect!r}; known: {sorted(MODULES)}")
-    return chat_request(MODULES[dialect].parse_request(body, strict=True))
+    return chat_request(read_request(dialect, body))
 
 
 def parse_openai_chat(body: dict) -> ChatRequest:

@@ -23,12 +23,9 @@ docs/tools.md, "Hosted and freeform tools (Codex CLI)".
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
-from typing import Callable
 
-from reef_lab.engines.tools import ParsedCall, ToolUse
 from reef_lab.errors import BadRequest
 from reef_lab.wire.tools import function_schema
 
@@ -47,8 +44,6 @@ LOCAL_SHELL_PARAMETERS = {
         "user": {"type": "string", "description": "The user to run it as."}},
     "required": ["command"]}
 _ACTION_KEYS = ("timeout_ms", "working_directory", "user")
-_ITEMS = {"function": ("function_call", "fc"), "custom": ("custom_tool_call", "ctc"),
-          LOCAL_SHELL: ("local_shell_call", "lsh")}  # a tool kind's call item: (type, id prefix)
 
 
 def custom_parameters(fmt) -> dict:
@@ -131,30 +126,6 @@ def action_arguments(action, where: str) -> dict:
 
 
 # ---- answers ----------------------------------------------------------------------------------------------------
-def _wire(tool_use: ToolUse | None, name: str) -> dict:
-    return (tool_use.wire.get(name) if tool_use else None) or {"type": "function", "name": name}
-
-
-def call_item(tc: ParsedCall, tool_use: ToolUse | None, rid_tail: str, call_id: str, status: str) -> dict:
-    """A call as the output item of the client's tool kind. In progress, its arguments/input are still empty."""
-    wire = _wire(tool_use, tc.name)
-    kind, done = wire["type"], status == "completed"
-    item_type, prefix = _ITEMS[kind]
-    item: dict = {"type": item_type, "id": f"{prefix}_{rid_tail}_{tc.index}", "call_id": call_id}
-    if kind == LOCAL_SHELL:
-        item["action"] = _action(tc.arguments)
-    elif kind == "custom":
-        item["name"] = wire["name"]
-        item["input"] = custom_input(tc.arguments) if done else ""
-    else:
-        item["name"] = wire["name"]
-        item["arguments"] = tc.arguments_json() if done else ""
-    if "namespace" in wire:
-        item["namespace"] = wire["namespace"]
-    item["status"] = status
-    return item
-
-
 def custom_input(arguments: dict) -> str:
     """What a custom tool gets: the model's `input` string (the arguments' JSON when it wrote something else, so
     the client's own check reports it to the model, as with a function's arguments)."""
@@ -162,56 +133,8 @@ def custom_input(arguments: dict) -> str:
     return text if isinstance(text, str) and len(arguments) == 1 else json.dumps(arguments, ensure_ascii=False)
 
 
-def _action(arguments: dict) -> dict:
+def shell_action(arguments: dict) -> dict:
     """The exec action of a local shell call: the model's arguments as written (the client checks them, as it
     checks a function's), with the documented `type` and `env` always there."""
     return {"type": "exec", "command": arguments.get("command"), "env": arguments.get("env") or {},
             **{k: arguments.get(k) for k in _ACTION_KEYS}}
-
-
-def input_events(item: dict, pieces: Callable[[str], list[str]]) -> list[tuple[str, dict]]:
-    """The events between a call item's `output_item.added` and `.done`: its arguments or input in pieces."""
-    if item["type"] == "function_call":
-        return [("response.function_call_arguments.delta", {"delta": p}) for p in pieces(item["arguments"])] + \
-            [("response.function_call_arguments.done", {"name": item["name"], "arguments": item["arguments"]})]
-    if item["type"] == "custom_tool_call":
-        return [("response.custom_tool_call_input.delta", {"delta": p}) for p in pieces(item["input"])] + \
-            [("response.custom_tool_call_input.done", {"input": item["input"]})]
-    return []  # a local shell call comes whole
-
-
-def started(item: dict) -> dict:
-    """The item as `response.output_item.added` shows it: in progress, its arguments or input still empty."""
-    out = copy.deepcopy(item)
-    out["status"] = "in_progress"
-    if "arguments" in out:
-        out["arguments"] = ""
-    if "input" in out:
-        out["input"] = ""
-    return out
-
-
-def listed_tools(tool_use: ToolUse | None) -> list[dict]:
-    """The tools a Responses object lists: the ones the model was offered, in the client's own form (`strict`
-    false: schemas are not enforced); dropped tools are not among them."""
-    out: list[dict] = []
-    namespaces: dict[str, dict] = {}
-    for t in tool_use.tools if tool_use else []:
-        fn = t["function"]
-        wire = _wire(tool_use, fn["name"])
-        if wire["type"] == LOCAL_SHELL:
-            out.append({"type": LOCAL_SHELL})
-            continue
-        tool = {"type": "custom", "name": wire["name"], "description": fn.get("description")} \
-            if wire["type"] == "custom" else \
-            {"type": "function", "name": wire["name"], "description": fn.get("description"),
-             "parameters": fn["parameters"], "strict": False}
-        ns = wire.get("namespace")
-        if ns is None:
-            out.append(tool)
-        else:
-            if ns not in namespaces:
-                namespaces[ns] = {"type": "namespace", "name": ns, "description": "", "tools": []}
-                out.append(namespaces[ns])
-            namespaces[ns]["tools"].append(tool)
-    return out

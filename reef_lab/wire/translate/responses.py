@@ -7,8 +7,7 @@ one string argument, `input`, and comes back as a `custom_tool_call`."""
 from __future__ import annotations
 
 import time
-
-import orjson
+from typing import Callable
 
 from reef_lab.wire import OPENAI_RESPONSES, responses_tools, tools
 from reef_lab.wire.responses_tools import NS  # <namespace>__<name>, as the engines' side writes it
@@ -327,35 +326,99 @@ def parse_answer(obj: dict) -> Answer:
                   usage=usage_in(obj.get("usage")), created=obj.get("created_at") or int(time.time()))
 
 
+# (item type, its number among the answer's messages, or among its calls) -> the item's id. A relay makes new ones;
+# generation derives them from the response id, so a stream and its record name every item alike.
+ItemIds = Callable[[str, int], str]
+_PREFIX = {"message": "msg_", "reasoning": "rs_"}
+
+
+def new_item_id(kind: str, n: int) -> str:
+    return new_id(_PREFIX.get(kind, "fc_"))
+
+
+def call_kind(p: ToolCall, conv: Conversation) -> str:
+    """The output item a call is, by the client's own tool kind: a local shell call, a custom (freeform) tool's,
+    or a function call."""
+    if p.local_shell or any(t.local_shell and t.name == p.name for t in conv.tools):
+        return "local_shell_call"
+    if p.custom or any(t.custom and t.name == p.name for t in conv.tools):
+        return "custom_tool_call"
+    return "function_call"
+
+
 def call_item(p: ToolCall, conv: Conversation, item_id: str, status: str) -> dict:
-    custom = p.custom or any(t.custom and t.name == p.name for t in conv.tools)
-    if custom:
-        text = p.arguments if p.custom else arguments_object(p.arguments).get("input", p.arguments)
-        return {"type": "custom_tool_call", "id": item_id, "call_id": p.id, "name": p.name,
-                "input": text if isinstance(text, str) else orjson.dumps(text).decode(), "status": status}
-    item = {"type": "function_call", "id": item_id, "call_id": p.id, "name": p.name, "arguments": p.arguments,
-            "status": status}
+    kind = call_kind(p, conv)
+    if kind == "local_shell_call":
+        return {"type": kind, "id": item_id, "call_id": p.id,
+                "action": responses_tools.shell_action(arguments_object(p.arguments)), "status": status}
+    if kind == "custom_tool_call":  # a function's {"input": text} as the text; other arguments as their JSON
+        args = {} if p.custom else arguments_object(p.arguments)
+        text = p.arguments if p.custom or "_raw_arguments" in args else responses_tools.custom_input(args)
+        item = {"type": kind, "id": item_id, "call_id": p.id, "name": p.name, "input": text, "status": status}
+    else:
+        item = {"type": kind, "id": item_id, "call_id": p.id, "name": p.name, "arguments": p.arguments,
+                "status": status}
     if p.name in conv.namespaces:
         item["namespace"], item["name"] = conv.namespaces[p.name]
     return item
 
 
-def _output(p, conv: Conversation) -> dict:
-    if isinstance(p, Text):
-        return {"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": p.text, "annotations": []}]}
-    if isinstance(p, Thinking):
-        item = {"type": "reasoning", "id": new_id("rs_"), "summary": [{"type": "summary_text", "text": p.text}]}
-        if p.signature or p.redacted:
-            item["encrypted_content"] = p.signature or p.redacted
-        return item
-    return call_item(p, conv, new_id("fc_"), "completed")
+def _output(parts: list, conv: Conversation, ids: ItemIds) -> list[dict]:
+    out, messages, calls = [], 0, 0
+    for p in parts:
+        if isinstance(p, Text):
+            out.append({"type": "message", "id": ids("message", messages), "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": p.text, "annotations": []}]})
+            messages += 1
+        elif isinstance(p, Thinking):
+            item = {"type": "reasoning", "id": ids("reasoning", 0), "summary": [{"type": "summary_text",
+                                                                                 "text": p.text}]}
+            if p.signature or p.redacted:
+                item["encrypted_content"] = p.signature or p.redacted
+            out.append(item)
+        else:
+            out.append(call_item(p, conv, ids(call_kind(p, conv), calls), "completed"))
+            calls += 1
+    return out
+
+
+def listed_tools(conv: Conversation) -> list[dict]:
+    """The tools a response object lists: the client's, as it gave them (hosted ones dropped are not among them;
+    `strict` false: schemas are not enforced), a namespace's together."""
+    out: list[dict] = []
+    namespaces: dict[str, dict] = {}
+    for t in conv.tools:
+        if t.local_shell:
+            out.append({"type": responses_tools.LOCAL_SHELL})
+            continue
+        ns, name = conv.namespaces.get(t.name, (None, t.name))
+        tool = {"type": "custom", "name": name, "description": t.description} if t.custom else \
+            {"type": "function", "name": name, "description": t.description, "parameters": t.parameters,
+             "strict": False}
+        if ns is None:
+            out.append(tool)
+            continue
+        if ns not in namespaces:
+            namespaces[ns] = {"type": "namespace", "name": ns, "description": "", "tools": []}
+            out.append(namespaces[ns])
+        namespaces[ns]["tools"].append(tool)
+    return out
+
+
+def _choice(conv: Conversation):
+    choice = conv.tool_choice
+    return {"type": "function", "name": choice["name"]} if isinstance(choice, dict) else choice or "auto"
 
 
 def response_object(rid: str, model, created: int, status: str, output: list, usage: Usage | None,
-                    stop: str = "end") -> dict:
+                    stop: str = "end", conv: Conversation | None = None) -> dict:
+    """A response object; with the client's conversation, its tools, tool choice and parallel calls echoed."""
     obj = {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
-           "output": output, "error": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+           "output": output, "error": None,
+           "parallel_tool_calls": True if conv is None else conv.parallel_tool_calls is not False,
+           "tool_choice": "auto" if conv is None else _choice(conv),
+           "tools": [] if conv is None else listed_tools(conv), "instructions": None, "metadata": {},
+           "temperature": None, "top_p": None,
            "incomplete_details": {"reason": "content_filter" if stop == "refusal" else "max_output_tokens"}
            if status == "incomplete" else None}
     if usage is not None:
@@ -363,11 +426,13 @@ def response_object(rid: str, model, created: int, status: str, output: list, us
     return obj
 
 
-def build_answer(ans: Answer, conv: Conversation) -> dict:
+def build_answer(ans: Answer, conv: Conversation, ids: ItemIds = new_item_id) -> dict:
     status = "incomplete" if ans.stop in ("length", "refusal") else "completed"
     return response_object(ans.id if ans.id.startswith("resp_") else new_id("resp_"), ans.model,
-                           ans.created or int(time.time()), status, [_output(p, conv) for p in ans.parts], ans.usage,
-                           ans.stop)
+                           ans.created or int(time.time()), status, _output(ans.parts, conv, ids) or
+                           [{"type": "message", "id": ids("message", 0), "status": "completed", "role": "assistant",
+                             "content": [{"type": "output_text", "text": "", "annotations": []}]}],
+                           ans.usage, ans.stop, conv)
 
 
 def error_body(status: int, message: str, kind: str) -> dict:

@@ -8,7 +8,8 @@ import time
 from reef_lab.wire.translate.common import arguments_object, new_id
 from reef_lab.wire.translate.ir import (BlockStart, BlockStop, Conversation, Delta, Failure, Finish, Start, Text,
                                            Thinking, ToolCall, Usage)
-from reef_lab.wire.translate.responses import call_item, item_parts, response_object, stop_of, usage_in
+from reef_lab.wire.translate.responses import (ItemIds, call_item, call_kind, item_parts, new_item_id, response_object,
+                                              stop_of, usage_in)
 
 
 class Reader:
@@ -162,8 +163,10 @@ class Writer:
     """Neutral events in, Responses events out as (event name, object) pairs; `close` gives `response.completed`
     (or `.incomplete`) with every item the stream held (the receipt rides on it)."""
 
-    def __init__(self, conv: Conversation):
-        self.conv = conv
+    def __init__(self, conv: Conversation, ids: ItemIds = new_item_id):
+        """`ids`: how items are named (generation derives them from the response id: reef_lab.wire.answers)."""
+        self.conv, self.ids = conv, ids
+        self.messages = self.calls = 0  # items named so far, by kind
         self.id, self.model, self.created = new_id("resp_"), None, int(time.time())
         self.seq = 0
         self.items: list[dict] = []  # the output, in order
@@ -177,11 +180,13 @@ class Writer:
 
     def _response(self, status: str) -> dict:
         return response_object(self.id, self.model, self.created, status, self.items if status != "in_progress"
-                               else [], None if status == "in_progress" else self.usage, self.stop)
+                               else [], None if status == "in_progress" else self.usage, self.stop, self.conv)
 
     def write(self, ev) -> list:
         if isinstance(ev, Start):
             self.model = ev.model
+            if ev.id.startswith("resp_"):
+                self.id = ev.id
             return [self._ev("response.created", response=self._response("in_progress")),
                     self._ev("response.in_progress", response=self._response("in_progress"))]
         if isinstance(ev, BlockStart):
@@ -202,23 +207,27 @@ class Writer:
         oi = len(self.items)
         self.text[b] = ""
         if isinstance(p, Text):
-            item = {"type": "message", "id": new_id("msg_"), "status": "in_progress", "role": "assistant",
-                    "content": []}
+            item = {"type": "message", "id": self.ids("message", self.messages), "status": "in_progress",
+                    "role": "assistant", "content": []}
+            self.messages += 1
             self.items.append(item)
             self.block[b] = (oi, item)
             return [self._ev("response.output_item.added", output_index=oi, item=dict(item)),
                     self._ev("response.content_part.added", item_id=item["id"], output_index=oi, content_index=0,
                              part={"type": "output_text", "text": "", "annotations": []})]
         if isinstance(p, Thinking):
-            item = {"type": "reasoning", "id": new_id("rs_"), "summary": []}
+            item = {"type": "reasoning", "id": self.ids("reasoning", 0), "summary": []}
             self.items.append(item)
             self.block[b] = (oi, item)
             return [self._ev("response.output_item.added", output_index=oi, item=dict(item)),
                     self._ev("response.reasoning_summary_part.added", item_id=item["id"], output_index=oi,
                              summary_index=0, part={"type": "summary_text", "text": ""})]
-        item = call_item(p, self.conv, new_id("fc_"), "in_progress")
-        if item["type"] == "custom_tool_call":
-            item["input"] = ""
+        item = call_item(p, self.conv, self.ids(call_kind(p, self.conv), self.calls), "in_progress")
+        self.calls += 1
+        if item["type"] == "custom_tool_call":  # in progress: empty until its input comes (a local shell call's
+            item["input"] = ""  # action comes whole, with its start)
+        elif item["type"] == "function_call":
+            item["arguments"] = ""
         self.items.append(item)
         self.block[b] = (oi, item)
         return [self._ev("response.output_item.added", output_index=oi, item=dict(item))]
@@ -237,7 +246,7 @@ class Writer:
             return [self._ev("response.output_text.delta", **ids, content_index=0, delta=ev.text, logprobs=[])]
         if item["type"] == "reasoning":
             return [self._ev("response.reasoning_summary_text.delta", **ids, summary_index=0, delta=ev.text)]
-        if item["type"] == "custom_tool_call":
+        if item["type"] in ("custom_tool_call", "local_shell_call"):
             return []  # the provider streams {"input": ...} JSON; the client gets the string whole at the end
         return [self._ev("response.function_call_arguments.delta", **ids, delta=ev.text)]
 
@@ -257,6 +266,8 @@ class Writer:
             item["summary"] = [part]
             out += [self._ev("response.reasoning_summary_text.done", **ids, summary_index=0, text=text),
                     self._ev("response.reasoning_summary_part.done", **ids, summary_index=0, part=part)]
+        elif item["type"] == "local_shell_call":
+            item["status"] = "completed"
         elif item["type"] == "custom_tool_call":
             unwrapped = arguments_object(text).get("input", text)
             item.update(status="completed", input=unwrapped if isinstance(unwrapped, str) else text)
