@@ -30,6 +30,10 @@ class ServeConfig:
     port: int = field(default=8900, metadata={"help": "port to listen on"})
     data_dir: str = field(default="./.reef_lab", metadata={
         "help": "folder that holds all state: records (log + Parquet), scenarios, model cache"})
+    state: str = field(default="data-dir", metadata={
+        "help": "where the deployment's shared state lives: 'data-dir' (everything in --data-dir, one machine, no "
+                "database) or a PostgreSQL URL, postgresql://user@host:port/db, that several gateways and learners "
+                "share (records committed there before each receipt; docs/deploy.md)"})
     recipe: str = field(default="basic", metadata={
         "help": "recipe of new scenarios: a folder name in recipes/ or a module:Class path"})
     recipe_config: str | None = field(default=None, metadata={
@@ -220,6 +224,12 @@ class ServeConfig:
             raise ValueError(f"roll_records must be at least 1 and roll_mb in (0, 4096], got {self.roll_records} "
                              f"and {self.roll_mb}")
         self.retention_config()  # a bad size, duration or override is refused at start
+        from reef_lab.state import check_spec, is_shared
+
+        check_spec(self.state)
+        if is_shared(self.state) and self.retention_config().active:
+            raise ValueError("--retain-* evicts the data dir's Parquet segments; with --state postgresql://... the "
+                             "records live in the database (prune them there): drop the --retain-* flags")
         if self.tokens_file is not None:  # a missing file or a bad entry is refused at start, naming the entry
             from reef_lab.tenants import read_tokens_file
 

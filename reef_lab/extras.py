@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {  # extra -> (modules it provi
     "hub": (("huggingface_hub",), "publishing releases and records to a Hugging Face Hub"),
     "tracking": (("wandb",), "W&B tracking"),
     "apps": (("marimo", "matplotlib"), "the marimo apps and results plots"),
+    "postgres": (("psycopg", "psycopg_pool"), "a shared deployment's state in PostgreSQL (--state postgresql://...)"),
     "tttd": (("scipy",), "TTT-Discover's circle problems (linear programs, the scipy baseline)"),
 }
 

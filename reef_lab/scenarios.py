@@ -117,24 +117,87 @@ class QuotaExceeded(ReefError):
 
 
 class ScenarioRegistry:
+    """Every scenario of the deployment, in memory, kept in the data dir's files or (`state`: a shared deployment's
+    PostgreSQL, reef_lab/state/postgres.py) in the `scenarios` table. With a shared state, a scenario another
+    gateway creates or deletes arrives by the database's change notice (within a second); two gateways creating
+    one name at once make one scenario (the database's primary key decides)."""
+
     def __init__(self, data_dir: str | Path, default_recipe: str, default_config: dict | None = None,
-                 limits: ScenarioLimits | None = None):
+                 limits: ScenarioLimits | None = None, state=None):
         self.folder = Path(data_dir) / FOLDER
         self.default_recipe = default_recipe
         self.default_config = default_config or {}
         self.limits = limits or ScenarioLimits()
         self._lock = threading.Lock()
         self._items: dict[str, Scenario] = {}
-        self.on_change = None  # called after every saved change
+        self.on_change = None  # called after every saved change (and, shared, after another service's)
+        self._state = state
+        if state is not None:
+            self._reload(None)
+            state.on("scenario", self._heard)
+            return
         legacy = Path(data_dir) / LEGACY_FILE
         for d in stored_scenarios(data_dir) or []:
-            if "origin" not in d:
-                d["origin"] = "operator" if d.get("config") == self.default_config else "client"
-            self._items[d["name"]] = Scenario(**d)
+            self._items[d["name"]] = self._scenario(d)
         if legacy.is_file():  # an earlier version's one file: split, then kept aside (never read again)
             for s in self._items.values():
                 self._write(s)
             legacy.replace(legacy.with_name(LEGACY_FILE + ".migrated"))
+
+    def _scenario(self, d: dict) -> Scenario:
+        if "origin" not in d:
+            d["origin"] = "operator" if d.get("config") == self.default_config else "client"
+        return Scenario(**d)
+
+    # ---- a shared deployment's table ---------------------------------------------------------------------------
+    def _reload(self, name: str | None) -> None:
+        """Read one scenario (or, None, all of them) from the shared table again."""
+        with self._state.connection() as conn:
+            if name is None:
+                rows = conn.execute("SELECT body FROM scenarios ORDER BY changed_at").fetchall()
+            else:
+                rows = conn.execute("SELECT body FROM scenarios WHERE name = %s", (name,)).fetchall()
+        found = {d["name"]: self._scenario(d) for (d,) in rows}
+        with self._lock:
+            if name is None:
+                self._items = found
+            elif name in found:
+                self._items[name] = found[name]
+            else:
+                self._items.pop(name, None)
+
+    def _heard(self, name: str | None) -> None:
+        self._reload(name or None)
+        self._saved()
+
+    def _insert(self, made: list[Scenario]) -> list[Scenario]:
+        """Lock held: store new scenarios (all in one transaction when shared); what each name holds afterwards
+        (another gateway's scenario where it made that name first)."""
+        if self._state is None:
+            for s in made:
+                self._write(s)
+            return made
+        out = []
+        with self._state.tx() as conn:
+            for s in made:
+                row = conn.execute("INSERT INTO scenarios (name, body, changed_at) VALUES (%s, %s, %s) ON CONFLICT "
+                                   "(name) DO NOTHING RETURNING name", (s.name, _jsonb(asdict(s)), time.time())
+                                   ).fetchone()
+                if row is None:
+                    (d,) = conn.execute("SELECT body FROM scenarios WHERE name = %s", (s.name,)).fetchone()
+                    out.append(self._scenario(d))
+                else:
+                    self._state.notify(conn, "scenario", s.name)
+                    out.append(s)
+        return out
+
+    def _remove(self, name: str) -> None:
+        if self._state is None:
+            self._file(name).unlink(missing_ok=True)
+            return
+        with self._state.tx() as conn:
+            conn.execute("DELETE FROM scenarios WHERE name = %s", (name,))
+            self._state.notify(conn, "scenario", name)
 
     def _room(self, creator: str | None, extra: int = 0) -> None:
         """Lock held: QuotaExceeded when one more scenario (by `creator`) would pass a limit, with `extra` more
@@ -179,8 +242,7 @@ class ScenarioRegistry:
                 self._room(creator)
                 s = Scenario(name, self.default_recipe, config=dict(self.default_config), origin="operator",
                              creator=creator)
-                self._write(s)
-                self._items[name] = s
+                self._items[name] = self._insert([s])[0]
                 self._saved()
             return self._items[name]
 
@@ -196,7 +258,8 @@ class ScenarioRegistry:
             if config is None and not recipe:
                 config, origin = dict(self.default_config), "operator"
             s = Scenario(name, recipe or self.default_recipe, config=config or {}, origin=origin, creator=creator)
-            self._write(s)
+            if self._insert([s])[0] is not s:  # another gateway of the deployment made it a moment ago
+                raise Conflict(f"scenario {name!r} already exists")
             self._items[name] = s
         self._saved()
         return s
@@ -206,8 +269,8 @@ class ScenarioRegistry:
             s = self._items.get(name)
             if s is None:
                 raise NotFound(f"scenario {name!r} does not exist")
-            self._file(name).unlink(missing_ok=True)
-            del self._items[name]
+            self._remove(name)
+            self._items.pop(name, None)
         self._saved()
         return s
 
@@ -228,11 +291,15 @@ class ScenarioRegistry:
                 self._room(creator, extra=k)
             made = [Scenario(n, self.default_recipe, config=dict(self.default_config), origin="operator",
                              creator=creator) for n in new]
-            for s in made:
-                self._write(s)
+            for s in self._insert(made):
                 self._items[s.name] = s
         if new:
             self._saved()
 
     def list(self) -> list[Scenario]:
         return list(self._items.values())
+
+
+def _jsonb(value: dict):
+    from psycopg.types.json import Jsonb  # only a shared deployment gets here (psycopg is its extra)
+    return Jsonb(value)

@@ -14,6 +14,7 @@ from typing import Any
 from reef_lab.config import ServeConfig
 from reef_lab.gateway.gateway import Gateway
 from reef_lab.scenarios import ScenarioLimits
+from reef_lab.state import is_shared, open_state
 
 log = logging.getLogger("reef_lab.service")
 
@@ -39,12 +40,13 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
                     "keys, but the server's own calls to the provider (GEPA's task and reflection models, the "
                     "change-request proposer) would carry none, so scenarios whose recipe makes them do not learn "
                     "(their error in /reef/status); set REEF_UPSTREAM_API_KEY for those calls")
+    state = open_state(cfg.state, "all") if is_shared(cfg.state) else None
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
                    allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
                    roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes(),
                    harness_allow_executable=bool(cfg.harness_allow_executable),
-                   scenario_limits=ScenarioLimits(cfg.max_scenarios, cfg.max_scenarios_per_token))
+                   scenario_limits=ScenarioLimits(cfg.max_scenarios, cfg.max_scenarios_per_token), state=state)
 
 
 @dataclass(frozen=True)

@@ -332,8 +332,11 @@ class RelayGateway:
     """The slice of Gateway a relay runs: inference of existing scenarios through the upstream engine."""
 
     def __init__(self, engine, client: PrimaryClient, data_dir: str | Path, roll_records: int = 20_000,
-                 roll_bytes: int = 64 << 20):
-        self.engine, self.client, self.store = engine, client, RelayLog(data_dir, roll_records, roll_bytes)
+                 roll_bytes: int = 64 << 20, store=None):
+        """`store`: where its records go (a shared deployment's PgRecordStore); default: a log of its own in the
+        data dir, which the primary follows."""
+        self.engine, self.client = engine, client
+        self.store = store if store is not None else RelayLog(data_dir, roll_records, roll_bytes)
         self._relaying = Relaying(engine, self.store)
         self.started_at = time.time()
         self._gen_map = _gen_counter(data_dir, writable=False)

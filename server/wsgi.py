@@ -20,6 +20,7 @@ from reef_lab import plugins
 from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
+from reef_lab.state import is_shared, open_state
 from server import tuning, workers
 from server.app import create_app
 from server.common import legacy_tokens_warning, limits_from
@@ -58,7 +59,11 @@ def build_relay(cfg: ServeConfig, tenants):
     limits = limits_from(cfg)
     client = workers.PrimaryClient(cfg.data_dir, tenants, limits)
     client.wait_ready()
-    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes())
+    store = None
+    if is_shared(cfg.state):  # records straight to the shared database, as the primary's
+        from reef_lab.records.postgres import PgRecordStore
+        store = PgRecordStore(open_state(cfg.state, "relay"))
+    gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes(), store)
 
     def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
         return dialect is None or environ.get("REQUEST_METHOD") == "POST" and \

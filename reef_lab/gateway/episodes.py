@@ -32,7 +32,6 @@ import re
 from typing import Any
 
 import orjson
-import polars as pl
 
 from reef_lab.errors import BadRequest, NotFound
 from reef_lab.records.record import ID_RE
@@ -92,14 +91,9 @@ def detect(headers: dict[str, str] | None, body: Any) -> str | None:
 
 def episode_ids(store, scenario: str, episode: str, since: float = 0.0, caller: str | None = None) -> list[str]:
     """The ids of an episode's inference records in turn order ((created_at, id); see the module docstring): the
-    calls `caller` (a token's id; None: auth off) made with that session id. A scan of the scenario's records
-    (Parquet segments by predicate, the unrolled logs in full): fine for reports and reads, not for the per-call
-    path."""
-    frame = store.collect(lambda records: records.filter(
-        (pl.col("scenario") == scenario) & (pl.col("episode") == episode) & pl.col("caller").eq_missing(caller)
-        & (pl.col("kind") == "inference") & (pl.coalesce("stored_at", "created_at") >= since)
-    ).select("id", "created_at"))
-    return [rid for _, rid in sorted(zip(frame["created_at"].to_list(), frame["id"].to_list(), strict=True))]
+    calls `caller` (a token's id; None: auth off) made with that session id, wherever they were stored (the store
+    answers: a scan of the data dir's records, or a query of the shared database)."""
+    return store.episode(scenario, episode, caller, since)
 
 
 def numbered(records: list[dict]) -> list[dict]:

@@ -32,6 +32,7 @@ from reef_lab.publishing.serving import ServingTable
 from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.records.reader import RecordsReader
 from reef_lab.records.retention import RetentionConfig, Retainer
+from reef_lab.records.postgres import PgRecordStore
 from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioLimits, ScenarioRegistry, check_name
 from reef_lab.tenants import OPEN, Grant
@@ -46,7 +47,10 @@ class Gateway:
                  default_config: dict | None = None, hub: HubConfig | None = None,
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
                  retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20,
-                 harness_allow_executable: bool = False, scenario_limits: ScenarioLimits | None = None):
+                 harness_allow_executable: bool = False, scenario_limits: ScenarioLimits | None = None,
+                 state=None):
+        """`state`: a shared deployment's database (reef_lab.state.postgres.PgState, closed with the gateway):
+        records and scenarios there instead of in the data dir."""
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -54,10 +58,11 @@ class Gateway:
         self.on_change = None  # called after scenarios or serving harnesses change (relay workers re-read them)
         # What a scenario may use: the shipped folders and what the operator named (never a client's own path).
         offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
-        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config, scenario_limits)
+        self.state = state
+        self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config, scenario_limits, state)
         self.learners = Learners(engine, self.scenarios, offered, tracking, self._context, self.data_dir)
         self.learners.check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start
-        self.store = RecordStore(self.data_dir, roll_records, roll_bytes)
+        self.store = RecordStore(self.data_dir, roll_records, roll_bytes) if state is None else PgRecordStore(state)
         self.retainer: Retainer | None = None
         self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
         self._handoff_lock = threading.Lock()
@@ -265,5 +270,7 @@ class Gateway:
         if self.hub is not None:
             self.hub.close()
         self.store.close()
+        if self.state is not None:
+            self.state.close()
         if close_engine:
             self.engine.close()

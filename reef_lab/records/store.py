@@ -494,6 +494,16 @@ class RecordStore(SegmentEviction):
         with self._segments_rw.shared():
             return query(self.scan()).collect()
 
+    def episode(self, scenario: str, episode: str, caller: str | None, since: float) -> list[str]:
+        """The ids of an episode's inference records in turn order ((created_at, id)): a scan of the scenario's
+        records (Parquet segments by predicate, the unrolled logs in full): fine for reports and reads, not for the
+        per-call path."""
+        frame = self.collect(lambda records: records.filter(
+            (pl.col("scenario") == scenario) & (pl.col("episode") == episode) & pl.col("caller").eq_missing(caller)
+            & (pl.col("kind") == "inference") & (pl.coalesce("stored_at", "created_at") >= since)
+        ).select("id", "created_at"))
+        return [rid for _, rid in sorted(zip(frame["created_at"].to_list(), frame["id"].to_list(), strict=True))]
+
     def ids(self, scenario: str | None = None, kind: str | None = None, since: float = 0.0) -> list[str]:
         """Durable ids in sorted order (server ids sort by time), filtered by scenario, kind and write time."""
         return self.page(scenario, kind, since, None, None)[0]

@@ -1,0 +1,183 @@
+"""A shared deployment's state in a real PostgreSQL (issue 52): gateways with their own data dirs on one database.
+
+The server is Debian's, started in a temporary folder on loopback (reef_lab/testing/postgres.py); the clients are
+the real OpenAI SDK and plain HTTP. Skipped only on a machine without PostgreSQL's server or psycopg.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from reef_lab.errors import Conflict, StoreUnavailable
+from reef_lab.records.record import Record
+from reef_lab.testing import postgres as pgtest
+
+pytestmark = pytest.mark.skipif(pgtest.bindir() is None, reason="PostgreSQL's server is not installed")
+psycopg = pytest.importorskip("psycopg")
+
+from reef_lab.gateway.gateway import Gateway  # noqa: E402
+from reef_lab.records.postgres import PgRecordStore  # noqa: E402
+from reef_lab.state.postgres import PgState, SchemaTooNew  # noqa: E402
+from tests.conftest import Running  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with pgtest.Postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def db(pg, request):
+    """A fresh database of its own for each test (state never leaks from one test to the next)."""
+    name = "t_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")[:50]
+    with psycopg.connect(pg.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        c.execute(f'CREATE DATABASE "{name}"')
+    return pg.url.rsplit("/", 1)[0] + "/" + name
+
+
+def _gateway(url: str, data_dir, engine) -> Running:
+    return Running(Gateway(data_dir, engine, state=PgState(url)))
+
+
+def _chat(base: str, scenario: str, text: str = "hi"):
+    client = OpenAI(base_url=f"{base}/v1", api_key="x", default_headers={"x-reef-scenario": scenario},
+                    max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": text}], max_tokens=4)
+    return raw.headers["x-reef-agent-record-id"]
+
+
+def test_two_gateways_share_receipts_reports_and_scenarios(db, tmp_path, stub_url):
+    from reef_lab.engines.upstream import UpstreamEngine
+
+    a = _gateway(db, tmp_path / "a", UpstreamEngine(stub_url, timeout=5.0))
+    b = _gateway(db, tmp_path / "b", UpstreamEngine(stub_url, timeout=5.0))
+    try:
+        receipts = [_chat(a.url, "shared", f"q{i}") for i in range(5)]
+        # the scenario the first call created at A is B's too, and B reads A's receipts
+        deadline = time.monotonic() + 5
+        while not b.gateway.scenarios.exists("shared") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.gateway.scenarios.exists("shared")
+        got = httpx.get(f"{b.url}/reef/scenarios/shared/records/{receipts[0]}").json()
+        assert got["id"] == receipts[0] and got["scenario"] == "shared"
+        # a report at B on A's receipt
+        r = httpx.post(f"{b.url}/reef/report", headers={"x-reef-scenario": "shared"},
+                       json={"references": receipts[:2], "score": 1.0})
+        assert r.status_code in (200, 201), r.text
+        listed = httpx.get(f"{a.url}/reef/scenarios/shared/records", params={"kind": "report"}).json()
+        assert len(listed["records"]) == 1 and listed["records"][0]["references"] == receipts[:2]
+        # A's machine is lost: process gone, data dir deleted; B still reads every receipt A gave
+        a.stop()
+        shutil.rmtree(tmp_path / "a")
+        for rid in receipts:
+            assert httpx.get(f"{b.url}/reef/scenarios/shared/records/{rid}").status_code == 200
+        # a scenario deleted at B is gone at a gateway started afterwards on an empty data dir
+        assert httpx.delete(f"{b.url}/reef/scenarios/shared").status_code == 200
+        c = _gateway(db, tmp_path / "c", UpstreamEngine(stub_url, timeout=5.0))
+        try:
+            assert not c.gateway.scenarios.exists("shared")
+            assert httpx.get(f"{c.url}/reef/scenarios/shared/records/{receipts[0]}").status_code == 404
+        finally:
+            c.stop()
+    finally:
+        b.stop()
+
+
+def test_a_scenario_made_at_one_gateway_holds_at_the_other_within_5_s(db, tmp_path, stub_url):
+    from reef_lab.engines.upstream import UpstreamEngine
+
+    a = _gateway(db, tmp_path / "a", UpstreamEngine(stub_url, timeout=5.0))
+    b = _gateway(db, tmp_path / "b", UpstreamEngine(stub_url, timeout=5.0))
+    try:
+        r = httpx.post(f"{a.url}/reef/scenarios", json={"name": "made-at-a", "recipe": "basic"})
+        assert r.status_code == 201, r.text
+        t0 = time.monotonic()
+        while not b.gateway.scenarios.exists("made-at-a"):
+            assert time.monotonic() - t0 < 5, "the scenario did not reach the other gateway in 5 s"
+            time.sleep(0.02)
+        # the same name made at B now is the conflict the database's key decides
+        assert httpx.post(f"{b.url}/reef/scenarios", json={"name": "made-at-a"}).status_code == 409
+        httpx.delete(f"{a.url}/reef/scenarios/made-at-a").raise_for_status()
+        t0 = time.monotonic()
+        while b.gateway.scenarios.exists("made-at-a"):
+            assert time.monotonic() - t0 < 5, "the deletion did not reach the other gateway in 5 s"
+            time.sleep(0.02)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_group_commit_under_concurrency_and_chosen_id_conflicts(db):
+    state = PgState(db)
+    store = PgRecordStore(state)
+    try:
+        ids: list[str] = []
+        lock = threading.Lock()
+
+        def write(k: int) -> None:
+            for i in range(25):
+                rec = Record(f"s:w{k}-{i}", "s", "inference", request={"i": i})
+                assert store.append([rec]) == [True]
+                with lock:
+                    ids.append(rec.id)
+        threads = [threading.Thread(target=write, args=(k,)) for k in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(store) == 400 and sorted(ids) == store.ids("s")
+        assert store.stats["commits"] < 400  # appenders shared commits
+        # client-chosen ids: same content is idempotent, other content conflicts and writes nothing of its append
+        one = Record("s:chosen", "s", "inference", request={"a": 1}, content_hash="h1")
+        assert store.append([one]) == [True]
+        assert store.append([Record("s:chosen", "s", "inference", request={"a": 1}, content_hash="h1")]) == [False]
+        with pytest.raises(Conflict):
+            store.append([Record("s:fresh", "s", "inference", content_hash="h3"),
+                          Record("s:chosen", "s", "inference", request={"a": 2}, content_hash="h2")])
+        assert store.get("s:fresh") is None and store.get("s:chosen")["request"] == {"a": 1}
+    finally:
+        state.close()
+
+
+def test_a_newer_schema_is_refused_with_the_fix(db):
+    PgState(db).close()
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("UPDATE reef_schema SET version = version + 1")
+    with pytest.raises(SchemaTooNew, match="upgrade reef_lab"):
+        PgState(db)
+
+
+def test_postgres_down_is_503_with_retry_after_and_recovers_by_itself():
+    server = pgtest.Postgres().start()  # a folder of its own: postgres may not enter pytest's (0700)
+    state = PgState(server.url)
+    store = PgRecordStore(state)
+    try:
+        assert store.append([Record("s:before", "s", "inference")]) == [True]
+        server.kill()
+        with pytest.raises(StoreUnavailable) as err:
+            store.append([Record("s:during", "s", "inference")])
+        assert err.value.status == 503 and err.value.headers.get("retry-after")
+        assert "unavailable" in (state.problem or "")
+        server.start()
+        deadline = time.monotonic() + 20
+        while True:  # the pool replaces its broken connections by itself: no restart of reef_lab
+            try:
+                assert store.append([Record("s:after", "s", "inference")]) == [True]
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, state.problem
+                time.sleep(0.2)
+        assert store.get("s:before") is not None and store.get("s:during") is None
+        assert state.problem is None
+    finally:
+        state.close()
+        server.close()
