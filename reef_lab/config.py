@@ -34,6 +34,13 @@ class ServeConfig:
         "help": "where the deployment's shared state lives: 'data-dir' (everything in --data-dir, one machine, no "
                 "database) or a PostgreSQL URL, postgresql://user@host:port/db, that several gateways and learners "
                 "share (records committed there before each receipt; docs/deploy.md)"})
+    service: str = field(default="all", metadata={
+        "help": "what this process runs: 'all' (serve and learn: one process), 'gateway' (serve agents' traffic; "
+                "learners run elsewhere) or 'learner' (the learners only: one per scenario in the deployment, by a "
+                "lease in the database); gateway and learner need --state postgresql://..."})
+    artifacts: str | None = field(default=None, metadata={
+        "help": "folder releases are written to and served from (default: <data dir>/releases); in a shared "
+                "deployment a folder every gateway and learner mounts at the same path"})
     recipe: str = field(default="basic", metadata={
         "help": "recipe of new scenarios: a folder name in recipes/ or a module:Class path"})
     recipe_config: str | None = field(default=None, metadata={
@@ -227,6 +234,11 @@ class ServeConfig:
         from reef_lab.state import check_spec, is_shared
 
         check_spec(self.state)
+        if self.service not in ("all", "gateway", "learner"):
+            raise ValueError(f"service must be all, gateway or learner, got {self.service!r}")
+        if self.service != "all" and not is_shared(self.state):
+            raise ValueError(f"--service {self.service} runs one part of a deployment whose state is shared: give "
+                             "--state postgresql://user@host:port/db too (a data dir is one process's)")
         if is_shared(self.state) and self.retention_config().active:
             raise ValueError("--retain-* evicts the data dir's Parquet segments; with --state postgresql://... the "
                              "records live in the database (prune them there): drop the --retain-* flags")
@@ -243,6 +255,8 @@ class ServeConfig:
         return _mapping(self.engine_options, "engine_options", "the engine's settings")
 
     def worker_count(self) -> int:
+        if self.service == "learner":
+            return 1
         if self.workers:
             return self.workers
         return min(os.cpu_count() or 1, 8) if self.upstream_url else 1

@@ -23,3 +23,18 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 def write_json(path: str | Path, obj, indent: bool = False) -> None:
     """`obj` as JSON (orjson; `indent`: two spaces, for files people read), written atomically."""
     write_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 if indent else 0, default=str))
+
+
+class JsonDoc:
+    """A JSON document kept in one file (a learner's ledger on one machine); a shared deployment gives its
+    learners reef_lab.state.postgres.SharedDoc instead, the same two methods on the database."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def read(self) -> dict | None:
+        return orjson.loads(self.path.read_bytes()) if self.path.exists() else None
+
+    def write(self, body: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, body)

@@ -40,13 +40,14 @@ def build_gateway(cfg: ServeConfig, engine=None) -> Gateway:
                     "keys, but the server's own calls to the provider (GEPA's task and reflection models, the "
                     "change-request proposer) would carry none, so scenarios whose recipe makes them do not learn "
                     "(their error in /reef/status); set REEF_UPSTREAM_API_KEY for those calls")
-    state = open_state(cfg.state, "all") if is_shared(cfg.state) else None
+    state = open_state(cfg.state, cfg.service) if is_shared(cfg.state) else None
     return Gateway(cfg.data_dir, engine if engine is not None else build_engine(cfg), default_recipe=cfg.recipe,
                    default_config=cfg.recipe_settings(), hub=hub, tracking=tracking,
                    allowed_recipes=cfg.allowed_recipe_list(), retention=cfg.retention_config(),
                    roll_records=cfg.roll_records, roll_bytes=cfg.roll_bytes(),
                    harness_allow_executable=bool(cfg.harness_allow_executable),
-                   scenario_limits=ScenarioLimits(cfg.max_scenarios, cfg.max_scenarios_per_token), state=state)
+                   scenario_limits=ScenarioLimits(cfg.max_scenarios, cfg.max_scenarios_per_token), state=state,
+                   service=cfg.service, artifacts=cfg.artifacts)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import orjson
+
 from flask import Flask, Response, g, request
 
 from reef_lab.errors import ReefError
@@ -23,6 +25,7 @@ from server.inference import bp as inference_bp
 from server.reef import bp as reef_bp
 
 log = logging.getLogger("reef_lab.server")
+LEARNER_PATHS = ("/healthz", "/reef/status")  # what a learner service answers (its learners' state)
 
 
 def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None,
@@ -33,9 +36,16 @@ def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None,
     app.config["GATEWAY"] = gateway
     tenants = tenants_of(tokens)
 
+    learner_only = gateway.service == "learner"
+
     @app.before_request
     def authenticate():
         g.gateway, g.limits, g.tenants = gateway, limits, tenants
+        if learner_only and request.path not in LEARNER_PATHS:
+            err = ReefError(f"this process is a learner service (--service learner): {request.path} is served by "
+                            "the deployment's gateways", status=404)
+            err.type = "not_found_error"
+            raise err
         if request.path != "/healthz":
             g.grant = admit(request.environ, tenants, limits)
             check_route(g.grant)
@@ -65,9 +75,14 @@ def create_app(gateway: Gateway, tokens: Tenants | list[str] | None = None,
 
     @app.get("/healthz")
     def healthz():
+        problem = gateway.state.check() if gateway.state is not None else None
+        if problem:  # a shared deployment's database is away: no durable write can be acknowledged here now
+            return Response(orjson.dumps({"ok": False, "error": problem}), status=503, mimetype="application/json",
+                            headers={"retry-after": "1"})
         return Response(b'{"ok":true}', mimetype="application/json")
 
     app.register_blueprint(inference_bp)
     app.register_blueprint(reef_bp)
-    app.wsgi_app = HotRoutes(whole_bodies(app.wsgi_app), gateway, tenants, limits=limits)
+    app.wsgi_app = whole_bodies(app.wsgi_app) if learner_only else \
+        HotRoutes(whole_bodies(app.wsgi_app), gateway, tenants, limits=limits)
     return app

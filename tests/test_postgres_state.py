@@ -181,3 +181,61 @@ def test_postgres_down_is_503_with_retry_after_and_recovers_by_itself():
     finally:
         state.close()
         server.close()
+
+
+# ---- gateways and a learner service (weights trained on the tiny Llama) ----------------------------------------
+TRAINER = {"lr": 1e-3, "micro_batch_size": 4}
+
+
+def _service(db: str, data_dir, model_dir, service: str, artifacts) -> Gateway:
+    from reef_lab.engines.embedded import EmbeddedEngine
+
+    return Gateway(data_dir, EmbeddedEngine.from_path(str(model_dir), max_batch=8), state=PgState(db, service=service),
+                   service=service, artifacts=artifacts)
+
+
+def _ask(gw: Gateway, scenario: str, item: dict, seed: int = 0) -> tuple[str, str]:
+    import orjson
+
+    reply = gw.infer("openai.chat", {"model": "tiny", "messages": item["messages"], "max_tokens": 6,
+                                     "temperature": 1.0, "seed": seed}, scenario)
+    orjson.loads(reply.body)
+    return reply.headers["x-reef-agent-record-id"], reply.headers["x-reef-release-id"]
+
+
+def _wait(cond, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_two_gateways_and_a_learner_service_release_to_both(db, tmp_path, tiny_model_dir):
+    from reef_lab.tasks.base import make_task
+
+    artifacts = tmp_path / "artifacts"
+    a = _service(db, tmp_path / "a", tiny_model_dir, "gateway", artifacts)
+    b = _service(db, tmp_path / "b", tiny_model_dir, "gateway", artifacts)
+    learner = _service(db, tmp_path / "l", tiny_model_dir, "learner", artifacts)
+    try:
+        a.create_scenario({"name": "s", "recipe": "sft", "config": {"batch_size": 4, "trainer": TRAINER}})
+        _wait(lambda: b.scenarios.exists("s") and learner.scenarios.exists("s"), 5, "scenario not shared")
+        items = make_task().items(8, seed=5)
+        for k, item in enumerate(items):  # calls at A, reports at B: 4 good samples, one batch
+            receipt, release = _ask(a, "s", item, seed=k)
+            assert release == "base"
+            b.report("s", {"score": float(k % 2), "references": [receipt]})
+        assert a.learners.running("s") is None and b.learners.running("s") is None  # gateways only serve
+        _wait(lambda: learner.learners.running("s") is not None, 10, "the learner service did not take the work")
+        ln = learner.learners.running("s")
+        _wait(lambda: learner.list_releases("s")["serving"] == "s:v1", 300, f"no release: {ln.status()}")
+        assert ln.last_error is None and ln.status()["consumed"] == 4, ln.status()  # the 4 good samples
+        probe = make_task().items(1, seed=99)[0]
+        for gw in (a, b):  # served by both gateways within 5 s of the release, no restart
+            _wait(lambda gw=gw: _ask(gw, "s", probe)[1] == "s:v1", 5, "release not served by a gateway")
+        assert str(artifacts) in learner.list_releases("s")["releases"][0]["folder"]
+        assert learner.status()["learning_here"] == ["s"] and "learning_here" not in a.status() or \
+            a.status()["learning_here"] == []
+    finally:
+        for gw in (a, b, learner):
+            gw.close()

@@ -21,9 +21,11 @@ from reef_lab.tenants import OPEN, Grant
 
 
 class Admin:
-    def __init__(self, data_dir: Path, engine, store, scenarios, releaser, learners, serving, hub=None):
+    def __init__(self, data_dir: Path, engine, store, scenarios, releaser, learners, serving, hub=None,
+                 state=None, service: str = "all"):
         self.data_dir, self.engine, self.store, self.scenarios = data_dir, engine, store, scenarios
         self.releaser, self.learners, self.serving, self.hub = releaser, learners, serving, hub
+        self.state, self.service = state, service
         self.started_at = time.time()
 
     # ---- harness releases -----------------------------------------------------------------------------------
@@ -210,7 +212,18 @@ class Admin:
                 "scenarios": len(self.scenarios.list()), "default_recipe": self.scenarios.default_recipe,
                 "learners": self.learners.status(),
                 "scenario_errors": dict(self.learners.errors),
-                "hub": None if self.hub is None else self._hub_status(), "token": _token(grant)}
+                "hub": None if self.hub is None else self._hub_status(), "token": _token(grant),
+                **self._shared()}
+
+    def _shared(self) -> dict:
+        """A shared deployment's part: the database (where, and why it is unavailable if it is), this process's
+        service and the learner leases it holds."""
+        if self.state is None:
+            return {}
+        leases = self.learners.leases
+        return {"service": self.service, "state": {"backend": "postgresql", "where": self.state.where,
+                                                   "problem": self.state.check()},
+                "learning_here": sorted(n.split(":", 1)[1] for n in (leases.held if leases else {}))}
 
     def _hub_status(self) -> dict:
         """The Hub publisher's queue and, per scenario, each release's push state (pending, pushed, failed)."""

@@ -12,7 +12,9 @@ live traffic exercise the same code.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from reef_lab.errors import NotFound
 from reef_lab.gateway import episodes
 from reef_lab.gateway.admin import Admin, for_grant, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
-from reef_lab.gateway.learners import Learners
+from reef_lab.gateway.learners import LEASE, Learners
 from reef_lab.gateway.reports import Reports, shown
 from reef_lab.learning.recipe import LearnContext, RecordHolder, load_recipe, shipped_recipes
 from reef_lab.publishing.hub import HubConfig, HubPublisher
@@ -37,6 +39,10 @@ from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioLimits, ScenarioRegistry, check_name
 from reef_lab.tenants import OPEN, Grant
 
+log = logging.getLogger("reef_lab.gateway")
+SERVICES = ("all", "gateway", "learner")
+LEASE_SECONDS = 10.0  # a learner's lease: renewed every third of it; a dead learner's scenarios move within it + a tick
+
 __all__ = ["Gateway", "Reply", "StreamReply", "RECEIPT_HEADER", "RELEASE_HEADER", "PATHS", "shown", "wire_record"]
 
 
@@ -48,9 +54,18 @@ class Gateway:
                  tracking: TrackingConfig | None = None, allowed_recipes: list[str] | None = None,
                  retention: RetentionConfig | None = None, roll_records: int = 20_000, roll_bytes: int = 64 << 20,
                  harness_allow_executable: bool = False, scenario_limits: ScenarioLimits | None = None,
-                 state=None):
+                 state=None, service: str = "all", artifacts: str | Path | None = None):
         """`state`: a shared deployment's database (reef_lab.state.postgres.PgState, closed with the gateway):
-        records and scenarios there instead of in the data dir."""
+        records, scenarios, release indexes and learners' ledgers there instead of in the data dir, learners by
+        lease. `service`: "all" (serve and learn), "gateway" (serve; learners run elsewhere) or "learner" (learn
+        only). `artifacts`: the folder releases are written to (default `<data dir>/releases`); in a shared
+        deployment one every service mounts at the same path."""
+        if service not in SERVICES:
+            raise ValueError(f"service must be one of {SERVICES}, got {service!r}")
+        if service != "all" and state is None:
+            raise ValueError(f"--service {service} splits a deployment over processes that share its state: give "
+                             "--state postgresql://... too (alone, a data dir is one process's)")
+        self.service = service
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.engine = engine
@@ -60,13 +75,20 @@ class Gateway:
         offered = {*shipped_recipes(), default_recipe, *(allowed_recipes or [])}
         self.state = state
         self.scenarios = ScenarioRegistry(self.data_dir, default_recipe, default_config, scenario_limits, state)
-        self.learners = Learners(engine, self.scenarios, offered, tracking, self._context, self.data_dir)
+        self.learners = Learners(engine, self.scenarios, offered, tracking, self._context, self.data_dir,
+                                 learns=service != "gateway")
+        self.leases = None
+        if state is not None and service != "gateway":
+            from reef_lab.state.postgres import LeaseKeeper
+            self.leases = self.learners.leases = LeaseKeeper(state, LEASE_SECONDS, on_lost=self.learners.lost,
+                                                             on_tick=self._take_over)
         self.learners.check_engine_fits(load_recipe(default_recipe, default_config))  # fail at start
         self.store = RecordStore(self.data_dir, roll_records, roll_bytes) if state is None else PgRecordStore(state)
         self.retainer: Retainer | None = None
         self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
         self._handoff_lock = threading.Lock()
-        self.releases = ReleaseStore(self.data_dir)
+        self._pending = ThreadPoolExecutor(1, thread_name_prefix="reef-notices")  # reports other gateways stored
+        self.releases = ReleaseStore(self.data_dir, state, artifacts, fence=self._fence)
         self.hub = HubPublisher(hub, self.releases, engine.hub_id or engine.model_name) \
             if hub is not None and hub.repo else None
         self.learners.hub = self.hub
@@ -77,16 +99,67 @@ class Gateway:
                                  allow_executable=harness_allow_executable)
         self.reports = Reports(self.store, self.scenarios, self.learners, self._handing_over)
         self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
-                           self.serving_table, self.hub)
+                           self.serving_table, self.hub, state, service)
         self.started_at = time.time()
         self.releaser.restore({s.name for s in self.scenarios.list()})
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
             if self.learners.serves_from_start(s.name) or (
                     self.learners.recipe(s.name).evolves == "weights" and self.store.ids(s.name, "report")):
                 self.learners.start(s.name)
+        if state is not None:
+            state.on("release", self._release_notice)
+            if self.learners.learns:
+                state.on("report", self._report_notice)
+        if self.leases is not None:
+            self.leases.start()
         if retention is not None and retention.active:  # after the learners: they hold what they replayed
             self.retainer = Retainer(self.store, retention, self._retention_pins).start()
             self.store.on_roll = self.retainer.wake
+
+    # ---- a shared deployment (state in PostgreSQL) ------------------------------------------------------------
+    def _fence(self, scenario: str):
+        """The learner lease a write of the scenario's releases or ledger is fenced by (None: not this process's
+        learner's, e.g. a rollback by hand)."""
+        return None if self.leases is None else self.leases.fence(LEASE + scenario)
+
+    def _release_notice(self, scenario: str | None) -> None:
+        """Another service released, rolled back or promoted: serve what its index says now."""
+        for name in [scenario] if scenario else self.releases.scenarios():
+            if self.scenarios.exists(name):
+                try:
+                    self.releaser.follow(name)
+                except Exception:  # noqa: BLE001 - the release stays unserved here; the next notice retries
+                    log.exception("scenario %s: could not serve the release another service made", name)
+        self._changed()
+
+    def _report_notice(self, key: str | None) -> None:
+        """A report stored by another gateway: to this process's learner of its scenario (off the listener's
+        thread: building a learner may take seconds). None: notices were missed; the lease tick finds the work."""
+        if not key:
+            return
+        name, _, rid = key.partition(":")
+        if self.store.mine(rid) or not self.scenarios.exists(name):
+            return
+        self._pending.submit(self._hand_over, name, rid)
+
+    def _hand_over(self, name: str, rid: str) -> None:
+        if self.learners.recipe(name).evolves == "nothing":
+            return
+        rec = self.store.get(rid)
+        if rec is not None:
+            self.learners.start(name, rec)
+
+    def _take_over(self) -> None:
+        """Each lease tick: learn the scenarios with work that no live service learns (its learner died, or none
+        has started yet), taking their leases; one query for who holds what."""
+        held = self.state.lease_holders(LEASE)
+        for s in self.scenarios.list():
+            if LEASE + s.name in held or s.name in self.learners.errors:
+                continue
+            recipe = self.learners.recipe(s.name)
+            if self.learners.serves_from_start(s.name) or (
+                    recipe.evolves == "weights" and self.store.page(s.name, "report", s.since, None, 1)[0]):
+                self.learners.start(s.name)
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -110,7 +183,16 @@ class Gateway:
                             infer=infer, report=report,
                             releaser=self.releaser, records=RecordsReader(self.store, name,
                                                                           self.scenarios.get(name).since),
-                            engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker)
+                            engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker,
+                            ledger=self._shared_ledger(name))
+
+    def _shared_ledger(self, name: str):
+        """A shared deployment's learner keeps its ledger in the database (the service that takes the scenario over
+        replays only what this one did not consume), fenced by its lease."""
+        if self.state is None:
+            return None
+        from reef_lab.state.postgres import SharedDoc
+        return SharedDoc(self.state, "ledger", name, lambda: self._fence(name))
 
     @contextlib.contextmanager
     def _handing_over(self, ids: list[str]):
@@ -264,6 +346,7 @@ class Gateway:
         return {**self.admin.status(grant), "retention": None if self.retainer is None else self.retainer.status()}
 
     def close(self, close_engine: bool = True) -> None:
+        self._pending.shutdown(wait=False, cancel_futures=True)
         if self.retainer is not None:
             self.retainer.close()
         self.learners.close()

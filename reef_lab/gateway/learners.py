@@ -24,11 +24,20 @@ from reef_lab.schema import check_client_fields
 log = logging.getLogger("reef_lab.gateway.learners")
 
 
+LEASE = "learner:"  # a scenario's learner lease: learner:<scenario>
+
+
 class Learners:
+    """`learns`: whether this process runs learners at all (False: a gateway service of a shared deployment);
+    `leases`: in a shared deployment, the LeaseKeeper (reef_lab/state/postgres.py) that makes one learner per
+    scenario in the whole deployment: a scenario whose lease another service holds learns there, not here."""
+
     def __init__(self, engine, scenarios, offered: set[str], tracking: TrackingConfig | None,
-                 context: Callable[[str, Recipe, Tracker | None], LearnContext], data_dir, hub=None):
+                 context: Callable[[str, Recipe, Tracker | None], LearnContext], data_dir, hub=None,
+                 learns: bool = True, leases=None):
         self.engine, self.scenarios, self.offered, self.tracking = engine, scenarios, offered, tracking
         self.data_dir, self.hub = data_dir, hub
+        self.learns, self.leases = learns, leases
         self._context = context
         self.errors: dict[str, str] = {}  # scenario -> why its recipe or learner cannot be built
         self._recipes: dict[str, Recipe] = {}
@@ -80,9 +89,16 @@ class Learners:
         request; a composite's components too)."""
         return self.recipe(name).evolves in ("harness", "composite")
 
+    def here(self, name: str) -> bool:
+        """Whether the scenario's learner runs in this process (taking its lease if it is free)."""
+        return self.learns and (self.leases is None or self.leases.claim(LEASE + name))
+
     def start(self, name: str, record: dict | None = None) -> None:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
-        learner that cannot be built is the scenario's error (in /reef/status), never the client's."""
+        learner that cannot be built is the scenario's error (in /reef/status), never the client's. In a shared
+        deployment a scenario another service learns is left to it (it hears of the record from the database)."""
+        if name not in self._learners and not self.here(name):
+            return
         try:
             if self.recipe(name).evolves != "nothing":
                 ln = self.learner(name)
@@ -95,6 +111,10 @@ class Learners:
     def learner(self, name: str) -> ScenarioLearner:
         """The scenario's learner, built by its recipe on first use (a harness recipe's publishes its seed)."""
         ln = self._learners.get(name)
+        if ln is None and not self.here(name):
+            raise Conflict(f"scenario {name!r} learns in another service of this deployment (the learner holding "
+                           f"its lease: {self.holder(name) or 'none yet'}): ask that service, or try again if it "
+                           "just went down (another takes its scenarios over within 30 s)")
         if ln is None:
             with self._lock:
                 ln = self._learners.get(name)
@@ -140,6 +160,20 @@ class Learners:
                            "for the server's own calls, or give the recipe's LMs a key_env in --recipe-config")
         return make_lm({"kind": "openai", "base_url": self.engine.base_url, "model": self.engine.model})
 
+    def holder(self, name: str) -> str | None:
+        """Which service holds the scenario's learner lease (shared deployments; None: none, or not shared)."""
+        if self.leases is None:
+            return None
+        return self.leases.state.lease_holders(LEASE + name).get(LEASE + name)
+
+    def lost(self, lease: str) -> None:
+        """The lease of a scenario's learner ran out before this process renewed it: another service may have
+        taken it, so the learner stops here (its writes are fenced already)."""
+        if lease.startswith(LEASE):
+            ln = self._learners.pop(lease[len(LEASE):], None)
+            if ln is not None:
+                ln.close()
+
     def forget(self, name: str) -> None:
         """A deleted scenario: its recipe, error and learner go."""
         self._recipes.pop(name, None)
@@ -159,3 +193,5 @@ class Learners:
     def close(self) -> None:
         for ln in list(self._learners.values()):
             ln.close()
+        if self.leases is not None:
+            self.leases.close()

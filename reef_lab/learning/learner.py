@@ -40,6 +40,7 @@ import orjson
 from reef_lab._moved import sample_fields
 from reef_lab.engines.base import ReleaseHost, YieldsToTraining
 from reef_lab.errors import Conflict
+from reef_lab.files import JsonDoc
 from reef_lab.learning.loop import LearnerLoop
 from reef_lab.learning.intake import Intake, batch_report_means, report_measures  # noqa: F401 - its old home
 from reef_lab.learning.ledger import Ledger
@@ -113,7 +114,7 @@ class Learner(LearnerLoop, RecordHolder):
         self.dir = Path(ctx.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
-        self.ledger = Ledger(self.dir / "state.json", self._metric)  # consumed and failed records
+        self.ledger = Ledger(ctx.ledger or JsonDoc(self.dir / "state.json"), self._metric)  # consumed, failed
         self.intake = Intake(recipe, engine, ctx.records, self.config.episodes)  # records to samples
         self._init_loop()
         self._pool: list[Sample] = []

@@ -1,5 +1,5 @@
 """The learner's ledger: which records training has consumed and which failed, each with its error, kept in
-`learn/<scenario>/state.json` across restarts (written atomically, by the learner's thread and by request threads
+`learn/<scenario>/state.json` (a shared deployment: its database) across restarts (written atomically, by the learner's thread and by request threads
 alike). Consumed: a candidate was made from them, or they were dropped (stale), so a restart replays only the
 reports whose learning did not reach a candidate. Failed: a sample the step could not run, or in MAX_TRIES failed
 rounds, or a report that could not become a sample (that one is not consumed: a restart tries it again)."""
@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterable
 
-import orjson
 
-from reef_lab.files import write_json
+from reef_lab.files import JsonDoc
 
 FAILED_SHOWN = 20  # status lists the newest this many failed records (state.json keeps them all)
 
 
 class Ledger:
-    def __init__(self, path: Path, log_row: Callable[[dict], None]):
-        """`log_row`: where each failure is also written (the learner's metrics file and tracker)."""
-        self.path, self._log_row = Path(path), log_row
-        state = orjson.loads(self.path.read_bytes()) if self.path.exists() else {}
+    def __init__(self, doc: JsonDoc, log_row: Callable[[dict], None]):
+        """`doc`: where it is kept (a file, or a shared deployment's database: LearnContext.ledger);
+        `log_row`: where each failure is also written (the learner's metrics file and tracker)."""
+        self.doc, self._log_row = doc, log_row
+        state = doc.read() or {}
         self.consumed: set[str] = set(state.get("consumed", []))
         self.failed: dict[str, dict] = state.get("failed", {})  # record id -> its error, rounds, records, report
         self._lock = threading.Lock()
@@ -55,4 +54,4 @@ class Ledger:
 
     def save(self) -> None:
         with self._lock:
-            write_json(self.path, {"consumed": sorted(self.consumed), "failed": self.failed})
+            self.doc.write({"consumed": sorted(self.consumed), "failed": self.failed})

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from reef_lab.errors import BadRequest, ReefError
+from reef_lab.files import JsonDoc
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.tasks.base import TaskConfig
@@ -53,6 +54,7 @@ class LearnContext:
     engine: Engine  # its capabilities, model and tokenizer (loading releases is the releaser's)
     make_lm: Callable[[dict | None], LM]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
     tracker: Tracker | None = None  # a W&B run mirroring the learner's metrics (None: tracking off)
+    ledger: JsonDoc | None = None  # where its ledger lives (None: state_dir/state.json; shared: the database)
 
 
 class ScenarioLearner(Protocol):

@@ -416,19 +416,41 @@ class Releaser:
             rel = self._store.serving(name)
             if rel is None or name not in scenarios:
                 continue
-            if rel.get("kind") == "composite":
-                self._serve_composite(name, rel)
-            elif rel.get("kind") == "harness":
-                try:
-                    tree = self._load(Path(rel["folder"]))
-                except BadRequest as e:  # released by an earlier version that did not check it
-                    log.error("scenario %s: release %s is not served: %s; roll back to another release or publish "
-                              "a new one", name, rel["release_id"], e.message)
-                    continue
-                self.serving.set(name, Serving(rel["release_id"], (rel["release_id"], tree)))
-            elif isinstance(self.engine, ReleaseHost):
+            self._serve_stored(name, rel)
+
+    def follow(self, scenario: str) -> None:
+        """Serve what the index says serves now: in a shared deployment another service released, rolled back or
+        promoted (its `release` notice). Nothing changes when this process serves it already."""
+        with self._lock:
+            rel = self._store.serving(scenario)
+            current = self.serving.get(scenario)
+            if rel is None:
+                if current is not None:
+                    self.serving.set(scenario, None)
+                if isinstance(self.engine, ReleaseHost):
+                    self.engine.route(scenario, BASE)
+                return
+            kind = rel.get("kind")
+            if kind in ("harness", "composite") and current is not None and current.release_id == rel["release_id"]:
+                return
+            self._serve_stored(scenario, rel)
+
+    def _serve_stored(self, name: str, rel: dict) -> None:
+        """Serve a release the index names (loaded here if this process does not hold it yet)."""
+        if rel.get("kind") == "composite":
+            self._serve_composite(name, rel)
+        elif rel.get("kind") == "harness":
+            try:
+                tree = self._load(Path(rel["folder"]))
+            except BadRequest as e:  # released by an earlier version that did not check it
+                log.error("scenario %s: release %s is not served: %s; roll back to another release or publish "
+                          "a new one", name, rel["release_id"], e.message)
+                return
+            self.serving.set(name, Serving(rel["release_id"], (rel["release_id"], tree)))
+        elif isinstance(self.engine, ReleaseHost):
+            if rel["release_id"] not in self.engine.loaded_releases():
                 self.engine.load_release(rel["release_id"], rel["folder"])
-                self.engine.route(name, rel["release_id"])
+            self.engine.route(name, rel["release_id"])
 
     def _serve_composite(self, scenario: str, rel: dict | None) -> None:
         """Serve a composite release (or, None, the base weights and no harness): every component it names."""

@@ -33,9 +33,17 @@ def release_key(scenario: str, version: str) -> str:
 
 
 class ReleaseStore:
-    def __init__(self, data_dir: str | Path):
-        self.root = Path(data_dir) / "releases"
+    """A deployment's releases. Folders under `root` (`<data dir>/releases`, or the shared `--artifacts` folder that
+    every service of a shared deployment mounts at the same path); each scenario's index in its `index.json`, or with
+    a shared `state` (reef_lab/state/postgres.py) as a `releases` document there, revised on every write: a write
+    from a stale read is refused (Conflict), every service hears of it (`release` notices), and `fence(scenario)`
+    (a lease name and epoch, or None) makes a learner that lost its lease unable to write."""
+
+    def __init__(self, data_dir: str | Path, state=None, root: str | Path | None = None, fence=None):
+        self.root = Path(root) if root is not None else Path(data_dir) / "releases"
         self._lock = threading.RLock()
+        self._state, self._fence = state, fence
+        self._revs: dict[str, int] = {}  # scenario -> the revision of the index this process read last
 
     def folder(self, scenario: str) -> Path:
         return self.root / scenario
@@ -44,12 +52,23 @@ class ReleaseStore:
         return self.folder(scenario) / "index.json"
 
     def index(self, scenario: str) -> dict:
+        if self._state is not None:
+            body, rev = self._state.read_doc("release", scenario)
+            with self._lock:
+                self._revs[scenario] = rev
+            return body if body is not None else _empty()
         p = self._index_path(scenario)
         if not p.exists():
-            return {"serving": None, "releases": [], "candidates": [], "base_eval": None}
+            return _empty()
         return orjson.loads(p.read_bytes())
 
     def _save(self, scenario: str, index: dict) -> None:
+        """Lock held, after this process's read of the index (index())."""
+        if self._state is not None:
+            fence = self._fence(scenario) if self._fence is not None else None
+            self._revs[scenario] = self._state.write_doc("release", scenario, index, self._revs.get(scenario, 0),
+                                                         fence)
+            return
         p = self._index_path(scenario)
         p.parent.mkdir(parents=True, exist_ok=True)
         write_json(p, index, indent=True)
@@ -195,6 +214,8 @@ class ReleaseStore:
                 for rid in entry.get(key) or ()}
 
     def scenarios(self) -> list[str]:
+        if self._state is not None:
+            return self._state.doc_keys("release")
         return sorted(p.parent.name for p in self.root.glob("*/index.json")) if self.root.exists() else []
 
     def retire(self, scenario: str, attic: Path) -> None:
@@ -204,15 +225,20 @@ class ReleaseStore:
         the old ones."""
         with self._lock:
             folder = self.folder(scenario)
-            if not folder.exists():
+            if not folder.exists() and self._state is None:
                 return
             idx = self.index(scenario)
             done = len(idx["releases"]) + idx.get("version_offset", 0)
-            attic.mkdir(parents=True, exist_ok=True)
-            os.replace(folder, attic / "releases")
+            if folder.exists():
+                attic.mkdir(parents=True, exist_ok=True)
+                os.replace(folder, attic / "releases")
             if done:
                 self._save(scenario, {"serving": None, "releases": [], "candidates": [], "base_eval": None,
                                       "version_offset": done})
+
+
+def _empty() -> dict:
+    return {"serving": None, "releases": [], "candidates": [], "base_eval": None}
 
 
 def _next_version(idx: dict) -> str:

@@ -32,8 +32,13 @@ from reef_lab.records.segments import lines_to_frame
 from reef_lab.records.store import IndexEntry
 
 _COLUMNS = "id, scenario, kind, content_hash, stored_at, created_at, episode, caller, row"
-_INSERT = (f"INSERT INTO records ({_COLUMNS}) SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
-           "%s::float8[], %s::float8[], %s::text[], %s::text[], %s::bytea[]) ON CONFLICT (id) DO NOTHING RETURNING id")
+# One statement: the rows in, and a notice per new report or demonstration (delivered at commit) for the service
+# that learns the scenario, wherever it runs.
+_INSERT = (f"WITH ins AS (INSERT INTO records ({_COLUMNS}) SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], "
+           "%s::text[], %s::float8[], %s::float8[], %s::text[], %s::text[], %s::bytea[]) ON CONFLICT (id) DO NOTHING "
+           "RETURNING id, scenario, kind) SELECT id, CASE WHEN kind IN ('report', 'train') THEN "
+           "pg_notify('reef_changes', 'report:' || scenario || ':' || id) END FROM ins")
+MINE = 4096  # report ids this process wrote lately (its own notices are not handed to its learners twice)
 
 
 class _Append:
@@ -58,6 +63,7 @@ class PgRecordStore:
         self._queue: list[_Append] = []
         self._leading = False
         self.stats = {"commits": 0, "commit_errors": 0}
+        self._mine: dict[str, None] = {}  # insertion-ordered, bounded (MINE)
 
     # ---- writes ------------------------------------------------------------------------------------------------
     def append(self, records: list[Record], refs_checked_at: int | None = None) -> list[bool]:
@@ -73,6 +79,12 @@ class PgRecordStore:
                 raise Conflict(f"record id {d['id']!r} appears twice in one write")
             seen.add(d["id"])
         job = _Append(dicts, [row_text(d) for d in dicts])
+        mine = [d["id"] for d in dicts if d["kind"] in ("report", "train")]
+        if mine:  # before the commit: its notice may come back before append returns
+            with self._cv:
+                self._mine.update(dict.fromkeys(mine))
+                while len(self._mine) > MINE:
+                    self._mine.pop(next(iter(self._mine)))
         with self._cv:
             self._queue.append(job)
             while not job.done:
@@ -91,6 +103,10 @@ class PgRecordStore:
         if job.error is not None:
             raise job.error
         return job.fresh
+
+    def mine(self, record_id: str) -> bool:
+        """Whether this process wrote that report lately (its notice comes back to it too)."""
+        return record_id in self._mine
 
     def _commit(self, batch: list[_Append]) -> None:
         rows = [(d, line) for job in batch for d, line in zip(job.dicts, job.lines, strict=True)]

@@ -23,11 +23,12 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from reef_lab.errors import ReefError, StoreUnavailable
+from reef_lab.errors import Conflict, ReefError, StoreUnavailable
 from reef_lab.extras import need
 
 log = logging.getLogger("reef_lab.state")
@@ -66,6 +67,17 @@ MIGRATIONS: list[str] = [
         expires_at timestamptz NOT NULL
     );
     """,
+    # 2: documents: a scenario's release index, a learner's ledger (one JSON document each, with a revision so a
+    # writer that read an older one is refused instead of overwriting a change it never saw)
+    """
+    CREATE TABLE documents (
+        space text NOT NULL,
+        key text NOT NULL,
+        body jsonb NOT NULL,
+        rev bigint NOT NULL,
+        PRIMARY KEY (space, key)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -81,6 +93,26 @@ def redact(url: str) -> str:
 
 class SchemaTooNew(ReefError):
     status, type = 500, "schema_error"
+
+
+class SharedDoc:
+    """One document of the shared state with files.JsonDoc's two methods: what a learner keeps (its ledger) where
+    the service that takes its scenario over finds it. Fenced by the learner's lease, so a learner that lost it
+    writes nothing."""
+
+    def __init__(self, state: PgState, space: str, key: str, fence: Callable[[], tuple[str, int] | None] = None):
+        self.state, self.space, self.key, self._fence = state, space, key, fence
+        self._rev = 0
+
+    def read(self) -> dict | None:
+        body, self._rev = self.state.read_doc(self.space, self.key)
+        return body
+
+    def write(self, body: dict) -> None:
+        if not self._rev:  # never read by this process: start from what is stored (revision only)
+            _, self._rev = self.state.read_doc(self.space, self.key)
+        self._rev = self.state.write_doc(self.space, self.key, body, self._rev,
+                                         self._fence() if self._fence is not None else None)
 
 
 class PgState:
@@ -110,8 +142,14 @@ class PgState:
                             "runs, that this machine may connect (pg_hba.conf) and the user, password and database "
                             "in --state") from None
         self._migrate()
+        self._listening = threading.Event()
         self._listener = threading.Thread(target=self._listen, name="reef-state-listen", daemon=True)
         self._listener.start()
+        # a notice sent before LISTEN is lost: what this process reads next (its scenarios, releases) must not
+        # miss a change made between that read and the listener's start
+        if not self._listening.wait(connect_timeout):
+            log.warning("the state listener of %s is not listening yet: changes made elsewhere arrive once it is",
+                        self.where)
 
     # --- transactions -----------------------------------------------------------------------------------------
 
@@ -200,6 +238,7 @@ class PgState:
             try:
                 with conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self._listening.set()
                     if not first:  # notices sent while it was away are lost: every listener reads again
                         for kind in list(self._listeners):
                             self._fire(kind, None)
@@ -212,6 +251,37 @@ class PgState:
                 if not self._closed.is_set():
                     log.warning("state listener lost PostgreSQL (%s); reconnecting", str(e).strip()[:200])
                     self._closed.wait(1.0)
+
+    # --- documents ----------------------------------------------------------------------------------------------
+
+    def read_doc(self, space: str, key: str) -> tuple[dict | None, int]:
+        """A document and its revision (None, 0 when there is none)."""
+        with self.connection() as conn:
+            row = conn.execute("SELECT body, rev FROM documents WHERE space = %s AND key = %s", (space, key)).fetchone()
+        return (None, 0) if row is None else (row[0], row[1])
+
+    def write_doc(self, space: str, key: str, body: dict, rev: int, fence: tuple[str, int] | None = None) -> int:
+        """Replace a document read at revision `rev` (0: new) and notify `space:key`; its new revision. Conflict when
+        it changed since (someone else wrote it) or, with `fence` (lease name, epoch), when this process no longer
+        holds that lease: a learner that paused past its lease writes nothing."""
+        from psycopg.types.json import Jsonb
+
+        with self.tx() as conn:
+            if fence is not None and not self.holds(conn, *fence):
+                raise Conflict(f"this process no longer holds the lease {fence[0]!r} (another service took it over "
+                               "after it paused or lost the database): nothing was written")
+            row = conn.execute(
+                "INSERT INTO documents (space, key, body, rev) VALUES (%s, %s, %s, 1) ON CONFLICT (space, key) DO "
+                "UPDATE SET body = EXCLUDED.body, rev = documents.rev + 1 WHERE documents.rev = %s RETURNING rev",
+                (space, key, Jsonb(body), rev)).fetchone()
+            if row is None or (rev == 0 and row[0] != 1):
+                raise Conflict(f"{space} {key!r} changed while this service updated it: read it again and retry")
+            self.notify(conn, space, key)
+        return row[0]
+
+    def doc_keys(self, space: str) -> list[str]:
+        with self.connection() as conn:
+            return [r[0] for r in conn.execute("SELECT key FROM documents WHERE space = %s ORDER BY key", (space,))]
 
     # --- leases -----------------------------------------------------------------------------------------------
 
@@ -234,6 +304,14 @@ class PgState:
                            "expires_at > now() FOR UPDATE", (name, self.holder, epoch)).fetchone()
         return row is not None
 
+    def renew(self, names: list[str], seconds: float) -> set[str]:
+        """Renew this process's unexpired leases among `names` in one statement; the names it still holds."""
+        with self.connection() as conn:
+            rows = conn.execute("UPDATE leases SET expires_at = now() + %s * interval '1 s' WHERE holder = %s AND "
+                                "name = ANY(%s) AND expires_at > now() RETURNING name",
+                                (seconds, self.holder, names)).fetchall()
+        return {r[0] for r in rows}
+
     def release_lease(self, name: str) -> None:
         with contextlib.suppress(StoreUnavailable), self.tx() as conn:
             conn.execute("UPDATE leases SET expires_at = now() - interval '1 s' WHERE name = %s AND holder = %s",
@@ -250,3 +328,81 @@ class PgState:
         self._closed.set()
         self._listener.join(timeout=3)
         self.pool.close()
+
+
+class LeaseKeeper:
+    """The leases this process holds: taken on demand (`claim`), renewed together every ttl/3 seconds, given back
+    on close. A lease it could not renew before it ran out is lost: `on_lost(name)` stops what it guarded, and
+    `fence(name)` keeps naming its old epoch, so a write fenced by it is refused from then on. `on_tick()` runs
+    after each renewal (a learner service looks there for scenarios nobody learns).
+
+    Why a lease and not a lock file: the services of a shared deployment run on different machines; the database
+    is what they all see, and its clock decides who holds what."""
+
+    def __init__(self, state: PgState, ttl: float = 10.0, on_lost: Callable[[str], None] | None = None,
+                 on_tick: Callable[[], None] | None = None):
+        self.state, self.ttl, self.on_lost, self.on_tick = state, ttl, on_lost, on_tick
+        self.held: dict[str, int] = {}  # name -> epoch, while held
+        self._epochs: dict[str, int] = {}  # every lease held since start (a lost one fences its old epoch)
+        self._lock = threading.Lock()
+        self._renewed = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="reef-leases", daemon=True)
+
+    def start(self) -> LeaseKeeper:
+        """Start renewing (and ticking): once what `on_tick` reads is built."""
+        self._thread.start()
+        return self
+
+    def claim(self, name: str) -> bool:
+        """Whether this process holds `name` now (taken if it was free)."""
+        if name in self.held:
+            return True
+        try:
+            epoch = self.state.lease(name, self.ttl)
+        except StoreUnavailable:
+            return False
+        if epoch is None:
+            return False
+        with self._lock:
+            self.held[name] = self._epochs[name] = epoch
+        return True
+
+    def fence(self, name: str) -> tuple[str, int] | None:
+        """(name, epoch) for a lease this process holds or held (writes check it), None for one it never held."""
+        epoch = self._epochs.get(name)
+        return None if epoch is None else (name, epoch)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            names = list(self.held)
+            if names:
+                try:
+                    kept = self.state.renew(names, self.ttl)
+                    self._renewed = time.monotonic()
+                except StoreUnavailable:
+                    # not renewed; once a whole lease time has passed since the last renewal, another service may
+                    # hold them: stop now rather than act on a lease that has run out
+                    kept = set(names) if time.monotonic() - self._renewed < self.ttl * 0.8 else set()
+                for name in names:
+                    if name not in kept:
+                        with self._lock:
+                            self.held.pop(name, None)
+                        log.warning("lost the lease %s (not renewed in time): its work stops here", name)
+                        if self.on_lost is not None:
+                            self.on_lost(name)
+            if self.on_tick is not None:
+                try:
+                    self.on_tick()
+                except StoreUnavailable:
+                    pass
+                except Exception:  # noqa: BLE001 - the next tick tries again
+                    log.exception("lease tick failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for name in list(self.held):
+            self.state.release_lease(name)
+        self.held.clear()
