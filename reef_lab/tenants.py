@@ -100,10 +100,15 @@ class Tenants:
 
     def __init__(self, grants: dict[str, Grant] | None = None):
         self.grants = dict(grants or {})
-        ids = [g.id for g in self.grants.values()]
-        if len(set(ids)) != len(ids):
-            raise ValueError("two tokens share the first 16 hex digits of their sha256 (their id on records); make "
-                             "a new token for one of them")
+        self._own = dict(self.grants)  # REEF_TOKEN's and the tokens file's: what set_shared never removes
+        _check_ids(self.grants)
+
+    def set_shared(self, grants: dict[str, Grant]) -> None:
+        """A shared deployment's tokens (its database's, follow_shared) beside this process's own: replaced whole
+        on each change, so a revoked token is refused from the next request on."""
+        merged = {**grants, **self._own}
+        _check_ids(merged)
+        self.grants = merged
 
     @classmethod
     def load(cls, admin_tokens: list[str] | None = None, tokens_file: str | Path | None = None) -> Tenants:
@@ -134,6 +139,13 @@ class Tenants:
             raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <REEF_TOKEN>' "
                                "(or 'x-api-key' for Anthropic clients)")
         return grant
+
+
+def _check_ids(grants: dict[str, Grant]) -> None:
+    ids = [g.id for g in grants.values()]
+    if len(set(ids)) != len(ids):
+        raise ValueError("two tokens share the first 16 hex digits of their sha256 (their id on records); make "
+                         "a new token for one of them")
 
 
 def read_tokens_file(path: str | Path) -> dict[str, Grant]:
@@ -179,17 +191,79 @@ def parse_tokens(data, where: str) -> dict[str, Grant]:
 def add_token(path: str | Path, role: str, scenarios: list[str], name: str | None = None) -> tuple[str, str]:
     """Make a new token, add its entry (its sha256, never the token) to the tokens file, and return (token, id).
     The file is checked whole, with the new entry, before it is replaced (atomically)."""
+    path = Path(path)
+    data = (read_file(str(path), "tokens_file") if path.exists() else None) or {"tokens": []}
+    parse_tokens(data, f"tokens_file {path}")
+    token, entry = _new_entry(role, scenarios, name)
+    data["tokens"].append(entry)
+    parse_tokens(data, "the new entry")
+    _write_file(path, data)
+    return token, entry["sha256"][:ID_LENGTH]
+
+
+def revoke_token(path: str | Path, token_id: str) -> dict:
+    """Take the token whose id (the first 16 hex digits of its sha256, as records and status show it) is
+    `token_id` out of the tokens file; its entry. ValueError when no entry has that id."""
+    path = Path(path)
+    data = (read_file(str(path), "tokens_file") if path.exists() else None) or {"tokens": []}
+    parse_tokens(data, f"tokens_file {path}")
+    entry = _take(data, token_id, f"tokens_file {path}")
+    _write_file(path, data)
+    return entry
+
+
+# ---- a shared deployment's tokens: one document of its database (reef_lab/state/postgres.py) ----------------
+SHARED = ("tokens", "deployment")  # (space, key) of the document
+
+
+def follow_shared(tenants: Tenants, state) -> None:
+    """Keep `tenants` on the shared deployment's tokens: read now and again on every change any service makes
+    (the database's notice: a token added or revoked holds at every gateway within a second)."""
+    def load(_key: str | None = None) -> None:
+        body, _ = state.read_doc(*SHARED)
+        tenants.set_shared(parse_tokens(body, "the shared deployment's tokens") if body else {})
+    load()
+    state.on(SHARED[0], load)
+
+
+def add_shared_token(state, role: str, scenarios: list[str], name: str | None = None) -> tuple[str, str]:
+    """`add_token` on the shared deployment's tokens (`reef-lab token add --state postgresql://...`)."""
+    body, rev = state.read_doc(*SHARED)
+    data = body or {"tokens": []}
+    token, entry = _new_entry(role, scenarios, name)
+    data["tokens"].append(entry)
+    parse_tokens(data, "the new entry")
+    state.write_doc(*SHARED, data, rev)
+    return token, entry["sha256"][:ID_LENGTH]
+
+
+def revoke_shared_token(state, token_id: str) -> dict:
+    body, rev = state.read_doc(*SHARED)
+    data = body or {"tokens": []}
+    entry = _take(data, token_id, "the shared deployment's tokens")
+    state.write_doc(*SHARED, data, rev)
+    return entry
+
+
+def _new_entry(role: str, scenarios: list[str], name: str | None) -> tuple[str, dict]:
+    token = "reef-" + secrets.token_urlsafe(32)
+    return token, {"sha256": digest(token), "role": role, "scenarios": list(scenarios),
+                   **({"name": name} if name else {})}
+
+
+def _take(data: dict, token_id: str, where: str) -> dict:
+    found = [e for e in data["tokens"] if e["sha256"][:ID_LENGTH] == token_id]
+    if not found:
+        raise ValueError(f"{where} hold no token with id {token_id!r} (the id is the first {ID_LENGTH} hex digits "
+                         "of its sha256, as records and /reef/status show it)")
+    data["tokens"].remove(found[0])
+    return found[0]
+
+
+def _write_file(path: Path, data: dict) -> None:
     import yaml
 
     from reef_lab.files import write_atomic
 
-    path = Path(path)
-    data = (read_file(str(path), "tokens_file") if path.exists() else None) or {"tokens": []}
-    parse_tokens(data, f"tokens_file {path}")
-    token = "reef-" + secrets.token_urlsafe(32)
-    entry = {"sha256": digest(token), "role": role, "scenarios": list(scenarios), **({"name": name} if name else {})}
-    data["tokens"].append(entry)
-    parse_tokens(data, "the new entry")
     header = "# reef_lab tokens (docs/api.md#tokens): each by its sha256; the tokens themselves are never stored\n"
     write_atomic(path, (header + yaml.safe_dump(data, sort_keys=False)).encode())
-    return token, entry["sha256"][:ID_LENGTH]

@@ -21,6 +21,7 @@ from reef_lab.config import ServeConfig, tokens_from_env
 from reef_lab.procs import die_with_parent
 from reef_lab.service import build_engine, build_gateway
 from reef_lab.state import is_shared, open_state
+from reef_lab.tenants import follow_shared
 from server import tuning, workers
 from server.app import create_app
 from server.common import legacy_tokens_warning, limits_from
@@ -60,9 +61,11 @@ def build_relay(cfg: ServeConfig, tenants):
     client = workers.PrimaryClient(cfg.data_dir, tenants, limits)
     client.wait_ready()
     store = None
-    if is_shared(cfg.state):  # records straight to the shared database, as the primary's
+    if is_shared(cfg.state):  # records straight to the shared database, as the primary's; its tokens followed
         from reef_lab.records.postgres import PgRecordStore
-        store = PgRecordStore(open_state(cfg.state, "relay"))
+        state = open_state(cfg.state, "relay")
+        follow_shared(tenants, state)
+        store = PgRecordStore(state)
     gw = workers.RelayGateway(build_engine(cfg), client, cfg.data_dir, cfg.roll_records, cfg.roll_bytes(), store)
 
     def local(environ, dialect) -> bool:  # reports always (the primary validates them), inference when known
@@ -92,6 +95,8 @@ def build():
         _held.append(lock)
         primary, role = True, "primary"
     gateway = build_gateway(cfg)
+    if gateway.state is not None:  # a shared deployment's tokens (reef-lab token add --state ...) beside ours
+        follow_shared(tenants, gateway.state)
     if cfg.engine_name() == "embedded":
         _embedded.append(gateway.engine)
     multiprocessing.util.Finalize(None, _closer(gateway), exitpriority=10)

@@ -239,3 +239,44 @@ def test_two_gateways_and_a_learner_service_release_to_both(db, tmp_path, tiny_m
     finally:
         for gw in (a, b, learner):
             gw.close()
+
+
+def test_a_token_added_or_revoked_in_the_shared_state_holds_at_every_gateway_within_5_s(db, tmp_path, stub_url):
+    import subprocess
+    import sys
+
+    from reef_lab.engines.upstream import UpstreamEngine
+    from reef_lab.tenants import Tenants, follow_shared
+
+    admin = "admin-secret"
+    gateways = []
+    for name in ("a", "b"):
+        gw = Gateway(tmp_path / name, UpstreamEngine(stub_url, timeout=5.0), state=PgState(db))
+        tenants = Tenants.load([admin])
+        follow_shared(tenants, gw.state)
+        gateways.append(Running(gw, tenants))
+    try:
+        def status(url: str, token: str) -> int:
+            return httpx.get(f"{url}/reef/status", headers={"Authorization": f"Bearer {token}"}).status_code
+
+        # `reef-lab token add --state`, as the operator runs it: printed once, taken by both gateways
+        out = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "add", "--state", db,
+                              "--role", "reader", "--scenario", "*", "--name", "ops"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        token = out.stdout.strip()
+        for r in gateways:
+            _wait(lambda r=r: status(r.url, token) == 200, 5, "a new token not taken within 5 s")
+        token_id = next(g.id for g in Tenants.load([token]).grants.values())
+        out = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "revoke", token_id,
+                              "--state", db], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for r in gateways:
+            _wait(lambda r=r: status(r.url, token) == 401, 5, "a revoked token still taken after 5 s")
+            assert status(r.url, admin) == 200  # REEF_TOKEN's own tokens are never taken away by the state
+        bad = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "revoke", token_id,
+                              "--state", db], capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "no token with id" in bad.stderr
+    finally:
+        for r in gateways:
+            r.stop()

@@ -435,6 +435,15 @@ def test_the_cli_adds_a_token_and_prints_it_once(tmp_path):
                           "--role", "agent", "--scenario", "a/b"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert bad.returncode == 1 and "'scenarios' must be" in bad.stderr and len(read_tokens_file(path)) == 2
+    revoked = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "revoke",
+                              digest(token)[:16], "--file", str(path)], capture_output=True, text=True, cwd=ROOT,
+                             timeout=120)
+    assert revoked.returncode == 0, revoked.stderr
+    assert len(read_tokens_file(path)) == 1 and digest(token) not in path.read_text()
+    again = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "revoke",
+                            digest(token)[:16], "--file", str(path)], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+    assert again.returncode == 1 and "no token with id" in again.stderr
 
 
 # ---- several workers ---------------------------------------------------------------------------------------------

@@ -429,14 +429,23 @@ def token_parser(sub) -> None:
     tok = sub.add_parser("token", help="make a token scoped to scenarios and a role (the server's tokens file)",
                          description="The server's tokens file (--tokens-file) lists each token by its sha256; "
                                      "`add` makes a token, writes its entry and prints the token once.")
-    cmds = tok.add_subparsers(dest="command", required=True, metavar="add|hash")
-    add = cmds.add_parser("add", help="make a token, add it to the file, print it once")
-    add.add_argument("--file", required=True, help="the tokens file (created when missing)")
+    cmds = tok.add_subparsers(dest="command", required=True, metavar="add|revoke|hash")
+    add = cmds.add_parser("add", help="make a token, add it to the file (or the shared state), print it once")
+    where = add.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", help="the tokens file (created when missing; the server reads it at start)")
+    where.add_argument("--state", help="a shared deployment's PostgreSQL URL (postgresql://user@host:port/db): "
+                                       "every gateway takes the token within seconds, no restart")
     add.add_argument("--role", required=True, choices=ROLES, help="agent < reader < admin (each holds the rights "
                                                                    "of those before it)")
     add.add_argument("--scenario", action="append", required=True, dest="scenarios",
                      help="a scenario name or fnmatch pattern ('team-a-*'; '*': every one); repeat for more")
     add.add_argument("--name", help="a label for the operator (who holds the token)")
+    rev = cmds.add_parser("revoke", help="take a token out of the file (or the shared state) by its id")
+    rev.add_argument("id", help="the token's id: the first 16 hex digits of its sha256 (records and status show it)")
+    where = rev.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", help="the tokens file (the server reads it at start: restart it)")
+    where.add_argument("--state", help="a shared deployment's PostgreSQL URL: every gateway refuses the token "
+                                       "within seconds")
     cmds.add_parser("hash", help="print the sha256 of a token read from stdin (to write an entry by hand)")
 
 
@@ -449,12 +458,33 @@ def cmd_token(a) -> int:
             raise Failed("give the token on stdin, e.g. `printf %s \"$TOKEN\" | reef-lab token hash`")
         print(tenants.digest(token))
         return 0
+    from reef_lab.errors import ReefError
+
+    state = None
     try:
-        token, token_id = tenants.add_token(a.file, a.role, a.scenarios, a.name)
-    except ValueError as e:
+        if a.state:
+            from reef_lab.state import check_spec, open_state
+
+            state = open_state(check_spec(a.state), "cli")
+        if a.command == "revoke":
+            entry = tenants.revoke_shared_token(state, a.id) if state else tenants.revoke_token(a.file, a.id)
+            print(f"revoked token {a.id} ({entry['role']} of {', '.join(entry['scenarios'])})"
+                  + (": every gateway refuses it within seconds" if state else f" in {a.file}: restart the server"),
+                  file=sys.stderr)
+            return 0
+        if state:
+            token, token_id = tenants.add_shared_token(state, a.role, a.scenarios, a.name)
+        else:
+            token, token_id = tenants.add_token(a.file, a.role, a.scenarios, a.name)
+    except (ValueError, ReefError) as e:
         raise Failed(str(e)) from None
-    print(f"added token {token_id} ({a.role} of {', '.join(a.scenarios)}) to {a.file}; restart the server to use "
-          "it. The token (shown only now, the file keeps its sha256):", file=sys.stderr)
+    finally:
+        if state is not None:
+            state.close()
+    where = "the shared state: every gateway takes it within seconds" if state else \
+        f"{a.file}; restart the server to use it"
+    print(f"added token {token_id} ({a.role} of {', '.join(a.scenarios)}) to {where}. The token (shown only now, "
+          "only its sha256 is kept):", file=sys.stderr)
     print(token)
     return 0
 
