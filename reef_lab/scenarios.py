@@ -100,6 +100,12 @@ def stored_scenarios(data_dir: str | Path) -> list[dict] | None:
     return sorted(found.values(), key=lambda d: d.get("created_at") or 0)
 
 
+def shared_scenarios(state) -> list[dict]:
+    """The scenarios of a shared deployment's database, as stored (oldest first), writing nothing."""
+    with state.connection() as conn:
+        return [d for (d,) in conn.execute("SELECT body FROM scenarios ORDER BY changed_at")]
+
+
 @dataclass(frozen=True)
 class ScenarioLimits:
     """How many scenarios the deployment, and each token of some scenarios only, may create (issue 50: an agent

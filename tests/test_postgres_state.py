@@ -280,3 +280,64 @@ def test_a_token_added_or_revoked_in_the_shared_state_holds_at_every_gateway_wit
     finally:
         for r in gateways:
             r.stop()
+
+
+def test_an_episode_through_two_gateways_is_one_and_exports_from_the_database(db, tmp_path, stub_url):
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    from reef_lab.engines.upstream import UpstreamEngine
+
+    a = _gateway(db, tmp_path / "a", UpstreamEngine(stub_url, timeout=5.0))
+    b = _gateway(db, tmp_path / "b", UpstreamEngine(stub_url, timeout=5.0))
+    try:
+        turns = []
+        for i, gw in enumerate((a, b, a)):  # an agent's turns land on whichever gateway the balancer picks
+            r = httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-reef-scenario": "ep", "x-reef-session":
+                                                                      "sess-1"},
+                           json={"model": "m", "messages": [{"role": "user", "content": f"turn {i}"}]})
+            assert r.status_code == 200, r.text
+            turns.append(r.headers["x-reef-agent-record-id"])
+        for gw in (a, b):
+            ep = httpx.get(f"{gw.url}/reef/scenarios/ep/episodes/sess-1").json()
+            assert [t["id"] for t in ep["records"]] == turns
+        r = httpx.post(f"{b.url}/reef/report", headers={"x-reef-scenario": "ep"},
+                       json={"episode": "sess-1", "score": 1.0})
+        assert r.status_code == 200, r.text
+        out = subprocess.run([sys.executable, "scripts/export_records.py", "--state", db, "--scenario", "ep",
+                              "--out", str(tmp_path / "export")], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        inferences = pl.read_parquet(tmp_path / "export" / "inferences.parquet")
+        reports = pl.read_parquet(tmp_path / "export" / "reports.parquet")
+        assert sorted(inferences["id"].to_list()) == sorted(turns) and reports["references"].to_list() == [turns]
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_learner_that_lost_its_lease_cannot_release(db, tmp_path):
+    """Two learners never release for one scenario: one that paused past its lease (here: its lease run out in the
+    database) finds its next write refused, while the one that took over writes."""
+    from reef_lab.publishing.releases import ReleaseStore
+    from reef_lab.state.postgres import LeaseKeeper
+
+    one, two = PgState(db, service="learner"), PgState(db, service="learner")
+    k1, k2 = LeaseKeeper(one, ttl=30), LeaseKeeper(two, ttl=30)
+    r1 = ReleaseStore(tmp_path / "1", one, tmp_path / "art", fence=lambda s: k1.fence("learner:" + s))
+    r2 = ReleaseStore(tmp_path / "2", two, tmp_path / "art", fence=lambda s: k2.fence("learner:" + s))
+    try:
+        assert k1.claim("learner:s") and not k2.claim("learner:s")
+        assert r1.new_candidate("s", {"recipe": "sft"})[0] == "c1"
+        with psycopg.connect(db, autocommit=True) as c:  # the pause: its lease runs out
+            c.execute("UPDATE leases SET expires_at = now() - interval '1 s'")
+        assert k2.claim("learner:s")
+        with pytest.raises(Conflict, match="no longer holds the lease"):
+            r1.update_candidate("s", "c1", status="evaluated")
+        assert r2.new_candidate("s", {"recipe": "sft"})[0] == "c2"
+        assert [c["id"] for c in r1.index("s")["candidates"]] == ["c1", "c2"]  # one index, the holder's writes
+        assert r1.index("s")["candidates"][0]["status"] == "training"
+    finally:
+        for x in (k1, k2, one, two):
+            x.close()

@@ -24,26 +24,32 @@ import polars as pl
 from reef_lab.errors import NotFound
 from reef_lab.extras import need
 from reef_lab.publishing.releases import ReleaseStore
-from reef_lab.scenarios import Scenario, stored_scenarios
+from reef_lab.records.postgres import PgRecordStore
 from reef_lab.records.segments import collect_records
+from reef_lab.scenarios import Scenario, shared_scenarios, stored_scenarios
 
 TABLES = ("inferences", "reports", "training")
 
 
-def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFrame]:
-    """The three tables of a scenario as polars DataFrames."""
+def scenario_frames(data_dir: str | Path, scenario: str, state=None) -> dict[str, pl.DataFrame]:
+    """The three tables of a scenario as polars DataFrames, from a data dir or (`state`: a shared deployment's
+    PostgreSQL, reef_lab.state.open_state) from the database every service writes to."""
     data_dir = Path(data_dir)
-    found = [d for d in stored_scenarios(data_dir) or [] if d["name"] == scenario]
+    stored = stored_scenarios(data_dir) if state is None else shared_scenarios(state)
+    found = [d for d in stored or [] if d["name"] == scenario]
     if not found:
-        raise NotFound(f"scenario {scenario!r} does not exist in {data_dir}")
+        raise NotFound(f"scenario {scenario!r} does not exist in {data_dir if state is None else state.where}")
     born = Scenario(**found[0]).since
     # one read of the records, so inferences and reports come from the same view (a retention round may run)
-    records = collect_records(data_dir, lambda lf: lf.filter((pl.col("scenario") == scenario)
-                                                             & (pl.col("stored_at") >= born)).sort("created_at"))
+    if state is None:
+        records = collect_records(data_dir, lambda lf: lf.filter((pl.col("scenario") == scenario)
+                                                                 & (pl.col("stored_at") >= born)).sort("created_at"))
+    else:
+        records = PgRecordStore(state).frame(scenario, born).sort("created_at")
     inferences = records.filter(pl.col("kind") == "inference")
     reports = records.filter(pl.col("kind") == "report")
     rows = []
-    for rel in ReleaseStore(data_dir).index(scenario)["releases"]:
+    for rel in ReleaseStore(data_dir, state).index(scenario)["releases"]:
         for rid in rel.get("records") or []:
             rows.append({"release_id": rel["release_id"], "record_id": rid})
     consumed = pl.DataFrame(rows, schema={"release_id": pl.String, "record_id": pl.String})
@@ -57,20 +63,20 @@ def scenario_frames(data_dir: str | Path, scenario: str) -> dict[str, pl.DataFra
     return {"inferences": inferences, "reports": reports, "training": training}
 
 
-def scenario_datasets(data_dir: str | Path, scenario: str):
+def scenario_datasets(data_dir: str | Path, scenario: str, state=None):
     """The three tables as `datasets.Dataset`s (a DatasetDict)."""
     need("tasks", "records as datasets")
     import datasets
 
     return datasets.DatasetDict({k: datasets.Dataset.from_polars(v)
-                                 for k, v in scenario_frames(data_dir, scenario).items()})
+                                 for k, v in scenario_frames(data_dir, scenario, state).items()})
 
 
-def export_parquet(data_dir: str | Path, scenario: str, out_dir: str | Path) -> dict[str, Path]:
+def export_parquet(data_dir: str | Path, scenario: str, out_dir: str | Path, state=None) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    frames = scenario_frames(data_dir, scenario)
+    frames = scenario_frames(data_dir, scenario, state)
     for name, frame in frames.items():
         paths[name] = out / f"{name}.parquet"
         frame.write_parquet(paths[name])
@@ -81,7 +87,8 @@ def export_parquet(data_dir: str | Path, scenario: str, out_dir: str | Path) -> 
     return paths
 
 
-def push_records(data_dir: str | Path, scenario: str, repo_id: str, api=None, private: bool = False) -> dict:
+def push_records(data_dir: str | Path, scenario: str, repo_id: str, api=None, private: bool = False,
+                 state=None) -> dict:
     """Export and push as one commit on the dataset repo's main, tagged records-<n>. Returns commit and tag."""
     import tempfile
 
@@ -90,7 +97,7 @@ def push_records(data_dir: str | Path, scenario: str, repo_id: str, api=None, pr
 
     api = api or HfApi()
     with tempfile.TemporaryDirectory(prefix="reef-export-") as tmp:
-        export_parquet(data_dir, scenario, tmp)
+        export_parquet(data_dir, scenario, tmp, state)
         counts = orjson.loads((Path(tmp) / "export.json").read_bytes())["counts"]
         api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
         info = api.upload_folder(repo_id=repo_id, repo_type="dataset", folder_path=tmp,
