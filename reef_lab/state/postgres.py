@@ -130,10 +130,11 @@ class PgState:
         self.problem: str | None = None
         self._listeners: dict[str, list[Callable[[str | None], None]]] = {}
         self._closed = threading.Event()
+        self._suspect_until = 0.0  # after a lost connection, pooled ones are checked before use until then
         self.pool = ConnectionPool(url, min_size=1, max_size=pool_size, timeout=5.0, open=False,
                                    kwargs={"autocommit": True, "connect_timeout": 5,
                                            "application_name": f"reef_lab {service}"},
-                                   reconnect_timeout=0, name="reef_state")
+                                   reconnect_timeout=0, name="reef_state", check=self._check)
         try:
             self.pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
@@ -173,7 +174,34 @@ class PgState:
             except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as e:
                 raise self._unavailable(e) from None
 
+    @property
+    def lost(self) -> tuple[type[Exception], ...]:
+        """The psycopg errors that mean the database or the connection is gone (not a bad statement)."""
+        return (self._psycopg.OperationalError, self._psycopg.InterfaceError)
+
+    def connect(self):
+        """A connection of its own (autocommit), outside the pool: for a writer that keeps one (the record store's
+        group commit skips the pool's hand-over that way). StoreUnavailable when the database cannot be reached."""
+        try:
+            conn = self._psycopg.connect(self.url, autocommit=True, connect_timeout=5,
+                                         application_name=f"reef_lab {self.service} writer")
+        except self.lost as e:
+            raise self._unavailable(e) from None
+        self.problem = None
+        return conn
+
+    def unavailable(self, e: Exception) -> StoreUnavailable:
+        """The 503 to answer for a lost database (and `problem` set for health)."""
+        return self._unavailable(e)
+
+    def _check(self, conn) -> None:
+        """The pool's check of a connection it hands out: a round trip, paid only for a while after a connection was
+        lost (a restarted database leaves every pooled connection dead; each would fail its next use once)."""
+        if time.monotonic() < self._suspect_until:
+            conn.execute("SELECT 1")
+
     def _unavailable(self, e: Exception) -> StoreUnavailable:
+        self._suspect_until = time.monotonic() + 60
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         self.problem = f"PostgreSQL at {self.where} is unavailable: {first}"
         err = StoreUnavailable(f"{self.problem}; nothing was written, retry shortly")

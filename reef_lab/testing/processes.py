@@ -50,15 +50,16 @@ class Child:
 
 def start_child(cmd: list[str], port: int, log: Path | None = None, env: dict | None = None,
                 ready_path: str | None = "/healthz", timeout: float = 120.0, settle: float = 0.0,
-                base_env: dict | None = None) -> Child:
-    """Start `cmd` (which listens on `port`) and wait until GET `ready_path` answers (any status below 500; None: do
-    not wait). Its environment: `base_env` (default: this process's) updated with `env`. `settle`: seconds more
+                base_env: dict | None = None, cwd: str | Path | None = None) -> Child:
+    """Start `cmd` (which listens on `port`, in `cwd`: default the repository root) and wait until GET `ready_path`
+    answers (any status below 500; None: do not wait). Its environment: `base_env` (default: this process's)
+    updated with `env`. `settle`: seconds more
     after it answers (a relay worker connects to its primary after the primary answers). Raises RuntimeError with
     the log's tail if it does not come up."""
     if log is None:
         log = Path(tempfile.mkstemp(prefix="reef-child-", suffix=".log")[1])
     with open(log, "ab") as err:
-        proc = procs.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+        proc = procs.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.DEVNULL, stderr=err,
                            env={**(os.environ if base_env is None else base_env), **(env or {})})
     child = Child(proc, port, log)
     if ready_path is None:

@@ -1,6 +1,8 @@
 """Gateway overhead benchmark: reef_lab relaying to a stub provider vs calling the stub directly, same run.
 
     .venv/bin/python scripts/bench/bench_gateway.py            # results/gateway-bench.{md,png}, data/gateway-bench.json
+    .venv/bin/python scripts/bench/bench_gateway.py --state temp [--reef-bin V/bin/reef]   # shared state:
+                                                               # results/shared-state-bench.{md,png} (shared_state.py)
 
 Starts the stub provider (`reef_lab.testing.stub_provider`, a plain WSGI app under granian) and the real
 `scripts/serve.py --upstream-url <stub>` with a fresh data dir (for the instant stub also two variants beside it:
@@ -379,9 +381,24 @@ def main() -> None:
                     help="also measure the instant stub's paced latency at each of these total rates (e.g. "
                          "100,200,400,800), wrk as the client; about 45 s per rate with the defaults")
     ap.add_argument("--sweep-seconds", type=int, default=5, help="length of each round of --sweep")
-    ap.add_argument("--out", default=str(ROOT / "results" / "gateway-bench"), help="results path prefix")
+    ap.add_argument("--out", default=None, help="results path prefix (default results/gateway-bench, or with "
+                                                 "--state results/shared-state-bench)")
+    ap.add_argument("--state", default=None,
+                    help="measure shared state instead (scripts/bench/shared_state.py): reef_lab on this PostgreSQL "
+                         "(postgresql://..., or 'temp' for a throwaway one started here) against the data dir, 1 vs "
+                         "2 gateways, and Reef with its PostgreSQL store (--reef-bin)")
+    ap.add_argument("--reef-bin", default=None,
+                    help="with --state: Reef 0.1.3's `reef` command (reef-infra[postgres]==0.1.3 in a Python 3.12 "
+                         "venv; git-lfs on PATH), to measure Reef with its PostgreSQL store beside reef_lab")
     args = ap.parse_args()
     need_wrk()
+    if args.state:
+        from scripts.bench import shared_state
+
+        args.out = args.out or str(ROOT / "results" / "shared-state-bench")
+        shared_state.main(args, sys.modules[__name__])
+        return
+    args.out = args.out or str(ROOT / "results" / "gateway-bench")
     run = RunInfo()
     zero, zero_lat = measure(0.0, args, with_reports=True, variants=None if args.no_variants else VARIANTS)
     slow, slow_lat = measure(args.provider_ms, args, with_reports=False)
