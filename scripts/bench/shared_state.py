@@ -7,8 +7,9 @@ Servers, each in front of the same instant stub provider, each with a fresh data
 - `reef_lab, PostgreSQL, 2 gateways`: two `--service gateway --workers 1` processes on that database (the same
   number of worker processes as one gateway's default two), the load split over both ports;
 - `Reef 0.1.3, PostgreSQL`: Reef with its own PostgreSQL record store, when `--reef-bin` names its `reef` command
-  (a venv of its own, Python 3.12+: `python3.12 -m venv v && v/bin/pip install 'reef-infra[postgres]==0.1.3'`;
-  it needs git-lfs on PATH: `apt-get install git-lfs`).
+  (a venv of its own, Python 3.12+: `python3.12 -m venv runs/reef-venv && runs/reef-venv/bin/pip install
+  'reef-infra[postgres]==0.1.3'`, then `--reef-bin runs/reef-venv/bin/reef`; it needs git-lfs on PATH:
+  `apt-get install git-lfs`).
 
 Measured: paced latency with wrk as the client (16 connections, exponential think times, `--rate` requests/s in
 total), rounds alternating, each round starting one server later; then throughput (wrk, 16 connections). Writes
@@ -180,9 +181,24 @@ mostly that queue).
 |---|---|---|---|---|---|---|---|---|
 {rows}
 
-PostgreSQL over the data dir, p50: **{r['pg_over_default_p50_ms']:+.3f} ms** (goal: at most +1 ms).
+PostgreSQL over the data dir, p50: **{r['pg_over_default_p50_ms']:+.3f} ms** paced (goal: at most +1 ms),
+{one[PG] - one[DEFAULT]:+.3f} ms for one client alone; throughput {thr[PG] / thr[DEFAULT]:.2f}x the data dir's.{_vs_reef(r)}
+Two gateways on these two CPUs: {thr[PG2] / thr[PG]:.2f}x one gateway's throughput (the same CPUs do the work; what
+a second gateway adds is another machine's CPUs, not measured here). Errors: wrk's count of non-2xx answers and
+socket errors over the whole run.
+
 Rounds' p50: {"; ".join(f"{n}: {', '.join(f'{x:.3f}' for x in v['round_p50'])}" for n, v in lat.items())}.
 """
+
+
+def _vs_reef(r: dict) -> str:
+    if REEF not in r["latency_ms"]:
+        return ""
+    one, thr = r["one_client_p50_ms"], r["throughput_rps"]
+    return (f"\nAgainst Reef 0.1.3 on the same database: **{thr[PG] / thr[REEF]:.0f}x its throughput** "
+            f"({thr[PG]:.0f} against {thr[REEF]:.0f} requests/s), one client's added latency "
+            f"{one[PG] - one[DIRECT]:.3f} ms against {one[REEF] - one[DIRECT]:.3f} ms; at the paced rate Reef "
+            "cannot keep up and queues.")
 
 
 def plot(r: dict, path: str) -> None:
@@ -191,10 +207,12 @@ def plot(r: dict, path: str) -> None:
     names = list(r["latency_ms"])
     short = [n.replace("reef_lab, ", "").replace(", PostgreSQL", "\n+PG").replace("PostgreSQL", "PG") for n in names]
     axes[0].bar(short, [r["latency_ms"][n]["p50"] for n in names], color="#2a7")
-    axes[0].set_ylabel("p50 latency (ms)")
+    axes[0].set_yscale("log")  # Reef's queue is two orders above the rest
+    axes[0].set_ylabel("p50 latency (ms, log)")
     axes[0].set_title(f"paced at {r['rate']:.0f} req/s, 16 connections")
     axes[1].bar(short, [r["throughput_rps"][n] for n in names], color="#27a")
-    axes[1].set_ylabel("requests/s (wrk, 16 connections)")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("requests/s (wrk, 16 connections, log)")
     axes[1].set_title("throughput")
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
