@@ -40,7 +40,9 @@ class ServeConfig:
                 "lease in the database); gateway and learner need --state postgresql://..."})
     artifacts: str | None = field(default=None, metadata={
         "help": "folder releases are written to and served from (default: <data dir>/releases); in a shared "
-                "deployment a folder every gateway and learner mounts at the same path"})
+                "deployment a folder every gateway and learner mounts at the same path, or an object store's URL "
+                "(s3://bucket/prefix, gs://..., any fsspec URL with its package installed) each service fetches the "
+                "releases it serves from"})
     recipe: str = field(default="basic", metadata={
         "help": "recipe of new scenarios: a folder name in recipes/ or a module:Class path"})
     recipe_config: str | None = field(default=None, metadata={
@@ -236,6 +238,9 @@ class ServeConfig:
         check_spec(self.state)
         if self.service not in ("all", "gateway", "learner"):
             raise ValueError(f"service must be all, gateway or learner, got {self.service!r}")
+        if self.artifacts and "://" in self.artifacts and not is_shared(self.state):
+            raise ValueError(f"--artifacts {self.artifacts}: an object store holds a shared deployment's releases; "
+                             "give --state postgresql://... too, or a folder")
         if self.service != "all" and not is_shared(self.state):
             raise ValueError(f"--service {self.service} runs one part of a deployment whose state is shared: give "
                              "--state postgresql://user@host:port/db too (a data dir is one process's)")

@@ -95,11 +95,9 @@ def get_request(request_id: str):
 
 @bp.get("/scenarios/<name>/requests")
 def list_requests(name: str):
-    from reef_lab.harness.change_requests import RequestStore
-
     since = g.gateway.scenarios.get(name).since
     return json_response(g.gateway.for_grant(
-        {"scenario": name, "requests": RequestStore(g.gateway.data_dir).list(name, since)}, g.grant))
+        {"scenario": name, "requests": g.gateway.requests.list(name, since)}, g.grant))
 
 
 @bp.get("/scenarios/<name>/releases")

@@ -20,7 +20,7 @@ import pytest
 from reef_lab.testing import postgres as pgtest
 from reef_lab.testing.processes import start_server
 
-pytestmark = [pytest.mark.heavy,
+pytestmark = [pytest.mark.heavy, pytest.mark.deploy,
               pytest.mark.skipif(pgtest.bindir() is None, reason="PostgreSQL's server is not installed")]
 pytest.importorskip("psycopg")
 

@@ -106,6 +106,20 @@ def test_a_scenario_made_at_one_gateway_holds_at_the_other_within_5_s(db, tmp_pa
             time.sleep(0.02)
         # the same name made at B now is the conflict the database's key decides
         assert httpx.post(f"{b.url}/reef/scenarios", json={"name": "made-at-a"}).status_code == 409
+        # a harness published by hand at A serves at B within 5 s (the stub answers `!system` with the system text)
+        files = {"system_prompt.md": "You are terse.", "rules.md": "- Answer with a number."}
+        r = httpx.post(f"{a.url}/reef/scenarios/made-at-a/harness", json={"files": files})
+        assert r.status_code == 201 and r.json()["release_id"] == "made-at-a:v1", r.text
+
+        def served_at_b() -> str:
+            r = httpx.post(f"{b.url}/v1/chat/completions", headers={"x-reef-scenario": "made-at-a"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "!system"}]})
+            return r.headers.get("x-reef-release-id", "")
+        t0 = time.monotonic()
+        while served_at_b() != "made-at-a:v1":
+            assert time.monotonic() - t0 < 5, "the harness did not reach the other gateway in 5 s"
+            time.sleep(0.05)
+        assert httpx.get(f"{b.url}/reef/harness", headers={"x-reef-scenario": "made-at-a"}).json()["files"] == files
         httpx.delete(f"{a.url}/reef/scenarios/made-at-a").raise_for_status()
         t0 = time.monotonic()
         while b.gateway.scenarios.exists("made-at-a"):
@@ -210,10 +224,13 @@ def _wait(cond, seconds: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_two_gateways_and_a_learner_service_release_to_both(db, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("store", ["folder", "object-store"])
+def test_two_gateways_and_a_learner_service_release_to_both(db, tmp_path, tiny_model_dir, store):
+    """`folder`: one artifacts folder every service mounts; `object-store`: an fsspec URL (file:// here, the same
+    code as s3://), each service with its own copy of the releases it serves."""
     from reef_lab.tasks.base import make_task
 
-    artifacts = tmp_path / "artifacts"
+    artifacts = tmp_path / "artifacts" if store == "folder" else f"file://{tmp_path}/bucket/releases"
     a = _service(db, tmp_path / "a", tiny_model_dir, "gateway", artifacts)
     b = _service(db, tmp_path / "b", tiny_model_dir, "gateway", artifacts)
     learner = _service(db, tmp_path / "l", tiny_model_dir, "learner", artifacts)
@@ -233,9 +250,18 @@ def test_two_gateways_and_a_learner_service_release_to_both(db, tmp_path, tiny_m
         probe = make_task().items(1, seed=99)[0]
         for gw in (a, b):  # served by both gateways within 5 s of the release, no restart
             _wait(lambda gw=gw: _ask(gw, "s", probe)[1] == "s:v1", 5, "release not served by a gateway")
-        assert str(artifacts) in learner.list_releases("s")["releases"][0]["folder"]
-        assert learner.status()["learning_here"] == ["s"] and "learning_here" not in a.status() or \
-            a.status()["learning_here"] == []
+        folder = learner.list_releases("s")["releases"][0]["folder"]
+        if store == "folder":
+            assert folder.startswith(str(artifacts))
+        else:  # in the bucket, and fetched by each gateway into its own data dir when it served it
+            assert (tmp_path / "bucket" / "releases" / "s" / "v1" / "model.safetensors").exists()
+            for name in ("a", "b"):
+                assert (tmp_path / name / "releases" / "s" / "v1" / "model.safetensors").exists()
+        assert learner.status()["learning_here"] == ["s"] and a.status()["learning_here"] == []
+        # deleted at a gateway: the learner service stops its learner and gives the lease back
+        a.delete_scenario("s")
+        _wait(lambda: learner.learners.running("s") is None and not learner.state.lease_holders("learner:"), 5,
+              "the learner service kept learning a deleted scenario")
     finally:
         for gw in (a, b, learner):
             gw.close()
@@ -341,3 +367,39 @@ def test_a_learner_that_lost_its_lease_cannot_release(db, tmp_path):
     finally:
         for x in (k1, k2, one, two):
             x.close()
+
+
+def test_a_change_request_at_a_gateway_is_taken_up_by_the_learner_service(db, tmp_path):
+    """A harness scenario learned by a learner service: the request posted at a gateway is stored in the
+    database, the learner service hears of it, proposes, releases, and the gateway serves the new harness."""
+    from reef_lab.engines.upstream import UpstreamEngine
+    from reef_lab.testing.scripted_provider import ScriptedProvider
+
+    seed = {"system_prompt.md": "You are careful.", "rules.md": "- RULE-ONE\n"}
+    with ScriptedProvider() as provider:
+        config = {"mode": "manual", "seed_harness": seed, "val_size": 2, "requests": {
+            "proposer_lm": {"kind": "openai", "base_url": provider.url, "model": "scripted"}}}
+
+        def service(name: str, kind: str) -> Gateway:
+            return Gateway(tmp_path / name, UpstreamEngine(provider.url, model="scripted-model"),
+                           default_recipe="gepa", default_config=config, state=PgState(db, service=kind),
+                           service=kind, artifacts=tmp_path / "artifacts")
+        gw = Running(service("g", "gateway"))
+        learner = service("l", "learner")
+        try:
+            assert httpx.post(f"{gw.url}/reef/scenarios", json={"name": "s"}).status_code == 201
+            _wait(lambda: gw.gateway.serving_table.get("s") is not None, 20,
+                  "the learner service did not publish the seed harness")
+            r = httpx.post(f"{gw.url}/reef/train", headers={"x-reef-scenario": "s"},
+                           json={"text": "Always add a CHANGELOG entry"})
+            assert r.status_code == 202, r.text
+            rid = r.json()["request_id"]
+            _wait(lambda: httpx.get(f"{gw.url}/reef/requests/{rid}").json()["state"] == "released", 60,
+                  f"not released: {httpx.get(f'{gw.url}/reef/requests/{rid}').json()}")
+            _wait(lambda: "CHANGELOG" in httpx.get(f"{gw.url}/reef/harness", headers={"x-reef-scenario": "s"}
+                                                   ).json()["files"]["rules.md"], 5, "the gateway did not serve it")
+            listed = httpx.get(f"{gw.url}/reef/scenarios/s/requests").json()["requests"]
+            assert [q["id"] for q in listed] == [rid]
+        finally:
+            gw.stop()
+            learner.close()

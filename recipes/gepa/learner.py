@@ -70,7 +70,7 @@ class HarnessLearner(LearnerLoop, RecordHolder):
         req_cfg = self.config.request_config()  # change requests in plain words: reef_lab/harness/change_requests.py
         proposer = LazyLM(lambda: ctx.make_lm(req_cfg.proposer_lm))  # None: the deployment's model (its upstream)
         self.requests = ChangeRequests(scenario, ctx.releaser, ctx.records, ctx.data_dir, proposer, req_cfg,
-                                       recipe.name, self._evaluate_request)
+                                       recipe.name, self._evaluate_request, store=ctx.requests)
         self._start(f"reef-gepa-{scenario}")
 
     # ---- inputs ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 from reef_lab.harness import tree as harness_mod
 from reef_lab.errors import BadRequest, Conflict, NotFound
-from reef_lab.harness.change_requests import SESSION_ID, RequestStore
+from reef_lab.harness.change_requests import SESSION_ID, RequestStore, answer, create_request, refuse_change
 from reef_lab.learning.recipe import check_offered, load_recipe
 from reef_lab.publishing.releases import BASE
 from reef_lab.records.record import KINDS
@@ -22,10 +22,11 @@ from reef_lab.tenants import OPEN, Grant
 
 class Admin:
     def __init__(self, data_dir: Path, engine, store, scenarios, releaser, learners, serving, hub=None,
-                 state=None, service: str = "all"):
+                 state=None, service: str = "all", requests: RequestStore | None = None):
         self.data_dir, self.engine, self.store, self.scenarios = data_dir, engine, store, scenarios
         self.releaser, self.learners, self.serving, self.hub = releaser, learners, serving, hub
         self.state, self.service = state, service
+        self.requests = requests if requests is not None else RequestStore(data_dir)
         self.started_at = time.time()
 
     # ---- harness releases -----------------------------------------------------------------------------------
@@ -68,6 +69,11 @@ class Admin:
         if name in self.learners.errors:
             raise Conflict(f"scenario {name!r} cannot train: {self.learners.errors[name]}")
         if isinstance(body, dict) and "text" in body:
+            if self.learners.elsewhere(name):  # a shared deployment: the learner service holding it takes it up
+                recipe = self.learners.recipe(name)
+                if recipe.evolves not in ("harness", "composite"):
+                    raise refuse_change(recipe.name)
+                return answer(create_request(self.requests, self.releaser, name, body))
             return self.learners.learner(name).request_change(body)
         if isinstance(body, dict) and set(body) - {"scenario"}:
             raise BadRequest(f"unknown field(s) {sorted(set(body) - {'scenario'})}: a training round takes "
@@ -191,7 +197,7 @@ class Admin:
     def get_request(self, request_id: str, grant: Grant = OPEN) -> dict:
         """A change request, if it is of a scenario that exists now (not of a deleted one of the same name) and
         `grant` may read; any other answers 404 alike, so nothing is told of another tenant's requests."""
-        req = RequestStore(self.data_dir).get(request_id)
+        req = self.requests.get(request_id)
         name = req.get("scenario")
         if not (self.scenarios.exists(name) and req["created_at"] >= self.scenarios.get(name).since
                 and grant.may("reader", name)):

@@ -25,6 +25,7 @@ from reef_lab.gateway import episodes
 from reef_lab.gateway.admin import Admin, for_grant, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
 from reef_lab.gateway.learners import LEASE, Learners
+from reef_lab.harness.change_requests import RequestStore
 from reef_lab.gateway.reports import Reports, shown
 from reef_lab.learning.recipe import LearnContext, RecordHolder, load_recipe, shipped_recipes
 from reef_lab.publishing.hub import HubConfig, HubPublisher
@@ -59,7 +60,8 @@ class Gateway:
         records, scenarios, release indexes and learners' ledgers there instead of in the data dir, learners by
         lease. `service`: "all" (serve and learn), "gateway" (serve; learners run elsewhere) or "learner" (learn
         only). `artifacts`: the folder releases are written to (default `<data dir>/releases`); in a shared
-        deployment one every service mounts at the same path."""
+        deployment one every service mounts at the same path, or an object store's fsspec URL (s3://bucket/x)
+        from which each service fetches the releases it serves."""
         if service not in SERVICES:
             raise ValueError(f"service must be one of {SERVICES}, got {service!r}")
         if service != "all" and state is None:
@@ -88,7 +90,13 @@ class Gateway:
         self._handoff: dict[object, tuple[str, ...]] = {}  # reports stored but not yet handed to their learner
         self._handoff_lock = threading.Lock()
         self._pending = ThreadPoolExecutor(1, thread_name_prefix="reef-notices")  # reports other gateways stored
-        self.releases = ReleaseStore(self.data_dir, state, artifacts, fence=self._fence)
+        remote = str(artifacts) if artifacts is not None and "://" in str(artifacts) else None
+        if remote is not None and state is None:
+            raise ValueError(f"--artifacts {remote}: an object store holds the releases of a shared deployment; give "
+                             "--state postgresql://... too, or a folder")
+        self.requests = RequestStore(self.data_dir, state)  # change requests (a shared deployment's: in it)
+        self.releases = ReleaseStore(self.data_dir, state, None if remote else artifacts, fence=self._fence,
+                                     remote=remote)
         self.hub = HubPublisher(hub, self.releases, engine.hub_id or engine.model_name) \
             if hub is not None and hub.repo else None
         self.learners.hub = self.hub
@@ -99,7 +107,7 @@ class Gateway:
                                  allow_executable=harness_allow_executable)
         self.reports = Reports(self.store, self.scenarios, self.learners, self._handing_over)
         self.admin = Admin(self.data_dir, engine, self.store, self.scenarios, self.releaser, self.learners,
-                           self.serving_table, self.hub, state, service)
+                           self.serving_table, self.hub, state, service, self.requests)
         self.started_at = time.time()
         self.releaser.restore({s.name for s in self.scenarios.list()})
         for s in self.scenarios.list():  # resume learning from reports not consumed before a restart
@@ -108,6 +116,7 @@ class Gateway:
                 self.learners.start(s.name)
         if state is not None:
             state.on("release", self._release_notice)
+            state.on("scenario", self._scenario_notice)  # after the registry's own (it reads the change first)
             if self.learners.learns:
                 state.on("report", self._report_notice)
         if self.leases is not None:
@@ -132,6 +141,11 @@ class Gateway:
                     log.exception("scenario %s: could not serve the release another service made", name)
         self._changed()
 
+    def _scenario_notice(self, name: str | None) -> None:
+        """A scenario deleted at another gateway: its learner here stops and gives its lease back."""
+        if name and not self.scenarios.exists(name) and name in self.learners.built():
+            self._pending.submit(self.learners.forget, name)
+
     def _report_notice(self, key: str | None) -> None:
         """A report stored by another gateway: to this process's learner of its scenario (off the listener's
         thread: building a learner may take seconds). None: notices were missed; the lease tick finds the work."""
@@ -152,6 +166,9 @@ class Gateway:
     def _take_over(self) -> None:
         """Each lease tick: learn the scenarios with work that no live service learns (its learner died, or none
         has started yet), taking their leases; one query for who holds what."""
+        for name in self.learners.built():  # deleted at another gateway: its learner stops here too
+            if not self.scenarios.exists(name):
+                self.learners.forget(name)
         held = self.state.lease_holders(LEASE)
         for s in self.scenarios.list():
             if LEASE + s.name in held or s.name in self.learners.errors:
@@ -184,7 +201,7 @@ class Gateway:
                             releaser=self.releaser, records=RecordsReader(self.store, name,
                                                                           self.scenarios.get(name).since),
                             engine=self.engine, make_lm=self.learners.make_lm, tracker=tracker,
-                            ledger=self._shared_ledger(name))
+                            ledger=self._shared_ledger(name), requests=self.requests)
 
     def _shared_ledger(self, name: str):
         """A shared deployment's learner keeps its ledger in the database (the service that takes the scenario over

@@ -93,6 +93,10 @@ class Learners:
         """Whether the scenario's learner runs in this process (taking its lease if it is free)."""
         return self.learns and (self.leases is None or self.leases.claim(LEASE + name))
 
+    def elsewhere(self, name: str) -> bool:
+        """Whether another service of a shared deployment learns the scenario (or would: a gateway service)."""
+        return name not in self._learners and not self.here(name)
+
     def start(self, name: str, record: dict | None = None) -> None:
         """Build (or reach) the scenario's learner and hand it a stored record. The record is stored already, so a
         learner that cannot be built is the scenario's error (in /reef/status), never the client's. In a shared
@@ -181,6 +185,8 @@ class Learners:
         ln = self._learners.pop(name, None)
         if ln is not None:
             ln.close()
+        if self.leases is not None:
+            self.leases.drop(LEASE + name)
 
     def built(self) -> dict[str, ScenarioLearner]:
         """The learners built so far, by scenario (a snapshot)."""

@@ -104,9 +104,14 @@ class Rejected(Exception):
 
 # ---- the request files ------------------------------------------------------------------------------------------
 class RequestStore:
-    def __init__(self, data_dir: str | Path):
+    """The change requests: one file each in the data dir, or (`state`: a shared deployment's PostgreSQL) one
+    document each, so a request made at any gateway reaches the learner service of its scenario (`watch`)."""
+
+    def __init__(self, data_dir: str | Path, state=None):
         self.dir = Path(data_dir) / "requests"
         self._lock = threading.Lock()
+        self._state = state
+        self._revs: dict[str, int] = {}
 
     def _path(self, rid: str) -> Path:
         if not isinstance(rid, str) or not _ID.match(rid):
@@ -115,13 +120,36 @@ class RequestStore:
 
     def get(self, rid: str) -> dict:
         path = self._path(rid)
+        if self._state is not None:
+            body, rev = self._state.read_doc("request", rid)
+            if body is None:
+                raise NotFound(f"change request {rid!r} not found")
+            self._revs[rid] = rev
+            return body
         if not path.exists():
             raise NotFound(f"change request {rid!r} not found")
         return orjson.loads(path.read_bytes())
 
+    def watch(self, scenario: str, fn: Callable[[str], None]) -> None:
+        """Call `fn(request_id)` for each request another service makes for `scenario` (shared state only: in one
+        process every request comes through the learner's own `submit`)."""
+        if self._state is None:
+            return
+
+        def heard(key: str | None) -> None:
+            name, _, rid = (key or "").rpartition(":")
+            if name == scenario and rid:
+                fn(rid)
+        self._state.on("request", heard)
+
     def list(self, scenario: str | None = None, since: float = 0.0) -> list[dict]:
         """Requests, oldest first: all, or one scenario's made since `since` (its creation time)."""
-        out = [orjson.loads(p.read_bytes()) for p in sorted(self.dir.glob("req_*.json"))] if self.dir.exists() else []
+        if self._state is not None:
+            out = self._state.find_docs("request", "scenario", scenario) if scenario is not None else [
+                self._state.read_doc("request", k)[0] for k in self._state.doc_keys("request")]
+        else:
+            out = [orjson.loads(p.read_bytes()) for p in sorted(self.dir.glob("req_*.json"))] \
+                if self.dir.exists() else []
         out = [r for r in out if (scenario is None or r["scenario"] == scenario) and r["created_at"] >= since]
         return sorted(out, key=lambda r: r["created_at"])
 
@@ -137,6 +165,11 @@ class RequestStore:
 
     def save(self, req: dict) -> None:
         with self._lock:
+            if self._state is not None:
+                rid = self._path(req["id"]).stem  # (checks the id)
+                self._revs[rid] = self._state.write_doc("request", rid, req, self._revs.get(rid, 0),
+                                                        notice=f"{req['scenario']}:{rid}")
+                return
             self.dir.mkdir(parents=True, exist_ok=True)
             write_json(self._path(req["id"]), req, indent=True)
 
@@ -146,6 +179,24 @@ class RequestStore:
         req["history"].append({"state": state, "at": now, **({"why": why} if why else {})})
         self.save(req)
         return req
+
+
+def create_request(store: RequestStore, releaser, scenario: str, body: Any) -> dict:
+    """A new request, checked (its body, the release it names) and stored `queued`: by the scenario's learner, or in
+    a shared deployment by a gateway for the learner service that holds the scenario (it hears of it)."""
+    fields = check_body(body)
+    if fields["release_id"] is not None:
+        rel = releaser.release(scenario, fields["release_id"])
+        if rel is None or rel.get("kind") != "harness":
+            raise BadRequest(f"release {fields['release_id']!r} is not a harness release of {scenario!r}")
+        fields["release_id"] = rel["release_id"]
+    return store.create(scenario, fields)
+
+
+def answer(req: dict) -> dict:
+    """What POST /reef/train answers for a new request."""
+    return {"request_id": req["id"], "scenario": req["scenario"], "state": req["state"],
+            "url": f"/reef/requests/{req['id']}"}
 
 
 def check_body(body: Any) -> dict:
@@ -363,11 +414,14 @@ class ChangeRequests:
     (selection `evaluate`)."""
 
     def __init__(self, scenario: str, releaser, records, data_dir: Path, lm, config: RequestConfig, recipe: str,
-                 evaluate: Callable[[dict[str, str]], tuple[bool, str]] | None = None):
+                 evaluate: Callable[[dict[str, str]], tuple[bool, str]] | None = None,
+                 store: RequestStore | None = None):
+        """`store`: where requests are kept (LearnContext.requests; default: the data dir's files)."""
         self.scenario, self.releaser, self.records, self.lm = scenario, releaser, records, lm
         self.config, self.recipe, self.evaluate = config, recipe, evaluate
-        self.store = RequestStore(data_dir)
+        self.store = store if store is not None else RequestStore(data_dir)
         self._queue: deque[str] = deque()
+        self._seen: set[str] = set()  # every request queued in this process (a late notice queues none twice)
         self._cv = threading.Condition()
         self._stop = False
         since = records.since  # a deleted earlier scenario of this name keeps its requests
@@ -375,9 +429,26 @@ class ChangeRequests:
             if req["state"] in OPEN:
                 self.store.move(req, "queued", "queued again after a restart")
                 self._queue.append(req["id"])
+                self._seen.add(req["id"])
         self._thread: threading.Thread | None = None  # runs only while requests wait (an idle scenario holds none)
         with self._cv:
             if self._queue:
+                self._wake()
+        self.store.watch(scenario, self.adopt)
+
+    def adopt(self, rid: str) -> None:
+        """A request another service of a shared deployment made for this scenario (a gateway took the POST): queued
+        here like one of ours."""
+        try:
+            req = self.store.get(rid)
+        except NotFound:
+            return
+        if req["scenario"] != self.scenario or req["state"] != "queued":
+            return
+        with self._cv:
+            if rid not in self._seen and not self._stop:
+                self._seen.add(rid)
+                self._queue.append(rid)
                 self._wake()
 
     def _wake(self) -> None:
@@ -388,18 +459,13 @@ class ChangeRequests:
             self._thread.start()
 
     def submit(self, body: Any) -> dict:
-        fields = check_body(body)
-        if fields["release_id"] is not None:
-            rel = self.releaser.release(self.scenario, fields["release_id"])
-            if rel is None or rel.get("kind") != "harness":
-                raise BadRequest(f"release {fields['release_id']!r} is not a harness release of {self.scenario!r}")
-            fields["release_id"] = rel["release_id"]
-        req = self.store.create(self.scenario, fields)
+        req = create_request(self.store, self.releaser, self.scenario, body)
         with self._cv:
-            self._queue.append(req["id"])
+            if req["id"] not in self._seen:  # (its notice may have queued it already)
+                self._seen.add(req["id"])
+                self._queue.append(req["id"])
             self._wake()
-        return {"request_id": req["id"], "scenario": self.scenario, "state": req["state"],
-                "url": f"/reef/requests/{req['id']}"}
+        return answer(req)
 
     def pending(self) -> int:
         with self._cv:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from reef_lab.errors import BadRequest, ReefError
 from reef_lab.files import JsonDoc
+from reef_lab.harness.change_requests import RequestStore
 from reef_lab.plugins import import_path
 from reef_lab.learning.episodes import EpisodeConfig
 from reef_lab.tasks.base import TaskConfig
@@ -55,6 +56,7 @@ class LearnContext:
     make_lm: Callable[[dict | None], LM]  # a reef_lab.engines.lm spec -> LM; None: the deployment's own model
     tracker: Tracker | None = None  # a W&B run mirroring the learner's metrics (None: tracking off)
     ledger: JsonDoc | None = None  # where its ledger lives (None: state_dir/state.json; shared: the database)
+    requests: RequestStore | None = None  # change requests (None: data_dir/requests/; shared: the database)
 
 
 class ScenarioLearner(Protocol):

@@ -39,11 +39,16 @@ class ReleaseStore:
     from a stale read is refused (Conflict), every service hears of it (`release` notices), and `fence(scenario)`
     (a lease name and epoch, or None) makes a learner that lost its lease unable to write."""
 
-    def __init__(self, data_dir: str | Path, state=None, root: str | Path | None = None, fence=None):
+    def __init__(self, data_dir: str | Path, state=None, root: str | Path | None = None, fence=None,
+                 remote: str | None = None):
+        """`remote`: an fsspec URL (s3://bucket/prefix, gs://..., file:///...) the releases are stored in; `root`
+        is then this machine's copy of the ones it has used, fetched when first served (an object store)."""
         self.root = Path(root) if root is not None else Path(data_dir) / "releases"
         self._lock = threading.RLock()
         self._state, self._fence = state, fence
         self._revs: dict[str, int] = {}  # scenario -> the revision of the index this process read last
+        self._remote = remote.rstrip("/") if remote else None
+        self._fs = None
 
     def folder(self, scenario: str) -> Path:
         return self.root / scenario
@@ -56,6 +61,8 @@ class ReleaseStore:
             body, rev = self._state.read_doc("release", scenario)
             with self._lock:
                 self._revs[scenario] = rev
+            if body is not None and self._remote is not None:
+                body["releases"] = [self._paths(r, self._local) for r in body["releases"]]
             return body if body is not None else _empty()
         p = self._index_path(scenario)
         if not p.exists():
@@ -65,6 +72,8 @@ class ReleaseStore:
     def _save(self, scenario: str, index: dict) -> None:
         """Lock held, after this process's read of the index (index())."""
         if self._state is not None:
+            if self._remote is not None:  # folders relative to the root: every machine has its own copy of it
+                index = {**index, "releases": [self._paths(r, self._key) for r in index["releases"]]}
             fence = self._fence(scenario) if self._fence is not None else None
             self._revs[scenario] = self._state.write_doc("release", scenario, index, self._revs.get(scenario, 0),
                                                          fence)
@@ -74,19 +83,73 @@ class ReleaseStore:
         write_json(p, index, indent=True)
 
     def serving(self, scenario: str) -> dict | None:
-        """The serving release's entry (None: the base weights serve)."""
+        """The serving release's entry (None: the base weights serve); its files are on this machine."""
         idx = self.index(scenario)
-        return next((r for r in idx["releases"] if r["version"] == idx["serving"]), None)
+        return self._fetched(next((r for r in idx["releases"] if r["version"] == idx["serving"]), None))
 
     def release(self, scenario: str, release_id: str) -> dict | None:
-        """A release by `vN`, `<scenario>:vN` or `base` (None for base)."""
+        """A release by `vN`, `<scenario>:vN` or `base` (None for base); its files are on this machine."""
         if release_id == BASE:
             return None
         version = release_id.split(":", 1)[1] if release_id.startswith(scenario + ":") else release_id
         for r in self.index(scenario)["releases"]:
             if r["version"] == version:
-                return r
+                return self._fetched(r)
         raise NotFound(f"scenario {scenario!r} has no release {release_id!r}")
+
+    # ---- releases in an object store (remote): stored there, fetched here when served -------------------------
+    def _store_fs(self):
+        if self._fs is None:
+            from fsspec.core import url_to_fs
+
+            self._fs, self._base = url_to_fs(self._remote)
+        return self._fs
+
+    def _key(self, folder: str) -> str:
+        """A release folder as the index of a remote store keeps it: relative to the root (any machine's)."""
+        p = Path(folder)
+        return p.relative_to(self.root).as_posix() if p.is_absolute() and p.is_relative_to(self.root) else folder
+
+    def _local(self, folder: str) -> str:
+        return folder if Path(folder).is_absolute() else str(self.root / folder)
+
+    def _paths(self, entry: dict, how) -> dict:
+        entry = dict(entry)
+        if entry.get("folder"):
+            entry["folder"] = how(entry["folder"])
+        if entry.get("folders"):
+            entry["folders"] = {c: how(f) if f else f for c, f in entry["folders"].items()}
+        return entry
+
+    def _fetched(self, entry: dict | None) -> dict | None:
+        """With a remote store: the entry's release folders (and those of the components it names) copied here
+        first if missing, atomically (a partial copy is never taken for a release)."""
+        if entry is None or self._remote is None:
+            return entry
+        for folder in [entry.get("folder"), *(entry.get("folders") or {}).values()]:
+            if not folder:
+                continue
+            key = "/".join(Path(self._key(folder)).parts[:2])  # <scenario>/<version>: one release's folder
+            target = self.root / key
+            if target.exists():
+                continue
+            fs = self._store_fs()
+            tmp = target.with_name(f".fetch-{target.name}-{os.getpid()}-{threading.get_ident()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(f"{self._base}/{key}/", str(tmp) + "/", recursive=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:  # fetched meanwhile by another thread of this machine
+                shutil.rmtree(tmp, ignore_errors=True)
+        return entry
+
+    def _ship(self, folder: Path) -> None:
+        """Copy a new release folder to the remote store (before the index names it)."""
+        if self._remote is None:
+            return
+        fs = self._store_fs()
+        fs.put(str(folder) + "/", f"{self._base}/{self._key(str(folder))}/", recursive=True)
 
     def new_candidate(self, scenario: str, meta: dict) -> tuple[str, Path]:
         with self._lock:
@@ -130,6 +193,7 @@ class ReleaseStore:
             version = _next_version(idx)
             src, dst = self.folder(scenario) / "candidates" / cid, self.folder(scenario) / version
             shutil.copytree(src, dst)  # the candidate folder stays as it was, for inspection
+            self._ship(dst)
             release = {"version": version, "release_id": release_key(scenario, version), "candidate": cid,
                        "parent": release_key(scenario, idx["serving"]) if idx["serving"] else BASE,
                        "created_at": time.time(), "folder": str(dst),
@@ -166,6 +230,7 @@ class ReleaseStore:
             manifest = {"release_id": release_id, "components": versions, "changed": component,
                         **({"dropped": dropped} if dropped else {})}
             write_json(dst / "manifest.json", manifest, indent=True)
+            self._ship(dst)
             weights_new = component == "weights"
             release = {"version": version, "release_id": release_id, "kind": "composite", "component": component,
                        "components": versions, "folders": folders, "candidate": cid,

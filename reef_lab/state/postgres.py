@@ -288,10 +288,18 @@ class PgState:
             row = conn.execute("SELECT body, rev FROM documents WHERE space = %s AND key = %s", (space, key)).fetchone()
         return (None, 0) if row is None else (row[0], row[1])
 
-    def write_doc(self, space: str, key: str, body: dict, rev: int, fence: tuple[str, int] | None = None) -> int:
+    def find_docs(self, space: str, field: str, value: str) -> list[dict]:
+        """The documents of `space` whose top-level `field` is `value` (a scenario's change requests)."""
+        with self.connection() as conn:
+            return [r[0] for r in conn.execute("SELECT body FROM documents WHERE space = %s AND body ->> %s = %s",
+                                               (space, field, value))]
+
+    def write_doc(self, space: str, key: str, body: dict, rev: int, fence: tuple[str, int] | None = None,
+                  notice: str | None = None) -> int:
         """Replace a document read at revision `rev` (0: new) and notify `space:key`; its new revision. Conflict when
         it changed since (someone else wrote it) or, with `fence` (lease name, epoch), when this process no longer
-        holds that lease: a learner that paused past its lease writes nothing."""
+        holds that lease: a learner that paused past its lease writes nothing. `notice`: the key the notice
+        carries (default `key`)."""
         from psycopg.types.json import Jsonb
 
         with self.tx() as conn:
@@ -304,7 +312,7 @@ class PgState:
                 (space, key, Jsonb(body), rev)).fetchone()
             if row is None or (rev == 0 and row[0] != 1):
                 raise Conflict(f"{space} {key!r} changed while this service updated it: read it again and retry")
-            self.notify(conn, space, key)
+            self.notify(conn, space, key if notice is None else notice)
         return row[0]
 
     def doc_keys(self, space: str) -> list[str]:
@@ -395,6 +403,13 @@ class LeaseKeeper:
         with self._lock:
             self.held[name] = self._epochs[name] = epoch
         return True
+
+    def drop(self, name: str) -> None:
+        """Give a lease back now (its work is gone here: a deleted scenario)."""
+        with self._lock:
+            held = self.held.pop(name, None)
+        if held is not None:
+            self.state.release_lease(name)
 
     def fence(self, name: str) -> tuple[str, int] | None:
         """(name, epoch) for a lease this process holds or held (writes check it), None for one it never held."""

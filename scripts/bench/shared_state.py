@@ -40,7 +40,7 @@ def start_reef(reef_bin: str, stub_url: str, db_url: str, folder: Path) -> Child
     Reef needs Python 3.12+ and git-lfs on PATH."""
     port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [reef_bin, "serve", "--inference.upstream-url", stub_url, "--inference.upstream-model", "stub-model",
+    cmd = [os.path.abspath(reef_bin), "serve", "--inference.upstream-url", stub_url, "--inference.upstream-model", "stub-model",
            "--reef.host", "127.0.0.1", "--reef.port", str(port), "--storage.record-backend", "postgres",
            "--storage.record-database-url", db_url]
     env = {"HOME": str(folder), "PATH": os.environ.get("PATH", "")}  # its git config stays in the run's folder
