@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from reef_lab.gateway import episodes
 from reef_lab.gateway.admin import Admin, for_grant, wire_record
 from reef_lab.gateway.inference import PATHS, RECEIPT_HEADER, RELEASE_HEADER, Inference, Reply, StreamReply
 from reef_lab.gateway.learners import LEASE, Learners
-from reef_lab.harness.change_requests import RequestStore
 from reef_lab.gateway.reports import Reports, shown
+from reef_lab.harness.change_requests import RequestStore
 from reef_lab.learning.recipe import LearnContext, RecordHolder, load_recipe, shipped_recipes
 from reef_lab.publishing.hub import HubConfig, HubPublisher
 from reef_lab.publishing.releaser import Releaser
@@ -34,8 +34,8 @@ from reef_lab.publishing.releases import ReleaseStore
 from reef_lab.publishing.serving import ServingTable
 from reef_lab.publishing.tracking import TrackingConfig
 from reef_lab.records.reader import RecordsReader
-from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.postgres import PgRecordStore
+from reef_lab.records.retention import RetentionConfig, Retainer
 from reef_lab.records.store import RecordStore
 from reef_lab.scenarios import ScenarioLimits, ScenarioRegistry, check_name
 from reef_lab.tenants import OPEN, Grant
@@ -132,14 +132,20 @@ class Gateway:
         return None if self.leases is None else self.leases.fence(LEASE + scenario)
 
     def _release_notice(self, scenario: str | None) -> None:
-        """Another service released, rolled back or promoted: serve what its index says now."""
+        """A release index changed (another service released, rolled back or promoted; or a candidate's entry):
+        serve what it says now, off the listener's thread (loading weights takes a while)."""
+        self._pending.submit(self._follow, scenario)
+
+    def _follow(self, scenario: str | None) -> None:
+        changed = False
         for name in [scenario] if scenario else self.releases.scenarios():
             if self.scenarios.exists(name):
                 try:
-                    self.releaser.follow(name)
+                    changed |= self.releaser.follow(name)
                 except Exception:  # noqa: BLE001 - the release stays unserved here; the next notice retries
                     log.exception("scenario %s: could not serve the release another service made", name)
-        self._changed()
+        if changed:
+            self._changed()
 
     def _scenario_notice(self, name: str | None) -> None:
         """A scenario deleted at another gateway: its learner here stops and gives its lease back."""

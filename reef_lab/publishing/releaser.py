@@ -73,6 +73,7 @@ class Releaser:
         self._answer = answer
         self.allow_executable = allow_executable  # the operator's --harness-allow-executable
         self._lock = threading.RLock()  # one release at a time per deployment: versions are numbered in order
+        self._followed: dict[str, str] = {}  # scenario -> the release follow() or restore() served last
         if hub is not None:
             hub.on_state = self._hub_state
 
@@ -418,25 +419,26 @@ class Releaser:
                 continue
             self._serve_stored(name, rel)
 
-    def follow(self, scenario: str) -> None:
+    def follow(self, scenario: str) -> bool:
         """Serve what the index says serves now: in a shared deployment another service released, rolled back or
-        promoted (its `release` notice). Nothing changes when this process serves it already."""
+        promoted (its `release` notice); whether that changed what this process serves."""
         with self._lock:
             rel = self._store.serving(scenario)
-            current = self.serving.get(scenario)
+            target = rel["release_id"] if rel is not None else BASE
+            if self._followed.get(scenario, BASE) == target:
+                return False
+            self._followed[scenario] = target
             if rel is None:
-                if current is not None:
-                    self.serving.set(scenario, None)
+                self.serving.set(scenario, None)
                 if isinstance(self.engine, ReleaseHost):
                     self.engine.route(scenario, BASE)
-                return
-            kind = rel.get("kind")
-            if kind in ("harness", "composite") and current is not None and current.release_id == rel["release_id"]:
-                return
+                return True
             self._serve_stored(scenario, rel)
+            return True
 
     def _serve_stored(self, name: str, rel: dict) -> None:
         """Serve a release the index names (loaded here if this process does not hold it yet)."""
+        self._followed[name] = rel["release_id"]
         if rel.get("kind") == "composite":
             self._serve_composite(name, rel)
         elif rel.get("kind") == "harness":
