@@ -10,10 +10,6 @@ change notices every service listens to, and leases). psycopg is imported only w
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from reef_lab.errors import BadRequest
-
 SCHEMES = ("postgresql://", "postgres://")
 
 
@@ -23,16 +19,16 @@ def is_shared(spec: str | None) -> bool:
 
 
 def check_spec(spec: str | None) -> str | None:
-    """The spec as given, or a 400-style error naming what `--state` accepts."""
+    """The spec as given (None: the data dir), or ValueError naming what `--state` accepts."""
     if spec in (None, "", "data-dir"):
         return None
     if not is_shared(spec):
-        raise BadRequest(f"--state {spec!r}: give 'data-dir' (the default: everything in the data dir) or a "
+        raise ValueError(f"--state {spec!r}: give 'data-dir' (the default: everything in the data dir) or a "
                          "PostgreSQL URL, postgresql://user@host:port/database")
     return str(spec)
 
 
-def open_state(spec: str, service: str = "all", data_dir: str | Path | None = None):
+def open_state(spec: str, service: str = "all"):
     """The shared database named by `spec` (a PgState): its schema created or checked, its change notices
     listened to. `service` names this process in leases and logs."""
     from reef_lab.state.postgres import PgState
