@@ -8,6 +8,7 @@ Start-up takes about a second; `kill()` and `start()` again on the same folder i
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -58,6 +59,8 @@ class Postgres:
         self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if not (self.data / "PG_VERSION").exists():
             self._init()
+        if self._tmp:  # a script that forgets close() leaves no cluster in /tmp (kill -9: the server dies anyway)
+            atexit.register(self.close)
 
     def _init(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -76,7 +79,7 @@ class Postgres:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited at start: {(self.folder / 'server.log').read_text()[-2000:]}")
-            ok = subprocess.run([str(self.bins / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+            ok = subprocess.run([str(self.bins / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "reef"],
                                 capture_output=True).returncode == 0
             if ok and self._create_db():
                 return self
