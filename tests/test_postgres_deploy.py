@@ -155,3 +155,44 @@ def test_gateways_and_learners_on_shared_state_survive_kill_9(tmp_path):
         for c in children:
             c.proc.kill()
         pg.close()
+
+
+def test_relay_workers_write_to_the_database_and_follow_its_tokens(tmp_path, stub_url):
+    """With a provider, serve.py runs a primary and relay workers on one port: on shared state the relays write
+    their records to the database themselves and take the database's tokens too."""
+    import subprocess
+    import sys
+
+    pg = pgtest.Postgres().start()
+    try:
+        srv = start_server("--upstream-url", stub_url, "--workers", "2", "--state", pg.url, "--log-level", "warning",
+                           data_dir=tmp_path / "d", log=tmp_path / "d.log", env={"REEF_TOKEN": "admin-secret"})
+        try:
+            admin = {"Authorization": "Bearer admin-secret", "x-reef-scenario": "r"}
+            receipts = []
+            for i in range(40):  # a fresh connection each: both workers answer some
+                r = httpx.post(f"{srv.url}/v1/chat/completions", headers=admin, timeout=30,
+                               json={"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]})
+                assert r.status_code == 200, r.text
+                receipts.append(r.headers["x-reef-agent-record-id"])
+            for rid in receipts:
+                assert httpx.get(f"{srv.url}/reef/scenarios/r/records/{rid}", headers=admin).status_code == 200
+            import psycopg
+            with psycopg.connect(pg.url) as c:  # the relay's own group-commit connection wrote some of them
+                names = [r[0] for r in c.execute("SELECT application_name FROM pg_stat_activity")]
+            assert "reef_lab relay writer" in names and "reef_lab all writer" in names, names
+            out = subprocess.run([sys.executable, "-m", "reef_lab.harness.install.cli", "token", "add", "--state",
+                                  pg.url, "--role", "agent", "--scenario", "r"], capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0, out.stderr
+            agent = {"Authorization": f"Bearer {out.stdout.strip()}", "x-reef-scenario": "r"}
+
+            def all_take_it() -> bool:
+                return all(httpx.post(f"{srv.url}/v1/chat/completions", headers=agent, timeout=30, json={
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+                    for _ in range(8))
+            wait(all_take_it, 5, "a worker did not take the database's new token within 5 s")
+        finally:
+            srv.proc.kill()
+    finally:
+        pg.close()
