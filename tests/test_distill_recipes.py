@@ -283,7 +283,7 @@ def test_sdpo_adds_the_self_teachers_token_log_ratio_to_the_group_advantage(gate
 
     def spy(trainer, batch):
         out = train(trainer, batch)
-        seen.extend((s.score, s.extra.get("feedback"), list(s.advantages), s.teacher_logprobs, s.logprobs)
+        seen.extend((s.score, s.context, list(s.advantages), s.teacher_logprobs, s.logprobs)
                     for s in batch)
         return out
     recipe.train = spy
@@ -439,7 +439,7 @@ def test_the_teacher_prompt_reads_any_dialect_and_the_template_is_not_a_format_s
     seen = []
     engine = SimpleNamespace(request_ids=lambda request: seen.append(request.messages) or [1, 2])
     store = SimpleNamespace(get_many=lambda ids: [records[i] for i in ids])
-    sample = Sample("a", [1], [2], [-0.5], None, "base", extra={"feedback": {"context": "It is 7."}})
+    sample = Sample("a", [1], [2], [-0.5], None, "base", context="It is 7.")
     assert context_prompts([sample], store, engine, "{0} {context.__class__} {context}") == [[1, 2]]
     assert seen == [[{"role": "system", "content": "Be brief.\n\n{0} {context.__class__} It is 7."},
                      {"role": "user", "content": "2+5?"}]]

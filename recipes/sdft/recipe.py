@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reef_lab.learning import rl
-from reef_lab.learning.distill import (ContextDistillConfig, ContextTeacher, check_report_context, distill_step,
-                                       report_context)
+from reef_lab.learning.distill import ContextDistillConfig, ContextTeacher, check_report_context, distill_step
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.trainers.samples import Sample
 
@@ -40,7 +39,7 @@ class SDFTRecipe(ContextTeacher, rl.FreshBatches, WeightRecipe):
 
     def accepts(self, sample: Sample) -> bool:
         return (sample.logprobs is not None and not sample.extra.get("demonstration")
-                and report_context(sample.extra) is not None)
+                and sample.context is not None)
 
     def train(self, trainer, batch: list[Sample]) -> dict:
         return distill_step(trainer, batch, self.config, None, self.teacher_prompts(batch), self.config.teacher_ema)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from reef_lab.learning import rl
 from reef_lab.learning.distill import (ContextDistillConfig, ContextTeacher, check_report_context,
-                                       report_context, teacher_gap)
+                                       teacher_gap)
 from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import require_score
 from reef_lab.trainers import losses
@@ -58,7 +58,7 @@ class SDPORecipe(ContextTeacher, rl.GroupBatches, WeightRecipe):
         if not isinstance(trainer, DistillTrainer):
             raise ValueError(f"trainer backend {type(trainer).__name__} cannot score a teacher: sdpo needs "
                              "trainer.backend torch")
-        worded = [s for s in batch if report_context(s.extra) is not None]
+        worded = [s for s in batch if s.context is not None]
         if worded:
             trainer.score_self(worded, self.teacher_prompts(worded), ema=self.config.teacher_ema)
         advs = rl.group_advantages([s.score for s in batch], [s.group for s in batch],

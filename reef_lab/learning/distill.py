@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reef_lab.errors import BadRequest
+from reef_lab.learning.intake import report_context
 from reef_lab.learning.learner import Learner
 from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
@@ -136,16 +137,6 @@ class ContextDistillConfig(SelfTeacherConfig):
             raise ValueError("max_context_chars must be at least 1")
 
 
-def report_context(report: dict) -> str | None:
-    """The teacher context of a report (or of a sample's `extra`, which carries the report's `context` and
-    `feedback`): its `context` field; without one, its feedback's words (the string, or an object's `context`)."""
-    text = report.get("context")
-    if not isinstance(text, str) or not text.strip():
-        feedback = report.get("feedback")
-        text = feedback.get("context") if isinstance(feedback, dict) else feedback
-    return text.strip() or None if isinstance(text, str) else None
-
-
 def check_report_context(recipe: str, report: dict, config: ContextDistillConfig, required: bool) -> None:
     """BadRequest for a report (on answers) whose words a recipe needs and it lacks, or that are too long."""
     if not report.get("references"):
@@ -181,7 +172,7 @@ def context_prompts(batch: list[Sample], records, engine, template: str) -> list
             continue
         try:
             request = engine_request(record["dialect"], record["request"])
-            context = template.replace("{context}", report_context(s.extra))
+            context = template.replace("{context}", s.context or "")
             prompts.append(engine.request_ids(replace(request, messages=with_context(request.messages, context))))
         except Exception as e:  # noqa: BLE001 - a stored request that cannot be templated again: this sample's own
             errors[s.record_id] = f"its request cannot be templated with the context: {e}"

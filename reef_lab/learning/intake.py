@@ -34,11 +34,12 @@ class Intake:
         # [episodes hook] calls of one episode make one sample (reef_lab/learning/episodes.py)
         out = episodes.samples_for_report(rec, self.records.get_many(refs), self.episode_config,
                                           self.episode_counts)
-        measured = report_measures(rec)
+        measured, words = report_measures(rec), report_context(rec)
         for s in out:
             s.extra["report_measures"] = measured
-            s.extra["feedback"] = rec.get("feedback")  # the report's words: a self-distillation teacher's context
-            s.extra["context"] = rec.get("context")  # (its `context` field first; distill.report_context)
+            s.context = words  # the report's words: a self-distillation teacher's context
+            # 0.1's side channel, read by plug-ins written against it: kept until 0.3.0 (CHANGELOG)
+            s.extra["feedback"], s.extra["context"] = rec.get("feedback"), rec.get("context")
         return out
 
     def _demonstration(self, rec: dict) -> list[Sample]:
@@ -59,6 +60,17 @@ class Intake:
                        completion_ids=self.engine.completion_ids(text), logprobs=None, score=rec.get("score"),
                        release_id=BASE, created_at=rec.get("created_at") or 0.0,
                        extra={"demonstration": True})]
+
+
+def report_context(report: dict) -> str | None:
+    """The teacher context of a report (what intake puts in `Sample.context`; distillation's
+    recipes check it at the report's door: distill.check_report_context): its `context` field; without one,
+    its feedback's words (the string, or an object's `context`)."""
+    text = report.get("context")
+    if not isinstance(text, str) or not text.strip():
+        feedback = report.get("feedback")
+        text = feedback.get("context") if isinstance(feedback, dict) else feedback
+    return text.strip() or None if isinstance(text, str) else None
 
 
 def report_measures(report: dict) -> dict[str, float]:

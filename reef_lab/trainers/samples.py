@@ -61,6 +61,9 @@ class Sample:
     teacher_logprobs: list[float] | None = None
     teacher_top_ids: list[list[int]] | None = None
     teacher_top_logprobs: list[list[float]] | None = None
+    # the report's words a self-teacher reads and the student never saw (its `context`, else its feedback's words:
+    # reef_lab.learning.distill.report_context); None: the report said none
+    context: str | None = None
 
     def __post_init__(self) -> None:
         if not self.completion_ids:
