@@ -20,6 +20,7 @@ from reef_lab.learning.learner import WeightRecipe
 from reef_lab.learning.recipe import require_score
 from reef_lab.trainers import losses
 from reef_lab.trainers.base import DistillTrainer, Loss
+from reef_lab.trainers.divergences import divergence
 from reef_lab.trainers.samples import Sample
 
 
@@ -33,8 +34,9 @@ class SDPOConfig(rl.GroupConfig, ContextDistillConfig):
         super().__post_init__()
         if self.distill_coef < 0 or self.gap_clip <= 0:
             raise ValueError("distill_coef must be >= 0 and gap_clip > 0")
-        if self.divergence != "reverse_kl":
-            raise ValueError("sdpo's token advantage is the sampled token's log-ratio: divergence must be reverse_kl")
+        if divergence(self.divergence).top_k:
+            raise ValueError("sdpo's token advantage is the sampled token's log-ratio: its divergence must be one on "
+                             f"the sampled token (reverse_kl), not {self.divergence!r} over a top-K")
 
 
 class SDPORecipe(ContextTeacher, rl.GroupBatches, WeightRecipe):

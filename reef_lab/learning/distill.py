@@ -17,10 +17,11 @@ from reef_lab.learning.learner import Learner
 from reef_lab.learning.recipe import LearnConfig
 from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
+from reef_lab.trainers.divergences import TABLE, divergence
 from reef_lab.trainers.samples import InvalidSamples, Sample
 from reef_lab.wire.dialects import engine_request
 
-DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
+DIVERGENCES = tuple(TABLE)  # 0.1's name for the built-in ones (the table: reef_lab/trainers/divergences.py)
 
 
 @dataclass
@@ -68,9 +69,8 @@ class TeacherConfig:
 class DistillConfig(LearnConfig):
     """A distillation recipe's knobs: the divergence, its top-K, the importance-sampling cap, the batch."""
 
-    divergence: str = field(default="reverse_kl", metadata={"help":
-        "reverse_kl: on-policy distillation on the sampled token (mode-seeking); forward_kl or jsd: over the "
-        "teacher's top_k tokens at each position"})
+    divergence: str = field(default="reverse_kl", metadata={"help": "; ".join(
+        f"{d.name}: {d.help}" for d in TABLE.values()) + " (reef_lab/trainers/divergences.py)"})
     top_k: int = field(default=16, metadata={"client_max": 256, "help":
         "forward_kl / jsd: how many of the teacher's most likely tokens per position the divergence covers"})
     is_cap: float = field(default=2.0, metadata={"help":
@@ -81,9 +81,7 @@ class DistillConfig(LearnConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.divergence not in DIVERGENCES:
-            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
-        if self.divergence != "reverse_kl" and self.top_k < 1:
+        if divergence(self.divergence).top_k and self.top_k < 1:
             raise ValueError(f"divergence {self.divergence!r} compares the teacher's top-K tokens: top_k must be at "
                              f"least 1, got {self.top_k}")
         if self.is_cap < 1:
@@ -99,7 +97,7 @@ class DistillConfig(LearnConfig):
 
     @property
     def scored_top_k(self) -> int:
-        return 0 if self.divergence == "reverse_kl" else self.top_k
+        return self.top_k if divergence(self.divergence).top_k else 0
 
 
 @dataclass

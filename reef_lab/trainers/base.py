@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reef_lab.trainers.divergences import divergence
 from reef_lab.trainers.samples import InvalidSamples, Sample
 from reef_lab.schema import check_fields
 
@@ -69,8 +70,7 @@ class Loss:
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef}")
         if self.kl_coef and self.kind != "is":
             raise ValueError(f"kl_coef is part of the 'is' loss only; loss {self.kind!r} would ignore it")
-        if self.divergence not in ("reverse_kl", "forward_kl", "jsd"):
-            raise ValueError(f"divergence must be reverse_kl, forward_kl or jsd, got {self.divergence!r}")
+        divergence(self.divergence)  # ValueError naming the table's divergences
         if not (self.is_cap >= 1 and self.is_cap != float("inf")):
             raise ValueError(f"is_cap must be a finite number >= 1 (the largest importance ratio kept), got "
                              f"{self.is_cap}")

@@ -22,6 +22,9 @@ from __future__ import annotations
 import math
 
 from reef_lab.extras import need
+from reef_lab.plugins import import_path
+from reef_lab.trainers.divergences import TABLE
+from reef_lab.trainers.divergences import divergence as divergence_row
 from reef_lab.trainers.samples import InvalidSamples
 
 need("train", "the token losses")
@@ -149,7 +152,8 @@ def dis_metrics(m: dict) -> dict:
 
 
 # ---- distillation: a teacher's logprobs on the student's own tokens (issue 41) ---------------------------------------
-DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
+# Which divergences exist, and which function each runs: reef_lab/trainers/divergences.py (the one table).
+DIVERGENCES = tuple(TABLE)  # 0.1's name for the built-in ones
 
 
 def opd_loss(logp: torch.Tensor, logp_teacher: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor,
@@ -218,13 +222,29 @@ def teacher_top(chunk: list, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return ids, logp
 
 
+def reverse_kl_loss(logp, batch, chunk, *, is_cap: float, jsd_beta: float):
+    """The `reverse_kl` row: from Sample.teacher_logprobs (opd_loss)."""
+    teacher = per_token(chunk, "teacher_logprobs", batch["mask"])
+    return opd_loss(logp, teacher, batch["old_logprobs"], batch["mask"], is_cap)
+
+
+def forward_kl_loss(logp, batch, chunk, *, is_cap: float, jsd_beta: float):
+    """The `forward_kl` row: from the teacher's top-K (the trainer computes the student's logprobs of those ids in
+    the same forward pass, batch["student_topk"])."""
+    return topk_divergence(batch["student_topk"], batch["teacher_topk"], batch["mask"], "forward_kl")
+
+
+def jsd_loss(logp, batch, chunk, *, is_cap: float, jsd_beta: float):
+    """The `jsd` row, as forward_kl's with the generalised JSD."""
+    return topk_divergence(batch["student_topk"], batch["teacher_topk"], batch["mask"], "jsd", jsd_beta)
+
+
 def distill_token_loss(divergence: str, is_cap: float, jsd_beta: float):
-    """The trainer loss of a `distill` step (the trainer runs it at temperature 1): `reverse_kl` from
-    Sample.teacher_logprobs (opd_loss), `forward_kl` / `jsd` from the teacher's top-K (topk_divergence; the
-    trainer computes the student's logprobs of those ids in the same forward pass, batch["student_topk"])."""
+    """The trainer loss of a `distill` step (the trainer runs it at temperature 1): the function the divergence's
+    row names (reef_lab/trainers/divergences.py)."""
+    # builtin: a row's path comes from code the operator's process imported, never from a client
+    fn = import_path(divergence_row(divergence).loss, f"divergence {divergence!r}'s loss", builtin=True)
+
     def loss(logp, batch, chunk):
-        if divergence == "reverse_kl":
-            teacher = per_token(chunk, "teacher_logprobs", batch["mask"])
-            return opd_loss(logp, teacher, batch["old_logprobs"], batch["mask"], is_cap)
-        return topk_divergence(batch["student_topk"], batch["teacher_topk"], batch["mask"], divergence, jsd_beta)
+        return fn(logp, batch, chunk, is_cap=is_cap, jsd_beta=jsd_beta)
     return loss

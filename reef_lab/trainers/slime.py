@@ -63,6 +63,7 @@ from reef_lab import procs
 from reef_lab.trainers.samples import Sample
 from reef_lab.schema import build, check_fields
 from reef_lab.trainers.base import Critic, CriticConfig, DistillTrainer, Loss, TrainerConfig
+from reef_lab.trainers.divergences import TABLE, divergence
 from reef_lab.trainers.slime_hooks import (FORMAT, SLIME_LOSS, SPOOL_ENV, ack_path, job_path, last_step, read_json,
                                            step_path, write_json)
 
@@ -369,9 +370,10 @@ class SlimeTrainer(DistillTrainer):
             raise ValueError(f"the recipe asks for {loss}, but the slime job was launched for loss {sc.loss!r} "
                              f"(dis_low {sc.dis_low}, dis_high {sc.dis_high}): set trainer.options.loss, dis_low and "
                              "dis_high to the recipe's and relaunch")
-        if loss.kind == "distill" and (loss.divergence != "reverse_kl" or loss.is_cap != sc.is_cap):
-            raise ValueError(f"the recipe asks for {loss}; slime's on-policy distillation is the reverse KL on the "
-                             f"sampled token with is_cap {sc.is_cap}: set the recipe's divergence reverse_kl and "
+        if loss.kind == "distill" and (not divergence(loss.divergence).slime or loss.is_cap != sc.is_cap):
+            runs = ", ".join(d.name for d in TABLE.values() if d.slime)
+            raise ValueError(f"the recipe asks for {loss}; slime's on-policy distillation runs {runs} (the reverse "
+                             f"KL on the sampled token) with is_cap {sc.is_cap}: set the recipe's divergence to it and "
                              "trainer.options.is_cap to its is_cap, and relaunch")
         if len(samples) != sc.batch_size:
             raise ValueError(f"the recipe's batch holds {len(samples)} samples, the slime job steps on "

@@ -37,6 +37,7 @@ from reef_lab.trainers.samples import Sample
 from reef_lab.trainers.base import (Critic, CriticConfig, DistillTrainer, Loss, SequenceLoss, SequenceLossTrainer,
                                     TrainerConfig, check_token_ids)
 from reef_lab.trainers import losses
+from reef_lab.trainers.divergences import divergence
 from reef_lab.trainers.logprobs import check_logit_path, check_same_tokenizer, teacher_scores, token_logprobs
 
 log = logging.getLogger("reef_lab.trainer")
@@ -268,7 +269,7 @@ class TorchTrainer(SequenceLossTrainer, DistillTrainer):
         if loss.kind == "is" and loss.kl_coef > 0:
             for s, base in zip(samples, self.logprobs(samples, base=True), strict=True):
                 s.base_logprobs = base
-        return self.step_fn(samples, fn, top_k=loss.kind == "distill" and loss.divergence != "reverse_kl")
+        return self.step_fn(samples, fn, top_k=loss.kind == "distill" and divergence(loss.divergence).top_k)
 
     def step_fn(self, samples: list[Sample], loss_fn: LossFn, denominator: float | None = None, group: int = 1,
                 reference: bool = False, temperature_one: bool = False, top_k: bool = False) -> dict:
