@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reef_lab.learning import rl
-from reef_lab.learning.distill import SelfTeacherConfig, distill_step
+from reef_lab.learning.distill import SelfTeacherConfig, distill_step, remake_prompt
 from reef_lab.learning.learner import Learner, WeightRecipe
 from reef_lab.trainers.samples import Sample
-from reef_lab.wire.dialects import engine_request, with_system
 
 
 @dataclass
@@ -89,8 +88,7 @@ class CTXDRecipe(rl.FreshBatches, WeightRecipe):
                       else self._served_system(s.release_id))
             if not isinstance(request, dict) or not dialect or system is None:
                 continue
-            student = engine.request_ids(engine_request(dialect, request))
-            taught = engine.request_ids(engine_request(dialect, with_system(dialect, request, system)))
+            student, taught = remake_prompt(engine, rec), remake_prompt(engine, rec, system=system)
             served_with_it = self.config.harness is None or self.config.harness == s.release_id
             if s.prompt_ids != (taught if served_with_it else student):
                 continue  # the served prompt is not what re-templating makes (an episode's sample, drift)

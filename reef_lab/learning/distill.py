@@ -19,7 +19,7 @@ from reef_lab.schema import check_fields
 from reef_lab.trainers.base import DistillTrainer, Loss
 from reef_lab.trainers.divergences import TABLE, divergence
 from reef_lab.trainers.samples import InvalidSamples, Sample
-from reef_lab.wire.dialects import engine_request
+from reef_lab.wire.dialects import engine_request, with_system
 
 DIVERGENCES = tuple(TABLE)  # 0.1's name for the built-in ones (the table: reef_lab/trainers/divergences.py)
 
@@ -157,6 +157,20 @@ def with_context(messages: list[dict], context: str) -> list[dict]:
     return [{"role": "system", "content": context}, *messages]
 
 
+def remake_prompt(engine, record: dict, system: str | None = None, context: str | None = None) -> list[int]:
+    """A served call's prompt made again from its record, as serving templated it (the engine's chat template, the
+    request's tools and tool choice, any dialect read by reef_lab.wire): as the client sent it, with a harness's
+    `system` text in front (as serving applied it), or with words (`context`) in its system message. The one place
+    sdft, sdpo and ctxd make a teacher's or a student's prompt. ValueError when the record holds no request."""
+    request, dialect = record.get("request"), record.get("dialect")
+    if not isinstance(request, dict) or not dialect:
+        raise ValueError("its record holds no request to make the prompt from")
+    chat = engine_request(dialect, with_system(dialect, request, system) if system is not None else request)
+    if context is not None:
+        chat = replace(chat, messages=with_context(chat.messages, context))
+    return engine.request_ids(chat)
+
+
 def context_prompts(batch: list[Sample], records, engine, template: str) -> list[list[int]]:
     """Each sample's request with its report's context in the system message, templated by the engine as serving
     templated it (the chat template that made the student's prompt, the request's tools and tool choice included),
@@ -169,9 +183,7 @@ def context_prompts(batch: list[Sample], records, engine, template: str) -> list
             errors[s.record_id] = "its record holds no request to add the context to"
             continue
         try:
-            request = engine_request(record["dialect"], record["request"])
-            context = template.replace("{context}", s.context or "")
-            prompts.append(engine.request_ids(replace(request, messages=with_context(request.messages, context))))
+            prompts.append(remake_prompt(engine, record, context=template.replace("{context}", s.context or "")))
         except Exception as e:  # noqa: BLE001 - a stored request that cannot be templated again: this sample's own
             errors[s.record_id] = f"its request cannot be templated with the context: {e}"
     if errors:  # only these fail; the batch's other samples train next round (reef_lab.learning.learner)
