@@ -401,6 +401,8 @@ class LeaseKeeper:
         if epoch is None:
             return False
         with self._lock:
+            if not self.held:  # the only lease now: it runs from this claim (with others, their older renewal counts)
+                self._renewed = time.monotonic()
             self.held[name] = self._epochs[name] = epoch
         return True
 
